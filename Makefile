@@ -1,0 +1,29 @@
+# Each target creates .venv (pinned by constraints.txt) when it is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_DATA := demo-data
+DEMO_RUN := runs/demo
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,onnx,tensorboard]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/visiontune sample-data $(DEMO_DATA) --per-class 200
+	$(BIN)/visiontune train --data $(DEMO_DATA) --model resnet18 --weights none \
+		--image-size 64 --epochs 3 --batch-size 16 --lr 0.01 --output-dir $(DEMO_RUN)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DATA) runs

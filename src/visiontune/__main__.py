@@ -1,0 +1,7 @@
+"""Entry point for ``python -m visiontune``: hands the command line to the CLI."""
+import sys
+
+from visiontune.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The ``visiontune`` command line: one function per subcommand.
+
+This is the only module that sees argparse. Training flags default to
+"not given" so that the precedence is explicit: ``TrainConfig`` defaults, then
+``--config FILE``, then the flags on the command line. A ``UserError`` from
+anywhere below becomes one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+
+from visiontune.config import TrainConfig, UserError, load_config_file, validate
+
+
+def _workers(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
+
+
+# flag -> (type or action, help); the config field is the flag with '-' -> '_'.
+TRAIN_FLAGS: dict[str, tuple] = {
+    "--data": (str, "data folder (Kaggle layout, train.csv manifest, or class subfolders)"),
+    "--output-dir": (str, "run folder (default runs/<UTC timestamp>)"),
+    "--model": (str, "torchvision classifier name (default vgg16; see `visiontune models`)"),
+    "--weights": (str, "DEFAULT, a torchvision weights name, none, or a .pth/.safetensors path"),
+    "--freeze-backbone": ("bool", "train only the new head"),
+    "--image-size": (int, "square input size in pixels (default 224)"),
+    "--augment": ("bool", "random-resized-crop and horizontal flip for training"),
+    "--val-fraction": (float, "share of images held out for validation (default 0.2)"),
+    "--seed": (int, "seed of the split, the sampler and the head's init (default 42)"),
+    "--num-workers": (_workers, "loader workers per process, or auto (default)"),
+    "--cache": (str, "decode once into a memory-mapped uint8 cache: a folder or auto"),
+    "--max-bad-fraction": (float, "stop before training when more files than this are bad (default 0.01)"),
+    "--epochs": (int, "epochs (default 2)"),
+    "--batch-size": (int, "batch size PER PROCESS (default 50)"),
+    "--lr": (float, "learning rate (default 1e-3)"),
+    "--momentum": (float, "SGD momentum (default 0.9)"),
+    "--weight-decay": (float, "SGD weight decay (default 0)"),
+    "--lr-schedule": (str, "none or cosine, stepped per optimizer step"),
+    "--grad-accum": (int, "gradient accumulation steps (default 1)"),
+    "--scale-lr": ("bool", "scale lr by global batch / --reference-batch"),
+    "--reference-batch": (int, "the batch --lr was tuned for (default 50)"),
+    "--mixed-precision": (str, "no, fp16 or bf16"),
+    "--channels-last": ("bool", "channels-last memory format"),
+    "--compile": ("bool", "torch.compile the model"),
+    "--sync-batchnorm": ("bool", "synchronise BatchNorm statistics across processes"),
+    "--on-nan": (str, "stop or skip when the loss is not finite"),
+    "--strategy": (str, "single, dp (nn.DataParallel) or ddp"),
+    "--nproc": (int, "processes per machine for ddp (default: GPUs, or 2 on a CPU)"),
+    "--nnodes": (int, "machines in a ddp job"),
+    "--node-rank": (int, "this machine's rank in a ddp job"),
+    "--master-addr": (str, "address of the rank-0 machine"),
+    "--master-port": (int, "port of the rank-0 machine"),
+    "--max-restarts": (int, "restart the workers this often when one dies (default 0)"),
+    "--timeout": (float, "seconds any collective may wait (default 600)"),
+    "--save-every-steps": (int, "also checkpoint every N optimizer steps"),
+    "--keep-last": (int, "checkpoints to keep (default 2)"),
+    "--resume": (str, "a run folder to continue, or auto"),
+    "--log-with": (str, "an Accelerate tracker: tensorboard, wandb, mlflow, ..."),
+    "--progress": ("bool", "progress bars (default on)"),
+}
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
+    for flag, (kind, help_text) in TRAIN_FLAGS.items():
+        if kind == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        else:
+            p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults, then the config file, then the flags given."""
+    names = {f.name for f in fields(TrainConfig)}
+    merged = load_config_file(args.config) if getattr(args, "config", None) else {}
+    merged.update({k: v for k, v in vars(args).items() if k in names})
+    return validate(TrainConfig(**merged))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from visiontune import launch, models
+    from visiontune.data.layouts import discover
+
+    cfg = config_from_args(args)
+    # Check what can be checked before any worker starts: one error line, not N.
+    discover(cfg.data)
+    if cfg.model not in models.model_names():
+        raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
+    if launch.needs_launcher(cfg):
+        models.ensure_weights(cfg.model, cfg.weights)
+        return launch.relaunch(cfg, args.argv)
+    from visiontune.trainer import train
+
+    train(cfg)
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from visiontune.data.layouts import write_kaggle_manifest
+
+    out, n = write_kaggle_manifest(args.data)
+    print(f"visiontune: wrote {out} ({n} rows)")
+    return 0
+
+
+def cmd_sample_data(args: argparse.Namespace) -> int:
+    from visiontune.sample_data import make_sample_data
+
+    if args.per_class < 1:
+        raise UserError(f"--per-class must be a positive integer, got {args.per_class}")
+    info = make_sample_data(args.dir, per_class=args.per_class, seed=args.seed)
+    print(f"visiontune: wrote a SYNTHETIC data set to {args.dir}: {info['train']} labelled images "
+          f"({', '.join(info['classes'])}) in train/, {info['test']} in test/")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from visiontune.models import model_names
+
+    print("\n".join(model_names()))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from visiontune.data.check import scan, write_report
+    from visiontune.data.layouts import discover
+
+    images = discover(args.data)
+    bad = list(images.rejects) + scan(images.paths, workers=args.workers)
+    report = args.report or f"{args.data.rstrip('/')}/bad_files.csv"
+    write_report(bad, report)
+    for path, problem in bad:
+        print(f"{path}: {problem}")
+    print(f"visiontune: {len(bad)} bad of {len(images.paths) + len(images.rejects)} files; report in {report}")
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="visiontune", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="fine-tune a torchvision classifier")
+    add_train_flags(p)
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
+    p.add_argument("data")
+    p.set_defaults(func=cmd_prepare)
+    p = sub.add_parser("sample-data", help="write a small synthetic data set in the Kaggle layout")
+    p.add_argument("dir")
+    p.add_argument("--per-class", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_sample_data)
+    p = sub.add_parser("models", help="list the model names --model accepts")
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
+    p.add_argument("data")
+    p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
+    p.add_argument("--workers", type=int, default=2)
+    p.set_defaults(func=cmd_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv[1:]  # the subcommand's own arguments, for relaunching under torchrun
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"visiontune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

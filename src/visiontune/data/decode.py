@@ -1,0 +1,148 @@
+"""Robust image reading: every file becomes an upright RGB uint8 tensor or a BadImage.
+
+JPEG and PNG, nearly all of any real data set, take the fast path: the pixel
+count is read from the header by a few lines below, then
+``torchvision.io.decode_image`` (libjpeg-turbo / libpng) decodes with EXIF
+orientation applied. Everything else, and any JPEG/PNG torchvision refuses for
+a reason other than truncation, goes through PIL, whose ``Image.open`` reads
+the size lazily so the pixel limit is still checked before any pixel is
+decoded. Every failure, whatever library raised it, leaves this module as a
+``BadImage`` carrying a short reason a user can act on. PIL's global settings
+are read, never written.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as F
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torchvision.io import ImageReadMode, decode_image
+
+MAX_PIXELS = 89_478_485  # PIL's own default decompression-bomb limit
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Start-of-frame markers carry the size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+class BadImage(Exception):
+    """A file that cannot be used as a training image; str(exc) is the reason."""
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the first SOF marker, or None when the marker walk breaks."""
+    i = 2
+    while i + 9 <= len(data):
+        if data[i] != 0xFF:
+            return None  # libjpeg would resync past garbage; we refuse and let PIL judge instead
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length field
+            i += 2
+            continue
+        if marker in _JPEG_SOF:
+            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
+        if marker == 0xDA:  # start of scan before any frame header: malformed
+            return None
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
+def _png_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the IHDR chunk, which the PNG spec requires to come first."""
+    if len(data) < 24 or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise BadImage(f"image too large ({width * height} pixels > limit {max_pixels})")
+
+
+def _to_uint8(img: torch.Tensor) -> torch.Tensor:
+    # 16-bit PNGs decode to uint16; scaling keeps the top byte, unlike PIL's convert, which clips.
+    return img if img.dtype == torch.uint8 else F.to_dtype(img, torch.uint8, scale=True)
+
+
+def _short(exc: BaseException) -> str:
+    """The first line of a library error, without torchvision's C++ file:line prefix."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return re.sub(r"^.*?\.cpp:\d+, ", "", line)[:80]
+
+
+def _read_with_pil(data: bytes, fmt: str, max_pixels: int) -> torch.Tensor:
+    try:
+        im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:  # over twice PIL's own limit: refused before our check
+        raise BadImage(f"image too large ({_short(exc)})") from None
+    except UnidentifiedImageError:
+        raise BadImage("not an image") from None
+    except Exception as exc:
+        raise BadImage(f"corrupt {fmt} ({_short(exc)})") from None
+    with im:
+        fmt = im.format or fmt
+        _check_pixels(im.width, im.height, max_pixels)
+        try:
+            im.load()  # decodes every pixel, so truncation shows up here rather than as grey rows
+            im = ImageOps.exif_transpose(im)
+            if im.mode.startswith("I;16"):
+                arr = (np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8)
+                im = Image.fromarray(arr)
+            arr = np.asarray(im.convert("RGB"))
+        except OSError as exc:
+            reason = "truncated" if "truncated" in str(exc).lower() else "corrupt"
+            raise BadImage(f"{reason} {fmt}") from None
+        except Exception as exc:
+            raise BadImage(f"corrupt {fmt} ({_short(exc)})") from None
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+
+
+def read_image(path: str | os.PathLike, *, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
+    """Decode ``path`` into a uint8 tensor [3, H, W], RGB and upright, or raise BadImage."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise BadImage(f"cannot read file ({exc.strerror or type(exc).__name__})") from None
+    if not data:
+        raise BadImage("empty file")
+
+    fmt, size = "image", None
+    if data.startswith(_JPEG_MAGIC):
+        fmt, size = "JPEG", _jpeg_size(data)
+    elif data.startswith(_PNG_MAGIC):
+        fmt, size = "PNG", _png_size(data)
+    if size is None:  # not JPEG/PNG, or a header we could not walk: PIL checks the size itself
+        return _read_with_pil(data, fmt, max_pixels)
+
+    _check_pixels(*size, max_pixels)
+    try:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        img = decode_image(buf, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    except Exception as exc:
+        message = str(exc)
+        # A truncated file must not reach PIL: under LOAD_TRUNCATED_IMAGES=True set by other
+        # code it would come back half grey instead of failing.
+        if "truncated" in message or "Out of bound read" in message:
+            raise BadImage(f"truncated {fmt}") from None
+        return _read_with_pil(data, fmt, max_pixels)
+    if img.ndim != 3 or img.shape[0] != 3:  # never expected for JPEG/PNG; do not pass it on silently
+        raise BadImage(f"corrupt {fmt} (decoded shape {tuple(img.shape)})")
+    return _to_uint8(img)
+
+
+def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize uint8 [3, H, W] to [3, size, size]; antialiased bilinear, within 1 level of PIL's."""
+    if img.dtype != torch.uint8 or img.ndim != 3:
+        raise ValueError(f"expected a uint8 [C, H, W] tensor, got {img.dtype} {tuple(img.shape)}")
+    return F.resize(img, [size, size], antialias=True)

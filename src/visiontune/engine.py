@@ -1,0 +1,127 @@
+"""The training and evaluation loops, and ``fit`` that alternates them.
+
+Metrics accumulate as device tensors and are reduced across processes once per
+phase, so the hot loop never waits on the GPU for a number (the progress bar
+reads them every ``POSTFIX_EVERY`` steps only). Training counts exactly the
+samples it trained on (full batches: the loader drops the ragged tail);
+evaluation counts every validation sample exactly once, because
+``gather_for_metrics`` drops the duplicates Accelerate pads the last batch with.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+POSTFIX_EVERY = 10
+
+
+@dataclass
+class PhaseResult:
+    loss: float
+    accuracy: float
+    images: int
+    seconds: float
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "images_per_s": self.images_per_s}
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
+    return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
+                disable=not (progress and accelerator.is_main_process))
+
+
+def _result(totals: torch.Tensor, seconds: float) -> PhaseResult:
+    loss_sum, correct, count = totals.tolist()
+    n = max(count, 1)
+    return PhaseResult(loss_sum / n, correct / n, int(count), seconds)
+
+
+def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
+                    optimizer: torch.optim.Optimizer, scheduler, prepare_input: Callable,
+                    *, on_nan: str = "stop", progress: bool = True,
+                    on_step: Callable[[int], None] | None = None) -> PhaseResult:
+    """One pass over ``loader``; returns loss/accuracy summed over every process."""
+    model.train()
+    totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
+    start = time.perf_counter()
+    bar = _bar(accelerator, loader, "train", progress)
+    for step, (images, labels) in enumerate(bar):
+        with accelerator.accumulate(model):
+            logits = model(prepare_input(images))
+            loss = F.cross_entropy(logits, labels)
+            if on_nan == "skip" and not torch.isfinite(loss):
+                loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0  # keeps every rank in the same collectives
+            accelerator.backward(loss)
+            optimizer.step()
+            if accelerator.sync_gradients and scheduler is not None and not optimizer.step_was_skipped:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        n = labels.numel()
+        totals += torch.stack([loss.detach().double() * n, (logits.argmax(1) == labels).sum().double(),
+                               torch.tensor(float(n), device=totals.device, dtype=torch.float64)])
+        if step % POSTFIX_EVERY == 0 and not bar.disable:
+            loss_sum, correct, count = totals.tolist()
+            if on_nan == "stop" and not math.isfinite(loss_sum):
+                raise NonFiniteLoss(f"training loss became {loss_sum} at step {step}")
+            bar.set_postfix(loss=f"{loss_sum / count:.4f}", acc=f"{correct / count:.4f}",
+                            img_s=f"{count / (time.perf_counter() - start):.0f}")
+        if on_step is not None:
+            on_step(step)
+    totals = accelerator.reduce(totals, reduction="sum")
+    if on_nan == "stop" and not math.isfinite(totals[0].item()):
+        raise NonFiniteLoss("training loss became non-finite in this epoch")
+    return _result(totals, time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable, prepare_input: Callable,
+             *, progress: bool = True, desc: str = "val") -> PhaseResult:
+    """Loss and accuracy over every sample of ``loader`` exactly once."""
+    model.eval()
+    totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)
+    start = time.perf_counter()
+    for images, labels in _bar(accelerator, loader, desc, progress):
+        logits = model(prepare_input(images))
+        per_sample = torch.stack([F.cross_entropy(logits.float(), labels, reduction="none"),
+                                  (logits.argmax(1) == labels).float()], dim=1)
+        # Every rank gets the same gathered rows, padding removed: sum them once.
+        gathered = accelerator.gather_for_metrics(per_sample).double()
+        totals += torch.stack([gathered[:, 0].sum(), gathered[:, 1].sum(),
+                               torch.tensor(float(gathered.shape[0]), device=totals.device, dtype=torch.float64)])
+    return _result(totals, time.perf_counter() - start)
+
+
+def fit(accelerator: Accelerator, model, train_loader, val_loader, optimizer, scheduler, prepare_input: Callable,
+        *, epochs: int, start_epoch: int = 0, on_nan: str = "stop", progress: bool = True,
+        on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None) -> list[dict]:
+    """Train and validate each epoch; print the reference job's epoch lines."""
+    history = []
+    for epoch in range(start_epoch, epochs):
+        accelerator.print(f"Epoch {epoch}/{epochs - 1}\n" + "-" * 10)
+        train_loader.set_epoch(epoch)
+        tr = train_one_epoch(accelerator, model, train_loader, optimizer, scheduler, prepare_input,
+                             on_nan=on_nan, progress=progress)
+        va = evaluate(accelerator, model, val_loader, prepare_input, progress=progress)
+        for phase, r in (("train", tr), ("val", va)):
+            accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}")
+        accelerator.print()
+        history.append({"epoch": epoch, "train": tr.as_dict(), "val": va.as_dict()})
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, tr, va)
+    return history

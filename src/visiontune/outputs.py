@@ -1,0 +1,88 @@
+"""What a run leaves behind: JSON records, metrics.csv, the curves, the best model.
+
+Every file is written whole or not at all (temp file + ``os.replace``), and only
+by the main process: callers invoke these helpers after
+``accelerator.wait_for_everyone()`` inside ``if accelerator.is_main_process``,
+which is safe because none of them runs a collective.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+import torch
+
+PHASES = ("train", "val")
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the unwrapped model's tensors (no ``module.``/``_orig_mod.``)."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+
+
+def save_model(run_dir: str | os.PathLike, state: dict[str, torch.Tensor], stem: str = "best") -> None:
+    """``<stem>.pth`` (loads with weights_only=True) and ``<stem>.safetensors``."""
+    from safetensors.torch import save as st_save
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write(Path(run_dir) / f"{stem}.pth", buf.getvalue())
+    atomic_write(Path(run_dir) / f"{stem}.safetensors", st_save(state))
+
+
+def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["epoch", "phase", "loss", "accuracy", "images", "seconds", "images_per_s"])
+    for row in history:
+        for phase in PHASES:
+            r = row[phase]
+            w.writerow([row["epoch"], phase, f"{r['loss']:.6f}", f"{r['accuracy']:.6f}", r["images"],
+                        f"{r['seconds']:.3f}", f"{r['images_per_s']:.2f}"])
+    atomic_write(path, out.getvalue())
+
+
+def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
+    """Accuracy and loss curves, train against val, as in the reference job."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [row["epoch"] for row in history]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, key, title, where in ((axes[0], "accuracy", "Accuracy", "lower right"),
+                                  (axes[1], "loss", "Loss", "upper right")):
+        for phase, label in (("train", "Training"), ("val", "Validation")):
+            ax.plot(epochs, [row[phase][key] for row in history], marker="o", label=f"{label} {title}")
+        ax.set_title(f"Training and Validation {title}")
+        ax.set_xlabel("epoch")
+        ax.legend(loc=where)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def best_epoch(history: list[dict]) -> dict:
+    """Highest val accuracy; ties go to the lower val loss, then the earlier epoch."""
+    return max(history, key=lambda r: (r["val"]["accuracy"], -r["val"]["loss"], -r["epoch"]))

@@ -1,0 +1,110 @@
+"""single | dp | ddp: the one module that builds the Accelerator and DataParallel.
+
+``single`` is one process on one device; ``ddp`` is one process per device
+(or N gloo processes on a CPU), started by ``torch.distributed.run`` and
+joined up by Accelerate; ``dp`` is one process with the model wrapped in
+``torch.nn.DataParallel`` over every visible GPU. All three then run the
+same loop. Threads are budgeted here: each process gets cores / local
+processes, and loader workers come out of that budget.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
+from torch import nn
+
+from visiontune.config import TrainConfig, UserError
+
+
+def local_world_size() -> int:
+    """Processes on this machine, as the launcher says (1 outside a launcher)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def inside_launcher() -> bool:
+    return "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def effective_strategy(cfg: TrainConfig) -> str:
+    # Started by torchrun/accelerate launch with several processes: that is DDP.
+    return "ddp" if inside_launcher() else cfg.strategy
+
+
+def cpu_budget() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // local_world_size())
+
+
+def loader_workers(cfg: TrainConfig) -> int:
+    """``--num-workers auto``: decoding workers out of this process's core budget."""
+    if cfg.num_workers is not None:
+        return cfg.num_workers
+    budget = cpu_budget()
+    if torch.cuda.is_available():
+        return max(1, min(8, budget - 1))  # the GPU computes; the cores decode
+    return 1 if budget >= 2 else 0  # on a CPU the model needs the cores too
+
+
+def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accelerator:
+    """Set this process's thread budget, then create the run's only Accelerator."""
+    torch.set_num_threads(cpu_budget())
+    try:
+        return Accelerator(
+            cpu=not torch.cuda.is_available(),  # makes Accelerate join gloo processes on a CPU
+            mixed_precision=cfg.mixed_precision,
+            gradient_accumulation_steps=cfg.grad_accum,
+            log_with=cfg.log_with,
+            project_dir=project_dir,
+            dataloader_config=DataLoaderConfiguration(non_blocking=True),
+            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.timeout))],
+        )
+    except ValueError as e:  # e.g. fp16 asked for on a CPU, an unknown tracker
+        raise UserError(f"cannot set up the run: {e}") from None
+
+
+@dataclass(frozen=True)
+class Setup:
+    strategy: str
+    world_size: int
+    per_process_batch: int
+    global_batch: int
+    lr: float
+    devices: list[str]
+
+
+def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
+    """Global batch, the learning rate actually used, and the devices in play."""
+    strategy = effective_strategy(cfg)
+    global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
+    lr = cfg.lr * global_batch / cfg.reference_batch if cfg.scale_lr else cfg.lr
+    if strategy == "dp" and torch.cuda.device_count() > 1:
+        devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    else:
+        devices = [str(accelerator.device)]
+    return Setup(strategy, accelerator.num_processes, cfg.batch_size, global_batch, lr, devices)
+
+
+def prepare(accelerator: Accelerator, cfg: TrainConfig, model: nn.Module, optimizer, *loaders):
+    """Hand everything to Accelerate; add DataParallel for ``dp``."""
+    if cfg.sync_batchnorm and accelerator.num_processes > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if effective_strategy(cfg) == "dp":
+        if torch.cuda.device_count() < 2:
+            accelerator.print(f"visiontune: {torch.cuda.device_count()} GPU(s) visible: DataParallel gives no "
+                              "parallelism here; running its code path on one device")
+        # Prepare the inner model first so its forward carries the autocast of
+        # mixed precision: DataParallel's replica threads would not inherit it.
+        model = nn.DataParallel(accelerator.prepare_model(model))
+        optimizer, *loaders = accelerator.prepare(optimizer, *loaders)
+    else:
+        model, optimizer, *loaders = accelerator.prepare(model, optimizer, *loaders)
+    if cfg.compile:
+        model = torch.compile(model)
+    return model, optimizer, loaders

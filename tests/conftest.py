@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny data sets made in tmp folders, and the CLI in-process."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from visiontune.sample_data import make_sample_data
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small runs: every test trains at this size so the suite stays fast on 2 cores.
+FAST = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--no-progress"]
+
+
+@pytest.fixture(scope="session")
+def sample_data(tmp_path_factory) -> Path:
+    """A synthetic Kaggle-layout set: 60 cats, 60 dogs, 30 test images (read-only for tests)."""
+    out = tmp_path_factory.mktemp("sample") / "data"
+    make_sample_data(out, per_class=60, test_count=30, seed=0)
+    return out
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    """Environment for subprocesses: the package importable, one thread each."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+PYTHON = sys.executable

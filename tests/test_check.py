@@ -1,0 +1,145 @@
+"""Tests for visiontune.data.check: the scan finds exactly the bad files, caches verdicts, writes atomically."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import zlib
+
+import pytest
+from PIL import Image
+
+import visiontune.data.check as check
+from badfiles import EXPECTED_REASON, SMALL_MAX_PIXELS, make_bad_files, make_odd_mode_images, natural_ish
+from visiontune.data.check import scan, write_report
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A folder mixing good, odd and bad files; returns (paths in a scrambled order, {path: kind})."""
+    kinds = {}
+    for name, kind in make_bad_files(tmp_path / "bad").items():
+        kinds[str(tmp_path / "bad" / name)] = kind
+    for name in make_odd_mode_images(tmp_path / "odd"):
+        kinds[str(tmp_path / "odd" / name)] = "good"
+    for i in range(4):
+        path = tmp_path / f"good{i}.jpg"
+        Image.fromarray(natural_ish(seed=i)).save(path)
+        kinds[str(path)] = "good"
+    paths = sorted(kinds, key=lambda p: (zlib.crc32(p.encode()) % 7, p))  # not grouped by kind
+    return paths, kinds
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """The list of paths the scan actually decodes."""
+    seen = []
+    real = check.read_image
+
+    def counting(path, **kwargs):
+        seen.append(str(path))
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(check, "read_image", counting)
+    return seen
+
+
+def test_scan_reports_exactly_the_bad_files_in_input_order(tree):
+    paths, kinds = tree
+    bad = scan(paths, workers=2, max_pixels=SMALL_MAX_PIXELS)
+    assert [p for p, _ in bad] == [p for p in paths if kinds[p] != "good"]
+    for path, reason in bad:
+        assert EXPECTED_REASON[kinds[path]] in reason, (path, reason)
+
+
+def test_scan_gives_same_answer_for_any_worker_count(tree):
+    paths, _ = tree
+    one = scan(paths, workers=1, max_pixels=SMALL_MAX_PIXELS)
+    assert scan(paths, workers=4, max_pixels=SMALL_MAX_PIXELS) == one
+
+
+def test_default_limit_lets_the_big_image_through(tree):
+    paths, kinds = tree
+    bad = {p for p, _ in scan(paths)}
+    assert bad == {p for p in paths if kinds[p] not in ("good", "too_large")}
+
+
+def test_missing_file_is_reported_not_raised(tmp_path):
+    missing = str(tmp_path / "gone.jpg")
+    [(path, reason)] = scan([missing], cache_path=str(tmp_path / "cache.json"))
+    assert path == missing and "cannot read file" in reason
+
+
+def test_second_scan_of_unchanged_files_decodes_nothing(tree, tmp_path, decodes):
+    paths, _ = tree
+    cache = str(tmp_path / "scan-cache.json")
+    first = scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS)
+    assert sorted(decodes) == sorted(paths)
+    decodes.clear()
+    assert scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS) == first
+    assert decodes == []
+    with open(cache) as f:
+        assert len(json.load(f)["files"]) == len(paths)
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
+
+
+def test_changed_files_are_checked_again(tree, tmp_path, decodes):
+    paths, kinds = tree
+    cache = str(tmp_path / "scan-cache.json")
+    scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS)
+    good = next(p for p in paths if kinds[p] == "good" and p.endswith("good0.jpg"))
+    empty = next(p for p in paths if kinds[p] == "empty")
+    data = open(good, "rb").read()
+    with open(good, "wb") as f:  # the good file gets cut short...
+        f.write(data[: len(data) // 2])
+    Image.fromarray(natural_ish()).save(empty, "JPEG")  # ...and the empty one gets fixed
+    st = os.stat(empty)
+    os.utime(empty, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a distinct mtime even on coarse clocks
+    decodes.clear()
+    bad = dict(scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS))
+    assert sorted(decodes) == sorted([good, empty])
+    assert "truncated" in bad[good] and empty not in bad
+
+
+def test_same_size_touch_is_rechecked(tree, tmp_path, decodes):
+    paths, _ = tree
+    cache = str(tmp_path / "scan-cache.json")
+    scan(paths, cache_path=cache)
+    st = os.stat(paths[0])
+    os.utime(paths[0], ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))
+    decodes.clear()
+    scan(paths, cache_path=cache)
+    assert decodes == [paths[0]]
+
+
+def test_cache_is_ignored_when_limit_changes_or_file_is_corrupt(tree, tmp_path, decodes):
+    paths, kinds = tree
+    cache = tmp_path / "scan-cache.json"
+    scan(paths, cache_path=str(cache))
+    decodes.clear()
+    bad = scan(paths, cache_path=str(cache), max_pixels=SMALL_MAX_PIXELS)
+    assert len(decodes) == len(paths)
+    assert any(kinds[p] == "too_large" for p, _ in bad)
+    cache.write_text('{"version": 1, "files": {')  # what a crash mid-write would leave, were it not atomic
+    decodes.clear()
+    assert scan(paths, cache_path=str(cache), max_pixels=SMALL_MAX_PIXELS) == bad
+    assert len(decodes) == len(paths)
+
+
+def test_write_report_round_trips_awkward_paths(tmp_path):
+    bad = [("a,b/\"quoted\".jpg", "empty file"), ("c/d.jpg", "truncated JPEG"), ("é.png", "not an image")]
+    out = tmp_path / "bad.csv"
+    out.write_text("old contents\n")
+    write_report(bad, str(out))
+    with open(out, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["path", "problem"]
+    assert [tuple(r) for r in rows[1:]] == bad
+    assert sorted(os.listdir(tmp_path)) == ["bad.csv"]
+
+
+def test_write_report_with_nothing_bad_writes_just_the_header(tmp_path):
+    out = tmp_path / "bad.csv"
+    write_report([], str(out))
+    assert out.read_text() == "path,problem\n"
