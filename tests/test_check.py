@@ -1,4 +1,4 @@
-"""Tests for visiontune.data.check: the scan finds exactly the bad files, caches verdicts, writes atomically."""
+"""Tests for visiontune.data.check: finds exactly the bad files, caches verdicts, writes atomically."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_changed_files_are_checked_again(tree, tmp_path, decodes):
         f.write(data[: len(data) // 2])
     Image.fromarray(natural_ish()).save(empty, "JPEG")  # ...and the empty one gets fixed
     st = os.stat(empty)
-    os.utime(empty, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a distinct mtime even on coarse clocks
+    os.utime(empty, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # distinct even on coarse clocks
     decodes.clear()
     bad = dict(scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS))
     assert sorted(decodes) == sorted([good, empty])
@@ -121,14 +121,14 @@ def test_cache_is_ignored_when_limit_changes_or_file_is_corrupt(tree, tmp_path, 
     bad = scan(paths, cache_path=str(cache), max_pixels=SMALL_MAX_PIXELS)
     assert len(decodes) == len(paths)
     assert any(kinds[p] == "too_large" for p, _ in bad)
-    cache.write_text('{"version": 1, "files": {')  # what a crash mid-write would leave, were it not atomic
+    cache.write_text('{"version": 1, "files": {')  # a half-written cache
     decodes.clear()
     assert scan(paths, cache_path=str(cache), max_pixels=SMALL_MAX_PIXELS) == bad
     assert len(decodes) == len(paths)
 
 
 def test_write_report_round_trips_awkward_paths(tmp_path):
-    bad = [("a,b/\"quoted\".jpg", "empty file"), ("c/d.jpg", "truncated JPEG"), ("é.png", "not an image")]
+    bad = [('a,b/"quoted".jpg', "empty file"), ("c/d.jpg", "truncated JPEG"), ("é.png", "not an image")]
     out = tmp_path / "bad.csv"
     out.write_text("old contents\n")
     write_report(bad, str(out))

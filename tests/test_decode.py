@@ -166,7 +166,8 @@ def test_max_pixels_is_checked_before_any_decoding(tmp_path, monkeypatch, suffix
 
 
 def test_jpeg_header_size_matches_pil(tmp_path):
-    for w, h, kw in [(123, 45, {}), (64, 200, {"progressive": True}), (50, 50, {"exif": b"Exif\x00\x00" + bytes(60000)})]:
+    big_exif = {"exif": b"Exif\x00\x00" + bytes(60000)}  # pushes the frame header past a 64 KiB segment
+    for w, h, kw in [(123, 45, {}), (64, 200, {"progressive": True}), (50, 50, big_exif)]:
         path = tmp_path / "x.jpg"
         Image.fromarray(natural_ish(w, h)).save(path, "JPEG", **kw)
         assert decode._jpeg_size(path.read_bytes()) == (w, h)

@@ -94,7 +94,7 @@ def build_model(name: str, num_classes: int, weights: str = "DEFAULT", freeze_ba
     resolved = _resolve_weights(name, weights)
     builder = torchvision.models.get_model_builder(name)
     kwargs = {"aux_logits": False} if "aux_logits" in inspect.signature(builder).parameters else {}
-    if name.startswith("inception") and resolved is None:
+    if name in ("googlenet", "inception_v3") and resolved is None:
         kwargs["init_weights"] = True  # silences a torchvision warning; same as its default
     try:
         model = builder(weights=resolved, **kwargs)
@@ -104,11 +104,11 @@ def build_model(name: str, num_classes: int, weights: str = "DEFAULT", freeze_ba
         raise _download_error(resolved, e) from None
     head = replace_head(model, num_classes)
     if resolved is None and weights.lower() != "none":
-        state = load_state_file(weights)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise UserError(f"{weights} does not fit {name} with {num_classes} classes "
-                            f"({len(missing)} missing, {len(unexpected)} unexpected keys)")
+        try:
+            model.load_state_dict(load_state_file(weights))
+        except RuntimeError as e:  # missing/unexpected keys or shape mismatches
+            raise UserError(f"{weights} does not fit {name} with {num_classes} classes: "
+                            f"{str(e).splitlines()[1].strip()}") from None
     if freeze_backbone:
         for pname, p in model.named_parameters():
             p.requires_grad = pname.startswith(head + ".")

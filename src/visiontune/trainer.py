@@ -56,7 +56,7 @@ def train(cfg: TrainConfig) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
     validate(cfg)
     since = time.time()
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
     images = discover(cfg.data)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
@@ -88,6 +88,9 @@ def train(cfg: TrainConfig) -> dict:
         outputs.write_json(f"{run_dir}/split.json",
                            split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction))
     if cfg.log_with:
+        # Trackers write into the run folder, known only now that the main process chose it.
+        accelerator.project_configuration.project_dir = run_dir
+        accelerator.project_configuration.logging_dir = run_dir
         accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
                                                         if isinstance(v, (int, float, str, bool))})
     history: list[dict] = []

@@ -61,8 +61,10 @@ def _load_cache(cache_path: str, max_pixels: int) -> dict[str, list]:
             data = json.load(f)
     except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict) or data.get("version") != _CACHE_VERSION:
+        return {}
     # A different pixel limit changes which files are "too large", so the old verdicts do not carry over.
-    if not isinstance(data, dict) or data.get("version") != _CACHE_VERSION or data.get("max_pixels") != max_pixels:
+    if data.get("max_pixels") != max_pixels:
         return {}
     files = data.get("files")
     return files if isinstance(files, dict) else {}
@@ -89,7 +91,8 @@ def scan(
 
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
-        for i, reason in zip(todo, pool.map(_check_one, [paths[i] for i in todo], [max_pixels] * len(todo))):
+        verdicts = pool.map(_check_one, [paths[i] for i in todo], [max_pixels] * len(todo))
+        for i, reason in zip(todo, verdicts):
             reasons[i] = reason
             if keys[i]:
                 cache[keys[i][0]] = [keys[i][1], keys[i][2], reason]

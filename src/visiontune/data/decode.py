@@ -128,7 +128,7 @@ def read_image(path: str | os.PathLike, *, max_pixels: int = MAX_PIXELS) -> torc
     _check_pixels(*size, max_pixels)
     try:
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        img = decode_image(buf, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+        img = _to_uint8(decode_image(buf, mode=ImageReadMode.RGB, apply_exif_orientation=True))
     except Exception as exc:
         message = str(exc)
         # A truncated file must not reach PIL: under LOAD_TRUNCATED_IMAGES=True set by other
@@ -138,7 +138,7 @@ def read_image(path: str | os.PathLike, *, max_pixels: int = MAX_PIXELS) -> torc
         return _read_with_pil(data, fmt, max_pixels)
     if img.ndim != 3 or img.shape[0] != 3:  # never expected for JPEG/PNG; do not pass it on silently
         raise BadImage(f"corrupt {fmt} (decoded shape {tuple(img.shape)})")
-    return _to_uint8(img)
+    return img
 
 
 def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""Layout detection, manifests, `prepare`, and the seeded split."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from visiontune.config import UserError
+from visiontune.data.layouts import discover, write_kaggle_manifest
+from visiontune.data.split import make_split, split_record
+
+
+def _touch(path, data=b"x"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def test_kaggle_layout_classes_order_and_numeric_test_ids(tmp_path):
+    for name in ["cat.10.jpg", "cat.2.jpg", "dog.1.jpg", "Thumbs.db"]:
+        _touch(tmp_path / "train" / name)
+    for i in [10, 2, 1]:
+        _touch(tmp_path / "test" / f"{i}.jpg")
+    found = discover(str(tmp_path))
+    assert found.layout == "kaggle" and found.classes == ["cat", "dog"]
+    assert [p.split("/")[-1] for p in found.paths] == ["cat.2.jpg", "cat.10.jpg", "dog.1.jpg"]
+    assert found.labels == [0, 0, 1]
+    assert [p.split("/")[-1] for p in found.test_files] == ["1.jpg", "2.jpg", "10.jpg"]
+    assert [p.split("/")[-1] for p, _ in found.rejects] == ["Thumbs.db"]
+
+
+def test_image_folder_layout_like_petimages(tmp_path):
+    for cls in ["Dog", "Cat"]:
+        for i in range(3):
+            _touch(tmp_path / "PetImages" / cls / f"{i}.jpg")
+    found = discover(str(tmp_path / "PetImages"))
+    assert found.layout == "imagefolder" and found.classes == ["Cat", "Dog"]
+    assert found.labels == [0, 0, 0, 1, 1, 1]
+
+
+def test_prepare_writes_a_manifest_that_reads_back_identically(tmp_path):
+    for name in ["cat.0.jpg", "cat.1.jpg", "dog.0.jpg", "dog.5.jpg"]:
+        _touch(tmp_path / "train" / name)
+    kaggle = discover(str(tmp_path))
+    out, n = write_kaggle_manifest(str(tmp_path))
+    assert n == 4 and open(out).readline().strip() == "filename,label"
+    manifest = discover(str(tmp_path))
+    assert manifest.layout == "manifest"
+    assert (manifest.paths, manifest.labels, manifest.classes) == (kaggle.paths, kaggle.labels, kaggle.classes)
+
+
+def test_manifest_with_integer_labels(tmp_path):
+    for i in range(4):
+        _touch(tmp_path / "train" / f"img{i}.jpg")
+    (tmp_path / "train.csv").write_text("filename,label\nimg0.jpg,1\nimg1.jpg,0\nimg2.jpg,1\nimg3.jpg,0\n")
+    found = discover(str(tmp_path))
+    assert found.classes == ["0", "1"] and found.labels == [1, 0, 1, 0]
+
+
+@pytest.mark.parametrize("rows,msg", [
+    ("a.jpg,cat\nmissing.jpg,dog\n", "row 3: file not found"),
+    ("a.jpg,cat\na.jpg,dog\n", "row 3: duplicate"),
+    ("a.jpg,cat\n../secret.jpg,dog\n", "row 3: path '../secret.jpg' leaves the image root"),
+    ("a.jpg,cat\n/etc/passwd,dog\n", "row 3: path '/etc/passwd' leaves"),
+    ("a.jpg,cat\nb.jpg,\n", "row 3: expected 'filename,label'"),
+])
+def test_manifest_row_errors_name_the_row(tmp_path, rows, msg):
+    _touch(tmp_path / "train" / "a.jpg")
+    _touch(tmp_path / "train" / "b.jpg")
+    (tmp_path / "train.csv").write_text("filename,label\n" + rows)
+    with pytest.raises(UserError, match=msg):
+        discover(str(tmp_path))
+
+
+def test_missing_empty_and_unknown_layouts(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        discover(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="empty"):
+        discover(str(tmp_path / "empty"))
+    _touch(tmp_path / "flat" / "a.jpg")
+    with pytest.raises(UserError, match="cannot tell the layout"):
+        discover(str(tmp_path / "flat"))
+
+
+def test_split_is_seeded_private_and_blog_sized():
+    torch.manual_seed(0)
+    before = torch.rand(1)
+    torch.manual_seed(0)
+    a = make_split(25000, 0.2, 42)
+    after = torch.rand(1)
+    assert torch.equal(before, after), "the split must not consume the global RNG"
+    assert (len(a.train), len(a.val)) == (20000, 5000)
+    assert set(a.train).isdisjoint(a.val) and len(set(a.train) | set(a.val)) == 25000
+    assert make_split(25000, 0.2, 42) == a and make_split(25000, 0.2, 43) != a
+    with pytest.raises(UserError, match="empty"):
+        make_split(1, 0.2, 42)
+
+
+def test_split_record_hash_changes_with_content():
+    paths = [f"/d/train/cat.{i}.jpg" for i in range(10)]
+    s = make_split(10, 0.2, 42)
+    rec = split_record(s, paths, "/d", 42, 0.2)
+    assert rec["counts"] == {"train": 8, "val": 2} and rec["val"][0].startswith("train/")
+    other = split_record(make_split(10, 0.2, 7), paths, "/d", 7, 0.2)
+    assert rec["sha256"] != other["sha256"]
+    assert json.loads(json.dumps(rec)) == rec

@@ -1,0 +1,148 @@
+"""End to end: `visiontune train` in-process on tiny synthetic data."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from PIL import Image
+
+from conftest import FAST
+from visiontune import TrainConfig, train
+from visiontune.cli import main
+from visiontune.config import MEAN, STD
+
+
+@pytest.fixture(scope="module")
+def run(sample_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "r"
+    code = main(["train", "--data", str(sample_data), *FAST, "--epochs", "2", "--batch-size", "16",
+                 "--lr", "0.01", "--output-dir", str(out)])
+    assert code == 0
+    return out
+
+
+def _independent_eval(run_dir, data_root):
+    """Evaluate best.pth on the recorded val files with PIL + plain torch, no visiontune code."""
+    cfg = json.loads((run_dir / "config.json").read_text())["config"]
+    classes = json.loads((run_dir / "classes.json").read_text())
+    model = torchvision.models.get_model(cfg["model"], num_classes=len(classes))
+    model.load_state_dict(torch.load(run_dir / "best.pth", weights_only=True))
+    model.eval()
+    files = json.loads((run_dir / "split.json").read_text())["val"]
+    size = cfg["image_size"]
+    mean, std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
+    xs, ys = [], []
+    for rel in files:
+        img = torchvision.io.decode_image(str(data_root / rel), mode=torchvision.io.ImageReadMode.RGB)
+        img = torchvision.transforms.v2.functional.resize(img, [size, size], antialias=True)
+        xs.append((img.float() / 255 - mean) / std)
+        ys.append(classes.index(rel.split("/")[-1].split(".")[0]))
+    with torch.no_grad():
+        logits = model(torch.stack(xs))
+    y = torch.tensor(ys)
+    return F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).float().mean().item(), len(ys)
+
+
+def test_every_output_exists_and_loads(run):
+    for name in ["best.pth", "best.safetensors", "classes.json", "config.json", "split.json", "history.json",
+                 "metrics.csv", "training_results.png", "summary.json"]:
+        assert (run / name).is_file(), name
+    assert json.loads((run / "classes.json").read_text()) == ["cat", "dog"]
+    state = torch.load(run / "best.pth", weights_only=True)
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state)
+    from safetensors.torch import load_file
+    st = load_file(str(run / "best.safetensors"))
+    assert st.keys() == state.keys() and all(torch.equal(st[k], state[k]) for k in state)
+    with Image.open(run / "training_results.png") as im:
+        assert im.format == "PNG" and im.size[0] > 400
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    assert [(r["epoch"], r["phase"]) for r in rows] == [("0", "train"), ("0", "val"), ("1", "train"), ("1", "val")]
+    for r in rows:
+        assert math.isclose(float(r["images_per_s"]), int(r["images"]) / float(r["seconds"]), rel_tol=1e-2)
+
+
+def test_best_model_reproduces_recorded_val_accuracy_and_learns(run, sample_data):
+    summary = json.loads((run / "summary.json").read_text())
+    history = json.loads((run / "history.json").read_text())
+    loss, acc, n = _independent_eval(run, sample_data)
+    best = history[summary["best_epoch"]]["val"]
+    assert n == summary["val_images_counted"] == summary["val_split_size"] == 24
+    assert acc == pytest.approx(best["accuracy"], abs=1e-9)
+    assert loss == pytest.approx(best["loss"], rel=1e-3, abs=1e-4)
+    assert summary["best_val_accuracy"] >= 0.9
+    # Train metrics count exactly the samples trained on: 96 images, batch 16, full batches only.
+    assert [h["train"]["images"] for h in history] == [96, 96]
+    assert summary["strategy"] == "single" and summary["world_size"] == 1 and summary["global_batch"] == 16
+
+
+def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, sample_data, tmp_path):
+    summary = train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", image_size=32,
+                                epochs=1, batch_size=16, output_dir=str(tmp_path / "again"), progress=False))
+    first = json.loads((run / "split.json").read_text())
+    second = json.loads((tmp_path / "again" / "split.json").read_text())
+    assert first["sha256"] == second["sha256"] and first["val"] == second["val"]
+    assert summary == json.loads((tmp_path / "again" / "summary.json").read_text())
+
+
+def test_epoch_lines_in_the_reference_format(sample_data, tmp_path, capsys):
+    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "32",
+                 "--output-dir", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "Epoch 0/0\n----------\n" in out and "global batch 32" in out
+    import re
+    assert re.search(r"^train Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
+    assert re.search(r"^val Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
+    assert re.search(r"^Training complete in \d+m \d+s$", out, re.M)
+    assert re.search(r"^Best val Acc: \d\.\d{6}$", out, re.M)
+
+
+def test_config_file_then_flags(sample_data, tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('model = "resnet18"\nweights = "none"\nimage_size = 32\nepochs = 1\nbatch_size = 32\n'
+                    'lr = 0.05\nprogress = false\n')
+    out = tmp_path / "r"
+    assert main(["train", "--data", str(sample_data), "--config", str(toml), "--lr", "0.02",
+                 "--output-dir", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert (cfg["model"], cfg["epochs"], cfg["batch_size"], cfg["lr"]) == ("resnet18", 1, 32, 0.02)
+    # An earlier run's config.json works as --config too.
+    out2 = tmp_path / "r2"
+    assert main(["train", "--data", str(sample_data), "--config", str(out / "config.json"),
+                 "--output-dir", str(out2)]) == 0
+    assert json.loads((out2 / "config.json").read_text())["config"]["lr"] == 0.02
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--data", "/nonexistent/x"], "data folder not found"),
+    (["--model", "resnet999"], "unknown model"),
+    (["--weights", "IMAGENET9K"], "unknown weights"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer"),
+    (["--epochs", "-1"], "--epochs must be a positive integer"),
+    (["--val-fraction", "0.999"], "empty"),
+    (["--batch-size", "500"], "fewer than one global batch"),
+    (["--strategy", "fsdp"], "--strategy must be one of"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path, capsys, args, msg):
+    base = ["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--output-dir", str(tmp_path / "r")]
+    assert main(base + args) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_tensorboard_tracker_logs_the_metrics(sample_data, tmp_path):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "r"
+    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "32",
+                 "--log-with", "tensorboard", "--output-dir", str(out)]) == 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = list(out.rglob("events.out.tfevents.*"))
+    assert events
+    acc = EventAccumulator(str(events[0].parent)).Reload()
+    hist = json.loads((out / "history.json").read_text())
+    assert acc.Scalars("val/accuracy")[0].value == pytest.approx(hist[0]["val"]["accuracy"])
