@@ -22,13 +22,26 @@ def sample_data(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture
-def worker_env() -> dict[str, str]:
-    """Environment for subprocesses: the package importable, one thread each."""
+def _worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    """Environment for subprocesses: the package importable, one thread each."""
+    return _worker_env()
+
+
+@pytest.fixture(scope="module")
+def worker_env_module():
+    """The same for this process, for tests whose code starts subprocesses itself."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in _worker_env().items():
+            mp.setenv(k, v)
+        yield
 
 
 PYTHON = sys.executable

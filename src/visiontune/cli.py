@@ -64,6 +64,7 @@ TRAIN_FLAGS: dict[str, tuple] = {
     "--resume": (str, "a run folder to continue, or auto"),
     "--log-with": (str, "an Accelerate tracker: tensorboard, wandb, mlflow, ..."),
     "--progress": ("bool", "progress bars (default on)"),
+    "--timing-warmup": (int, "steps per epoch left out of the steady-state images/s (default 5)"),
 }
 
 
@@ -142,6 +143,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from visiontune import launch
+    from visiontune.bench import bench
+    from visiontune.data.layouts import discover
+
+    cfg = config_from_args(args)
+    discover(cfg.data)
+    # Each strategy re-runs `visiontune train` with these flags; bench's own are
+    # dropped and the per-strategy ones are appended (argparse: the last wins).
+    train_argv = launch.without_flags(args.argv, ("--strategies", "--same", "--output-dir"))
+    if "epochs" not in vars(args):
+        train_argv += ["--epochs", "1"]
+        cfg = cfg.replace(epochs=1)
+    out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)
+    bench(cfg, train_argv, [s.strip() for s in args.strategies.split(",") if s.strip()],
+          cfg.nproc or launch.default_nproc(), args.same, out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="visiontune", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -163,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
+    add_train_flags(p)
+    p.add_argument("--strategies", default="single,dp,ddp", help="comma-separated (default single,dp,ddp)")
+    p.add_argument("--same", default="global", choices=("global", "per-device"),
+                   help="keep the global batch (default) or the per-device batch equal across strategies")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -75,6 +75,7 @@ class TrainConfig:
     resume: str | None = None
     log_with: str | None = None
     progress: bool = True
+    timing_warmup: int = 5  # first steps of each epoch left out of the steady-state throughput
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -113,6 +114,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--num-workers must be 'auto' or >= 0, got {cfg.num_workers}")
     if not 0 <= cfg.node_rank < cfg.nnodes:
         raise UserError(f"--node-rank must be in [0, {cfg.nnodes - 1}], got {cfg.node_rank}")
+    if cfg.timing_warmup < 0:
+        raise UserError(f"--timing-warmup must be >= 0, got {cfg.timing_warmup}")
     if not 0.0 <= cfg.max_bad_fraction <= 1.0:
         raise UserError(f"--max-bad-fraction must be between 0 and 1, got {cfg.max_bad_fraction}")
     return cfg

@@ -28,6 +28,10 @@ class PhaseResult:
     accuracy: float
     images: int
     seconds: float
+    # Train only: the steps after the first ``timing_warmup`` ones.
+    steady_images: int = 0
+    steady_seconds: float = 0.0
+    data_wait_seconds: float = 0.0  # of the steady seconds, spent waiting for the loader
 
     @property
     def images_per_s(self) -> float:
@@ -46,22 +50,31 @@ def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
                 disable=not (progress and accelerator.is_main_process))
 
 
-def _result(totals: torch.Tensor, seconds: float) -> PhaseResult:
-    loss_sum, correct, count = totals.tolist()
+def _result(totals: torch.Tensor, seconds: float, **steady) -> PhaseResult:
+    loss_sum, correct, count = totals.tolist()[:3]
     n = max(count, 1)
-    return PhaseResult(loss_sum / n, correct / n, int(count), seconds)
+    return PhaseResult(loss_sum / n, correct / n, int(count), seconds, **steady)
 
 
 def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
                     optimizer: torch.optim.Optimizer, scheduler, prepare_input: Callable,
-                    *, on_nan: str = "stop", progress: bool = True,
+                    *, on_nan: str = "stop", progress: bool = True, timing_warmup: int = 5,
                     on_step: Callable[[int], None] | None = None) -> PhaseResult:
-    """One pass over ``loader``; returns loss/accuracy summed over every process."""
+    """One pass over ``loader``; returns loss/accuracy summed over every process.
+
+    Host clocks split the steps after ``timing_warmup`` into waiting for the
+    loader and the rest; no clock reads the device, so nothing syncs per step.
+    """
     model.train()
-    totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
-    start = time.perf_counter()
+    # loss sum, correct, images, images of the steady (post-warm-up) steps
+    totals = torch.zeros(4, device=accelerator.device, dtype=torch.float64)
+    start = last = time.perf_counter()
+    steady_start, wait = None, 0.0
     bar = _bar(accelerator, loader, "train", progress)
     for step, (images, labels) in enumerate(bar):
+        if step >= timing_warmup:
+            steady_start = steady_start or last
+            wait += time.perf_counter() - last
         with accelerator.accumulate(model):
             logits = model(prepare_input(images))
             loss = F.cross_entropy(logits, labels)
@@ -72,21 +85,24 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
             if accelerator.sync_gradients and scheduler is not None and not optimizer.step_was_skipped:
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-        n = labels.numel()
+        n = float(labels.numel())
         totals += torch.stack([loss.detach().double() * n, (logits.argmax(1) == labels).sum().double(),
-                               torch.tensor(float(n), device=totals.device, dtype=torch.float64)])
+                               totals.new_tensor(n), totals.new_tensor(n if step >= timing_warmup else 0.0)])
         if step % POSTFIX_EVERY == 0 and not bar.disable:
-            loss_sum, correct, count = totals.tolist()
+            loss_sum, correct, count, _ = totals.tolist()
             if on_nan == "stop" and not math.isfinite(loss_sum):
                 raise NonFiniteLoss(f"training loss became {loss_sum} at step {step}")
             bar.set_postfix(loss=f"{loss_sum / count:.4f}", acc=f"{correct / count:.4f}",
                             img_s=f"{count / (time.perf_counter() - start):.0f}")
         if on_step is not None:
             on_step(step)
-    totals = accelerator.reduce(totals, reduction="sum")
+        last = time.perf_counter()
+    totals = accelerator.reduce(totals, reduction="sum")  # also waits for the device's queued work
+    end = time.perf_counter()
     if on_nan == "stop" and not math.isfinite(totals[0].item()):
         raise NonFiniteLoss("training loss became non-finite in this epoch")
-    return _result(totals, time.perf_counter() - start)
+    return _result(totals, end - start, steady_images=int(totals[3].item()),
+                   steady_seconds=end - steady_start if steady_start else 0.0, data_wait_seconds=wait)
 
 
 @torch.inference_mode()
@@ -108,7 +124,7 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
 
 
 def fit(accelerator: Accelerator, model, train_loader, val_loader, optimizer, scheduler, prepare_input: Callable,
-        *, epochs: int, start_epoch: int = 0, on_nan: str = "stop", progress: bool = True,
+        *, epochs: int, start_epoch: int = 0, on_nan: str = "stop", progress: bool = True, timing_warmup: int = 5,
         on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None) -> list[dict]:
     """Train and validate each epoch; print the reference job's epoch lines."""
     history = []
@@ -116,7 +132,7 @@ def fit(accelerator: Accelerator, model, train_loader, val_loader, optimizer, sc
         accelerator.print(f"Epoch {epoch}/{epochs - 1}\n" + "-" * 10)
         train_loader.set_epoch(epoch)
         tr = train_one_epoch(accelerator, model, train_loader, optimizer, scheduler, prepare_input,
-                             on_nan=on_nan, progress=progress)
+                             on_nan=on_nan, progress=progress, timing_warmup=timing_warmup)
         va = evaluate(accelerator, model, val_loader, prepare_input, progress=progress)
         for phase, r in (("train", tr), ("val", va)):
             accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}")

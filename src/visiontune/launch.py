@@ -37,14 +37,15 @@ def needs_launcher(cfg: TrainConfig) -> bool:
 LAUNCHER_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--max-restarts")
 
 
-def worker_argv(train_argv: list[str]) -> list[str]:
+def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """``argv`` less each of ``flags`` and its value (``--f v`` or ``--f=v``)."""
     out, skip = [], False
-    for arg in train_argv:
+    for arg in argv:
         if skip:
             skip = False
-        elif arg in LAUNCHER_FLAGS:
+        elif arg in flags:
             skip = True
-        elif not arg.startswith(tuple(f + "=" for f in LAUNCHER_FLAGS)):
+        elif not arg.startswith(tuple(f + "=" for f in flags)):
             out.append(arg)
     return out
 
@@ -58,7 +59,7 @@ def launcher_argv(cfg: TrainConfig, train_argv: list[str]) -> list[str]:
     else:
         args += [f"--node-rank={cfg.node_rank}", f"--master-addr={cfg.master_addr}",
                  f"--master-port={cfg.master_port}"]
-    return [*args, "-m", "visiontune", "train", *worker_argv(train_argv)]
+    return [*args, "-m", "visiontune", "train", *without_flags(train_argv, LAUNCHER_FLAGS)]
 
 
 def relaunch(cfg: TrainConfig, train_argv: list[str]) -> int:

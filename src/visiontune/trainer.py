@@ -111,16 +111,22 @@ def train(cfg: TrainConfig) -> dict:
 
     engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler,
                DeviceNormalize(accelerator.device, cfg.channels_last), epochs=cfg.epochs,
-               on_nan=cfg.on_nan, progress=cfg.progress, on_epoch_end=on_epoch_end)
+               on_nan=cfg.on_nan, progress=cfg.progress, timing_warmup=cfg.timing_warmup,
+               on_epoch_end=on_epoch_end)
     elapsed = time.time() - since
     best = outputs.best_epoch(history)
-    train_images = sum(r["train"]["images"] for r in history)
-    train_seconds = sum(r["train"]["seconds"] for r in history)
+    steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds",
+                                                               "data_wait_seconds")}
+    if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
+        steady = {"steady_images": sum(r["train"]["images"] for r in history),
+                  "steady_seconds": sum(r["train"]["seconds"] for r in history), "data_wait_seconds": 0.0}
     summary = {
         "run_dir": run_dir, "total_seconds": round(elapsed, 3),
         "best_val_accuracy": best["val"]["accuracy"], "best_val_loss": best["val"]["loss"],
         "best_epoch": best["epoch"], "epochs": len(history),
-        "train_images_per_s": train_images / train_seconds if train_seconds else 0.0,
+        "train_images_per_s": steady["steady_images"] / steady["steady_seconds"] if steady["steady_seconds"] else 0.0,
+        "data_wait_fraction": steady["data_wait_seconds"] / steady["steady_seconds"] if steady["steady_seconds"] else 0.0,
+        **steady,
         "val_images_counted": history[-1]["val"]["images"], "val_split_size": len(split.val),
         "train_split_size": len(split.train), "classes": images.classes, **setup.__dict__,
     }
