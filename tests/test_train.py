@@ -146,3 +146,16 @@ def test_tensorboard_tracker_logs_the_metrics(sample_data, tmp_path):
     acc = EventAccumulator(str(events[0].parent)).Reload()
     hist = json.loads((out / "history.json").read_text())
     assert acc.Scalars("val/accuracy")[0].value == pytest.approx(hist[0]["val"]["accuracy"])
+
+
+def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data, tmp_path):
+    out = tmp_path / "r"
+    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "2", "--batch-size", "16",
+                 "--grad-accum", "2", "--lr", "0.1", "--lr-schedule", "cosine", "--mixed-precision", "bf16",
+                 "--output-dir", str(out)]) == 0
+    history = json.loads((out / "history.json").read_text())
+    # 96 images / 16 = 6 batches = 3 optimizer steps per epoch; T_max = 6 steps.
+    assert history[0]["lr"] == pytest.approx(0.1 * (1 + math.cos(math.pi * 3 / 6)) / 2)
+    assert history[1]["lr"] == pytest.approx(0.0, abs=1e-12)
+    setup = json.loads((out / "config.json").read_text())["setup"]
+    assert setup["global_batch"] == 32 and setup["per_process_batch"] == 16

@@ -96,7 +96,8 @@ def train(cfg: TrainConfig) -> dict:
     history: list[dict] = []
 
     def on_epoch_end(epoch: int, tr: engine.PhaseResult, va: engine.PhaseResult) -> None:
-        history.append({"epoch": epoch, "train": tr.as_dict(), "val": va.as_dict()})
+        history.append({"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train": tr.as_dict(),
+                        "val": va.as_dict()})
         accelerator.log({f"{p}/{k}": v for p, r in (("train", tr), ("val", va))
                          for k, v in r.as_dict().items()}, step=epoch)
         is_best = outputs.best_epoch(history)["epoch"] == epoch
