@@ -1,4 +1,4 @@
-"""Re-run ``visiontune train`` under ``torch.distributed.run`` when N processes are asked for.
+"""Re-run a ``visiontune`` subcommand under ``torch.distributed.run`` when N processes are asked for.
 
 ``visiontune train --strategy ddp --nproc N`` becomes, in this same process,
 the elastic agent of ``torchrun --nproc-per-node N -m visiontune train ...``:
@@ -49,8 +49,8 @@ def worker_argv(train_argv: list[str]) -> list[str]:
     return out
 
 
-def launcher_argv(cfg: TrainConfig, train_argv: list[str]) -> list[str]:
-    """torchrun's arguments for this run, then the workers' ``visiontune train`` arguments."""
+def launcher_argv(cfg: TrainConfig, train_argv: list[str], command: str = "train") -> list[str]:
+    """torchrun's arguments for this run, then the workers' ``visiontune <command>`` arguments."""
     nproc = cfg.nproc or default_nproc()
     args = [f"--nproc-per-node={nproc}", f"--nnodes={cfg.nnodes}", f"--max-restarts={cfg.max_restarts}"]
     if cfg.nnodes == 1:
@@ -58,10 +58,12 @@ def launcher_argv(cfg: TrainConfig, train_argv: list[str]) -> list[str]:
     else:
         args += [f"--node-rank={cfg.node_rank}", f"--master-addr={cfg.master_addr}",
                  f"--master-port={cfg.master_port}"]
-    return [*args, "-m", "visiontune", "train", *worker_argv(train_argv)]
+    # "--" ends torchrun's own options: its parser takes abbreviations, so a worker's
+    # ``--run`` would otherwise clash with its ``--run-path``.
+    return [*args, "-m", "--", "visiontune", command, *worker_argv(train_argv)]
 
 
-def relaunch(cfg: TrainConfig, train_argv: list[str]) -> int:
+def relaunch(cfg: TrainConfig, train_argv: list[str], command: str = "train") -> int:
     """Run the workers under the elastic agent; return the job's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -70,10 +72,10 @@ def relaunch(cfg: TrainConfig, train_argv: list[str]) -> int:
     # Each worker takes cores / processes threads (strategy.cpu_budget); tell
     # OpenMP the same before the workers start so nothing oversubscribes.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
-    if cfg.output_dir is None:
+    if command == "train" and cfg.output_dir is None:
         train_argv = [*train_argv, "--output-dir", default_output_dir()]
     try:
-        run(get_args_parser().parse_args(launcher_argv(cfg, train_argv)))
+        run(get_args_parser().parse_args(launcher_argv(cfg, train_argv, command)))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
