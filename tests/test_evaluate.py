@@ -22,17 +22,18 @@ def run(tmp_path_factory, sample_data) -> Path:
 
 @pytest.fixture(scope="module")
 def labelled(tmp_path_factory, sample_data) -> tuple[Path, list[Path], list[int]]:
-    """13 cats and 10 dogs in class subfolders (a layout train accepts), plus one corrupt dog."""
+    """13 cats and 10 dogs in PetImages' Cat/ and Dog/ folders (a layout train accepts), plus one corrupt dog."""
     root = tmp_path_factory.mktemp("labelled") / "pets"
     paths, labels = [], []
     for label, (name, count) in enumerate((("cat", 13), ("dog", 10))):
-        (root / name).mkdir(parents=True)
+        folder = root / name.capitalize()
+        folder.mkdir(parents=True)
         for src in sorted((sample_data / "train").glob(f"{name}.*.jpg"))[:count]:
-            shutil.copy(src, root / name / src.name)
-        for p in sorted((root / name).iterdir()):
+            shutil.copy(src, folder / src.name)
+        for p in sorted(folder.iterdir()):
             paths.append(p)
             labels.append(label)
-    (root / "dog" / "zz_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    (root / "Dog" / "zz_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
     return root, paths, labels
 
 
@@ -72,7 +73,7 @@ def test_numbers_equal_a_hand_computation(run, labelled, report):
         assert got["per_class"][name]["recall"] == pytest.approx(want["recall"][c], abs=1e-12)
         assert got["per_class"][name]["support"] == labels.count(c)
     [skipped] = got["skipped"]
-    assert skipped["path"] == str(root / "dog" / "zz_broken.jpg") and "JPEG" in skipped["reason"]
+    assert skipped["path"] == str(root / "Dog" / "zz_broken.jpg") and "JPEG" in skipped["reason"]
     assert (out.parent / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

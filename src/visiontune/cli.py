@@ -174,14 +174,13 @@ def _relaunch(args: argparse.Namespace, command: str) -> int | None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from visiontune.predict import list_inputs, predict, skipped_path
+    from visiontune.predict import check_clip, list_inputs, predict, skipped_path
     from visiontune.strategy import inside_launcher
 
     model, cfg, classes = _model_from_args(args)
     cfg, batch = _inference_setup(args, cfg)
     inputs = list_inputs(args.data)
-    if not 0.0 <= args.clip < 0.5:
-        raise UserError(f"--clip must be in [0, 0.5), got {args.clip}")
+    check_clip(args.clip)
     code = _relaunch(args, "predict")
     if code is not None:  # the workers exit 0 with skips (see below); their list tells
         return 1 if code == 0 and skipped_path(args.out).exists() else code

@@ -81,7 +81,8 @@ def evaluate(model: torch.nn.Module, cfg: TrainConfig, classes: list[str], data:
              batch_size: int, progress: bool = True) -> dict:
     """Measure ``model`` on every labelled image of ``data``; write ``out`` and the confusion matrix."""
     images = discover(data)
-    if images.classes != classes:
+    # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
+    if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(f"{data} has classes {images.classes} but the model was trained on {classes}; "
                         "evaluate on data with the same classes")
     accelerator, logits, labels = forward_all(cfg, model, images.paths, images.labels, batch_size=batch_size,

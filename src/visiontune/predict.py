@@ -154,9 +154,15 @@ def positive_class(classes: list[str]) -> int:
     return lower.index("dog") if "dog" in lower else 1
 
 
+def check_clip(clip: float) -> None:
+    if not 0.0 <= clip < 0.5:
+        raise UserError(f"--clip must be in [0, 0.5), got {clip}")
+
+
 def format_rows(inputs: Inputs, classes: list[str], probs: torch.Tensor, readable: torch.Tensor,
                 clip: float) -> str:
     """The CSV text: ``id,label`` for a Kaggle test folder, else ``path,prediction,prob_<class>...``."""
+    predicted = probs.argmax(1).tolist()
     probs = probs.clamp(clip, 1 - clip) if clip > 0 else probs
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -167,9 +173,11 @@ def format_rows(inputs: Inputs, classes: list[str], probs: torch.Tensor, readabl
             w.writerow([i, f"{p if ok else 0.5:.6f}"])  # 0.5: the log-loss-safest guess for a missing image
         return buf.getvalue()
     w.writerow(["path", "prediction", *(f"prob_{c}" for c in classes)])
-    for path, ok, row in zip(inputs.paths, readable.tolist(), probs.tolist()):
-        w.writerow([path, classes[max(range(len(row)), key=row.__getitem__)], *(f"{p:.6f}" for p in row)]
-                   if ok else [path, "", *([""] * len(classes))])
+    for path, ok, c, row in zip(inputs.paths, readable.tolist(), predicted, probs.tolist()):
+        if ok:
+            w.writerow([path, classes[c], *(f"{p:.6f}" for p in row)])
+        else:  # no prediction: empty fields rather than numbers that look real
+            w.writerow([path, "", *([""] * len(classes))])
     return buf.getvalue()
 
 
@@ -180,8 +188,7 @@ def skipped_path(out: str) -> Path:
 def predict(model: nn.Module, cfg: TrainConfig, classes: list[str], inputs: Inputs, out: str, *,
             batch_size: int, clip: float = 0.0, progress: bool = True) -> int:
     """Write ``out`` (and ``out.skipped.txt`` when files were unreadable); return how many were skipped."""
-    if not 0.0 <= clip < 0.5:
-        raise UserError(f"--clip must be in [0, 0.5), got {clip}")
+    check_clip(clip)
     accelerator, logits, labels = forward_all(cfg, model, inputs.paths, [0] * len(inputs.paths),
                                               batch_size=batch_size, progress=progress, desc="predict")
     readable = labels != UNREADABLE
