@@ -162,6 +162,93 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_from_args(args: argparse.Namespace):
+    """(model, config, classes) from ``--run RUN_DIR`` or ``--weights FILE --model NAME --classes a,b``."""
+    from visiontune.predict import load_run, load_weights
+
+    if getattr(args, "weights", None) is None:
+        if not args.run:
+            raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE --model NAME --classes a,b")
+        return load_run(args.run)
+    if args.run:
+        raise UserError("give --run RUN_DIR or --weights FILE, not both")
+    if not args.model or not args.classes:
+        raise UserError("--weights needs --model NAME and --classes a,b (the class names in training order)")
+    return load_weights(args.weights, args.model, [c.strip() for c in args.classes.split(",")], args.image_size)
+
+
+def _inference_setup(args: argparse.Namespace, cfg: TrainConfig) -> tuple[TrainConfig, int]:
+    """The config the forward pass runs with, and the per-process batch size."""
+    batch = args.batch_size or cfg.batch_size
+    if batch < 1 or args.nproc < 1:
+        raise UserError("--batch-size and --nproc must be positive integers")
+    return cfg.replace(mixed_precision=args.mixed_precision, num_workers=None, log_with=None), batch
+
+
+def _relaunch(args: argparse.Namespace, command: str) -> int | None:
+    """With ``--nproc N`` > 1 outside a launcher: run ``command`` in N processes and return its exit code."""
+    from visiontune import launch
+
+    cfg = TrainConfig(data="-", strategy="ddp", nproc=args.nproc)
+    return launch.relaunch(cfg, args.argv, command) if launch.needs_launcher(cfg) else None
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from visiontune.predict import check_clip, list_inputs, predict, skipped_path
+    from visiontune.strategy import inside_launcher
+
+    model, cfg, classes = _model_from_args(args)
+    cfg, batch = _inference_setup(args, cfg)
+    inputs = list_inputs(args.data)
+    check_clip(args.clip)
+    code = _relaunch(args, "predict")
+    if code is not None:  # the workers exit 0 with skips (see below); their list tells
+        return 1 if code == 0 and skipped_path(args.out).exists() else code
+    skipped = predict(model, cfg, classes, inputs, args.out, batch_size=batch, clip=args.clip,
+                      progress=args.progress)
+    # Under a launcher exit 1 would read as a crashed worker; the launching process reports it instead.
+    return 1 if skipped and not inside_launcher() else 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from visiontune.evaluate import evaluate
+    from visiontune.strategy import inside_launcher
+
+    model, cfg, classes = _model_from_args(args)
+    cfg, batch = _inference_setup(args, cfg)
+    out = args.out or str(Path(args.run) / "eval.json")
+    code = _relaunch(args, "evaluate")
+    if code is not None:
+        return 1 if code == 0 and json.loads(Path(out).read_text())["skipped"] else code
+    report = evaluate(model, cfg, classes, args.data, out, batch_size=batch, progress=args.progress)
+    return 1 if report.get("skipped") and not inside_launcher() else 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from visiontune.config import MEAN, STD
+    from visiontune.export import export
+    from visiontune.predict import load_run
+
+    model, cfg, classes = load_run(args.run)
+    out = args.out or f"{args.run.rstrip('/')}/best.{'onnx' if args.format == 'onnx' else 'torchscript.pt'}"
+    diff = export(model, cfg.image_size, args.format, out)
+    s = cfg.image_size
+    print(f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
+          f"with mean {MEAN} std {STD}; output [N, {len(classes)}] logits for {', '.join(classes)}; "
+          f"checked against the eager model, max difference {diff:.1e}")
+    return 0
+
+
+def _add_inference_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-size", type=int, help="images per batch PER PROCESS (default: the run's)")
+    p.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), default="no")
+    p.add_argument("--nproc", type=int, default=1, help="processes (DDP-style sharding; same output)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="visiontune", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -189,6 +276,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--same", default="global", choices=("global", "per-device"),
                    help="keep the global batch (default) or the per-device batch equal across strategies")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
+    p.add_argument("--run", help="a training run folder")
+    p.add_argument("--weights", help="instead of --run: a .safetensors/.pth state_dict (needs --model, --classes)")
+    p.add_argument("--model", help="with --weights: the torchvision model name")
+    p.add_argument("--classes", help="with --weights: class names in training order, comma-separated")
+    p.add_argument("--image-size", type=int, default=224, help="with --weights: input size (default 224)")
+    p.add_argument("--data", required=True, help="a folder of images, Kaggle's test/, or a file listing paths")
+    p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
+    p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
+    _add_inference_flags(p)
+    p.set_defaults(func=cmd_predict)
+    p = sub.add_parser("evaluate", help="accuracy, log loss, precision/recall, confusion matrix on labelled data")
+    p.add_argument("--run", required=True, help="a training run folder")
+    p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
+    p.add_argument("--out", help="JSON report (default RUN/eval.json; confusion_matrix.png goes beside it)")
+    _add_inference_flags(p)
+    p.set_defaults(func=cmd_evaluate)
+    p = sub.add_parser("export", help="export a run's best model to ONNX or TorchScript")
+    p.add_argument("--run", required=True, help="a training run folder")
+    p.add_argument("--format", choices=("onnx", "torchscript"), required=True)
+    p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.torchscript.pt)")
+    p.set_defaults(func=cmd_export)
     return parser
 
 

@@ -107,8 +107,12 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
 
 @torch.inference_mode()
 def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable, prepare_input: Callable,
-             *, progress: bool = True, desc: str = "val") -> PhaseResult:
-    """Loss and accuracy over every sample of ``loader`` exactly once."""
+             *, progress: bool = True, desc: str = "val", keep: list | None = None) -> PhaseResult:
+    """Loss and accuracy over every sample of ``loader`` exactly once.
+
+    With ``keep``, each batch's gathered ``(logits, labels)`` is appended to it, padding removed
+    and in dataset order: ``visiontune predict`` and ``evaluate`` need every prediction.
+    """
     model.eval()
     totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)
     start = time.perf_counter()
@@ -118,6 +122,8 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
                                   (logits.argmax(1) == labels).float()], dim=1)
         # Every rank gets the same gathered rows, padding removed: sum them once.
         gathered = accelerator.gather_for_metrics(per_sample).double()
+        if keep is not None:
+            keep.append(accelerator.gather_for_metrics((logits.float(), labels)))
         totals += torch.stack([gathered[:, 0].sum(), gathered[:, 1].sum(),
                                torch.tensor(float(gathered.shape[0]), device=totals.device, dtype=torch.float64)])
     return _result(totals, time.perf_counter() - start)

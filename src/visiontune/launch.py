@@ -1,4 +1,4 @@
-"""Re-run ``visiontune train`` under ``torch.distributed.run`` when N processes are asked for.
+"""Re-run a ``visiontune`` subcommand under ``torch.distributed.run`` when N processes are asked for.
 
 ``visiontune train --strategy ddp --nproc N`` becomes, in this same process,
 the elastic agent of ``torchrun --nproc-per-node N -m visiontune train ...``:
@@ -32,11 +32,6 @@ def needs_launcher(cfg: TrainConfig) -> bool:
         (cfg.nproc or default_nproc()) > 1 or cfg.nnodes > 1 or cfg.max_restarts > 0)
 
 
-# Flags for the launcher only. They are not passed on to the workers: torchrun's
-# parser would take ``--nproc`` for its own ``--nproc-per-node`` and fail.
-LAUNCHER_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--max-restarts")
-
-
 def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     """``argv`` less each of ``flags`` and its value (``--f v`` or ``--f=v``)."""
     out, skip = [], False
@@ -50,8 +45,8 @@ def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     return out
 
 
-def launcher_argv(cfg: TrainConfig, train_argv: list[str]) -> list[str]:
-    """torchrun's arguments for this run, then the workers' ``visiontune train`` arguments."""
+def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> list[str]:
+    """torchrun's arguments for this run, then the workers' ``visiontune <command>`` arguments."""
     nproc = cfg.nproc or default_nproc()
     args = [f"--nproc-per-node={nproc}", f"--nnodes={cfg.nnodes}", f"--max-restarts={cfg.max_restarts}"]
     if cfg.nnodes == 1:
@@ -59,10 +54,12 @@ def launcher_argv(cfg: TrainConfig, train_argv: list[str]) -> list[str]:
     else:
         args += [f"--node-rank={cfg.node_rank}", f"--master-addr={cfg.master_addr}",
                  f"--master-port={cfg.master_port}"]
-    return [*args, "-m", "visiontune", "train", *without_flags(train_argv, LAUNCHER_FLAGS)]
+    # "--" ends torchrun's own options: its parser takes abbreviations, so a worker's
+    # ``--run`` would otherwise clash with its ``--run-path``.
+    return [*args, "-m", "--", "visiontune", command, *argv]
 
 
-def relaunch(cfg: TrainConfig, train_argv: list[str]) -> int:
+def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     """Run the workers under the elastic agent; return the job's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -71,10 +68,10 @@ def relaunch(cfg: TrainConfig, train_argv: list[str]) -> int:
     # Each worker takes cores / processes threads (strategy.cpu_budget); tell
     # OpenMP the same before the workers start so nothing oversubscribes.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
-    if cfg.output_dir is None:
-        train_argv = [*train_argv, "--output-dir", default_output_dir()]
+    if command == "train" and cfg.output_dir is None:
+        argv = [*argv, "--output-dir", default_output_dir()]
     try:
-        run(get_args_parser().parse_args(launcher_argv(cfg, train_argv)))
+        run(get_args_parser().parse_args(launcher_argv(cfg, argv, command)))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1

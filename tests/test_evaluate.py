@@ -1,0 +1,111 @@
+"""visiontune evaluate: the numbers equal a hand computation from an independent forward pass,
+--nproc 2 gives exactly the same numbers, unreadable files are left out and listed."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trained import one_thread, reference_probs, train_run  # noqa: F401  (one_thread: autouse fixture)
+from visiontune.cli import main
+
+CLASSES = ["cat", "dog"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, sample_data) -> Path:
+    return train_run(tmp_path_factory.mktemp("evaluate") / "run", sample_data)
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory, sample_data) -> tuple[Path, list[Path], list[int]]:
+    """13 cats and 10 dogs in PetImages' Cat/ and Dog/ folders (a layout train accepts), plus one corrupt dog."""
+    root = tmp_path_factory.mktemp("labelled") / "pets"
+    paths, labels = [], []
+    for label, (name, count) in enumerate((("cat", 13), ("dog", 10))):
+        folder = root / name.capitalize()
+        folder.mkdir(parents=True)
+        for src in sorted((sample_data / "train").glob(f"{name}.*.jpg"))[:count]:
+            shutil.copy(src, folder / src.name)
+        for p in sorted(folder.iterdir()):
+            paths.append(p)
+            labels.append(label)
+    (root / "Dog" / "zz_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    return root, paths, labels
+
+
+def hand_metrics(run: Path, paths: list[Path], labels: list[int]) -> dict:
+    probs = reference_probs(run, paths).tolist()
+    preds = [max(range(2), key=row.__getitem__) for row in probs]
+    confusion = [[sum(1 for t, p in zip(labels, preds) if t == i and p == j) for j in range(2)] for i in range(2)]
+    return {
+        "accuracy": sum(t == p for t, p in zip(labels, preds)) / len(labels),
+        "log_loss": -sum(math.log(row[t]) for row, t in zip(probs, labels)) / len(labels),
+        "confusion_matrix": confusion,
+        "precision": [confusion[c][c] / (confusion[0][c] + confusion[1][c]) for c in range(2)],
+        "recall": [confusion[c][c] / sum(confusion[c]) for c in range(2)],
+    }
+
+
+@pytest.fixture(scope="module")
+def report(run, labelled, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "eval.json"
+    rc = main(["evaluate", "--run", str(run), "--data", str(labelled[0]), "--out", str(out), "--no-progress",
+               "--batch-size", "5"])
+    return rc, out
+
+
+def test_numbers_equal_a_hand_computation(run, labelled, report):
+    root, paths, labels = labelled
+    rc, out = report
+    assert rc == 1  # one file was unreadable
+    got = json.loads(out.read_text())
+    want = hand_metrics(run, paths, labels)
+    assert got["classes"] == CLASSES and got["images"] == 23
+    assert got["confusion_matrix"] == want["confusion_matrix"]
+    assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-12)
+    assert got["log_loss"] == pytest.approx(want["log_loss"], abs=1e-5)
+    for c, name in enumerate(CLASSES):
+        assert got["per_class"][name]["precision"] == pytest.approx(want["precision"][c], abs=1e-12)
+        assert got["per_class"][name]["recall"] == pytest.approx(want["recall"][c], abs=1e-12)
+        assert got["per_class"][name]["support"] == labels.count(c)
+    [skipped] = got["skipped"]
+    assert skipped["path"] == str(root / "Dog" / "zz_broken.jpg") and "JPEG" in skipped["reason"]
+    assert (out.parent / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_printed(run, labelled, tmp_path, capsys):
+    _, paths, labels = labelled
+    main(["evaluate", "--run", str(run), "--data", str(labelled[0]), "--out", str(tmp_path / "e.json"),
+          "--no-progress"])
+    captured = capsys.readouterr()
+    (tn, fp), (fn, tp) = hand_metrics(run, paths, labels)["confusion_matrix"]
+    lines = captured.out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("confusion matrix"))
+    assert [line.split() for line in lines[at + 1:at + 4]] == [
+        ["cat", "dog"], ["cat", str(tn), str(fp)], ["dog", str(fn), str(tp)]]
+    assert "zz_broken.jpg" in captured.err
+
+
+def test_two_processes_give_exactly_the_same_numbers(run, labelled, report, tmp_path, worker_env, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", worker_env["PYTHONPATH"])
+    out = tmp_path / "eval.json"
+    # 24 files in batches of 5 per process: the last round is ragged and padded by Accelerate.
+    rc = main(["evaluate", "--run", str(run), "--data", str(labelled[0]), "--out", str(out), "--no-progress",
+               "--batch-size", "5", "--nproc", "2"])
+    assert rc == 1
+    single, multi = json.loads(report[1].read_text()), json.loads(out.read_text())
+    assert multi.pop("world_size") == 2 and single.pop("world_size") == 1
+    assert multi == single
+
+
+def test_classes_must_match_the_run(run, tmp_path, sample_data, capsys):
+    for name in ("cat", "fox"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        shutil.copy(next((sample_data / "train").glob("cat.*.jpg")), tmp_path / "data" / name / "a.jpg")
+    assert main(["evaluate", "--run", str(run), "--data", str(tmp_path / "data"), "--no-progress"]) == 2
+    assert "['cat', 'fox'] but the model was trained on ['cat', 'dog']" in capsys.readouterr().err
+    assert not (run / "eval.json").exists()

@@ -1,0 +1,60 @@
+"""visiontune export: ONNX and TorchScript files that take normalised images of any batch size
+and give the eager model's logits within 1e-4, run back with onnxruntime / torch.jit.load."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trained import one_thread, preprocess, reference_model, train_run  # noqa: F401  (one_thread: autouse)
+from visiontune.cli import main
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, sample_data) -> Path:
+    return train_run(tmp_path_factory.mktemp("export") / "run", sample_data)
+
+
+@pytest.fixture(scope="module")
+def batches(run, sample_data) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Real preprocessed test images in batches of 1 and 5, with the eager model's logits."""
+    files = sorted((sample_data / "test").iterdir())
+    model = reference_model(run)
+    with torch.no_grad():
+        return [(x, model(x)) for x in (preprocess(files[:1]), preprocess(files[1:6]))]
+
+
+def test_onnx_round_trip(run, batches, tmp_path):
+    import onnxruntime
+
+    out = tmp_path / "model.onnx"
+    assert main(["export", "--run", str(run), "--format", "onnx", "--out", str(out)]) == 0
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["images"]
+    for x, eager in batches:
+        got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+        assert got.shape == eager.shape
+        assert (got - eager).abs().max().item() <= TOL
+
+
+def test_torchscript_round_trip(run, batches, tmp_path):
+    out = tmp_path / "model.pt"
+    assert main(["export", "--run", str(run), "--format", "torchscript", "--out", str(out)]) == 0
+    loaded = torch.jit.load(str(out))
+    with torch.no_grad():
+        for x, eager in batches:
+            got = loaded(x)
+            assert got.shape == eager.shape
+            assert (got - eager).abs().max().item() <= TOL
+
+
+def test_missing_onnx_says_how_to_install(run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnx", None)  # makes `import onnx` raise ImportError
+    out = tmp_path / "model.onnx"
+    assert main(["export", "--run", str(run), "--format", "onnx", "--out", str(out)]) == 2
+    assert "pip install 'visiontune[onnx]'" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,0 +1,184 @@
+"""visiontune predict: Kaggle submission format, agreement with an independent forward pass,
+input order, --nproc 2 byte-identical, unreadable files reported, loading without unpickling."""
+from __future__ import annotations
+
+import csv
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+
+from trained import one_thread, reference_probs, train_run  # noqa: F401  (one_thread: autouse fixture)
+from visiontune.cli import main
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, sample_data) -> Path:
+    return train_run(tmp_path_factory.mktemp("predict") / "run", sample_data)
+
+
+@pytest.fixture(scope="module")
+def corrupt_test(tmp_path_factory, sample_data) -> Path:
+    """A copy of the Kaggle test/ folder whose 7.jpg is not an image."""
+    out = tmp_path_factory.mktemp("corrupt") / "test"
+    shutil.copytree(sample_data / "test", out)
+    (out / "7.jpg").write_bytes(b"this is not a JPEG" * 10)
+    return out
+
+
+def read_submission(path: Path) -> tuple[list[str], list[int], list[float]]:
+    rows = list(csv.reader(path.open()))
+    return rows[0], [int(r[0]) for r in rows[1:]], [float(r[1]) for r in rows[1:]]
+
+
+def test_kaggle_submission_is_p_dog_in_numeric_id_order(run, sample_data, tmp_path):
+    out = tmp_path / "submission.csv"
+    assert main(["predict", "--run", str(run), "--data", str(sample_data / "test"), "--out", str(out),
+                 "--no-progress"]) == 0
+    header, ids, labels = read_submission(out)
+    n = len(list((sample_data / "test").iterdir()))
+    assert header == ["id", "label"]
+    assert ids == list(range(1, n + 1))  # 1, 2, ..., 10, not 1, 10, 11, ...
+    assert all(0.0 <= p <= 1.0 for p in labels)
+    ref = reference_probs(run, [sample_data / "test" / f"{i}.jpg" for i in ids])[:, 1]  # classes: cat, dog
+    assert torch.allclose(torch.tensor(labels, dtype=torch.float32), ref, atol=TOL, rtol=0)
+    assert not Path(f"{out}.skipped.txt").exists()
+
+
+@pytest.fixture(scope="module")
+def clip(run, sample_data) -> float:
+    """An EPS that clamps about half of this model's P(dog) values, so the clip is exercised."""
+    p = reference_probs(run, sorted((sample_data / "test").iterdir()))[:, 1]
+    return round(torch.minimum(p, 1 - p).median().item(), 4)
+
+
+@pytest.fixture(scope="module")
+def clipped_single(run, corrupt_test, clip, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "submission.csv"
+    rc = main(["predict", "--run", str(run), "--data", str(corrupt_test), "--out", str(out), "--clip", str(clip),
+               "--no-progress"])
+    return rc, out
+
+
+def test_unreadable_image_is_reported_and_the_rest_predicted_and_clipped(run, corrupt_test, clip, clipped_single):
+    rc, out = clipped_single
+    assert rc == 1
+    bad = str(corrupt_test / "7.jpg")
+    assert Path(f"{out}.skipped.txt").read_text() == f"{bad}\tnot an image\n"
+    _, ids, labels = read_submission(out)
+    assert ids == list(range(1, 31))
+    assert labels[6] == 0.5
+    good = [i for i in ids if i != 7]
+    ref = reference_probs(run, [corrupt_test / f"{i}.jpg" for i in good])[:, 1]
+    got = torch.tensor([p for i, p in zip(ids, labels) if i != 7])
+    assert torch.allclose(got, ref.clamp(clip, 1 - clip), atol=TOL, rtol=0)
+    assert all(clip <= p <= 1 - clip for p in labels)
+    assert ((ref < clip) | (ref > 1 - clip)).sum() >= 5  # rows the clip changed
+
+
+def test_unreadable_image_is_named_on_stderr(run, corrupt_test, tmp_path, capsys):
+    assert main(["predict", "--run", str(run), "--data", str(corrupt_test), "--out", str(tmp_path / "s.csv"),
+                 "--no-progress"]) == 1
+    assert f"{corrupt_test / '7.jpg'}: not an image" in capsys.readouterr().err
+
+
+def test_two_processes_write_the_same_bytes(run, corrupt_test, clip, clipped_single, tmp_path, capfd, worker_env,
+                                            monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", worker_env["PYTHONPATH"])
+    _, single = clipped_single
+    out = tmp_path / "submission.csv"
+    # The run's batch of 16 over 30 files: the second process's batch is ragged and Accelerate pads it.
+    rc = main(["predict", "--run", str(run), "--data", str(corrupt_test), "--out", str(out), "--clip", str(clip),
+               "--no-progress", "--nproc", "2"])
+    assert rc == 1  # the skipped file, reported by the launching process
+    assert out.read_bytes() == single.read_bytes()
+    assert Path(f"{out}.skipped.txt").read_bytes() == Path(f"{single}.skipped.txt").read_bytes()
+    assert capfd.readouterr().err.count("skipped unreadable image") == 1  # the main process reports once
+
+
+def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sample_data, tmp_path):
+    train = sorted((sample_data / "train").iterdir())
+    paths = [train[i] for i in (50, 3, 100, 7, 61, 0, 119, 64)]  # cats and dogs, out of order
+    listing = tmp_path / "list.txt"
+    listing.write_text("# images to classify\n" + "\n".join(map(str, paths)) + "\n\n")
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--run", str(run), "--data", str(listing), "--out", str(out), "--no-progress",
+                 "--batch-size", "3"]) == 0
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == ["path", "prediction", "prob_cat", "prob_dog"]
+    assert [r[0] for r in rows[1:]] == [str(p) for p in paths]
+    ref = reference_probs(run, paths)
+    got = torch.tensor([[float(r[2]), float(r[3])] for r in rows[1:]])
+    assert torch.allclose(got, ref, atol=TOL, rtol=0)
+    assert [r[1] for r in rows[1:]] == [("cat", "dog")[int(i)] for i in ref.argmax(1)]
+    # The same model from its .pth (read with weights_only=True) and flags instead of the run folder.
+    out2 = tmp_path / "pred2.csv"
+    assert main(["predict", "--weights", str(run / "best.pth"), "--model", "resnet18", "--classes", "cat,dog",
+                 "--image-size", "32", "--data", str(listing), "--out", str(out2), "--no-progress",
+                 "--batch-size", "3"]) == 0
+    assert out2.read_bytes() == out.read_bytes()
+
+
+class _Payload:
+    """Unpickling this creates a file: proof that a loader unpickled it."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_loading_never_unpickles(run, sample_data, tmp_path, capsys):
+    marker = tmp_path / "unpickled"
+    evil = tmp_path / "evil_run"
+    shutil.copytree(run, evil)
+    with open(evil / "best.pth", "wb") as f:
+        pickle.dump({"fc.weight": _Payload(marker)}, f)
+    out = tmp_path / "s.csv"
+    # The run folder loads from best.safetensors; the poisoned best.pth is never read.
+    assert main(["predict", "--run", str(evil), "--data", str(sample_data / "test"), "--out", str(out),
+                 "--no-progress"]) == 0
+    (evil / "best.safetensors").unlink()
+    for argv in (["--run", str(evil)],
+                 ["--weights", str(evil / "best.pth"), "--model", "resnet18", "--classes", "cat,dog"]):
+        assert main(["predict", *argv, "--data", str(sample_data / "test"), "--out", str(tmp_path / "x.csv"),
+                     "--no-progress"]) == 2
+        assert "cannot load weights" in capsys.readouterr().err
+    assert not marker.exists() and not (tmp_path / "x.csv").exists()
+
+
+def test_mixed_precision_bf16_stays_close(run, sample_data, tmp_path):
+    out32, out16 = tmp_path / "fp32.csv", tmp_path / "bf16.csv"
+    data = ["--data", str(sample_data / "test"), "--no-progress", "--run", str(run)]
+    assert main(["predict", *data, "--out", str(out32)]) == 0
+    AcceleratorState._reset_state()  # one process, two precisions: Accelerate keeps the first otherwise
+    try:
+        assert main(["predict", *data, "--out", str(out16), "--mixed-precision", "bf16"]) == 0
+    finally:
+        AcceleratorState._reset_state()
+    p32, p16 = (torch.tensor(read_submission(o)[2]) for o in (out32, out16))
+    assert torch.allclose(p16, p32, atol=0.05) and not torch.equal(p16, p32)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "{test}"], "give --run RUN_DIR"),
+    (["--run", "{run}", "--weights", "{run}/best.pth", "--data", "{test}"], "not both"),
+    (["--weights", "{run}/best.pth", "--data", "{test}"], "--weights needs --model"),
+    (["--run", "{run}", "--data", "{empty}"], "no images"),
+    (["--run", "{run}", "--data", "{test}", "--clip", "0.5"], "--clip must be in"),
+    (["--run", "{empty}", "--data", "{test}"], "not a visiontune run folder"),
+])
+def test_bad_input_is_one_line_exit_2(run, sample_data, tmp_path, capsys, argv, message):
+    (tmp_path / "empty").mkdir()
+    fill = {"test": sample_data / "test", "run": run, "empty": tmp_path / "empty"}
+    out = tmp_path / "out.csv"
+    assert main(["predict", *(a.format(**fill) for a in argv), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()

@@ -1,0 +1,63 @@
+"""A trained run folder and an independent forward pass, shared by the predict/evaluate/export tests.
+
+``train_run`` trains one epoch of resnet18 at 32 px (``FAST``) through the CLI.
+``reference_probs`` recomputes the model's class probabilities without any
+visiontune code: a plain torchvision resnet18 loaded from ``best.safetensors``,
+torchvision's decoder and resize, and the blog's normalisation written out
+here, so a preprocessing or loading mistake in visiontune shows up as a
+difference.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from safetensors.torch import load_file
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2.functional import resize
+
+from conftest import FAST
+from visiontune import strategy
+from visiontune.cli import main
+
+SIZE = 32
+MEAN = torch.tensor([0.4883, 0.4551, 0.4170]).view(3, 1, 1)
+STD = torch.tensor([0.2257, 0.2211, 0.2214]).view(3, 1, 1)
+
+
+def train_run(out: Path, data: Path) -> Path:
+    # One thread: on a shared 2-core machine two threads contend and run several times slower.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(strategy, "cpu_budget", lambda: 1)
+        rc = main(["train", "--data", str(data), "--output-dir", str(out), "--epochs", "1", "--batch-size", "16",
+                   "--num-workers", "0", *FAST])
+    assert rc == 0
+    return out
+
+
+def reference_model(run: Path) -> torch.nn.Module:
+    model = torchvision.models.resnet18(num_classes=2)
+    model.load_state_dict(load_file(str(run / "best.safetensors")))
+    return model.eval()
+
+
+def preprocess(paths: list[Path | str]) -> torch.Tensor:
+    """Normalised float batch, computed the textbook way (x / 255 - mean) / std."""
+    out = []
+    for p in paths:
+        img = decode_image(str(p), mode=ImageReadMode.RGB)
+        out.append((resize(img, [SIZE, SIZE], antialias=True).float() / 255 - MEAN) / STD)
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def reference_probs(run: Path, paths: list[Path | str]) -> torch.Tensor:
+    return reference_model(run)(preprocess(paths)).softmax(1)
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """In-process runs use one thread, as ``train_run`` does (imported by the test modules)."""
+    monkeypatch.setattr(strategy, "cpu_budget", lambda: 1)
