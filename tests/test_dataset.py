@@ -1,13 +1,16 @@
 """The training-side data pipeline: sampler, dataset, collate, on-device normalisation."""
 from __future__ import annotations
 
+import pytest
 import torch
 from PIL import Image
 from torchvision import transforms
 
 from visiontune.config import MEAN, STD
 from visiontune.data.layouts import discover
-from visiontune.data.pipeline import DeviceNormalize, EpochSampler, ImageDataset, collate_skipping_bad
+from torch.utils.data import default_collate
+
+from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
 
 
 def test_epoch_sampler_depends_only_on_seed_and_epoch():
@@ -48,14 +51,33 @@ def test_augment_is_random_and_train_only(sample_data):
     assert torch.equal(plain[0][0], plain[0][0])
 
 
-def test_unreadable_file_is_skipped_from_the_batch(tmp_path, sample_data, capsys):
+def test_unreadable_file_keeps_its_slot_and_is_reported(tmp_path, sample_data, capsys):
     images = discover(str(sample_data))
     broken = tmp_path / "cat.999.jpg"
     broken.write_bytes(b"\xff\xd8\xff garbage")
     ds = ImageDataset([images.paths[0], str(broken), images.paths[1]], [0, 0, 1], image_size=16)
-    x, y = collate_skipping_bad([ds[i] for i in range(3)])
-    assert x.shape == (2, 3, 16, 16) and y.tolist() == [0, 1]
+    x, y = default_collate([ds[i] for i in range(3)])
+    assert x.shape == (3, 3, 16, 16) and y.tolist() == [0, UNREADABLE, 1] and x[1].sum() == 0
     assert str(broken) in capsys.readouterr().err
+
+
+def test_unreadable_samples_add_nothing_to_the_metrics():
+    from accelerate import Accelerator
+
+    from visiontune.engine import evaluate
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2))
+    x = torch.randint(0, 256, (6, 3, 4, 4), dtype=torch.uint8)
+    y = torch.tensor([0, 1, UNREADABLE, 1, 0, UNREADABLE])
+    norm = DeviceNormalize(torch.device("cpu"))
+    res = evaluate(Accelerator(cpu=True), model, [(x[:3], y[:3]), (x[3:], y[3:])], norm, progress=False)
+    keep = y != UNREADABLE
+    with torch.no_grad():
+        logits = model(norm(x[keep]))
+    assert res.images == 4
+    assert res.loss == pytest.approx(torch.nn.functional.cross_entropy(logits, y[keep]).item(), rel=1e-6)
+    assert res.accuracy == pytest.approx((logits.argmax(1) == y[keep]).float().mean().item())
 
 
 def test_device_normalize_channels_last():

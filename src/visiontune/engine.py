@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from visiontune.data.pipeline import UNREADABLE
+
 POSTFIX_EVERY = 10
 
 
@@ -77,7 +79,9 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
             wait += time.perf_counter() - last
         with accelerator.accumulate(model):
             logits = model(prepare_input(images))
-            loss = F.cross_entropy(logits, labels)
+            valid = labels != UNREADABLE
+            # Mean over the readable samples; 0 (not NaN) for a batch with none.
+            loss = F.cross_entropy(logits, labels, reduction="sum") / valid.sum().clamp(min=1)
             if on_nan == "skip" and not torch.isfinite(loss):
                 loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0  # keeps every rank in the same collectives
             accelerator.backward(loss)
@@ -85,9 +89,9 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
             if accelerator.sync_gradients and scheduler is not None and not optimizer.step_was_skipped:
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-        n = float(labels.numel())
-        totals += torch.stack([loss.detach().double() * n, (logits.argmax(1) == labels).sum().double(),
-                               totals.new_tensor(n), totals.new_tensor(n if step >= timing_warmup else 0.0)])
+        n = valid.sum().double()
+        totals += torch.stack([loss.detach().double() * n, (logits.argmax(1) == labels).sum().double(), n,
+                               n if step >= timing_warmup else n * 0])
         if step % POSTFIX_EVERY == 0 and not bar.disable:
             loss_sum, correct, count, _ = totals.tolist()
             if on_nan == "stop" and not math.isfinite(loss_sum):
@@ -119,13 +123,11 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
     for images, labels in _bar(accelerator, loader, desc, progress):
         logits = model(prepare_input(images))
         per_sample = torch.stack([F.cross_entropy(logits.float(), labels, reduction="none"),
-                                  (logits.argmax(1) == labels).float()], dim=1)
+                                  (logits.argmax(1) == labels).float(), (labels != UNREADABLE).float()], dim=1)
         # Every rank gets the same gathered rows, padding removed: sum them once.
-        gathered = accelerator.gather_for_metrics(per_sample).double()
+        totals += accelerator.gather_for_metrics(per_sample).double().sum(0)
         if keep is not None:
             keep.append(accelerator.gather_for_metrics((logits.float(), labels)))
-        totals += torch.stack([gathered[:, 0].sum(), gathered[:, 1].sum(),
-                               torch.tensor(float(gathered.shape[0]), device=totals.device, dtype=torch.float64)])
     return _result(totals, time.perf_counter() - start)
 
 

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from visiontune import outputs
 from visiontune.config import TrainConfig, UserError
 from visiontune.data.layouts import discover
-from visiontune.predict import UNREADABLE, forward_all, unreadable_reasons
+from visiontune.data.pipeline import UNREADABLE
+from visiontune.predict import forward_all, unreadable_reasons
 
 
 def metrics(logits: torch.Tensor, labels: torch.Tensor, classes: list[str]) -> dict:

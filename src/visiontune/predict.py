@@ -23,34 +23,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from visiontune import engine, outputs
 from visiontune.config import TrainConfig, UserError, load_config_file
-from visiontune.data.decode import IMAGE_EXTENSIONS, BadImage, read_image, resize_uint8
-from visiontune.data.pipeline import DeviceNormalize, make_loader
+from visiontune.data.decode import IMAGE_EXTENSIONS, BadImage, read_image
+from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, ImageDataset, make_loader
 from visiontune.models import build_model
 from visiontune.strategy import loader_workers, make_accelerator
 
-# F.cross_entropy's ignore_index: the label of an unreadable image, which adds nothing to the loss.
-UNREADABLE = -100
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
-
-
-class PathImages(Dataset):
-    """(uint8 [3,S,S], label) per path; an unreadable file gives a black image and ``UNREADABLE``."""
-
-    def __init__(self, paths: list[str], labels: list[int], image_size: int):
-        self.paths, self.labels, self.size = paths, labels, image_size
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int):
-        try:
-            return resize_uint8(read_image(self.paths[i]), self.size), self.labels[i]
-        except BadImage:  # the reason is read again, once, by the process that reports it
-            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), UNREADABLE
 
 
 def _check_classes(classes, where: str) -> list[str]:
@@ -122,7 +103,7 @@ def forward_all(cfg: TrainConfig, model: nn.Module, paths: list[str], labels: li
                 progress: bool, desc: str):
     """Logits and labels of every path, in order, on every process; and the Accelerator."""
     accelerator = make_accelerator(cfg)
-    loader = make_loader(PathImages(paths, labels, cfg.image_size), batch_size, train=False, seed=cfg.seed,
+    loader = make_loader(ImageDataset(paths, labels, cfg.image_size, report=False), batch_size, train=False, seed=cfg.seed,
                          num_workers=loader_workers(cfg), pin_memory=torch.cuda.is_available())
     # evaluation_mode: device placement and mixed precision, no DDP wrapper (nothing to synchronise).
     model = accelerator.prepare_model(model, evaluation_mode=True)

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 from torch import nn
 
@@ -53,6 +54,11 @@ def loader_workers(cfg: TrainConfig) -> int:
 def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accelerator:
     """Set this process's thread budget, then create the run's only Accelerator."""
     torch.set_num_threads(cpu_budget())
+    if not torch.distributed.is_initialized():
+        # Accelerate keeps one state per process; a second run in the same process
+        # (the Python API, a notebook) may ask for other settings.
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
     try:
         return Accelerator(
             cpu=not torch.cuda.is_available(),  # makes Accelerate join gloo processes on a CPU

@@ -20,11 +20,21 @@ from visiontune.config import MEAN, STD
 from visiontune.data.decode import BadImage, read_image, resize_uint8
 
 
-class ImageDataset(Dataset):
-    """(uint8 [3,S,S] image, label) pairs; an unreadable file yields ``None``."""
+# The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count.
+UNREADABLE = -100
 
-    def __init__(self, paths: Sequence[str], labels: Sequence[int], image_size: int, augment: bool = False):
-        self.paths, self.labels, self.size = list(paths), list(labels), image_size
+
+class ImageDataset(Dataset):
+    """(uint8 [3,S,S] image, label) pairs.
+
+    A file that cannot be read (it broke after the scan) keeps its slot as a
+    black image labelled ``UNREADABLE``: batches keep their size, so sharding
+    and Accelerate's padding stay exact, and the loops leave it out of metrics.
+    """
+
+    def __init__(self, paths: Sequence[str], labels: Sequence[int], image_size: int, augment: bool = False,
+                 report: bool = True):
+        self.paths, self.labels, self.size, self.report = list(paths), list(labels), image_size, report
         self.augment = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True),
                                    v2.RandomHorizontalFlip()]) if augment else None
 
@@ -35,18 +45,11 @@ class ImageDataset(Dataset):
         try:
             img = read_image(self.paths[i])
         except BadImage as e:
-            # A file that breaks after the scan must not end the epoch: skip it.
-            print(f"visiontune: skipped unreadable image {self.paths[i]}: {e}", file=sys.stderr)
-            return None
+            if self.report:
+                print(f"visiontune: skipped unreadable image {self.paths[i]}: {e}", file=sys.stderr)
+            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), UNREADABLE
         img = self.augment(img) if self.augment else resize_uint8(img, self.size)
         return img, self.labels[i]
-
-
-def collate_skipping_bad(batch):
-    good = [b for b in batch if b is not None]
-    if not good:
-        return torch.empty(0, 3, 1, 1, dtype=torch.uint8), torch.empty(0, dtype=torch.long)
-    return torch.stack([b[0] for b in good]), torch.tensor([b[1] for b in good])
 
 
 class EpochSampler(Sampler[int]):
@@ -73,7 +76,7 @@ def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int, nu
         dataset, batch_size=batch_size,
         sampler=EpochSampler(len(dataset), seed) if train else None,
         drop_last=train, num_workers=num_workers, pin_memory=pin_memory,
-        persistent_workers=num_workers > 0, collate_fn=collate_skipping_bad,
+        persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None)
 
 
