@@ -103,8 +103,9 @@ def forward_all(cfg: TrainConfig, model: nn.Module, paths: list[str], labels: li
                 progress: bool, desc: str):
     """Logits and labels of every path, in order, on every process; and the Accelerator."""
     accelerator = make_accelerator(cfg)
-    loader = make_loader(ImageDataset(paths, labels, cfg.image_size, report=False), batch_size, train=False, seed=cfg.seed,
-                         num_workers=loader_workers(cfg), pin_memory=torch.cuda.is_available())
+    dataset = ImageDataset(paths, labels, cfg.image_size, report=False)  # reported once, below
+    loader = make_loader(dataset, batch_size, train=False, seed=cfg.seed, num_workers=loader_workers(cfg),
+                         pin_memory=torch.cuda.is_available())
     # evaluation_mode: device placement and mixed precision, no DDP wrapper (nothing to synchronise).
     model = accelerator.prepare_model(model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
