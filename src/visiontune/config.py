@@ -29,6 +29,14 @@ class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""
 
 
+class RunStopped(Exception):
+    """The run stopped on purpose (a signal, a non-finite loss): one line, then ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     data: str = ""

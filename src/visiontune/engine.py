@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from visiontune.config import RunStopped
+
 POSTFIX_EVERY = 10
 
 
@@ -28,6 +30,7 @@ class PhaseResult:
     accuracy: float
     images: int
     seconds: float
+    skipped: int = 0  # optimizer steps not taken: non-finite gradients (--on-nan skip), fp16 overflow
 
     @property
     def images_per_s(self) -> float:
@@ -37,8 +40,11 @@ class PhaseResult:
         return {**asdict(self), "images_per_s": self.images_per_s}
 
 
-class NonFiniteLoss(RuntimeError):
-    """The training loss became NaN or infinite."""
+class NonFiniteLoss(RunStopped):
+    """The training loss became NaN or infinite (exit code 3)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 3)
 
 
 def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
@@ -47,45 +53,65 @@ def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
 
 
 def _result(totals: torch.Tensor, seconds: float) -> PhaseResult:
-    loss_sum, correct, count = totals.tolist()
+    loss_sum, correct, count, *skipped = totals.tolist()
     n = max(count, 1)
-    return PhaseResult(loss_sum / n, correct / n, int(count), seconds)
+    return PhaseResult(loss_sum / n, correct / n, int(count), seconds, int(skipped[0]) if skipped else 0)
+
+
+def _grads_finite(model: torch.nn.Module) -> bool:
+    # After the all-reduce every process holds the same gradients, so all decide alike.
+    return bool(torch.stack([torch.isfinite(p.grad).all() for p in model.parameters()
+                             if p.grad is not None]).all())
 
 
 def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
                     optimizer: torch.optim.Optimizer, scheduler, prepare_input: Callable,
-                    *, on_nan: str = "stop", progress: bool = True,
-                    on_step: Callable[[int], None] | None = None) -> PhaseResult:
-    """One pass over ``loader``; returns loss/accuracy summed over every process."""
+                    *, on_nan: str = "stop", progress: bool = True, start_step: int = 0,
+                    totals: torch.Tensor | None = None,
+                    on_step: Callable[[int, torch.Tensor], None] | None = None) -> PhaseResult:
+    """One pass over ``loader``; returns loss/accuracy summed over every process.
+
+    ``totals`` (loss sum, correct, images, skipped steps) continues a resumed
+    epoch whose first ``start_step`` batches ``loader`` already skips;
+    ``on_step(batches_done, totals)`` runs after every batch.
+    """
     model.train()
-    totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
+    totals = torch.zeros(4, dtype=torch.float64) if totals is None else totals.clone()
+    totals = totals.to(accelerator.device)
     start = time.perf_counter()
     bar = _bar(accelerator, loader, "train", progress)
-    for step, (images, labels) in enumerate(bar):
+    for step, (images, labels) in enumerate(bar, start=start_step):
         with accelerator.accumulate(model):
             logits = model(prepare_input(images))
             loss = F.cross_entropy(logits, labels)
-            if on_nan == "skip" and not torch.isfinite(loss):
-                loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0  # keeps every rank in the same collectives
             accelerator.backward(loss)
-            optimizer.step()
-            if accelerator.sync_gradients and scheduler is not None and not optimizer.step_was_skipped:
+            # skip: one host sync per step, the price of not stepping on inf/NaN gradients.
+            bad = on_nan == "skip" and accelerator.sync_gradients and not _grads_finite(model)
+            if not bad:
+                optimizer.step()
+            # Count skipped steps (NaN skip, fp16 overflow) on the main process only: every
+            # process skips the same steps, and the totals are summed over processes.
+            if accelerator.sync_gradients and (bad or optimizer.step_was_skipped):
+                totals[3] += float(accelerator.is_main_process)
+            elif accelerator.sync_gradients and scheduler is not None:
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         n = labels.numel()
-        totals += torch.stack([loss.detach().double() * n, (logits.argmax(1) == labels).sum().double(),
-                               torch.tensor(float(n), device=totals.device, dtype=torch.float64)])
+        if on_nan == "skip":  # keep the epoch's loss finite; the skipped images are not counted
+            n = n * torch.isfinite(loss.detach()).double()
+            loss = loss.detach().nan_to_num(0.0, 0.0, 0.0)
+        totals[:3] += torch.stack([loss.detach().double() * n, (logits.argmax(1) == labels).sum().double()
+                                   * (n > 0), torch.as_tensor(n, device=totals.device, dtype=torch.float64)])
         if step % POSTFIX_EVERY == 0 and not bar.disable:
-            loss_sum, correct, count = totals.tolist()
-            if on_nan == "stop" and not math.isfinite(loss_sum):
-                raise NonFiniteLoss(f"training loss became {loss_sum} at step {step}")
-            bar.set_postfix(loss=f"{loss_sum / count:.4f}", acc=f"{correct / count:.4f}",
+            loss_sum, correct, count, _ = totals.tolist()
+            bar.set_postfix(loss=f"{loss_sum / max(count, 1):.4f}", acc=f"{correct / max(count, 1):.4f}",
                             img_s=f"{count / (time.perf_counter() - start):.0f}")
         if on_step is not None:
-            on_step(step)
+            on_step(step + 1, totals)
     totals = accelerator.reduce(totals, reduction="sum")
     if on_nan == "stop" and not math.isfinite(totals[0].item()):
-        raise NonFiniteLoss("training loss became non-finite in this epoch")
+        raise NonFiniteLoss("training loss became non-finite in this epoch; the last checkpoint before it is "
+                            "kept (lower --lr, or pass --on-nan skip)")
     return _result(totals, time.perf_counter() - start)
 
 
@@ -108,18 +134,30 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
 
 
 def fit(accelerator: Accelerator, model, train_loader, val_loader, optimizer, scheduler, prepare_input: Callable,
-        *, epochs: int, start_epoch: int = 0, on_nan: str = "stop", progress: bool = True,
+        *, epochs: int, start_epoch: int = 0, start_batch: int = 0, start_totals: torch.Tensor | None = None,
+        on_nan: str = "stop", progress: bool = True,
+        on_step: Callable[[int, int, torch.Tensor], None] | None = None,
         on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None) -> list[dict]:
-    """Train and validate each epoch; print the reference job's epoch lines."""
+    """Train and validate each epoch; print the reference job's epoch lines.
+
+    A resumed run starts at batch ``start_batch`` of ``start_epoch`` with that
+    epoch's ``start_totals``; ``on_step(epoch, batches_done, totals)`` runs after every batch.
+    """
     history = []
     for epoch in range(start_epoch, epochs):
         accelerator.print(f"Epoch {epoch}/{epochs - 1}\n" + "-" * 10)
-        train_loader.set_epoch(epoch)
-        tr = train_one_epoch(accelerator, model, train_loader, optimizer, scheduler, prepare_input,
-                             on_nan=on_nan, progress=progress)
+        train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
+        skip = start_batch if epoch == start_epoch else 0
+        loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        tr = train_one_epoch(accelerator, model, loader, optimizer, scheduler, prepare_input,
+                             on_nan=on_nan, progress=progress, start_step=skip,
+                             totals=start_totals if skip else None,
+                             on_step=(lambda b, t, e=epoch: on_step(e, b, t)) if on_step else None)
         va = evaluate(accelerator, model, val_loader, prepare_input, progress=progress)
         for phase, r in (("train", tr), ("val", va)):
             accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}")
+        if tr.skipped:
+            accelerator.print(f"train skipped {tr.skipped} optimizer step(s) (non-finite gradients or fp16 overflow)")
         accelerator.print()
         history.append({"epoch": epoch, "train": tr.as_dict(), "val": va.as_dict()})
         if on_epoch_end is not None:
