@@ -104,6 +104,7 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
+    faults.join_restarted_group(cfg.timeout)
     accelerator = make_accelerator(cfg)
     setup = describe(cfg, accelerator)
     run_dir = _run_dir(accelerator, cfg)
