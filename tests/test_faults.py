@@ -163,3 +163,20 @@ def test_killed_worker_without_restarts_ends_every_process_then_resume_matches(t
     resumed = run([*argv, "--resume", "auto"], env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_weights(final_weights(out), final_weights(ddp_baseline))
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGUSR1, 138)])
+def test_signal_to_the_launcher_stops_every_worker_at_the_same_step(tmp_path, small_data, worker_env, sig, code):
+    env = env_for(worker_env, tmp_path)
+    out = tmp_path / "run"
+    proc = start([*train_argv(small_data, out), *DDP], env, tmp_path / "run.log")
+    wait_for(out / "checkpoints" / "e0000-b0000003", proc)
+    workers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(sig)  # what a batch scheduler does: signal the job's main process
+    assert proc.wait(timeout=300) == code
+    log = (tmp_path / "run.log").read_text()
+    newest = checkpoints(out)[-1]
+    assert log.count(f"stopped by {sig.name}: checkpoint {newest};") == 1  # said once, by rank 0
+    meta = checkpoint.verify(str(newest))  # one checkpoint, both processes' RNG states in it
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(meta["files"]) and meta["batch"] > 3
+    assert pids_alive(workers) == []

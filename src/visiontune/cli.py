@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"visiontune: error: {e}", file=sys.stderr)
         return 2
     except RunStopped as e:  # a signal or a non-finite loss: the checkpoint is written, say where
-        print(f"visiontune: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every worker stops alike; one line is enough
+            print(f"visiontune: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130

@@ -121,6 +121,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--num-workers must be 'auto' or >= 0, got {cfg.num_workers}")
     if not 0 <= cfg.node_rank < cfg.nnodes:
         raise UserError(f"--node-rank must be in [0, {cfg.nnodes - 1}], got {cfg.node_rank}")
+    if cfg.save_every_steps < 0 or cfg.max_restarts < 0:
+        raise UserError("--save-every-steps and --max-restarts must be >= 0")
     if not 0.0 <= cfg.max_bad_fraction <= 1.0:
         raise UserError(f"--max-bad-fraction must be between 0 and 1, got {cfg.max_bad_fraction}")
     return cfg
