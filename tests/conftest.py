@@ -45,3 +45,28 @@ def worker_env_module():
 
 
 PYTHON = sys.executable
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory) -> Path:
+    """40 synthetic images (32 train / 8 val): 8 steps per epoch at batch 4, for kill-and-resume runs."""
+    out = tmp_path_factory.mktemp("small") / "data"
+    make_sample_data(out, per_class=20, test_count=0, seed=1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def baseline_run(tmp_path_factory, small_data) -> Path:
+    """An uninterrupted single-process run on ``small_data`` (the reference for resumed runs)."""
+    import subprocess
+
+    from trainrun import env_for, train_argv
+
+    tmp = tmp_path_factory.mktemp("baseline")
+    env = env_for({**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+                   "OMP_NUM_THREADS": "1"}, tmp)
+    out = tmp / "run"
+    done = subprocess.run(train_argv(small_data, out, "--save-every-steps", "3"), env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return out

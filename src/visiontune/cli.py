@@ -8,10 +8,11 @@ anywhere below becomes one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import fields
 
-from visiontune.config import TrainConfig, UserError, load_config_file, validate
+from visiontune.config import RunStopped, TrainConfig, UserError, load_config_file, validate
 
 
 def _workers(text: str) -> int | None:
@@ -134,8 +135,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from visiontune.data.layouts import discover
 
     images = discover(args.data)
+    folder = args.data if os.path.isdir(args.data) else os.path.dirname(os.path.abspath(args.data))
+    report = args.report or os.path.join(folder, "bad_files.csv")
+    if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):
+        raise UserError(f"cannot write the report to {report}; pass --report PATH")
+    if args.workers < 1:
+        raise UserError(f"--workers must be a positive integer, got {args.workers}")
+    # Layout rejects (Thumbs.db in a Kaggle folder, ...) first, then every file that does not decode.
     bad = list(images.rejects) + scan(images.paths, workers=args.workers)
-    report = args.report or f"{args.data.rstrip('/')}/bad_files.csv"
     write_report(bad, report)
     for path, problem in bad:
         print(f"{path}: {problem}")
@@ -268,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
     p.add_argument("data")
     p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="decoding threads (default: cores)")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
     add_train_flags(p)
@@ -310,5 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"visiontune: error: {e}", file=sys.stderr)
         return 2
+    except RunStopped as e:  # a signal or a non-finite loss: the checkpoint is written, say where
+        if os.environ.get("RANK", "0") == "0":  # every worker stops alike; one line is enough
+            print(f"visiontune: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         return 130

@@ -29,6 +29,14 @@ class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""
 
 
+class RunStopped(Exception):
+    """The run stopped on purpose (a signal, a non-finite loss): one line, then ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     data: str = ""
@@ -116,6 +124,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--node-rank must be in [0, {cfg.nnodes - 1}], got {cfg.node_rank}")
     if cfg.timing_warmup < 0:
         raise UserError(f"--timing-warmup must be >= 0, got {cfg.timing_warmup}")
+    if cfg.save_every_steps < 0 or cfg.max_restarts < 0:
+        raise UserError("--save-every-steps and --max-restarts must be >= 0")
     if not 0.0 <= cfg.max_bad_fraction <= 1.0:
         raise UserError(f"--max-bad-fraction must be between 0 and 1, got {cfg.max_bad_fraction}")
     return cfg

@@ -10,6 +10,7 @@ all agree on it.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from datetime import datetime, timezone
 
@@ -61,6 +62,7 @@ def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> 
 
 def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     """Run the workers under the elastic agent; return the job's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -70,8 +72,15 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
     if command == "train" and cfg.output_dir is None:
         argv = [*argv, "--output-dir", default_output_dir()]
+    # The agent already passes SIGTERM and SIGINT on to the workers (which checkpoint and stop);
+    # make SIGUSR1 take the same path instead of killing the agent alone.
+    signal.signal(signal.SIGUSR1, _terminate_process_handler)
     try:
         run(get_args_parser().parse_args(launcher_argv(cfg, argv, command)))
+    except SignalException as e:
+        print(f"visiontune: stopped by {signal.Signals(e.sigval).name}; the workers wrote a checkpoint "
+              "(continue with --resume auto and the same --output-dir)", file=sys.stderr)
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1

@@ -11,6 +11,7 @@ name, ``none``, or a local ``.pth`` (read with ``weights_only=True``) or
 from __future__ import annotations
 
 import inspect
+import warnings
 from pathlib import Path
 
 import torch
@@ -75,7 +76,9 @@ def load_state_file(path: str) -> dict[str, torch.Tensor]:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
             return load_file(path)
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's advice to retry unsafely must not reach the user
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle refusals, truncation, wrong format: all user errors here
         raise UserError(f"cannot load weights from {path} safely: {str(e).splitlines()[0]}") from None
 

@@ -8,22 +8,29 @@ process writes.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import platform
+import shutil
 import time
 
 import accelerate
 import torch
 import torchvision
-from accelerate.utils import broadcast_object_list
+from accelerate.utils import broadcast_object_list, set_seed
 
-from visiontune import engine, outputs
+from visiontune import checkpoint, engine, faults, outputs
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.layouts import ImageSet, discover
+from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model
-from visiontune.strategy import describe, loader_workers, make_accelerator, prepare
+from visiontune.strategy import cpu_budget, describe, loader_workers, make_accelerator, prepare
+
+
+LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
 
 
 def versions() -> dict[str, str]:
@@ -33,7 +40,8 @@ def versions() -> dict[str, str]:
 
 def _run_dir(accelerator, cfg: TrainConfig) -> str:
     # The main process picks the folder (a timestamp) and every process uses it.
-    choice = [cfg.output_dir or default_output_dir()]
+    # ``--resume RUN_DIR`` goes on writing into RUN_DIR unless --output-dir says otherwise.
+    choice = [cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else default_output_dir())]
     broadcast_object_list(choice) if accelerator.num_processes > 1 else None
     return choice[0]
 
@@ -46,27 +54,71 @@ def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
     return opt, sched
 
 
-def _datasets(cfg: TrainConfig, images: ImageSet, split: Split):
+def _datasets(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str):
     def subset(idx, augment):
-        return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size, augment)
+        return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size, augment,
+                            failures_csv=os.path.join(run_dir, LOAD_FAILURES))
     return subset(split.train, cfg.augment), subset(split.val, False)
+
+
+def _screen(accelerator, cfg: TrainConfig, images: ImageSet, run_dir: str) -> tuple[ImageSet, list]:
+    """Drop the files the layout rejected or the scan cannot decode, before the split sees them."""
+    with accelerator.main_process_first():  # the main process decodes; the others read its cache
+        bad = list(images.rejects) + scan(images.paths, workers=max(2, cpu_budget()),
+                                          cache_path=scan_cache_path(images.root))
+    report = os.path.join(run_dir, "bad_files.csv")
+    problem = bad_fraction_error(len(bad), len(images.paths) + len(images.rejects), cfg.max_bad_fraction, report)
+    if problem:  # stop before training; the report is what the user needs now
+        if accelerator.is_main_process:
+            write_report(bad, report)
+        accelerator.wait_for_everyone()
+        raise UserError(problem)
+    if bad:
+        accelerator.print(f"visiontune: skipping {len(bad)} bad file(s), listed in {report}")
+    drop = {p for p, _ in bad}
+    keep = [i for i, p in enumerate(images.paths) if p not in drop]
+    return dataclasses.replace(images, paths=[images.paths[i] for i in keep],
+                               labels=[images.labels[i] for i in keep]), bad
+
+
+def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
+    """Load the checkpoint ``--resume`` (or an elastic restart) names; return it or None."""
+    found = checkpoint.find_resume(cfg.resume, run_dir, faults.restarted_by_launcher(), accelerator.print)
+    if found is None:
+        return None
+    checkpoint.check_compatible(found.meta, current)
+    checkpoint.load(accelerator, found, scheduler)
+    source = os.path.dirname(os.path.dirname(found.path))
+    if accelerator.is_main_process and os.path.abspath(source) != os.path.abspath(run_dir):
+        for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
+            if os.path.isfile(os.path.join(source, name)):
+                shutil.copy2(os.path.join(source, name), os.path.join(run_dir, name))
+    accelerator.print(f"visiontune: resuming from {found.path} (epoch {found.epoch}, batch {found.batch})")
+    return found
 
 
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
     validate(cfg)
+    if cfg.resume == "auto" and not cfg.output_dir:
+        raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
+    faults.join_restarted_group(cfg.timeout)
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
+    run_dir = _run_dir(accelerator, cfg)
     images = discover(cfg.data)
+    # The new head's init and dropout repeat run to run (so resumes can be compared); processes
+    # differ by their index, and DDP copies rank 0's weights to the others anyway.
+    set_seed(cfg.seed, device_specific=True)
+    with accelerator.main_process_first():  # a weights download happens once
+        model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
+    images, bad = _screen(accelerator, cfg, images, run_dir)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
-    with accelerator.main_process_first():  # a weights download happens once
-        model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
-    run_dir = _run_dir(accelerator, cfg)
-    train_ds, val_ds = _datasets(cfg, images, split)
+    train_ds, val_ds = _datasets(cfg, images, split, run_dir)
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
     train_loader = make_loader(train_ds, cfg.batch_size, train=True, seed=cfg.seed, num_workers=workers,
                                pin_memory=pin)
@@ -76,6 +128,10 @@ def train(cfg: TrainConfig) -> dict:
     optimizer, scheduler = _optimizer_and_schedule(model, cfg, setup.lr, steps)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
                                                           train_loader, val_loader)
+    split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
+    current = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
+               "global_batch": setup.global_batch}
+    resumed = _resume(accelerator, cfg, run_dir, current, scheduler)
     accelerator.print(f"visiontune: {setup.strategy} on {', '.join(setup.devices)} x{setup.world_size} | "
                       f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
                       f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
@@ -85,15 +141,39 @@ def train(cfg: TrainConfig) -> dict:
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/config.json", record)
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
-        outputs.write_json(f"{run_dir}/split.json",
-                           split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction))
+        outputs.write_json(f"{run_dir}/split.json", split_rec)
+        write_report(bad, f"{run_dir}/bad_files.csv")
     if cfg.log_with:
         # Trackers write into the run folder, known only now that the main process chose it.
         accelerator.project_configuration.project_dir = run_dir
         accelerator.project_configuration.logging_dir = run_dir
         accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
                                                         if isinstance(v, (int, float, str, bool))})
-    history: list[dict] = []
+    history: list[dict] = list(resumed.meta["history"]) if resumed else []
+    per_epoch = len(train_loader)
+    stop = faults.StopSignals(accelerator)
+
+    def save(epoch: int, batch: int, totals: torch.Tensor | None = None) -> str:
+        best = outputs.best_epoch(history)["val"] if history else None
+        meta = {**current, "world_size": setup.world_size, "history": history, "best_val": best,
+                "optimizer_steps": (epoch * per_epoch + batch) // cfg.grad_accum,
+                "partial_totals": totals.tolist() if totals is not None else None, "config": cfg.to_dict()}
+        return checkpoint.save(accelerator, run_dir, epoch, batch, meta, scheduler, cfg.keep_last)
+
+    def on_step(epoch: int, batch: int, totals: torch.Tensor) -> None:
+        if batch % cfg.grad_accum and batch != per_epoch:
+            return  # inside an accumulation window: no optimizer step yet
+        signum = stop.agreed()
+        due = cfg.save_every_steps and ((epoch * per_epoch + batch) // cfg.grad_accum) % cfg.save_every_steps == 0
+        if not (signum or (due and batch != per_epoch)):  # an epoch's last step saves at the epoch end
+            return
+        reduced = accelerator.reduce(totals.clone(), reduction="sum")
+        if cfg.on_nan == "stop" and not torch.isfinite(reduced[0]):
+            raise engine.NonFiniteLoss(f"training loss became non-finite in epoch {epoch} before batch {batch}; "
+                                       "the last checkpoint before it is kept (lower --lr, or --on-nan skip)")
+        path = save(epoch, batch, reduced)
+        if signum:
+            raise faults.stopped(signum, f"checkpoint {path}; continue with --resume {run_dir}")
 
     def on_epoch_end(epoch: int, tr: engine.PhaseResult, va: engine.PhaseResult) -> None:
         history.append({"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train": tr.as_dict(),
@@ -109,11 +189,20 @@ def train(cfg: TrainConfig) -> dict:
             outputs.write_json(f"{run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{run_dir}/metrics.csv", history)
             outputs.plot_history(f"{run_dir}/training_results.png", history)
+        path = save(epoch + 1, 0)
+        signum = stop.agreed()
+        if signum and epoch + 1 < cfg.epochs:
+            raise faults.stopped(signum, f"checkpoint {path}; continue with --resume {run_dir}")
 
-    engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler,
-               DeviceNormalize(accelerator.device, cfg.channels_last), epochs=cfg.epochs,
-               on_nan=cfg.on_nan, progress=cfg.progress, timing_warmup=cfg.timing_warmup,
-               on_epoch_end=on_epoch_end)
+    start = (resumed.epoch, resumed.batch) if resumed else (0, 0)
+    partial = resumed.meta.get("partial_totals") if resumed and accelerator.is_main_process else None
+    with stop:  # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit"
+        engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler,
+                   DeviceNormalize(accelerator.device, cfg.channels_last), epochs=cfg.epochs,
+                   start_epoch=start[0], start_batch=start[1],
+                   start_totals=torch.tensor(partial or [0.0] * engine.TRAIN_TOTALS, dtype=torch.float64),
+                   on_nan=cfg.on_nan, progress=cfg.progress, timing_warmup=cfg.timing_warmup,
+                   on_step=on_step, on_epoch_end=on_epoch_end)
     elapsed = time.time() - since
     best = outputs.best_epoch(history)
     steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds",

@@ -13,6 +13,7 @@ never leaves half a file behind.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -112,3 +113,24 @@ def write_report(bad: list[tuple[str, str]], out_csv: str) -> None:
     writer.writerow(["path", "problem"])
     writer.writerows(bad)
     _atomic_write(out_csv, buf.getvalue())
+
+
+def scan_cache_path(data_root: str) -> str:
+    """Where ``train`` remembers scan verdicts for ``data_root``: outside the data, which may be read-only.
+
+    ``$VISIONTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/visiontune``, else ``~/.cache/visiontune``; one
+    file per data folder, named by the sha256 of its absolute path.
+    """
+    base = os.environ.get("VISIONTUNE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "visiontune")
+    os.makedirs(base, exist_ok=True)
+    key = hashlib.sha256(os.path.abspath(data_root).encode()).hexdigest()[:16]
+    return os.path.join(base, f"scan-{key}.json")
+
+
+def bad_fraction_error(n_bad: int, n_files: int, limit: float, report: str) -> str | None:
+    """The message that stops a run before training, or None when the bad share is within ``limit``."""
+    if n_files and n_bad / n_files > limit:
+        return (f"{n_bad} of {n_files} files are bad ({n_bad / n_files:.1%} > --max-bad-fraction {limit:g}); "
+                f"see {report}, fix or remove them, or raise --max-bad-fraction")
+    return None

@@ -9,6 +9,9 @@ batch B see, step by step, the samples one process with batch N*B sees.
 """
 from __future__ import annotations
 
+import csv
+import io
+import os
 import sys
 from collections.abc import Sequence
 
@@ -33,8 +36,9 @@ class ImageDataset(Dataset):
     """
 
     def __init__(self, paths: Sequence[str], labels: Sequence[int], image_size: int, augment: bool = False,
-                 report: bool = True):
+                 report: bool = True, failures_csv: str | None = None):
         self.paths, self.labels, self.size, self.report = list(paths), list(labels), image_size, report
+        self.failures_csv = failures_csv  # where files that fail at load time are recorded
         self.augment = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True),
                                    v2.RandomHorizontalFlip()]) if augment else None
 
@@ -47,19 +51,42 @@ class ImageDataset(Dataset):
         except BadImage as e:
             if self.report:
                 print(f"visiontune: skipped unreadable image {self.paths[i]}: {e}", file=sys.stderr)
+            if self.failures_csv:
+                _record_failure(self.failures_csv, self.paths[i], str(e))
             return torch.zeros(3, self.size, self.size, dtype=torch.uint8), UNREADABLE
         img = self.augment(img) if self.augment else resize_uint8(img, self.size)
         return img, self.labels[i]
 
 
-class EpochSampler(Sampler[int]):
-    """A permutation of ``range(n)`` that depends only on (seed, epoch)."""
+def _record_failure(csv_path: str, path: str, problem: str) -> None:
+    # Loader workers of every process may append at once: one small O_APPEND write per row
+    # lands whole, so rows never interleave.
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow([path, problem])
+    fd = os.open(csv_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, buf.getvalue().encode())
+    finally:
+        os.close(fd)
 
-    def __init__(self, n: int, seed: int):
+
+class EpochSampler(Sampler[int]):
+    """A permutation of ``range(n)`` that depends only on (seed, epoch).
+
+    ``loader_generator`` is the DataLoader's own generator, reseeded each epoch: the
+    loader draws its workers' base seed from it (instead of from the global RNG) when
+    an epoch's iterator starts, so a run resumed mid-epoch gets the same worker seeds
+    and the same global RNG stream as the run it continues.
+    """
+
+    def __init__(self, n: int, seed: int, loader_generator: torch.Generator | None = None):
         self.n, self.seed, self.epoch = n, seed, 0
+        self.loader_generator = loader_generator
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        if self.loader_generator is not None:
+            self.loader_generator.manual_seed(self.seed + 7919 * (epoch + 1))
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -72,9 +99,10 @@ class EpochSampler(Sampler[int]):
 def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int, num_workers: int,
                 pin_memory: bool) -> DataLoader:
     """Train: seeded permutation, full batches only. Val: in order, every sample."""
+    generator = torch.Generator().manual_seed(seed) if train else None
     return DataLoader(
-        dataset, batch_size=batch_size,
-        sampler=EpochSampler(len(dataset), seed) if train else None,
+        dataset, batch_size=batch_size, generator=generator,
+        sampler=EpochSampler(len(dataset), seed, generator) if train else None,
         drop_last=train, num_workers=num_workers, pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None)

@@ -1,0 +1,90 @@
+"""Stopping cleanly on SIGTERM, SIGINT and SIGUSR1, and noticing elastic restarts.
+
+A handler only records the signal; the training loop asks ``StopSignals.agreed``
+after every optimizer step, finishes nothing more, writes a checkpoint and exits
+with 128 + the signal number (143 SIGTERM, 130 SIGINT, 138 SIGUSR1, which Slurm
+sends ahead of a time limit with ``--signal=USR1@SECONDS``). Under the launcher
+the processes must stop at the same step or the ones that go on would wait
+forever in the next gradient all-reduce, so ``agreed`` all-reduces the signal
+number (MAX) across processes every step. It does so on a gloo group over CPU
+tensors, so on GPUs it costs a few microseconds of host networking and never
+synchronises the device; a single process only reads the flag.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from visiontune.config import RunStopped
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def restarted_by_launcher() -> bool:
+    """True in a worker that torch.distributed.run restarted after a failure."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def join_restarted_group(timeout_s: float) -> None:
+    """In a restarted worker, join the process group under a key prefix of its own attempt.
+
+    The elastic agent keeps one store for every attempt, and the previous attempt's
+    gloo/NCCL address keys are still in it: a worker that reads its peer's stale
+    address before the peer rewrites it connects to a dead port and the restart
+    fails (or hangs). Prefixing the keys by the attempt number avoids the race;
+    Accelerate then adopts the initialised group as it is.
+    """
+    import torch.distributed as dist
+
+    if not restarted_by_launcher() or dist.is_initialized():
+        return
+    from datetime import timedelta
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    prefixed = dist.PrefixStore(f"visiontune/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=prefixed, timeout=timeout,
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+
+class StopSignals:
+    """Records SIGTERM/SIGINT/SIGUSR1 while installed (a context manager)."""
+
+    def __init__(self, accelerator):
+        self.accelerator, self.received, self._old = accelerator, 0, {}
+        self._group = None
+        if accelerator.num_processes > 1:
+            import torch.distributed as dist
+
+            # Every process creates the group at the same point: it is itself a collective.
+            self._group = dist.new_group(backend="gloo")
+
+    def _handle(self, signum, frame) -> None:
+        self.received = self.received or signum  # the first signal decides the exit code
+
+    def __enter__(self) -> "StopSignals":
+        for s in SIGNALS:
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+    def agreed(self) -> int:
+        """The signal every process stops for now, or 0; a collective under the launcher."""
+        if self._group is None:
+            return self.received
+        import torch.distributed as dist
+
+        flag = torch.tensor([self.received], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return int(flag.item())
+
+
+def stopped(signum: int, where: str) -> RunStopped:
+    name = signal.Signals(signum).name
+    return RunStopped(f"stopped by {name}: {where}", 128 + signum)

@@ -1,0 +1,191 @@
+"""Checkpoints: killed runs resume to the same weights, damaged checkpoints are skipped, mismatches refused."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+
+import pytest
+import torch
+
+from trainrun import (assert_same_weights, checkpoints, env_for, final_weights, run, start, train_argv,
+                      wait_for)
+from visiontune import checkpoint, cli
+
+
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, small_data, baseline_run,
+                                                                       worker_env):
+    env = env_for(worker_env, tmp_path)
+    out = tmp_path / "run"
+    argv = train_argv(small_data, out, "--save-every-steps", "3")
+    proc = start(argv, env, tmp_path / "killed.log")
+    wait_for(out / "checkpoints" / "e0000-b0000003", proc)  # step 3 of epoch 0 is on disk
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (out / "checkpoints" / "e0002-b0000000").exists()  # it really was stopped early
+
+    resumed = run([*argv, "--resume", "auto"], env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stdout
+    assert_same_weights(final_weights(out), final_weights(baseline_run))
+    history, reference = (json.loads((d / "history.json").read_text()) for d in (out, baseline_run))
+    assert [h["train"]["images"] for h in history] == [h["train"]["images"] for h in reference]
+    assert [h["val"]["accuracy"] for h in history] == [h["val"]["accuracy"] for h in reference]
+    # --keep-last 2: only the two newest remain, and the best model is kept beside them.
+    assert [p.name for p in checkpoints(out)] == ["e0001-b0000007", "e0002-b0000000"]
+    assert (out / "best.safetensors").is_file()
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL arriving at one point of a checkpoint write."""
+
+
+def _fail_on_call(n: int):
+    calls = {"n": 0}
+
+    def hook(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise Killed()
+    return hook
+
+
+KILL_POINTS = {
+    # while Accelerate writes the files (the temp folder holds some of them)
+    "during save_state": ("save_state", None),
+    # all files written, visiontune.json not yet
+    "before the record": ("_sha256", None),
+    # complete temp folder, not yet renamed
+    "before the rename": ("_publish", None),
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_data, monkeypatch, point,
+                                                                capsys):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    args = train_argv(small_data, out, "--save-every-steps", "2", "--epochs", "1")[3:]
+    what = KILL_POINTS[point][0]
+    if what == "save_state":
+        from accelerate import Accelerator
+
+        real = Accelerator.save_state
+        hook = _fail_on_call(2)
+
+        def partial_save(self, output_dir=None, **kw):
+            (open(os.path.join(output_dir, "model.safetensors"), "wb")).write(b"\x00" * 100)
+            hook()
+            return real(self, output_dir, **kw)
+        monkeypatch.setattr(Accelerator, "save_state", partial_save)
+    else:
+        real = getattr(checkpoint, what)
+        hook = _fail_on_call(2 if what == "_publish" else 5)  # the second checkpoint (its 5th file hash)
+
+        def failing(*a, **kw):
+            hook()
+            return real(*a, **kw)
+        monkeypatch.setattr(checkpoint, what, failing)
+    with pytest.raises(Killed):
+        cli.main(args)
+    monkeypatch.undo()
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    # The interrupted write never shows under a final name; the first checkpoint is intact.
+    assert [p.name for p in checkpoints(out)] == ["e0000-b0000002"]
+    assert checkpoint.latest(str(out)).path.endswith("e0000-b0000002")
+    capsys.readouterr()
+    assert cli.main([*args, "--resume", "auto"]) == 0
+    assert f"resuming from {out}/checkpoints/e0000-b0000002" in capsys.readouterr().out
+    assert (out / "checkpoints" / "e0001-b0000000").is_dir()
+    assert not list((out / "checkpoints").glob(".tmp-*"))  # the leftover was cleared when rewritten
+
+
+@pytest.fixture
+def finished_run(tmp_path, small_data, monkeypatch):
+    """A one-epoch run with checkpoints after steps 4 and 8 (the epoch end)."""
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    args = train_argv(small_data, out, "--save-every-steps", "4", "--epochs", "1")[3:]
+    assert cli.main(args) == 0
+    return out, args
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble record", "remove file"])
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, capsys, damage):
+    out, args = finished_run
+    newest = out / "checkpoints" / "e0001-b0000000"
+    if damage == "truncate":
+        data = (newest / "model.safetensors").read_bytes()
+        (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
+    elif damage == "garble record":
+        (newest / "visiontune.json").write_text("{\"format\": 1, ")
+    else:
+        (newest / "optimizer.bin").unlink()
+    capsys.readouterr()
+    assert cli.main([*args, "--epochs", "1", "--resume", "auto"]) == 0
+    said = capsys.readouterr().out
+    assert f"checkpoint {newest} is unusable" in said
+    assert f"resuming from {out}/checkpoints/e0000-b0000004" in said
+    assert checkpoint.verify(str(newest))["epoch"] == 1  # rewritten whole by the resumed run
+
+
+@pytest.mark.parametrize("change,expected", [
+    (["--batch-size", "8"], "the global batch"),
+    (["--model", "squeezenet1_0"], "the model"),
+    (["--seed", "7"], "the data split"),
+])
+def test_resume_refuses_a_different_batch_model_or_split(finished_run, capsys, change, expected):
+    out, args = finished_run
+    capsys.readouterr()
+    assert cli.main([*args, "--resume", str(out), *change]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot resume" in err[0] and expected in err[0], err
+
+
+def test_a_fresh_run_into_a_folder_with_checkpoints_is_refused(finished_run, capsys):
+    out, args = finished_run
+    assert cli.main(args) == 2
+    assert "--resume auto" in capsys.readouterr().err
+
+
+class _Sentinel:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_file_that_runs_code_is_refused_unrun(finished_run, capsys, tmp_path):
+    out, args = finished_run
+    newest = out / "checkpoints" / "e0001-b0000000"
+    sentinel = tmp_path / "pwned"
+    (newest / "optimizer.bin").write_bytes(pickle.dumps(_Sentinel(str(sentinel))))
+    # A forger can also fix the record's hashes: loading must still not unpickle code.
+    record = json.loads((newest / "visiontune.json").read_text())
+    record["files"]["optimizer.bin"] = [(newest / "optimizer.bin").stat().st_size,
+                                        checkpoint._sha256(newest / "optimizer.bin")]
+    (newest / "visiontune.json").write_text(json.dumps(record))
+    assert cli.main([*args, "--resume", "auto"]) == 2
+    assert "cannot load checkpoint" in capsys.readouterr().err
+    assert not sentinel.exists()
+
+
+def test_resume_auto_needs_an_output_dir(small_data, capsys):
+    assert cli.main(["train", "--data", str(small_data), "--resume", "auto"]) == 2
+    assert "--output-dir" in capsys.readouterr().err
+
+
+def test_checkpoint_record_holds_position_history_and_split(finished_run):
+    out, _ = finished_run
+    meta = checkpoint.verify(str(out / "checkpoints" / "e0000-b0000004"))
+    split = json.loads((out / "split.json").read_text())
+    assert (meta["epoch"], meta["batch"], meta["optimizer_steps"]) == (0, 4, 4)
+    assert meta["split_sha256"] == split["sha256"] and meta["global_batch"] == 4
+    assert meta["partial_totals"][2] == 16  # images trained on so far in the epoch
+    assert meta["history"] == []
+    end = checkpoint.verify(str(out / "checkpoints" / "e0001-b0000000"))
+    assert end["history"] == json.loads((out / "history.json").read_text())
+    weights = torch.load(out / "best.pth", weights_only=True)
+    assert set(weights) == set(final_weights(out, epochs=1))

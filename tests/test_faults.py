@@ -1,0 +1,169 @@
+"""Faults: signals stop at a checkpoint, dead DDP workers restart or end the job, non-finite losses."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import visiontune.engine as engine
+from trainrun import (assert_same_weights, checkpoints, env_for, final_weights, pids_alive, run, start,
+                      train_argv, wait_for)
+from visiontune import checkpoint, cli
+
+
+def _on_train_call(monkeypatch, n: int, action) -> None:
+    """Run ``action(loss)`` on the n-th training loss (evaluation calls, reduction='none', are not counted)."""
+    real, calls = engine.F.cross_entropy, {"n": 0}
+
+    def wrapped(logits, labels, **kw):
+        loss = real(logits, labels, **kw)
+        if kw.get("reduction", "mean") == "mean":
+            calls["n"] += 1
+            if calls["n"] == n:
+                return action(loss)
+        return loss
+    monkeypatch.setattr(engine.F, "cross_entropy", wrapped)
+
+
+def _args(small_data, out, *extra):
+    return train_argv(small_data, out, *extra)[3:]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGUSR1, 138)])
+def test_signal_finishes_the_step_checkpoints_it_and_exits(tmp_path, small_data, baseline_run, monkeypatch, capsys,
+                                                           sig, code):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+
+    def send(loss):
+        os.kill(os.getpid(), sig)  # arrives during step 3 (batch index 2), like a scheduler's signal
+        return loss
+    _on_train_call(monkeypatch, 3, send)
+    assert cli.main(_args(small_data, out, "--save-every-steps", "100")) == code
+    err = capsys.readouterr().err
+    assert f"stopped by {sig.name}" in err and "--resume" in err
+    # The step in flight was finished and saved: nothing trained is lost, nothing more was trained.
+    assert [p.name for p in checkpoints(out)] == ["e0000-b0000003"]
+    assert checkpoint.verify(str(out / "checkpoints" / "e0000-b0000003"))["optimizer_steps"] == 3
+    if sig == signal.SIGTERM:  # the resume completes, to the weights of the run nobody stopped
+        monkeypatch.undo()
+        monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+        assert cli.main([*_args(small_data, out, "--save-every-steps", "100"), "--resume", "auto"]) == 0
+        assert_same_weights(final_weights(out), final_weights(baseline_run))
+
+
+def test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint(tmp_path, small_data, monkeypatch, capsys):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    _on_train_call(monkeypatch, 5, lambda loss: loss * float("nan"))
+    assert cli.main(_args(small_data, out, "--save-every-steps", "2")) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "non-finite" in err[0], err
+    assert [p.name for p in checkpoints(out)] == ["e0000-b0000002", "e0000-b0000004"]
+    weights = load_file(str(out / "checkpoints" / "e0000-b0000004" / "model.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_nan_loss_skip_skips_the_step_and_counts_it(tmp_path, small_data, monkeypatch, capsys):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    _on_train_call(monkeypatch, 5, lambda loss: loss * float("nan"))
+    assert cli.main(_args(small_data, out, "--on-nan", "skip", "--epochs", "1")) == 0
+    history = json.loads((out / "history.json").read_text())
+    assert history[0]["train"]["skipped"] == 1
+    assert history[0]["train"]["images"] == 28  # 8 batches of 4, less the skipped one
+    assert math.isfinite(history[0]["train"]["loss"])
+    assert "skipped 1 optimizer step" in capsys.readouterr().out
+    weights = final_weights(out, epochs=1)
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+# --- DDP: 2 gloo processes on the CPU under torch.distributed.run -------------------------------------------
+
+DDP = ["--strategy", "ddp", "--nproc", "2", "--batch-size", "2", "--save-every-steps", "3"]  # global batch 4
+
+
+@pytest.fixture(scope="module")
+def ddp_baseline(tmp_path_factory, small_data):
+    """An uninterrupted 2-process run: the reference for the DDP kill tests."""
+    tmp = tmp_path_factory.mktemp("ddp-baseline")
+    out = tmp / "run"
+    done = run([*train_argv(small_data, out), *DDP], _src_env(env_for(dict(os.environ), tmp)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _src_env(env: dict) -> dict:
+    from conftest import ROOT
+
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _worker(launcher: psutil.Process, rank: int) -> psutil.Process:
+    for p in launcher.children(recursive=True):
+        try:
+            if p.environ().get("RANK") == str(rank) and "visiontune" in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no worker with rank {rank}")
+
+
+def test_killed_worker_with_a_restart_resumes_and_finishes_with_the_same_weights(tmp_path, small_data,
+                                                                                 ddp_baseline, worker_env):
+    env = env_for(worker_env, tmp_path)
+    out = tmp_path / "run"
+    proc = start([*train_argv(small_data, out), *DDP, "--max-restarts", "1"], env, tmp_path / "run.log")
+    wait_for(out / "checkpoints" / "e0000-b0000003", proc)
+    _worker(psutil.Process(proc.pid), 1).kill()
+    assert proc.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert "resuming from" in (tmp_path / "run.log").read_text()
+    assert_same_weights(final_weights(out), final_weights(ddp_baseline))
+
+
+def test_killed_worker_without_restarts_ends_every_process_then_resume_matches(tmp_path, small_data,
+                                                                               ddp_baseline, worker_env):
+    env = env_for(worker_env, tmp_path)
+    out = tmp_path / "run"
+    argv = [*train_argv(small_data, out), *DDP]
+    proc = start([*argv, "--max-restarts", "0"], env, tmp_path / "run.log")
+    wait_for(out / "checkpoints" / "e0000-b0000003", proc)
+    launcher = psutil.Process(proc.pid)
+    everyone = [proc.pid] + [p.pid for p in launcher.children(recursive=True)]
+    _worker(launcher, 1).kill()
+    rc = proc.wait(timeout=120)  # the agent stops the others (SIGTERM, then SIGKILL after 30 s)
+    log = (tmp_path / "run.log").read_text()
+    assert rc != 0
+    assert "visiontune: worker rank 1 failed with exit code -9" in log
+    assert pids_alive(everyone) == []
+    assert not (out / "checkpoints" / "e0002-b0000000").exists()
+    # A SIGKILLed DDP job is continued by hand from its last checkpoint, to the same weights.
+    resumed = run([*argv, "--resume", "auto"], env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(final_weights(out), final_weights(ddp_baseline))
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGUSR1, 138)])
+def test_signal_to_the_launcher_stops_every_worker_at_the_same_step(tmp_path, small_data, worker_env, sig, code):
+    env = env_for(worker_env, tmp_path)
+    out = tmp_path / "run"
+    proc = start([*train_argv(small_data, out), *DDP], env, tmp_path / "run.log")
+    wait_for(out / "checkpoints" / "e0000-b0000003", proc)
+    workers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(sig)  # what a batch scheduler does: signal the job's main process
+    assert proc.wait(timeout=300) == code
+    log = (tmp_path / "run.log").read_text()
+    newest = checkpoints(out)[-1]
+    assert log.count(f"stopped by {sig.name}: checkpoint {newest};") == 1  # said once, by rank 0
+    meta = checkpoint.verify(str(newest))  # one checkpoint, both processes' RNG states in it
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(meta["files"]) and meta["batch"] > 3
+    assert pids_alive(workers) == []

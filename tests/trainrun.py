@@ -1,0 +1,78 @@
+"""Helpers for tests that start, kill and resume real training runs in subprocesses.
+
+Runs use squeezenet1_1 at 32 px (1.2M parameters: checkpoints of a few MB, and a
+Dropout layer, so a resume that failed to restore the RNG state would diverge)
+with deterministic settings: no augmentation, no loader workers. A run's final
+weights are those of its last epoch-end checkpoint, compared with ``torch.equal``.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from safetensors.torch import load_file
+
+PYTHON = sys.executable
+TINY = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--no-progress",
+        "--num-workers", "0", "--batch-size", "4", "--epochs", "2", "--timeout", "60"]
+
+
+def train_argv(data: Path, out: Path, *extra: str) -> list[str]:
+    return [PYTHON, "-m", "visiontune", "train", "--data", str(data), "--output-dir", str(out), *TINY, *extra]
+
+
+def start(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """Start a run in its own session (so the whole job can be killed as a group); output to ``log``."""
+    f = open(log, "w")
+    return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run(argv: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, limit: float = 300) -> None:
+    """Poll until ``path`` exists; fail if the run ended first (a harness limit, not an assertion on time)."""
+    end = time.monotonic() + limit
+    while not path.exists():
+        assert proc.poll() is None, f"run ended (rc {proc.returncode}) before {path} appeared"
+        assert time.monotonic() < end, f"{path} did not appear"
+        time.sleep(0.02)
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Final-named checkpoint folders, oldest first."""
+    return sorted(p for p in (run_dir / "checkpoints").glob("e*-b*") if p.is_dir())
+
+
+def final_weights(run_dir: Path, epochs: int = 2) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "checkpoints" / f"e{epochs:04d}-b0000000" / "model.safetensors"))
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def env_for(worker_env: dict, tmp: Path) -> dict:
+    env = dict(worker_env)
+    env["VISIONTUNE_CACHE_DIR"] = str(tmp / "scan-cache")
+    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    return env
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    """The ones still running (zombies waiting to be reaped do not count)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
