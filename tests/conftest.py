@@ -70,3 +70,11 @@ def baseline_run(tmp_path_factory, small_data) -> Path:
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scan_cache_in_tmp(tmp_path_factory):
+    """Keep the bad-file scan's cache out of the user's home during tests."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("scan-cache")))
+        yield
