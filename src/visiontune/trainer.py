@@ -14,7 +14,7 @@ import time
 import accelerate
 import torch
 import torchvision
-from accelerate.utils import broadcast_object_list
+from accelerate.utils import broadcast_object_list, set_seed
 
 from visiontune import engine, outputs
 from visiontune.config import TrainConfig, UserError, validate
@@ -63,7 +63,8 @@ def train(cfg: TrainConfig) -> dict:
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
-    with accelerator.main_process_first():  # a weights download happens once
+    set_seed(cfg.seed)  # the same initial weights in every process and for every strategy
+    with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     run_dir = _run_dir(accelerator, cfg)
     train_ds, val_ds = _datasets(cfg, images, split)
@@ -76,7 +77,7 @@ def train(cfg: TrainConfig) -> dict:
     optimizer, scheduler = _optimizer_and_schedule(model, cfg, setup.lr, steps)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
                                                           train_loader, val_loader)
-    accelerator.print(f"visiontune: {setup.strategy} on {', '.join(setup.devices)} x{setup.world_size} | "
+    accelerator.print(f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
                       f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
                       f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
                       f"lr {setup.lr:g} | run folder {run_dir}")
