@@ -20,7 +20,7 @@ import pytest
 import torch
 import torchvision
 
-from conftest import FAST, PYTHON, ROOT
+from conftest import FAST, PYTHON, _worker_env
 from evaluation import independent_eval
 from visiontune import strategy
 from visiontune.cli import main
@@ -52,11 +52,8 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     # A wrong thread count on purpose: each worker must replace it with its budget (cores / local processes).
-    env["OMP_NUM_THREADS"] = "7"
-    return env
+    return {**_worker_env(), "OMP_NUM_THREADS": "7"}
 
 
 def _run_all(commands: dict[str, tuple[list[str], Path]], logs: Path, timeout: float = 900) -> dict[str, tuple]:
