@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,9 +23,9 @@ import torchvision
 
 from conftest import FAST, PYTHON, _worker_env
 from evaluation import independent_eval
-from visiontune import strategy
+from visiontune import strategy, trainer
 from visiontune.cli import main
-from visiontune.config import TrainConfig
+from visiontune.config import TrainConfig, UserError
 from visiontune.sample_data import make_sample_data
 
 PER_PROCESS, WORLD, TRAIN, VAL = 5, 2, 19, 101
@@ -32,7 +33,7 @@ LR, REFERENCE = 0.01, 5
 RUN = [*FAST, "--epochs", "1", "--batch-size", str(PER_PROCESS), "--val-fraction", "0.84",
        "--lr", str(LR), "--scale-lr", "--reference-batch", str(REFERENCE)]
 CORES = len(os.sched_getaffinity(0))
-ACCELERATE = str(Path(PYTHON).with_name("accelerate"))
+ACCELERATE = [PYTHON, "-m", "accelerate.commands.accelerate_cli"]  # what the `accelerate` command runs
 
 
 @dataclass
@@ -88,18 +89,21 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
                       "-m", "visiontune", *train, "--output-dir", str(root / "torchrun")], root),
         # `--cpu` would start one process (Accelerate's multi-CPU mode needs mpirun); `--multi_gpu` runs
         # torch.distributed.run, and visiontune's Accelerator(cpu=True) then joins the processes with gloo.
-        "accelerate": ([ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(WORLD), "--num_machines", "1",
+        "accelerate": ([*ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(WORLD), "--num_machines", "1",
                         "--mixed_precision", "no", "--dynamo_backend", "no",
                         "--main_process_port", str(_free_port()), "-m", "visiontune", *train,
                         "--output-dir", str(root / "accelerate")], root),
         # No --output-dir: each "machine" has its own working folder; only rank 0's may get outputs.
+        # Machine 1 reads its own copy of the data, at another path (the split must still agree).
         "machine0": ([*node, "--node-rank", "0"], root / "machine0"),
-        "machine1": ([*node, "--node-rank", "1"], root / "machine1"),
+        "machine1": ([*node, "--node-rank", "1", "--data", str(shutil.copytree(sample_data, root / "copy"))],
+                     root / "machine1"),
     }
     done = _run_all(commands, root)
-    runs = sorted((root / "machine0" / "runs").glob("*")) if (root / "machine0" / "runs").is_dir() else []
+    runs = sorted((root / "machine0" / "runs").glob("*"))
     dirs = {"visiontune": root / "visiontune", "torchrun": root / "torchrun", "accelerate": root / "accelerate",
-            "machine0": runs[0] if len(runs) == 1 else root / "machine0" / "runs", "machine1": root / "machine1"}
+            "machine0": runs[0] if len(runs) == 1 else root / "machine0" / "runs" / "not-one-run-folder",
+            "machine1": root / "machine1"}
     return {name: Job(code, log, dirs[name]) for name, (code, log) in done.items()}
 
 
@@ -157,8 +161,8 @@ def test_every_launcher_gives_the_same_run(jobs, launcher):
 def test_two_machines_finish_and_write_one_set_of_outputs(jobs):
     first, second = jobs["machine0"], jobs["machine1"]
     assert first.code == 0 and second.code == 0, first.log + second.log
-    runs = list((first.run_dir.parent).iterdir())
-    assert runs == [first.run_dir] and (first.run_dir / "summary.json").is_file()
+    runs = first.run_dir.parent  # machine 0's runs/, where rank 0 chose the run folder
+    assert list(runs.iterdir()) == [first.run_dir] and (first.run_dir / "summary.json").is_file()
     assert first.read("summary.json")["world_size"] == 2
     assert not (second.run_dir / "runs").exists()  # rank 1 wrote nothing in its own working folder
     assert "visiontune: outputs in" in first.log and "visiontune: outputs in" not in second.log
@@ -166,9 +170,9 @@ def test_two_machines_finish_and_write_one_set_of_outputs(jobs):
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
-    """10 images: an 8/2 split, so a global batch of 4 makes 2 optimizer steps."""
+    """6 images: a 4/2 split, so a global batch of 2 makes 2 optimizer steps (the order matters)."""
     out = tmp_path_factory.mktemp("tiny") / "data"
-    make_sample_data(out, per_class=5, test_count=1, seed=1)
+    make_sample_data(out, per_class=3, test_count=1, seed=1)
     return out
 
 
@@ -176,18 +180,23 @@ def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path)
     # ViT has neither BatchNorm (SyncBatchNorm does not run on the CPU) nor dropout, so the two runs
     # must compute the same thing; vit_b_32 is the smallest torchvision model without either.
     common = ["--data", str(tiny_data), "--model", "vit_b_32", "--weights", "none", "--image-size", "224",
-              "--no-progress", "--epochs", "1", "--val-fraction", "0.2"]
-    # DDP asks for the lr through --scale-lr (0.005 x 4 / 2), the single run states it: equal weights
-    # then also prove the scaled lr is the one the optimizer used.
-    ddp = subprocess.run([PYTHON, "-m", "visiontune", "train", *common, "--strategy", "ddp", "--nproc", "2",
-                          "--batch-size", "2", "--lr", "0.005", "--scale-lr", "--reference-batch", "2",
-                          "--output-dir", str(tmp_path / "ddp")], env=_env(), capture_output=True, text=True,
-                         timeout=900)
-    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
-    assert main(["train", *common, "--batch-size", "4", "--lr", "0.01", "--output-dir", str(tmp_path / "one")]) == 0
+              "--no-progress", "--epochs", "1", "--val-fraction", "0.3"]
+    # DDP asks for its lr through --scale-lr (0.005 x 2 / 1), the single run states it: equal weights
+    # then also prove that the scaled lr is the one the optimizer used.
+    ddp = subprocess.Popen([PYTHON, "-m", "visiontune", "train", *common, "--strategy", "ddp", "--nproc", "2",
+                            "--batch-size", "1", "--lr", "0.005", "--scale-lr", "--reference-batch", "1",
+                            "--output-dir", str(tmp_path / "ddp")], env=_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:  # the single run trains here meanwhile
+        assert main(["train", *common, "--batch-size", "2", "--lr", "0.01", "--output-dir", str(tmp_path / "one")]) == 0
+        log = ddp.communicate(timeout=900)[0]
+    finally:
+        if ddp.poll() is None:
+            os.killpg(ddp.pid, signal.SIGKILL)  # the agent and its workers
+    assert ddp.returncode == 0, log
     steps = [[h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())]
              for d in ("ddp", "one")]
-    assert steps == [[8], [8]]
+    assert steps == [[4], [4]]
     a = torch.load(tmp_path / "ddp" / "best.pth", weights_only=True)  # one epoch: best is the final model
     b = torch.load(tmp_path / "one" / "best.pth", weights_only=True)
     assert a.keys() == b.keys()
@@ -242,3 +251,11 @@ def test_accelerate_cpu_launch_of_one_process_is_pointed_out(monkeypatch, capsys
     assert "accelerate launch started one process" in capsys.readouterr().out
     strategy.check(TrainConfig(data="d", strategy="ddp"))  # visiontune then starts the processes itself
     assert capsys.readouterr().out == ""
+
+
+def test_machines_whose_data_differ_stop_instead_of_training_on_different_splits(monkeypatch):
+    monkeypatch.setattr(trainer, "gather_object", lambda mine: [*mine, "f" * 64])  # what rank 1 would send
+    two_processes = type("Accelerator", (), {"num_processes": 2})()
+    with pytest.raises(UserError, match="the processes see different data"):
+        trainer._same_split_everywhere(two_processes, {"sha256": "0" * 64})
+    trainer._same_split_everywhere(two_processes, {"sha256": "f" * 64})  # the same everywhere: goes on

@@ -14,7 +14,7 @@ import time
 import accelerate
 import torch
 import torchvision
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import engine, outputs
 from visiontune.config import TrainConfig, UserError, validate
@@ -36,6 +36,15 @@ def _run_dir(accelerator, cfg: TrainConfig) -> str:
     choice = [cfg.output_dir or default_output_dir()]
     broadcast_object_list(choice) if accelerator.num_processes > 1 else None
     return choice[0]
+
+
+def _same_split_everywhere(accelerator, record: dict) -> None:
+    # Each process splits its own machine's copy of the data; copies that differ would train the
+    # processes on different splits without a word, so compare the split's hash across processes.
+    digests = gather_object([record["sha256"]]) if accelerator.num_processes > 1 else [record["sha256"]]
+    if len(set(digests)) > 1:
+        raise UserError("the processes see different data (split.json hashes differ between ranks: "
+                        f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data")
 
 
 def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
@@ -60,6 +69,8 @@ def train(cfg: TrainConfig) -> dict:
     setup = describe(cfg, accelerator)
     images = discover(cfg.data)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
+    split_json = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
+    _same_split_everywhere(accelerator, split_json)
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
@@ -86,8 +97,7 @@ def train(cfg: TrainConfig) -> dict:
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/config.json", record)
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
-        outputs.write_json(f"{run_dir}/split.json",
-                           split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction))
+        outputs.write_json(f"{run_dir}/split.json", split_json)
     if cfg.log_with:
         # Trackers write into the run folder, known only now that the main process chose it.
         accelerator.project_configuration.project_dir = run_dir
