@@ -37,6 +37,7 @@ def test_one_machine_rendezvous_on_a_free_port():
     ({"strategy": "ddp", "nproc": 1}, {}, False),
     ({"strategy": "single"}, {}, False),
     ({"strategy": "ddp", "nproc": 2}, {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}, False),  # already launched
+    ({"strategy": "ddp"}, {"LOCAL_RANK": "0", "WORLD_SIZE": "1"}, False),  # `torchrun --nproc-per-node 1`
 ])
 def test_needs_launcher(monkeypatch, changes, env, expected):
     for k in ("LOCAL_RANK", "WORLD_SIZE"):
