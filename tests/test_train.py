@@ -19,7 +19,7 @@ from visiontune.cli import main
 def run(sample_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "r"
     code = main(["train", "--data", str(sample_data), *FAST, "--epochs", "2", "--batch-size", "16",
-                 "--lr", "0.01", "--output-dir", str(out)])
+                 "--lr", "0.02", "--output-dir", str(out)])
     assert code == 0
     return out
 
