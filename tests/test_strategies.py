@@ -22,7 +22,7 @@ import torch
 import torchvision
 
 from conftest import FAST, PYTHON, _worker_env
-from evaluation import independent_eval
+from trained import independent_eval
 from visiontune import strategy, trainer
 from visiontune.cli import main
 from visiontune.config import TrainConfig, UserError

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from conftest import FAST
-from evaluation import independent_eval
+from trained import independent_eval
 from visiontune import TrainConfig, train
 from visiontune.cli import main
 
