@@ -7,45 +7,21 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-import torchvision
 from PIL import Image
 
 from conftest import FAST
+from trained import independent_eval
 from visiontune import TrainConfig, train
 from visiontune.cli import main
-from visiontune.config import MEAN, STD
 
 
 @pytest.fixture(scope="module")
 def run(sample_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "r"
     code = main(["train", "--data", str(sample_data), *FAST, "--epochs", "2", "--batch-size", "16",
-                 "--lr", "0.01", "--output-dir", str(out)])
+                 "--lr", "0.02", "--output-dir", str(out)])
     assert code == 0
     return out
-
-
-def _independent_eval(run_dir, data_root):
-    """Evaluate best.pth on the recorded val files with PIL + plain torch, no visiontune code."""
-    cfg = json.loads((run_dir / "config.json").read_text())["config"]
-    classes = json.loads((run_dir / "classes.json").read_text())
-    model = torchvision.models.get_model(cfg["model"], num_classes=len(classes))
-    model.load_state_dict(torch.load(run_dir / "best.pth", weights_only=True))
-    model.eval()
-    files = json.loads((run_dir / "split.json").read_text())["val"]
-    size = cfg["image_size"]
-    mean, std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
-    xs, ys = [], []
-    for rel in files:
-        img = torchvision.io.decode_image(str(data_root / rel), mode=torchvision.io.ImageReadMode.RGB)
-        img = torchvision.transforms.v2.functional.resize(img, [size, size], antialias=True)
-        xs.append((img.float() / 255 - mean) / std)
-        ys.append(classes.index(rel.split("/")[-1].split(".")[0]))
-    with torch.no_grad():
-        logits = model(torch.stack(xs))
-    y = torch.tensor(ys)
-    return F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).float().mean().item(), len(ys)
 
 
 def test_every_output_exists_and_loads(run):
@@ -69,7 +45,7 @@ def test_every_output_exists_and_loads(run):
 def test_best_model_reproduces_recorded_val_accuracy_and_learns(run, sample_data):
     summary = json.loads((run / "summary.json").read_text())
     history = json.loads((run / "history.json").read_text())
-    loss, acc, n = _independent_eval(run, sample_data)
+    loss, acc, n = independent_eval(run, sample_data)
     best = history[summary["best_epoch"]]["val"]
     assert n == summary["val_images_counted"] == summary["val_split_size"] == 24
     assert acc == pytest.approx(best["accuracy"], abs=1e-9)

@@ -5,14 +5,17 @@
 visiontune code: a plain torchvision resnet18 loaded from ``best.safetensors``,
 torchvision's decoder and resize, and the blog's normalisation written out
 here, so a preprocessing or loading mistake in visiontune shows up as a
-difference.
+difference. ``independent_eval`` scores a run's ``best.pth`` over its recorded
+validation files the same way, for comparison with the metrics the run reports.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision
 from safetensors.torch import load_file
 from torchvision.io import ImageReadMode, decode_image
@@ -43,18 +46,31 @@ def reference_model(run: Path) -> torch.nn.Module:
     return model.eval()
 
 
-def preprocess(paths: list[Path | str]) -> torch.Tensor:
+def preprocess(paths: list[Path | str], size: int = SIZE) -> torch.Tensor:
     """Normalised float batch, computed the textbook way (x / 255 - mean) / std."""
     out = []
     for p in paths:
         img = decode_image(str(p), mode=ImageReadMode.RGB)
-        out.append((resize(img, [SIZE, SIZE], antialias=True).float() / 255 - MEAN) / STD)
+        out.append((resize(img, [size, size], antialias=True).float() / 255 - MEAN) / STD)
     return torch.stack(out)
 
 
 @torch.no_grad()
 def reference_probs(run: Path, paths: list[Path | str]) -> torch.Tensor:
     return reference_model(run)(preprocess(paths)).softmax(1)
+
+
+@torch.no_grad()
+def independent_eval(run: Path, data_root: Path) -> tuple[float, float, int]:
+    """(mean loss, accuracy, images) of ``run/best.pth`` over the val files of ``split.json``."""
+    cfg = json.loads((run / "config.json").read_text())["config"]
+    classes = json.loads((run / "classes.json").read_text())
+    model = torchvision.models.get_model(cfg["model"], num_classes=len(classes))
+    model.load_state_dict(torch.load(run / "best.pth", weights_only=True))
+    files = json.loads((run / "split.json").read_text())["val"]
+    logits = model.eval()(preprocess([data_root / f for f in files], cfg["image_size"]))
+    y = torch.tensor([classes.index(Path(f).name.split(".")[0]) for f in files])  # Kaggle names: cat.12.jpg
+    return F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).sum().item() / len(files), len(files)
 
 
 @pytest.fixture(autouse=True)

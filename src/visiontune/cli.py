@@ -87,12 +87,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from visiontune import launch, models
+    from visiontune import launch, models, strategy
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
     # Check what can be checked before any worker starts: one error line, not N.
     discover(cfg.data)
+    strategy.check(cfg)
     if cfg.model not in models.model_names():
         raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
     if launch.needs_launcher(cfg):

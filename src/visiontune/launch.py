@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 import torch
 
 from visiontune.config import TrainConfig
-from visiontune.strategy import cpu_budget, inside_launcher
+from visiontune.strategy import cpu_budget
 
 
 def default_nproc() -> int:
@@ -29,7 +29,8 @@ def default_output_dir() -> str:
 
 
 def needs_launcher(cfg: TrainConfig) -> bool:
-    return cfg.strategy == "ddp" and not inside_launcher() and (
+    # Any launcher's worker (even a job of one process) has LOCAL_RANK: never nest a second launcher.
+    return cfg.strategy == "ddp" and "LOCAL_RANK" not in os.environ and (
         (cfg.nproc or default_nproc()) > 1 or cfg.nnodes > 1 or cfg.max_restarts > 0)
 
 

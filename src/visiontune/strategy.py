@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, gather_object
 from torch import nn
 
 from visiontune.config import TrainConfig, UserError
@@ -52,15 +52,14 @@ def loader_workers(cfg: TrainConfig) -> int:
 
 
 def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accelerator:
-    """Set this process's thread budget, then create the run's only Accelerator."""
-    torch.set_num_threads(cpu_budget())
+    """Create the run's only Accelerator, then set this process's thread budget."""
     if not torch.distributed.is_initialized():
         # Accelerate keeps one state per process; a second run in the same process
         # (the Python API, a notebook) may ask for other settings.
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
     try:
-        return Accelerator(
+        accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),  # makes Accelerate join gloo processes on a CPU
             mixed_precision=cfg.mixed_precision,
             gradient_accumulation_steps=cfg.grad_accum,
@@ -71,6 +70,26 @@ def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accele
         )
     except ValueError as e:  # e.g. fp16 asked for on a CPU, an unknown tracker
         raise UserError(f"cannot set up the run: {e}") from None
+    # After Accelerate, which sets its own count on a CPU when OMP_NUM_THREADS is unset.
+    torch.set_num_threads(cpu_budget())
+    return accelerator
+
+
+def check(cfg: TrainConfig) -> None:
+    """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
+    if cfg.sync_batchnorm and effective_strategy(cfg) == "ddp" and not torch.cuda.is_available():
+        raise UserError("--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
+                        "drop the flag (each process then normalises its own batch)")
+    if os.environ.get("RANK", "0") != "0":
+        return  # one note per job, not one per process
+    if inside_launcher() and cfg.nproc is not None and cfg.nproc != local_world_size():
+        print(f"visiontune: --nproc {cfg.nproc} ignored: the launcher started {local_world_size()} "
+              "process(es) on this machine")
+    elif os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and "MASTER_ADDR" in os.environ \
+            and "WORLD_SIZE" not in os.environ and cfg.strategy != "ddp":
+        # `accelerate launch --cpu --num_processes N` needs mpirun to start N processes; without it, one runs.
+        print("visiontune: accelerate launch started one process (its --cpu mode needs mpirun for more); for N "
+              "CPU processes use `accelerate launch --multi_gpu --num_processes N` or --strategy ddp --nproc N")
 
 
 @dataclass(frozen=True)
@@ -80,19 +99,23 @@ class Setup:
     per_process_batch: int
     global_batch: int
     lr: float
-    devices: list[str]
+    devices: list[str]  # one entry per process (dp: every GPU of its one process)
+    threads: int  # this process's intra-op threads (cores / processes on a machine)
+    loader_workers: int
 
 
 def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
-    """Global batch, the learning rate actually used, and the devices in play."""
+    """Global batch, the learning rate actually used, and the devices in play (a collective)."""
     strategy = effective_strategy(cfg)
     global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
     lr = cfg.lr * global_batch / cfg.reference_batch if cfg.scale_lr else cfg.lr
     if strategy == "dp" and torch.cuda.device_count() > 1:
         devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    else:
-        devices = [str(accelerator.device)]
-    return Setup(strategy, accelerator.num_processes, cfg.batch_size, global_batch, lr, devices)
+    else:  # every process says which device it holds
+        devices = gather_object([str(accelerator.device)]) if accelerator.num_processes > 1 \
+            else [str(accelerator.device)]
+    return Setup(strategy, accelerator.num_processes, cfg.batch_size, global_batch, lr, devices,
+                 torch.get_num_threads(), loader_workers(cfg))
 
 
 def prepare(accelerator: Accelerator, cfg: TrainConfig, model: nn.Module, optimizer, *loaders):

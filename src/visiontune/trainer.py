@@ -17,7 +17,7 @@ import time
 import accelerate
 import torch
 import torchvision
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import checkpoint, engine, faults, outputs
 from visiontune.config import TrainConfig, UserError, validate
@@ -44,6 +44,15 @@ def _run_dir(accelerator, cfg: TrainConfig) -> str:
     choice = [cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else default_output_dir())]
     broadcast_object_list(choice) if accelerator.num_processes > 1 else None
     return choice[0]
+
+
+def _same_split_everywhere(accelerator, record: dict) -> None:
+    # Each process splits its own machine's copy of the data; copies that differ would train the
+    # processes on different splits without a word, so compare the split's hash across processes.
+    digests = gather_object([record["sha256"]]) if accelerator.num_processes > 1 else [record["sha256"]]
+    if len(set(digests)) > 1:
+        raise UserError("the processes see different data (split.json hashes differ between ranks: "
+                        f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data")
 
 
 def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
@@ -111,10 +120,12 @@ def train(cfg: TrainConfig) -> dict:
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
     set_seed(cfg.seed, device_specific=True)
-    with accelerator.main_process_first():  # a weights download happens once
+    with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     images, bad = _screen(accelerator, cfg, images, run_dir)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
+    split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
+    _same_split_everywhere(accelerator, split_rec)
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
@@ -128,11 +139,10 @@ def train(cfg: TrainConfig) -> dict:
     optimizer, scheduler = _optimizer_and_schedule(model, cfg, setup.lr, steps)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
                                                           train_loader, val_loader)
-    split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
     current = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
                "global_batch": setup.global_batch}
     resumed = _resume(accelerator, cfg, run_dir, current, scheduler)
-    accelerator.print(f"visiontune: {setup.strategy} on {', '.join(setup.devices)} x{setup.world_size} | "
+    accelerator.print(f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
                       f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
                       f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
                       f"lr {setup.lr:g} | run folder {run_dir}")

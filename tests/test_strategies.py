@@ -1,0 +1,261 @@
+"""single | dp | ddp: real torch.distributed.run with gloo on the CPU, checked against plain torch.
+
+The module fixture ``jobs`` starts, all at once, the same tiny DDP run (2 processes) through every
+way of launching it -- visiontune's own ``--nproc``, ``torchrun``, ``accelerate launch``, and two
+one-process "machines" on localhost -- and the tests read what each left behind. The split is sized
+so that nothing divides evenly: 101 val images (batch 5 per process, 2 processes) and 19 train
+images, i.e. 3 full batches of 5 of which the third has no partner on the other rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from conftest import FAST, PYTHON, _worker_env
+from trained import independent_eval
+from visiontune import strategy, trainer
+from visiontune.cli import main
+from visiontune.config import TrainConfig, UserError
+from visiontune.sample_data import make_sample_data
+
+PER_PROCESS, WORLD, TRAIN, VAL = 5, 2, 19, 101
+LR, REFERENCE = 0.01, 5
+RUN = [*FAST, "--epochs", "1", "--batch-size", str(PER_PROCESS), "--val-fraction", "0.84",
+       "--lr", str(LR), "--scale-lr", "--reference-batch", str(REFERENCE)]
+CORES = len(os.sched_getaffinity(0))
+ACCELERATE = [PYTHON, "-m", "accelerate.commands.accelerate_cli"]  # what the `accelerate` command runs
+
+
+@dataclass
+class Job:
+    code: int
+    log: str
+    run_dir: Path
+
+    def read(self, name: str):
+        return json.loads((self.run_dir / name).read_text())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    # A wrong thread count on purpose: each worker must replace it with its budget (cores / local processes).
+    return {**_worker_env(), "OMP_NUM_THREADS": "7"}
+
+
+def _run_all(commands: dict[str, tuple[list[str], Path]], logs: Path, timeout: float = 900) -> dict[str, tuple]:
+    """Start every command at once (each in its own process group), wait for all, return (code, log)."""
+    procs = {}
+    for name, (cmd, cwd) in commands.items():
+        cwd.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "w") as log:
+            procs[name] = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+    out = {}
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the agent and the workers it started
+            proc.wait()
+        out[name] = (proc.returncode, (logs / f"{name}.log").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
+    root = tmp_path_factory.mktemp("launch")
+    train = ["train", "--data", str(sample_data), *RUN]
+    node = [PYTHON, "-m", "visiontune", *train, "--strategy", "ddp", "--nnodes", "2", "--nproc", "1",
+            "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+    commands = {
+        "visiontune": ([PYTHON, "-m", "visiontune", *train, "--strategy", "ddp", "--nproc", str(WORLD),
+                        "--output-dir", str(root / "visiontune")], root),
+        "torchrun": ([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+                      "-m", "visiontune", *train, "--output-dir", str(root / "torchrun")], root),
+        # `--cpu` would start one process (Accelerate's multi-CPU mode needs mpirun); `--multi_gpu` runs
+        # torch.distributed.run, and visiontune's Accelerator(cpu=True) then joins the processes with gloo.
+        "accelerate": ([*ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(WORLD), "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no",
+                        "--main_process_port", str(_free_port()), "-m", "visiontune", *train,
+                        "--output-dir", str(root / "accelerate")], root),
+        # No --output-dir: each "machine" has its own working folder; only rank 0's may get outputs.
+        # Machine 1 reads its own copy of the data, at another path (the split must still agree).
+        "machine0": ([*node, "--node-rank", "0"], root / "machine0"),
+        "machine1": ([*node, "--node-rank", "1", "--data", str(shutil.copytree(sample_data, root / "copy"))],
+                     root / "machine1"),
+    }
+    done = _run_all(commands, root)
+    runs = sorted((root / "machine0" / "runs").glob("*"))
+    dirs = {"visiontune": root / "visiontune", "torchrun": root / "torchrun", "accelerate": root / "accelerate",
+            "machine0": runs[0] if len(runs) == 1 else root / "machine0" / "runs" / "not-one-run-folder",
+            "machine1": root / "machine1"}
+    return {name: Job(code, log, dirs[name]) for name, (code, log) in done.items()}
+
+
+def test_ddp_val_metrics_equal_a_single_process_evaluation_of_the_saved_model(jobs, sample_data):
+    job = jobs["visiontune"]
+    assert job.code == 0, job.log
+    summary, history = job.read("summary.json"), job.read("history.json")
+    loss, acc, n = independent_eval(job.run_dir, sample_data)
+    # Neither 5 per process nor 2 processes divide 101: padding would count 110 (or 105) images.
+    assert n == VAL == job.read("split.json")["counts"]["val"]
+    assert summary["val_images_counted"] == summary["val_split_size"] == history[0]["val"]["images"] == VAL
+    assert summary["best_val_accuracy"] == pytest.approx(acc, abs=1e-9)
+    assert summary["best_val_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_ddp_train_metrics_cover_every_process_and_full_global_batches_only(jobs):
+    job = jobs["visiontune"]
+    assert job.code == 0, job.log
+    history = job.read("history.json")
+    # 19 images = 3 full batches of 5; the third has no partner batch, so it is dropped, not run by
+    # one rank alone (which would hang the other in the gradient all-reduce).
+    steps = (TRAIN // PER_PROCESS) // WORLD
+    assert history[0]["train"]["images"] == steps * PER_PROCESS * WORLD == 10
+    assert job.read("summary.json")["train_split_size"] == TRAIN
+
+
+def test_setup_is_printed_and_recorded(jobs):
+    job = jobs["visiontune"]
+    assert job.code == 0, job.log
+    assert f"batch {PER_PROCESS} per process, global batch {PER_PROCESS * WORLD}, lr 0.02 " in job.log
+    setup, summary = job.read("config.json")["setup"], job.read("summary.json")
+    expected = {"strategy": "ddp", "world_size": WORLD, "per_process_batch": PER_PROCESS,
+                "global_batch": PER_PROCESS * WORLD, "lr": LR * PER_PROCESS * WORLD / REFERENCE}
+    for record in (setup, summary):
+        assert {k: record[k] for k in expected} == expected
+        assert len(record["devices"]) == WORLD and all(d.startswith("cpu") for d in record["devices"])
+    # Threads: cores / processes on this machine (OMP_NUM_THREADS=7 in the environment is overridden).
+    assert setup["threads"] == max(1, CORES // WORLD)
+    assert jobs["machine0"].read("config.json")["setup"]["threads"] == CORES  # one process per "machine"
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "machine0"])
+def test_every_launcher_gives_the_same_run(jobs, launcher):
+    base, job = jobs["visiontune"], jobs[launcher]
+    assert base.code == 0 and job.code == 0, job.log
+    a, b = base.read("summary.json"), job.read("summary.json")
+    assert (b["strategy"], b["world_size"], b["global_batch"], b["val_images_counted"]) == ("ddp", WORLD, 10, VAL)
+    assert b["best_val_accuracy"] == a["best_val_accuracy"]
+    assert b["best_val_loss"] == pytest.approx(a["best_val_loss"], rel=1e-5)
+    ta, tb = base.read("history.json")[0]["train"], job.read("history.json")[0]["train"]
+    assert (tb["images"], tb["accuracy"]) == (ta["images"], ta["accuracy"])
+    assert tb["loss"] == pytest.approx(ta["loss"], rel=1e-5)
+
+
+def test_two_machines_finish_and_write_one_set_of_outputs(jobs):
+    first, second = jobs["machine0"], jobs["machine1"]
+    assert first.code == 0 and second.code == 0, first.log + second.log
+    runs = first.run_dir.parent  # machine 0's runs/, where rank 0 chose the run folder
+    assert list(runs.iterdir()) == [first.run_dir] and (first.run_dir / "summary.json").is_file()
+    assert first.read("summary.json")["world_size"] == 2
+    assert not (second.run_dir / "runs").exists()  # rank 1 wrote nothing in its own working folder
+    assert "visiontune: outputs in" in first.log and "visiontune: outputs in" not in second.log
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """6 images: a 4/2 split, so a global batch of 2 makes 2 optimizer steps (the order matters)."""
+    out = tmp_path_factory.mktemp("tiny") / "data"
+    make_sample_data(out, per_class=3, test_count=1, seed=1)
+    return out
+
+
+def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path):
+    # ViT has neither BatchNorm (SyncBatchNorm does not run on the CPU) nor dropout, so the two runs
+    # must compute the same thing; vit_b_32 is the smallest torchvision model without either.
+    common = ["--data", str(tiny_data), "--model", "vit_b_32", "--weights", "none", "--image-size", "224",
+              "--no-progress", "--epochs", "1", "--val-fraction", "0.3"]
+    # DDP asks for its lr through --scale-lr (0.005 x 2 / 1), the single run states it: equal weights
+    # then also prove that the scaled lr is the one the optimizer used.
+    ddp = subprocess.Popen([PYTHON, "-m", "visiontune", "train", *common, "--strategy", "ddp", "--nproc", "2",
+                            "--batch-size", "1", "--lr", "0.005", "--scale-lr", "--reference-batch", "1",
+                            "--output-dir", str(tmp_path / "ddp")], env=_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:  # the single run trains here meanwhile
+        assert main(["train", *common, "--batch-size", "2", "--lr", "0.01", "--output-dir", str(tmp_path / "one")]) == 0
+        log = ddp.communicate(timeout=900)[0]
+    finally:
+        if ddp.poll() is None:
+            os.killpg(ddp.pid, signal.SIGKILL)  # the agent and its workers
+    assert ddp.returncode == 0, log
+    steps = [[h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())]
+             for d in ("ddp", "one")]
+    assert steps == [[4], [4]]
+    a = torch.load(tmp_path / "ddp" / "best.pth", weights_only=True)  # one epoch: best is the final model
+    b = torch.load(tmp_path / "one" / "best.pth", weights_only=True)
+    assert a.keys() == b.keys()
+    worst = max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in a)
+    assert worst < 1e-5
+
+
+def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, capsys):
+    out = tmp_path / "dp"
+    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "16",
+                 "--strategy", "dp", "--output-dir", str(out)]) == 0
+    notices = [line for line in capsys.readouterr().out.splitlines() if "DataParallel" in line]
+    assert len(notices) == 1 and "gives no parallelism here" in notices[0]
+    state = torch.load(out / "best.pth", weights_only=True)
+    assert not any(k.startswith("module.") for k in state)
+    torchvision.models.get_model("resnet18", num_classes=2).load_state_dict(state)  # strict: every key fits
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["strategy"], summary["world_size"], summary["devices"]) == ("dp", 1, ["cpu"])
+    loss, acc, n = independent_eval(out, sample_data)
+    assert (summary["best_val_accuracy"], summary["val_images_counted"]) == (pytest.approx(acc, abs=1e-9), n)
+    assert summary["best_val_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="SyncBatchNorm is refused on CPU-only machines only")
+def test_sync_batchnorm_on_a_cpu_is_one_line_before_any_worker(sample_data, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["train", "--data", str(sample_data), *FAST, "--strategy", "ddp", "--sync-batchnorm",
+                 "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sync-batchnorm needs GPUs" in err[0]
+    assert not out.exists()
+
+
+def test_a_launcher_that_overrides_a_flag_says_so(monkeypatch, capsys):
+    cfg = TrainConfig(data="d", nproc=4)
+    for k, v in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    strategy.check(cfg)
+    assert "--nproc 4 ignored: the launcher started 2 process(es)" in capsys.readouterr().out
+    monkeypatch.setenv("RANK", "1")
+    strategy.check(cfg)
+    assert capsys.readouterr().out == ""  # one note per job
+
+
+def test_accelerate_cpu_launch_of_one_process_is_pointed_out(monkeypatch, capsys):
+    # What `accelerate launch --cpu --num_processes 2` gives a script when mpirun is not used.
+    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    strategy.check(TrainConfig(data="d"))
+    assert "accelerate launch started one process" in capsys.readouterr().out
+    strategy.check(TrainConfig(data="d", strategy="ddp"))  # visiontune then starts the processes itself
+    assert capsys.readouterr().out == ""
+
+
+def test_machines_whose_data_differ_stop_instead_of_training_on_different_splits(monkeypatch):
+    monkeypatch.setattr(trainer, "gather_object", lambda mine: [*mine, "f" * 64])  # what rank 1 would send
+    two_processes = type("Accelerator", (), {"num_processes": 2})()
+    with pytest.raises(UserError, match="the processes see different data"):
+        trainer._same_split_everywhere(two_processes, {"sha256": "0" * 64})
+    trainer._same_split_everywhere(two_processes, {"sha256": "f" * 64})  # the same everywhere: goes on
