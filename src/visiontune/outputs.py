@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -19,14 +20,19 @@ PHASES = ("train", "val")
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all: a unique temp file beside it, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def write_json(path: str | os.PathLike, obj) -> None:

@@ -17,25 +17,13 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from visiontune.data.decode import MAX_PIXELS, BadImage, read_image
+from visiontune.outputs import atomic_write
 
 _CACHE_VERSION = 1
-
-
-def _atomic_write(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _check_one(path: str, max_pixels: int) -> str | None:
@@ -102,7 +90,7 @@ def scan(
         pool.shutdown(wait=True, cancel_futures=True)
         if cache_path and todo:
             payload = {"version": _CACHE_VERSION, "max_pixels": max_pixels, "files": cache}
-            _atomic_write(cache_path, json.dumps(payload))
+            atomic_write(cache_path, json.dumps(payload))
     return [(p, r) for p, r in zip(paths, reasons) if r is not None]
 
 
@@ -112,7 +100,7 @@ def write_report(bad: list[tuple[str, str]], out_csv: str) -> None:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["path", "problem"])
     writer.writerows(bad)
-    _atomic_write(out_csv, buf.getvalue())
+    atomic_write(out_csv, buf.getvalue())
 
 
 def scan_cache_path(data_root: str) -> str:
