@@ -15,7 +15,7 @@ import visiontune.data.check as check
 from badfiles import make_bad_files, make_odd_mode_images, natural_ish
 from trainrun import TINY
 from visiontune import cli
-from visiontune.data.pipeline import ImageDataset
+from visiontune.data.pipeline import UNREADABLE, ImageDataset
 from visiontune.sample_data import make_sample_data
 
 
@@ -107,7 +107,8 @@ def test_file_failing_at_load_time_is_skipped_and_recorded(tmp_path):
     log = tmp_path / "load_failures.csv"
     ds = ImageDataset([str(good), str(broken)], [0, 1], 16, failures_csv=str(log))
     assert ds[0][0].shape == (3, 16, 16)
-    assert ds[1] is None
+    image, label = ds[1]  # keeps its slot, labelled so every metric leaves it out
+    assert label == UNREADABLE and image.shape == (3, 16, 16) and image.sum() == 0
     rows = list(csv.reader(open(log)))
     assert [r[0] for r in rows] == [str(broken)]
 
