@@ -18,12 +18,12 @@ from visiontune import checkpoint, cli
 
 
 def _on_train_call(monkeypatch, n: int, action) -> None:
-    """Run ``action(loss)`` on the n-th training loss (evaluation calls, reduction='none', are not counted)."""
+    """Run ``action(loss)`` on the n-th training loss (evaluation's per-sample calls, reduction='none', are not counted)."""
     real, calls = engine.F.cross_entropy, {"n": 0}
 
     def wrapped(logits, labels, **kw):
         loss = real(logits, labels, **kw)
-        if kw.get("reduction", "mean") == "mean":
+        if kw.get("reduction", "mean") != "none":
             calls["n"] += 1
             if calls["n"] == n:
                 return action(loss)
