@@ -18,6 +18,7 @@ from accelerate.utils import broadcast_object_list
 
 from visiontune import engine, outputs
 from visiontune.config import TrainConfig, UserError, validate
+from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
@@ -46,9 +47,18 @@ def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
     return opt, sched
 
 
-def _datasets(cfg: TrainConfig, images: ImageSet, split: Split):
-    def subset(idx, augment):
-        return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size, augment)
+def _datasets(cfg: TrainConfig, images: ImageSet, split: Split, accelerator):
+    if cfg.cache:
+        # One process per machine builds the cache while the others wait, then all map the same file.
+        with accelerator.local_main_process_first():
+            cache = open_or_build(cfg.cache, images.paths, cfg.image_size)
+
+        def subset(idx, augment):
+            return CachedDataset(cache, idx, [images.labels[i] for i in idx], augment)
+    else:
+        def subset(idx, augment):
+            return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size,
+                                augment)
     return subset(split.train, cfg.augment), subset(split.val, False)
 
 
@@ -66,7 +76,7 @@ def train(cfg: TrainConfig) -> dict:
     with accelerator.main_process_first():  # a weights download happens once
         model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     run_dir = _run_dir(accelerator, cfg)
-    train_ds, val_ds = _datasets(cfg, images, split)
+    train_ds, val_ds = _datasets(cfg, images, split, accelerator)
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
     train_loader = make_loader(train_ds, cfg.batch_size, train=True, seed=cfg.seed, num_workers=workers,
                                pin_memory=pin)
