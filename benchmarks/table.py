@@ -1,0 +1,69 @@
+"""The README's benchmark table, built from ``benchmarks/results/*.json``."""
+from __future__ import annotations
+
+import json
+
+from common import RESULTS
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def rows() -> list[tuple[str, str, str, str]]:
+    out = []
+    if (r := _load("loader")):
+        ips = r["images_per_s"]
+        out.append(("Loader, 224 px, 1 worker: visiontune / blog PIL pipeline",
+                     f"{ips['visiontune']['median']:.0f} / {ips['blog_pil']['median']:.0f} img/s",
+                     f"{r['ratio_visiontune_vs_blog']:.2f}x", ">= 2.5x"))
+        out.append(("Loader from `--cache` / blog PIL pipeline",
+                     f"{ips['visiontune_cache']['median']:.0f} / {ips['blog_pil']['median']:.0f} img/s",
+                     f"{r['ratio_cache_vs_blog']:.1f}x", ">= 10x"))
+    if (r := _load("overhead")):
+        ips = r["images_per_s"]
+        out.append(("Trainer overhead: `visiontune train` / hand-written loop (resnet18 32 px)",
+                     f"{ips['visiontune']['median']:.1f} / {ips['hand_loop']['median']:.1f} img/s",
+                     f"{r['ratio_visiontune_vs_hand_loop']:.3f}", ">= 0.97"))
+    if (r := _load("e2e")):
+        m, q = r["median_seconds"], r["ratios"]
+        out.append(("One epoch, blog script / `visiontune train` (shufflenet_v2_x0_5 64 px)",
+                     f"{m['blog']['epoch']:.1f} / {m['visiontune']['epoch']:.1f} s "
+                     f"(wall {m['blog']['wall']:.1f} / {m['visiontune']['wall']:.1f} s)",
+                     f"{q['visiontune_vs_blog_epoch']:.2f}x (wall {q['visiontune_vs_blog_wall']:.2f}x)", ">= 1.5x"))
+        out.append(("One epoch, blog script / `visiontune train --cache` (warm)",
+                     f"{m['blog']['epoch']:.1f} / {m['visiontune_cache']['epoch']:.1f} s "
+                     f"(wall {m['blog']['wall']:.1f} / {m['visiontune_cache']['wall']:.1f} s)",
+                     f"{q['visiontune_cache_vs_blog_epoch']:.2f}x (wall {q['visiontune_cache_vs_blog_wall']:.2f}x)",
+                     ">= 1.5x"))
+    if (r := _load("ddp")):
+        ips = r["images_per_s"]
+        out.append(("CPU DDP 2 proc x 1 thread / 1 proc x 2 threads (resnet18 32 px, global batch 32)",
+                     f"{ips['ddp_2x1']['median']:.1f} / {ips['single_1x2']['median']:.1f} img/s",
+                     f"{r['ratio_ddp_2x1_vs_single_1x2']:.2f}",
+                     f"all-reduce {r['allreduce_share_of_ddp_step']:.0%} of a step"))
+    if (r := _load("rss")):
+        g, f = r["growth_small_to_large_mib"], r["cache_file_growth_mib"]
+        out.append(("Peak RSS growth, 600 -> 2,400 images, main / worker process",
+                     f"cache: +{g['cache']['main_mib']:.0f} / +{g['cache']['largest_worker_mib']:.0f} MiB; "
+                     f"no cache: +{g['no cache']['main_mib']:.0f} / +{g['no cache']['largest_worker_mib']:.0f} MiB",
+                     f"cache file +{f:.0f} MiB", "flat"))
+    return out
+
+
+def write_table() -> str:
+    m = next((r["machine"] for n in ("loader", "overhead", "e2e", "ddp", "rss") if (r := _load(n))), {})
+    lines = [f"Measured on {m.get('cores', '?')} cores of {m.get('cpu', '?')}, torch {m.get('torch', '?')}, "
+             "no GPU; a machine shared with other work (load average at the end: "
+             f"{', '.join(f'{x:.1f}' for x in m.get('load_average_at_end') or [])}). Medians of 5 interleaved repeats.",
+             "", "| Benchmark | Measured | Ratio | Target |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows()]
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "table.md").write_text(text)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    write_table()
