@@ -34,7 +34,7 @@ from torchvision.transforms import v2
 from visiontune.data.decode import BadImage, read_image, resize_uint8
 
 CACHE_VERSION = 1
-_PAGE = mmap.PAGESIZE
+_AROUND = max(mmap.PAGESIZE, 64 * 1024)
 
 
 def resolve_dir(cache: str) -> str:
@@ -184,8 +184,11 @@ class CachedDataset(Dataset):
         n, s = self.cache.item_bytes, self.cache.image_size
         img = torch.from_numpy(np.frombuffer(self._map, np.uint8, n, row * n).reshape(3, s, s).copy())
         # The page cache keeps the data for every process; this process need not keep it mapped.
-        start = row * n // _PAGE * _PAGE
-        self._map.madvise(mmap.MADV_DONTNEED, start, min(len(self._map), (row + 1) * n) - start)
+        # A page fault also maps its neighbours (the kernel's fault-around, 64 KiB aligned by
+        # default), so drop the aligned window around the row, not just the row.
+        start = row * n // _AROUND * _AROUND
+        end = min(len(self._map), -(-(row + 1) * n // _AROUND) * _AROUND)
+        self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
         if self.augment is not None:
             img = self.augment(img)
         return img, self.labels[i]
