@@ -12,6 +12,7 @@ import torch
 
 import visiontune.data.cache as cache_mod
 from conftest import FAST, PYTHON
+from visiontune.cli import main
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.decode import read_image, resize_uint8
 from visiontune.data.pipeline import ImageDataset, collate_skipping_bad
@@ -157,3 +158,14 @@ def test_reading_the_whole_cache_does_not_keep_it_resident(sample_data, tmp_path
         ds[i]
     grown_kib = _rss_file_kib() - before
     assert grown_kib * 1024 < cache.count * cache.item_bytes / 8, f"RSS grew {grown_kib} KiB"
+
+
+def test_unwritable_cache_folder_is_one_clear_error(sample_data, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    run = tmp_path / "run"
+    code = main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "16",
+                 "--num-workers", "0", "--cache", str(blocker / "cache"), "--output-dir", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write the image cache" in err and "Traceback" not in err
+    assert not run.exists() or not any(run.iterdir())

@@ -31,6 +31,7 @@ import torchvision
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from visiontune.config import UserError
 from visiontune.data.decode import BadImage, read_image, resize_uint8
 
 CACHE_VERSION = 1
@@ -138,7 +139,6 @@ def build(array_path: str, header_path: str, key: str, paths: Sequence[str], ima
 def open_or_build(cache: str, paths: Sequence[str], image_size: int, threads: int | None = None) -> ImageCache:
     """The cache of ``paths`` at ``image_size`` in folder ``cache`` (or auto), built if missing or stale."""
     folder = resolve_dir(cache)
-    os.makedirs(folder, exist_ok=True)
     array_path, header_path = _files(folder, paths, image_size)
     key = cache_key(paths, image_size)
     found = _load(array_path, header_path, key, len(paths), image_size)
@@ -149,7 +149,13 @@ def open_or_build(cache: str, paths: Sequence[str], image_size: int, threads: in
           flush=True)
     if threads is None:  # the other processes wait for this one: all the machine's cores may decode
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return build(array_path, header_path, key, paths, image_size, threads)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return build(array_path, header_path, key, paths, image_size, threads)
+    except OSError as e:
+        raise UserError(f"cannot write the image cache in {folder} ({e.strerror or e}); pass --cache a writable "
+                        f"folder with {len(paths) * 3 * image_size * image_size / 2**30:.1f} GiB free, "
+                        "or leave --cache out") from None
 
 
 class CachedDataset(Dataset):
