@@ -1,7 +1,7 @@
 """Trainer overhead: ``visiontune.train`` against a minimal hand-written PyTorch loop.
 
 Both train the same model (resnet18, 32 px, no pretrained weights), batch 16,
-SGD with momentum, with the same intra-op threads, on the same images: the
+SGD with momentum, with the same intra-op threads (one, on one core), on the same images: the
 decoded uint8 pixels in visiontune's cache, which the hand-written loop holds
 as one in-memory tensor and visiontune reads through ``--cache`` with no loader
 workers. Each repeat is a fresh 2-epoch run; the figure is the second epoch's
@@ -71,7 +71,10 @@ def main() -> None:
     ds = CachedDataset(cache, split.train, [images_set.labels[i] for i in split.train])
     images = torch.stack([ds[i][0] for i in range(len(ds))])
     labels = torch.tensor([ds[i][1] for i in range(len(ds))])
-    threads = cpu_budget()  # what make_accelerator gives visiontune; the hand loop gets the same
+    # One core for both: with 2 intra-op threads on cores other work also wants, OpenMP's barriers
+    # stall and single runs swing 5x; one thread keeps the comparison about the loops.
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    threads = cpu_budget()  # what make_accelerator gives visiontune (1 here); the hand loop gets the same
     torch.set_num_threads(threads)
     res = interleave({"hand_loop": lambda: hand_rate(images, labels),
                       "visiontune": lambda: visiontune_rate(cfg)})
