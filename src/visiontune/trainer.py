@@ -21,6 +21,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import checkpoint, engine, faults, outputs
 from visiontune.config import TrainConfig, UserError, validate
+from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
@@ -63,10 +64,18 @@ def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
     return opt, sched
 
 
-def _datasets(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str):
-    def subset(idx, augment):
-        return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size, augment,
-                            failures_csv=os.path.join(run_dir, LOAD_FAILURES))
+def _datasets(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, accelerator):
+    if cfg.cache:
+        # One process per machine builds the cache while the others wait, then all map the same file.
+        with accelerator.local_main_process_first():
+            cache = open_or_build(cfg.cache, images.paths, cfg.image_size)
+
+        def subset(idx, augment):
+            return CachedDataset(cache, idx, [images.labels[i] for i in idx], augment)
+    else:
+        def subset(idx, augment):
+            return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size,
+                                augment, failures_csv=os.path.join(run_dir, LOAD_FAILURES))
     return subset(split.train, cfg.augment), subset(split.val, False)
 
 
@@ -129,7 +138,7 @@ def train(cfg: TrainConfig) -> dict:
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
-    train_ds, val_ds = _datasets(cfg, images, split, run_dir)
+    train_ds, val_ds = _datasets(cfg, images, split, run_dir, accelerator)
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
     train_loader = make_loader(train_ds, cfg.batch_size, train=True, seed=cfg.seed, num_workers=workers,
                                pin_memory=pin)

@@ -1,0 +1,202 @@
+"""``--cache``: decode and resize every image once into a memory-mapped uint8 array.
+
+The cache is two files per (data set, image size): ``<id>-<S>px.u8``, the images
+back to back as uint8 [N, 3, S, S], and ``<id>-<S>px.json``, a small header whose
+``key`` is a sha256 of the file list with each file's size and mtime, the image
+size, the format version and the torchvision release (its resize defines the
+pixels). A header whose key matches means the array is reusable; anything else
+rebuilds it in place, written to temp files and moved into place (array first,
+header last), so a reader never sees half a cache. Every process and every
+epoch reads the same file through the OS page cache: nothing is loaded into a
+process's own memory, and a process drops its page mappings after each read,
+so its resident memory does not grow with the data set. Files that fail to
+decode are stored as zeros, listed in the header, and skipped by
+``CachedDataset`` exactly as ``ImageDataset`` skips them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torchvision
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+from visiontune.config import UserError
+from visiontune.data.decode import BadImage, read_image, resize_uint8
+from visiontune.data.pipeline import UNREADABLE
+
+CACHE_VERSION = 1
+_AROUND = max(mmap.PAGESIZE, 64 * 1024)
+
+
+def resolve_dir(cache: str) -> str:
+    """``auto`` -> the user's cache folder; anything else is the folder itself."""
+    if cache != "auto":
+        return cache
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "visiontune")
+
+
+def cache_key(paths: Sequence[str], image_size: int) -> str:
+    """sha256 over what decides the cached pixels: files (path, size, mtime) and the size."""
+    h = hashlib.sha256(json.dumps([CACHE_VERSION, image_size, torchvision.__version__]).encode())
+    for p in paths:
+        try:
+            st = os.stat(p)
+            h.update(f"{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:  # a missing file is part of the key too: it is recorded as bad
+            h.update(f"{os.path.abspath(p)}\0missing\n".encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ImageCache:
+    """A built cache: where its array lives, its shape, and the files that failed to decode."""
+
+    array_path: str
+    image_size: int
+    count: int
+    bad: dict[int, tuple[str, str]]  # row -> (path, reason)
+
+    @property
+    def item_bytes(self) -> int:
+        return 3 * self.image_size * self.image_size
+
+
+def _files(folder: str, paths: Sequence[str], image_size: int) -> tuple[str, str]:
+    # One cache per data set (its file list) and size, so several can share a folder.
+    ident = hashlib.sha256("\n".join(os.path.abspath(p) for p in paths).encode()).hexdigest()[:12]
+    stem = os.path.join(folder, f"{ident}-{image_size}px")
+    return stem + ".u8", stem + ".json"
+
+
+def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) -> ImageCache | None:
+    try:
+        with open(header_path, encoding="utf-8") as f:
+            head = json.load(f)
+        size_ok = os.path.getsize(array_path) == n * 3 * image_size * image_size
+    except (OSError, ValueError):
+        return None
+    if not isinstance(head, dict) or head.get("key") != key or not size_ok:
+        return None
+    return ImageCache(array_path, image_size, n, {int(i): (p, r) for i, (p, r) in head.get("bad", {}).items()})
+
+
+def _decode(path: str, image_size: int) -> torch.Tensor | str:
+    try:
+        return resize_uint8(read_image(path), image_size)
+    except BadImage as e:
+        return str(e)
+
+
+def _replace_atomically(final: str, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(final), prefix=".tmp-", suffix=os.path.basename(final))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; other users' runs may share the cache
+        os.replace(tmp, final)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def build(array_path: str, header_path: str, key: str, paths: Sequence[str], image_size: int,
+          threads: int) -> ImageCache:
+    """Decode + resize every file (in a thread pool: the decoders release the GIL) and write both files."""
+    bad: dict[int, tuple[str, str]] = {}
+    blank = bytes(3 * image_size * image_size)
+
+    def write_array(f) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            chunk = 64 * max(1, threads)  # bounded look-ahead: memory stays flat while building
+            for start in range(0, len(paths), chunk):
+                part = paths[start:start + chunk]
+                for i, img in enumerate(pool.map(_decode, part, [image_size] * len(part)), start):
+                    if isinstance(img, str):
+                        bad[i] = (paths[i], img)
+                        print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
+                    f.write(blank if isinstance(img, str) else img.contiguous().numpy().tobytes())
+
+    _replace_atomically(array_path, write_array)
+    head = {"version": CACHE_VERSION, "key": key, "image_size": image_size, "count": len(paths),
+            "bad": {str(i): list(pr) for i, pr in bad.items()}}
+    _replace_atomically(header_path, lambda f: f.write(json.dumps(head).encode()))
+    return ImageCache(array_path, image_size, len(paths), bad)
+
+
+def open_or_build(cache: str, paths: Sequence[str], image_size: int, threads: int | None = None) -> ImageCache:
+    """The cache of ``paths`` at ``image_size`` in folder ``cache`` (or auto), built if missing or stale."""
+    folder = resolve_dir(cache)
+    array_path, header_path = _files(folder, paths, image_size)
+    key = cache_key(paths, image_size)
+    found = _load(array_path, header_path, key, len(paths), image_size)
+    if found is not None:
+        return found
+    # stdout, from whichever process builds: a second build in one job would show up here.
+    print(f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px)",
+          flush=True)
+    if threads is None:  # the other processes wait for this one: all the machine's cores may decode
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return build(array_path, header_path, key, paths, image_size, threads)
+    except OSError as e:
+        raise UserError(f"cannot write the image cache in {folder} ({e.strerror or e}); pass --cache a writable "
+                        f"folder with {len(paths) * 3 * image_size * image_size / 2**30:.1f} GiB free, "
+                        "or leave --cache out") from None
+
+
+class CachedDataset(Dataset):
+    """``ImageDataset``'s (uint8 [3,S,S] image, label) pairs, read from an ``ImageCache``.
+
+    ``indices`` pick this subset's rows of the cache. The memory map is opened
+    lazily in each process (a loader worker gets the path, never a copy of the
+    array), and after each read the pages are unmapped from this process again.
+    """
+
+    def __init__(self, cache: ImageCache, indices: Sequence[int], labels: Sequence[int], augment: bool = False):
+        self.cache, self.indices, self.labels = cache, list(indices), list(labels)
+        self.augment = v2.Compose([v2.RandomResizedCrop(cache.image_size, antialias=True),
+                                   v2.RandomHorizontalFlip()]) if augment else None
+        self._map: mmap.mmap | None = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_map": None}
+
+    def __getitem__(self, i: int):
+        row = self.indices[i]
+        if row in self.cache.bad:  # as ImageDataset does: keep the slot, say so, the epoch goes on
+            path, reason = self.cache.bad[row]
+            print(f"visiontune: skipped unreadable image {path}: {reason}", file=sys.stderr)
+            s = self.cache.image_size
+            return torch.zeros(3, s, s, dtype=torch.uint8), UNREADABLE
+        if self._map is None:
+            with open(self.cache.array_path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        n, s = self.cache.item_bytes, self.cache.image_size
+        img = torch.from_numpy(np.frombuffer(self._map, np.uint8, n, row * n).reshape(3, s, s).copy())
+        # The page cache keeps the data for every process; this process need not keep it mapped.
+        # A page fault also maps its neighbours (the kernel's fault-around, 64 KiB aligned by
+        # default), so drop the aligned window around the row, not just the row.
+        start = row * n // _AROUND * _AROUND
+        end = min(len(self._map), -(-(row + 1) * n // _AROUND) * _AROUND)
+        self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        if self.augment is not None:
+            img = self.augment(img)
+        return img, self.labels[i]

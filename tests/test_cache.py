@@ -1,0 +1,171 @@
+"""Tests for visiontune.data.cache: exact pixels, rebuilt on change, reused otherwise, one build per job."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import visiontune.data.cache as cache_mod
+from conftest import FAST, PYTHON
+from visiontune.cli import main
+from visiontune.data.cache import CachedDataset, open_or_build
+from visiontune.data.decode import read_image, resize_uint8
+from visiontune.data.pipeline import ImageDataset, collate_skipping_bad
+
+SIZE = 24
+
+
+@pytest.fixture
+def files(sample_data, tmp_path):
+    """A private copy of 10 sample images plus one broken file, so tests may touch them."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    paths = []
+    for src in sorted((sample_data / "train").iterdir())[:10]:
+        shutil.copy(src, folder / src.name)
+        paths.append(str(folder / src.name))
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    paths.insert(3, str(folder / "broken.jpg"))
+    return paths
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """Counts the images the cache decodes."""
+    calls = []
+    real = cache_mod._decode
+
+    def counting(path, size):
+        calls.append(path)
+        return real(path, size)
+
+    monkeypatch.setattr(cache_mod, "_decode", counting)
+    return calls
+
+
+def test_cache_equals_direct_decode_and_skips_bad_files_like_imagedataset(files, tmp_path):
+    cache = open_or_build(str(tmp_path / "c"), files, SIZE, threads=2)
+    labels = list(range(len(files)))
+    cached = CachedDataset(cache, range(len(files)), labels)
+    direct = ImageDataset(files, labels, SIZE)
+    assert os.path.getsize(cache.array_path) == len(files) * 3 * SIZE * SIZE
+    for i, path in enumerate(files):
+        if path.endswith("broken.jpg"):
+            assert cached[i] is None and direct[i] is None
+            assert cache.bad == {i: (path, cache.bad[i][1])} and "JPEG" in cache.bad[i][1]
+            continue
+        img, label = cached[i]
+        assert img.dtype == torch.uint8 and label == i
+        assert torch.equal(img, resize_uint8(read_image(path), SIZE))
+        assert torch.equal(img, direct[i][0])
+    # a subset picks rows of the cache; the skipped file drops out of its batch
+    sub = CachedDataset(cache, [2, 3, 4], [7, 8, 9])
+    images, batch_labels = collate_skipping_bad([sub[j] for j in range(3)])
+    assert images.shape == (2, 3, SIZE, SIZE) and batch_labels.tolist() == [7, 9]
+
+
+def test_reused_when_unchanged_rebuilt_when_files_or_size_change(files, tmp_path, decodes):
+    folder = str(tmp_path / "c")
+    first = open_or_build(folder, files, SIZE, threads=1)
+    assert len(decodes) == len(files)
+    again = open_or_build(folder, files, SIZE, threads=1)
+    assert len(decodes) == len(files), "an unchanged data set must not be decoded again"
+    assert again == first
+
+    # rewrite one image with other pixels (new size and mtime): the cache follows it
+    target = files[0]
+    shutil.copy(files[5], target)
+    st = os.stat(target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    decodes.clear()
+    rebuilt = open_or_build(folder, files, SIZE, threads=1)
+    assert len(decodes) == len(files)
+    assert rebuilt.array_path == first.array_path  # rebuilt in place, not piled up
+    img, _ = CachedDataset(rebuilt, [0], [0])[0]
+    assert torch.equal(img, resize_uint8(read_image(files[5]), SIZE))
+
+    decodes.clear()
+    other_size = open_or_build(folder, files, SIZE + 8, threads=1)
+    assert len(decodes) == len(files) and other_size.image_size == SIZE + 8
+    decodes.clear()
+    fewer = open_or_build(folder, files[:-1], SIZE, threads=1)
+    assert len(decodes) == len(files) - 1 and fewer.count == len(files) - 1
+    decodes.clear()
+    open_or_build(folder, files, SIZE, threads=1)  # the first set at the first size is still there
+    assert decodes == []
+
+
+def test_stale_header_or_short_array_rebuilds(files, tmp_path, decodes):
+    folder = str(tmp_path / "c")
+    cache = open_or_build(folder, files, SIZE, threads=1)
+    with open(cache.array_path, "r+b") as f:  # an array cut short, e.g. a disk that filled up
+        f.truncate(100)
+    decodes.clear()
+    open_or_build(folder, files, SIZE, threads=1)
+    assert len(decodes) == len(files)
+    header = cache.array_path[:-3] + ".json"
+    with open(header) as f:
+        head = json.load(f)
+    with open(header, "w") as f:
+        json.dump({**head, "key": "0" * 64}, f)
+    decodes.clear()
+    open_or_build(folder, files, SIZE, threads=1)
+    assert len(decodes) == len(files)
+
+
+def test_dataset_pickles_without_the_array_and_augments_uint8(files, tmp_path):
+    cache = open_or_build(str(tmp_path / "c"), files, 64, threads=2)
+    ds = CachedDataset(cache, [0, 1], [0, 1], augment=True)
+    torch.manual_seed(0)
+    img, _ = ds[0]
+    assert img.dtype == torch.uint8 and img.shape == (3, 64, 64)
+    plain = CachedDataset(cache, [0], [0])[0][0]
+    assert not torch.equal(img, plain)  # crop/flip did something (seeded)
+    # a loader worker receives the path, not the mapped pixels
+    assert len(pickle.dumps(ds)) < 3 * 64 * 64
+
+
+def test_two_ddp_processes_share_one_cache_built_once(sample_data, tmp_path, worker_env):
+    cache_dir = tmp_path / "cache"
+    cmd = [PYTHON, "-m", "visiontune", "train", "--data", str(sample_data), *FAST, "--epochs", "1",
+           "--batch-size", "16", "--strategy", "ddp", "--nproc", "2", "--num-workers", "0",
+           "--cache", str(cache_dir), "--output-dir", str(tmp_path / "run")]
+    out = subprocess.run(cmd, env=worker_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("building the image cache") == 1, out.stdout
+    assert len(list(cache_dir.glob("*.u8"))) == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["val_images_counted"] == summary["val_split_size"]
+
+
+def _rss_file_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
+def test_reading_the_whole_cache_does_not_keep_it_resident(sample_data, tmp_path):
+    paths = [str(p) for p in sorted((sample_data / "train").iterdir())] * 2  # 240 rows, 18 MiB at 160 px
+    cache = open_or_build(str(tmp_path / "c"), paths, 160, threads=2)
+    ds = CachedDataset(cache, range(len(paths)), [0] * len(paths))
+    ds[0]  # the first read maps library code (file-backed too); measure from here
+    before = _rss_file_kib()
+    for i in range(len(ds)):
+        ds[i]
+    grown_kib = _rss_file_kib() - before
+    assert grown_kib * 1024 < cache.count * cache.item_bytes / 8, f"RSS grew {grown_kib} KiB"
+
+
+def test_unwritable_cache_folder_is_one_clear_error(sample_data, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    run = tmp_path / "run"
+    code = main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "16",
+                 "--num-workers", "0", "--cache", str(blocker / "cache"), "--output-dir", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write the image cache" in err and "Traceback" not in err
+    assert not run.exists() or not any(run.iterdir())
