@@ -15,7 +15,9 @@ from conftest import FAST, PYTHON
 from visiontune.cli import main
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.decode import read_image, resize_uint8
-from visiontune.data.pipeline import ImageDataset, collate_skipping_bad
+from torch.utils.data import default_collate
+
+from visiontune.data.pipeline import UNREADABLE, ImageDataset
 
 SIZE = 24
 
@@ -56,17 +58,18 @@ def test_cache_equals_direct_decode_and_skips_bad_files_like_imagedataset(files,
     assert os.path.getsize(cache.array_path) == len(files) * 3 * SIZE * SIZE
     for i, path in enumerate(files):
         if path.endswith("broken.jpg"):
-            assert cached[i] is None and direct[i] is None
+            for img, label in (cached[i], direct[i]):  # both keep the slot, labelled UNREADABLE
+                assert label == UNREADABLE and img.shape == (3, SIZE, SIZE) and img.sum() == 0
             assert cache.bad == {i: (path, cache.bad[i][1])} and "JPEG" in cache.bad[i][1]
             continue
         img, label = cached[i]
         assert img.dtype == torch.uint8 and label == i
         assert torch.equal(img, resize_uint8(read_image(path), SIZE))
         assert torch.equal(img, direct[i][0])
-    # a subset picks rows of the cache; the skipped file drops out of its batch
+    # a subset picks rows of the cache; the unreadable file keeps its slot in the batch
     sub = CachedDataset(cache, [2, 3, 4], [7, 8, 9])
-    images, batch_labels = collate_skipping_bad([sub[j] for j in range(3)])
-    assert images.shape == (2, 3, SIZE, SIZE) and batch_labels.tolist() == [7, 9]
+    images, batch_labels = default_collate([sub[j] for j in range(3)])
+    assert images.shape == (3, 3, SIZE, SIZE) and batch_labels.tolist() == [7, UNREADABLE, 9]
 
 
 def test_reused_when_unchanged_rebuilt_when_files_or_size_change(files, tmp_path, decodes):
