@@ -72,6 +72,7 @@ def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     epochs = [row["epoch"] for row in history]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -81,6 +82,7 @@ def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
             ax.plot(epochs, [row[phase][key] for row in history], marker="o", label=f"{label} {title}")
         ax.set_title(f"Training and Validation {title}")
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.legend(loc=where)
     fig.tight_layout()
     buf = io.BytesIO()
