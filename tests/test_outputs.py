@@ -1,0 +1,40 @@
+"""Run-folder writers: the best-epoch rule, metrics.csv, atomic writes."""
+from __future__ import annotations
+
+import csv
+import os
+
+import pytest
+
+from visiontune import outputs
+
+
+def _row(epoch, acc, loss):
+    phase = {"loss": loss, "accuracy": acc, "images": 10, "seconds": 2.0, "images_per_s": 5.0}
+    return {"epoch": epoch, "train": phase, "val": phase}
+
+
+def test_best_epoch_is_highest_val_accuracy_then_lowest_val_loss():
+    history = [_row(0, 0.90, 0.30), _row(1, 0.95, 0.20), _row(2, 0.95, 0.10), _row(3, 0.94, 0.01)]
+    assert outputs.best_epoch(history)["epoch"] == 2
+    assert outputs.best_epoch(history[:2] + [_row(2, 0.95, 0.20)])["epoch"] == 1  # full tie: the earlier
+
+
+def test_metrics_csv_has_a_row_per_epoch_and_phase(tmp_path):
+    path = tmp_path / "metrics.csv"
+    outputs.write_metrics_csv(path, [_row(0, 0.5, 0.7), _row(1, 0.75, 0.5)])
+    rows = list(csv.DictReader(open(path)))
+    assert [(r["epoch"], r["phase"], r["accuracy"]) for r in rows] == [
+        ("0", "train", "0.500000"), ("0", "val", "0.500000"), ("1", "train", "0.750000"), ("1", "val", "0.750000")]
+
+
+def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    target = tmp_path / "sub" / "f.json"
+    outputs.atomic_write(target, "old")
+
+    def boom(*a):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        outputs.atomic_write(target, "new")
+    assert target.read_text() == "old" and os.listdir(target.parent) == ["f.json"]
