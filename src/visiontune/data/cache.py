@@ -35,7 +35,7 @@ from visiontune.config import UserError
 from visiontune.data.decode import BadImage, read_image, resize_uint8
 from visiontune.data.pipeline import UNREADABLE
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: rows stored height x width x channel
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)
 
 
@@ -128,7 +128,7 @@ def build(array_path: str, header_path: str, key: str, paths: Sequence[str], ima
                     if isinstance(img, str):
                         bad[i] = (paths[i], img)
                         print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
-                    f.write(blank if isinstance(img, str) else img.contiguous().numpy().tobytes())
+                    f.write(blank if isinstance(img, str) else img.permute(1, 2, 0).contiguous().numpy().tobytes())
 
     _replace_atomically(array_path, write_array)
     head = {"version": CACHE_VERSION, "key": key, "image_size": image_size, "count": len(paths),
@@ -190,7 +190,8 @@ class CachedDataset(Dataset):
             with open(self.cache.array_path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         n, s = self.cache.item_bytes, self.cache.image_size
-        img = torch.from_numpy(np.frombuffer(self._map, np.uint8, n, row * n).reshape(3, s, s).copy())
+        # Rows are HWC, the order the decoder and resize work in; the view is CHW as everywhere else.
+        img = torch.from_numpy(np.frombuffer(self._map, np.uint8, n, row * n).reshape(s, s, 3).copy()).permute(2, 0, 1)
         # The page cache keeps the data for every process; this process need not keep it mapped.
         # A page fault also maps its neighbours (the kernel's fault-around, 64 KiB aligned by
         # default), so drop the aligned window around the row, not just the row.

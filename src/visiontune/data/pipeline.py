@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from torchvision.transforms import v2
 
 from visiontune.config import MEAN, STD
@@ -96,6 +96,18 @@ class EpochSampler(Sampler[int]):
         return self.n
 
 
+def collate_channels_last(batch):
+    """Stack (uint8 [3,S,S], label) pairs into a [B,3,S,S] batch kept in channels-last memory.
+
+    The decoder and the antialiased uint8 resize work in height x width x channel
+    order; stacking those images into a channels-first block is a transposing copy
+    about 10x slower than the stack itself (a quarter of the loader's time at 224 px).
+    So the batch keeps their order and ``DeviceNormalize`` converts it on the device.
+    """
+    images, labels = default_collate([(img.permute(1, 2, 0), label) for img, label in batch])
+    return images.permute(0, 3, 1, 2), labels
+
+
 def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int, num_workers: int,
                 pin_memory: bool) -> DataLoader:
     """Train: seeded permutation, full batches only. Val: in order, every sample."""
@@ -104,7 +116,7 @@ def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int, nu
         dataset, batch_size=batch_size, generator=generator,
         sampler=EpochSampler(len(dataset), seed, generator) if train else None,
         drop_last=train, num_workers=num_workers, pin_memory=pin_memory,
-        persistent_workers=num_workers > 0,
+        persistent_workers=num_workers > 0, collate_fn=collate_channels_last,
         prefetch_factor=4 if num_workers > 0 else None)
 
 
@@ -120,5 +132,7 @@ class DeviceNormalize(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In place on the one new float tensor: bit-identical to (x - mean) / std, and on a CPU ten
         # times faster, since fresh batch-sized buffers cost a page fault per 4 KiB.
-        x = x.float().sub_(self.mean).div_(self.std)
-        return x.contiguous(memory_format=self.memory_format)
+        # The layout change (loader batches are channels-last) is done on the uint8 batch,
+        # a quarter of the bytes of the float one.
+        x = x.contiguous(memory_format=self.memory_format).float()
+        return x.sub_(self.mean).div_(self.std)
