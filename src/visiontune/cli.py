@@ -258,7 +258,8 @@ def _add_inference_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="visiontune", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="visiontune", description="Fine-tune torchvision image classifiers "
+                                     "on a folder of images, on one CPU or many GPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="fine-tune a torchvision classifier")
     add_train_flags(p)
