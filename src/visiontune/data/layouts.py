@@ -11,6 +11,7 @@ test files, and the files the layout itself had to reject.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 from dataclasses import dataclass, field
@@ -153,12 +154,13 @@ def write_kaggle_manifest(data: str) -> tuple[str, int]:
     found = _kaggle(Path(data)) if Path(data).is_dir() else None
     if found is None:
         raise UserError(f"{data} is not in the Kaggle layout (train/<class>.<n>.jpg)")
+    from visiontune.outputs import atomic_write
+
     out = Path(data) / "train.csv"
-    tmp = out.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["filename", "label"])
-        for p, lab in zip(found.paths, found.labels):
-            w.writerow([Path(p).name, found.classes[lab]])
-    os.replace(tmp, out)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["filename", "label"])
+    for p, lab in zip(found.paths, found.labels):
+        w.writerow([Path(p).name, found.classes[lab]])
+    atomic_write(out, buf.getvalue())
     return str(out), len(found.paths)
