@@ -5,8 +5,11 @@ no pretrained weights: the smallest torchvision model that learns the task, so
 that on a CPU the input pipeline is a visible share of the work, as it is on a
 GPU), image size, batch, threads (each side's default: all cores) and one epoch.
 Two figures per side: the whole command's wall time, and the epoch (train +
-val phases) as each side times it. visiontune runs twice: plain, and with a
-warm ``--cache`` (built once beforehand; the build time is reported).
+val phases) as each side times it. visiontune runs three ways: as a CPU run
+does by default (each batch decoded by a thread pool in the training process),
+with one loader worker process instead (``--num-workers 1``, the way the blog
+decodes), and with a warm ``--cache`` (built once beforehand; the build time is
+reported).
 """
 from __future__ import annotations
 
@@ -54,11 +57,12 @@ def main() -> None:
          "from visiontune.data.layouts import discover; "
          f"open_or_build(sys.argv[1], discover(sys.argv[2]).paths, {SIZE})", cache[1], str(data)])
     cache_build = time.perf_counter() - t0
-    rec = {"blog": [], "visiontune": [], "visiontune_cache": []}
+    rec = {"blog": [], "visiontune": [], "visiontune_1worker": [], "visiontune_cache": []}
     interleave({"blog": lambda: blog(data, rec), "visiontune": lambda: visiontune(data, rec, "visiontune"),
+                "visiontune_1worker": lambda: visiontune(data, rec, "visiontune_1worker", ["--num-workers", "1"]),
                 "visiontune_cache": lambda: visiontune(data, rec, "visiontune_cache", cache)})
     med = {k: {m: sorted(r[m] for r in v[1:])[len(v[1:]) // 2] for m in ("wall", "epoch")} for k, v in rec.items()}
-    ratios = {f"{k}_vs_blog_{m}": med["blog"][m] / med[k][m] for k in ("visiontune", "visiontune_cache")
+    ratios = {f"{k}_vs_blog_{m}": med["blog"][m] / med[k][m] for k in ("visiontune", "visiontune_1worker", "visiontune_cache")
               for m in ("epoch", "wall")}
     out = {"what": f"one epoch, {2 * PER_CLASS} JPEGs (80/20 split), {MODEL} {SIZE} px, batch {BATCH}",
            "median_seconds": med, "runs": rec, "ratios": ratios, "cache_build_seconds": cache_build,

@@ -40,13 +40,13 @@ def files(sample_data, tmp_path):
 def decodes(monkeypatch):
     """Counts the images the cache decodes."""
     calls = []
-    real = cache_mod._decode
+    real = cache_mod.try_read
 
     def counting(path, size):
         calls.append(path)
         return real(path, size)
 
-    monkeypatch.setattr(cache_mod, "_decode", counting)
+    monkeypatch.setattr(cache_mod, "try_read", counting)
     return calls
 
 
@@ -70,6 +70,11 @@ def test_cache_equals_direct_decode_and_skips_bad_files_like_imagedataset(files,
     sub = CachedDataset(cache, [2, 3, 4], [7, 8, 9])
     images, batch_labels = default_collate([sub[j] for j in range(3)])
     assert images.shape == (3, 3, SIZE, SIZE) and batch_labels.tolist() == [7, UNREADABLE, 9]
+    # a whole batch in one read (the DataLoader's path), in the sampler's order, equals item by item
+    order = [2, 0, 1]
+    batch = sub.__getitems__(order)
+    assert [label for _, label in batch] == [9, 7, UNREADABLE]
+    assert all(torch.equal(img, sub[j][0]) for (img, _), j in zip(batch, order))
 
 
 def test_reused_when_unchanged_rebuilt_when_files_or_size_change(files, tmp_path, decodes):

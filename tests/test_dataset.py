@@ -85,3 +85,49 @@ def test_device_normalize_channels_last():
     out = DeviceNormalize(torch.device("cpu"), channels_last=True)(x)
     ref = (x.float() / 255 - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
     assert torch.allclose(out, ref, atol=1e-5) and out.is_contiguous(memory_format=torch.channels_last)
+
+
+def _batch_with_a_broken_file(tmp_path, sample_data, **kw) -> tuple[ImageDataset, list[int]]:
+    images = discover(str(sample_data))
+    broken = tmp_path / "cat.999.jpg"
+    broken.write_bytes(b"\xff\xd8\xff garbage")
+    paths = images.paths[:5] + [str(broken)] + images.paths[5:8]
+    return ImageDataset(paths, list(range(len(paths))), image_size=24, report=False, **kw), [8, 5, 0, 3, 7, 1]
+
+
+def test_a_batch_decoded_by_threads_equals_one_image_at_a_time(tmp_path, sample_data, monkeypatch):
+    import threading
+
+    import visiontune.data.pipeline as pipeline
+
+    serial, order = _batch_with_a_broken_file(tmp_path, sample_data)
+    threaded, _ = _batch_with_a_broken_file(tmp_path, sample_data, threads=2)
+    seen, real = set(), pipeline.try_read
+    monkeypatch.setattr(pipeline, "try_read", lambda *a: seen.add(threading.current_thread().name) or real(*a))
+    batch = threaded.__getitems__(order)
+    assert any(name.startswith("visiontune-decode") for name in seen)  # the pool did the decoding
+    assert [label for _, label in batch] == [UNREADABLE if i == 5 else i for i in order]
+    assert all(torch.equal(img, serial[i][0]) for (img, _), i in zip(batch, order))
+
+
+def test_threaded_augmentation_repeats_under_the_same_seed(tmp_path, sample_data):
+    serial, order = _batch_with_a_broken_file(tmp_path, sample_data, augment=True)
+    threaded, _ = _batch_with_a_broken_file(tmp_path, sample_data, augment=True, threads=2)
+    torch.manual_seed(3)
+    a = threaded.__getitems__(order)
+    torch.manual_seed(3)
+    b = [serial[i] for i in order]
+    assert all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))
+
+
+def test_a_forked_loader_worker_decodes_with_its_own_pool(tmp_path, sample_data):
+    from torch.utils.data import DataLoader
+
+    ds, order = _batch_with_a_broken_file(tmp_path, sample_data, threads=2)
+    expected = ds.__getitems__(order)  # the parent's pool now exists; its threads do not survive a fork
+    # A worker that used the inherited pool would wait forever; the timeout turns that into a failure.
+    loader = DataLoader(ds, batch_size=len(order), sampler=order, num_workers=1, timeout=30,
+                        multiprocessing_context="fork")
+    (images, labels), = list(loader)
+    assert labels.tolist() == [label for _, label in expected]
+    assert torch.equal(images, torch.stack([img for img, _ in expected]))

@@ -143,6 +143,8 @@ def test_setup_is_printed_and_recorded(jobs):
     # Threads: cores / processes on this machine (OMP_NUM_THREADS=7 in the environment is overridden).
     assert setup["threads"] == max(1, CORES // WORLD)
     assert jobs["machine0"].read("config.json")["setup"]["threads"] == CORES  # one process per "machine"
+    # On a CPU no loader processes compete with the model: each process decodes with its own budget.
+    assert (setup["loader_workers"], setup["decode_threads"]) == (0, setup["threads"])
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "machine0"])

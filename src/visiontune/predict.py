@@ -29,7 +29,7 @@ from visiontune.config import TrainConfig, UserError, load_config_file
 from visiontune.data.decode import IMAGE_EXTENSIONS, BadImage, read_image
 from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, ImageDataset, make_loader
 from visiontune.models import build_model
-from visiontune.strategy import loader_workers, make_accelerator
+from visiontune.strategy import decode_threads, loader_workers, make_accelerator
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
 
@@ -103,7 +103,8 @@ def forward_all(cfg: TrainConfig, model: nn.Module, paths: list[str], labels: li
                 progress: bool, desc: str):
     """Logits and labels of every path, in order, on every process; and the Accelerator."""
     accelerator = make_accelerator(cfg)
-    dataset = ImageDataset(paths, labels, cfg.image_size, report=False)  # reported once, below
+    dataset = ImageDataset(paths, labels, cfg.image_size, report=False,  # reported once, below
+                           threads=decode_threads(cfg))
     loader = make_loader(dataset, batch_size, train=False, seed=cfg.seed, num_workers=loader_workers(cfg),
                          pin_memory=torch.cuda.is_available())
     # evaluation_mode: device placement and mixed precision, no DDP wrapper (nothing to synchronise).

@@ -28,7 +28,7 @@ from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model
-from visiontune.strategy import cpu_budget, describe, loader_workers, make_accelerator, prepare
+from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
 
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
@@ -75,7 +75,8 @@ def _datasets(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, ac
     else:
         def subset(idx, augment):
             return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size,
-                                augment, failures_csv=os.path.join(run_dir, LOAD_FAILURES))
+                                augment, failures_csv=os.path.join(run_dir, LOAD_FAILURES),
+                                threads=decode_threads(cfg))
     return subset(split.train, cfg.augment), subset(split.val, False)
 
 

@@ -1,7 +1,7 @@
 """``--cache``: decode and resize every image once into a memory-mapped uint8 array.
 
 The cache is two files per (data set, image size): ``<id>-<S>px.u8``, the images
-back to back as uint8 [N, 3, S, S], and ``<id>-<S>px.json``, a small header whose
+back to back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a small header whose
 ``key`` is a sha256 of the file list with each file's size and mtime, the image
 size, the format version and the torchvision release (its resize defines the
 pixels). A header whose key matches means the array is reusable; anything else
@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from visiontune.config import UserError
-from visiontune.data.decode import BadImage, read_image, resize_uint8
+from visiontune.data.decode import try_read
 from visiontune.data.pipeline import UNREADABLE
 
 CACHE_VERSION = 2  # 2: rows stored height x width x channel
@@ -92,13 +92,6 @@ def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) 
     return ImageCache(array_path, image_size, n, {int(i): (p, r) for i, (p, r) in head.get("bad", {}).items()})
 
 
-def _decode(path: str, image_size: int) -> torch.Tensor | str:
-    try:
-        return resize_uint8(read_image(path), image_size)
-    except BadImage as e:
-        return str(e)
-
-
 def _replace_atomically(final: str, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(final), prefix=".tmp-", suffix=os.path.basename(final))
     try:
@@ -124,7 +117,7 @@ def build(array_path: str, header_path: str, key: str, paths: Sequence[str], ima
             chunk = 64 * max(1, threads)  # bounded look-ahead: memory stays flat while building
             for start in range(0, len(paths), chunk):
                 part = paths[start:start + chunk]
-                for i, img in enumerate(pool.map(_decode, part, [image_size] * len(part)), start):
+                for i, img in enumerate(pool.map(try_read, part, [image_size] * len(part)), start):
                     if isinstance(img, str):
                         bad[i] = (paths[i], img)
                         print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
@@ -180,24 +173,30 @@ class CachedDataset(Dataset):
         return {**self.__dict__, "_map": None}
 
     def __getitem__(self, i: int):
-        row = self.indices[i]
-        if row in self.cache.bad:  # as ImageDataset does: keep the slot, say so, the epoch goes on
-            path, reason = self.cache.bad[row]
-            print(f"visiontune: skipped unreadable image {path}: {reason}", file=sys.stderr)
-            s = self.cache.image_size
-            return torch.zeros(3, s, s, dtype=torch.uint8), UNREADABLE
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """A batch: its rows gathered from the map in one copy, then split into items."""
         if self._map is None:
             with open(self.cache.array_path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        n, s = self.cache.item_bytes, self.cache.image_size
-        # Rows are HWC, the order the decoder and resize work in; the view is CHW as everywhere else.
-        img = torch.from_numpy(np.frombuffer(self._map, np.uint8, n, row * n).reshape(s, s, 3).copy()).permute(2, 0, 1)
-        # The page cache keeps the data for every process; this process need not keep it mapped.
-        # A page fault also maps its neighbours (the kernel's fault-around, 64 KiB aligned by
-        # default), so drop the aligned window around the row, not just the row.
-        start = row * n // _AROUND * _AROUND
-        end = min(len(self._map), -(-(row + 1) * n // _AROUND) * _AROUND)
-        self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
-        if self.augment is not None:
-            img = self.augment(img)
-        return img, self.labels[i]
+        s, n = self.cache.image_size, self.cache.item_bytes
+        rows = [self.indices[i] for i in indices]
+        block = torch.from_numpy(np.frombuffer(self._map, np.uint8).reshape(-1, s, s, 3)[rows])
+        for row in rows:
+            # The page cache keeps the data for every process; this process need not keep it
+            # mapped. A page fault also maps its neighbours (the kernel's fault-around, 64 KiB
+            # aligned by default), so drop the aligned window around the row, not just the row.
+            start = row * n // _AROUND * _AROUND
+            end = min(len(self._map), -(-(row + 1) * n // _AROUND) * _AROUND)
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        out = []
+        for i, row, img in zip(indices, rows, block):
+            if row in self.cache.bad:  # as ImageDataset does: keep the slot, say so, the epoch goes on
+                path, reason = self.cache.bad[row]
+                print(f"visiontune: skipped unreadable image {path}: {reason}", file=sys.stderr)
+                out.append((torch.zeros(3, s, s, dtype=torch.uint8), UNREADABLE))
+                continue
+            img = img.permute(2, 0, 1)  # rows are HWC; the view is CHW as everywhere else
+            out.append((self.augment(img) if self.augment is not None else img, self.labels[i]))
+        return out

@@ -146,3 +146,12 @@ def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:
     if img.dtype != torch.uint8 or img.ndim != 3:
         raise ValueError(f"expected a uint8 [C, H, W] tensor, got {img.dtype} {tuple(img.shape)}")
     return F.resize(img, [size, size], antialias=True)
+
+
+def try_read(path: str | os.PathLike, size: int | None = None) -> torch.Tensor | str:
+    """``read_image`` resized to size x size (full size without ``size``), or why it cannot be read."""
+    try:
+        img = read_image(path)
+    except BadImage as e:
+        return str(e)
+    return img if size is None else resize_uint8(img, size)

@@ -14,13 +14,14 @@ import io
 import os
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from torchvision.transforms import v2
 
 from visiontune.config import MEAN, STD
-from visiontune.data.decode import BadImage, read_image, resize_uint8
+from visiontune.data.decode import try_read
 
 
 # The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count.
@@ -33,29 +34,52 @@ class ImageDataset(Dataset):
     A file that cannot be read (it broke after the scan) keeps its slot as a
     black image labelled ``UNREADABLE``: batches keep their size, so sharding
     and Accelerate's padding stay exact, and the loops leave it out of metrics.
+
+    The DataLoader fetches a batch through ``__getitems__``: with ``threads`` > 1
+    its files are decoded and resized by a thread pool (libjpeg-turbo and the
+    resize release the GIL), which is how a CPU-only run decodes without loader
+    processes competing with the model for the cores. Augmentation then runs in
+    the calling thread, in batch order, so its random draws stay reproducible.
     """
 
     def __init__(self, paths: Sequence[str], labels: Sequence[int], image_size: int, augment: bool = False,
-                 report: bool = True, failures_csv: str | None = None):
+                 report: bool = True, failures_csv: str | None = None, threads: int = 1):
         self.paths, self.labels, self.size, self.report = list(paths), list(labels), image_size, report
         self.failures_csv = failures_csv  # where files that fail at load time are recorded
         self.augment = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True),
                                    v2.RandomHorizontalFlip()]) if augment else None
+        self.threads = threads
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owner pid, pool)
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i: int):
-        try:
-            img = read_image(self.paths[i])
-        except BadImage as e:
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pool": None}
+
+    def _decode(self, i: int) -> torch.Tensor | str:
+        # Full size when augmenting: the random crop comes before the resize.
+        return try_read(self.paths[i], None if self.augment else self.size)
+
+    def _finish(self, i: int, img: torch.Tensor | str):
+        if isinstance(img, str):
             if self.report:
-                print(f"visiontune: skipped unreadable image {self.paths[i]}: {e}", file=sys.stderr)
+                print(f"visiontune: skipped unreadable image {self.paths[i]}: {img}", file=sys.stderr)
             if self.failures_csv:
-                _record_failure(self.failures_csv, self.paths[i], str(e))
+                _record_failure(self.failures_csv, self.paths[i], img)
             return torch.zeros(3, self.size, self.size, dtype=torch.uint8), UNREADABLE
-        img = self.augment(img) if self.augment else resize_uint8(img, self.size)
-        return img, self.labels[i]
+        return (self.augment(img) if self.augment else img), self.labels[i]
+
+    def __getitem__(self, i: int):
+        return self._finish(i, self._decode(i))
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        if self.threads <= 1 or len(indices) < 2:
+            return [self[i] for i in indices]
+        # A forked loader worker inherits the object but not the pool's threads: each process owns its pool.
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(self.threads, thread_name_prefix="visiontune-decode"))
+        return [self._finish(i, img) for i, img in zip(indices, self._pool[1].map(self._decode, indices))]
 
 
 def _record_failure(csv_path: str, path: str, problem: str) -> None:
