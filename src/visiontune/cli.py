@@ -24,58 +24,23 @@ def _workers(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
 
 
-# flag -> (type or action, help); the config field is the flag with '-' -> '_'.
-TRAIN_FLAGS: dict[str, tuple] = {
-    "--data": (str, "data folder (Kaggle layout, train.csv manifest, or class subfolders)"),
-    "--output-dir": (str, "run folder (default runs/<UTC timestamp>)"),
-    "--model": (str, "torchvision classifier name (default vgg16; see `visiontune models`)"),
-    "--weights": (str, "DEFAULT, a torchvision weights name, none, or a .pth/.safetensors path"),
-    "--freeze-backbone": ("bool", "train only the new head"),
-    "--image-size": (int, "square input size in pixels (default 224)"),
-    "--augment": ("bool", "random-resized-crop and horizontal flip for training"),
-    "--val-fraction": (float, "share of images held out for validation (default 0.2)"),
-    "--seed": (int, "seed of the split, the sampler and the head's init (default 42)"),
-    "--num-workers": (_workers, "loader workers per process, or auto (default)"),
-    "--cache": (str, "decode once into a memory-mapped uint8 cache: a folder or auto"),
-    "--max-bad-fraction": (float, "stop before training when more files than this are bad (default 0.01)"),
-    "--epochs": (int, "epochs (default 2)"),
-    "--batch-size": (int, "batch size PER PROCESS (default 50)"),
-    "--lr": (float, "learning rate (default 1e-3)"),
-    "--momentum": (float, "SGD momentum (default 0.9)"),
-    "--weight-decay": (float, "SGD weight decay (default 0)"),
-    "--lr-schedule": (str, "none or cosine, stepped per optimizer step"),
-    "--grad-accum": (int, "gradient accumulation steps (default 1)"),
-    "--scale-lr": ("bool", "scale lr by global batch / --reference-batch"),
-    "--reference-batch": (int, "the batch --lr was tuned for (default 50)"),
-    "--mixed-precision": (str, "no, fp16 or bf16"),
-    "--channels-last": ("bool", "channels-last memory format"),
-    "--compile": ("bool", "torch.compile the model"),
-    "--sync-batchnorm": ("bool", "synchronise BatchNorm statistics across processes"),
-    "--on-nan": (str, "stop or skip when the loss is not finite"),
-    "--strategy": (str, "single, dp (nn.DataParallel) or ddp"),
-    "--nproc": (int, "processes per machine for ddp (default: GPUs, or 2 on a CPU)"),
-    "--nnodes": (int, "machines in a ddp job"),
-    "--node-rank": (int, "this machine's rank in a ddp job"),
-    "--master-addr": (str, "address of the rank-0 machine"),
-    "--master-port": (int, "port of the rank-0 machine"),
-    "--max-restarts": (int, "restart the workers this often when one dies (default 0)"),
-    "--timeout": (float, "seconds any collective may wait (default 600)"),
-    "--save-every-steps": (int, "also checkpoint every N optimizer steps"),
-    "--keep-last": (int, "checkpoints to keep (default 2)"),
-    "--resume": (str, "a run folder to continue, or auto"),
-    "--log-with": (str, "an Accelerate tracker: tensorboard, wandb, mlflow, ..."),
-    "--progress": ("bool", "progress bars (default on)"),
-    "--timing-warmup": (int, "steps per epoch left out of the steady-state images/s (default 5)"),
-}
+# How a TrainConfig field's annotation is parsed from the command line (bool fields are --x/--no-x).
+_PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": float}
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per ``TrainConfig`` field, --field-name, with the field's help and default."""
     p.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
-    for flag, (kind, help_text) in TRAIN_FLAGS.items():
-        if kind == "bool":
+    for f in fields(TrainConfig):
+        flag, help_text = "--" + f.name.replace("_", "-"), f.metadata["help"]
+        if f.type == "bool":
+            help_text += " (default on)" if f.default else ""
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        else:
-            p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+            continue
+        if f.default not in (None, ""):
+            help_text += f" (default {f.default})"
+        kind = _workers if f.name == "num_workers" else _PARSERS[f.type]
+        p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,53 +37,59 @@ class RunStopped(Exception):
         self.exit_code = exit_code
 
 
+def _setting(default: Any, help_text: str) -> Any:
+    # The CLI makes each field the flag --field-name with this help (and the default appended).
+    return field(default=default, metadata={"help": help_text})
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    data: str = ""
-    output_dir: str | None = None
+    data: str = _setting("", "data folder (Kaggle layout, train.csv manifest, or class subfolders)")
+    output_dir: str | None = _setting(None, "run folder (default runs/<UTC timestamp>)")
     # model
-    model: str = "vgg16"
-    weights: str = "DEFAULT"
-    freeze_backbone: bool = False
+    model: str = _setting("vgg16", "torchvision classifier name; see `visiontune models`")
+    weights: str = _setting("DEFAULT", "DEFAULT, a torchvision weights name, none, or a .pth/.safetensors path")
+    freeze_backbone: bool = _setting(False, "train only the new head")
     # data
-    image_size: int = 224
-    augment: bool = False
-    val_fraction: float = 0.2
-    seed: int = 42
-    num_workers: int | None = None  # None: sized from the cores per process
-    cache: str | None = None
-    max_bad_fraction: float = 0.01
+    image_size: int = _setting(224, "square input size in pixels")
+    augment: bool = _setting(False, "random-resized-crop and horizontal flip for training")
+    val_fraction: float = _setting(0.2, "share of images held out for validation")
+    seed: int = _setting(42, "seed of the split, the sampler and the head's init")
+    num_workers: int | None = _setting(None, "loader worker processes per process, or auto (default: "
+                                             "cores - 1 with a GPU, none on a CPU, where threads decode)")
+    cache: str | None = _setting(None, "decode once into a memory-mapped uint8 cache: a folder or auto")
+    max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
     # optimisation
-    epochs: int = 2
-    batch_size: int = 50  # per process, as in the blog
-    lr: float = 1e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    lr_schedule: str = "none"
-    grad_accum: int = 1
-    scale_lr: bool = False
-    reference_batch: int = 50
-    mixed_precision: str = "no"
-    channels_last: bool = False
-    compile: bool = False
-    sync_batchnorm: bool = False
-    on_nan: str = "stop"
+    epochs: int = _setting(2, "epochs")
+    batch_size: int = _setting(50, "batch size PER PROCESS, as in the reference job")
+    lr: float = _setting(1e-3, "learning rate")
+    momentum: float = _setting(0.9, "SGD momentum")
+    weight_decay: float = _setting(0.0, "SGD weight decay")
+    lr_schedule: str = _setting("none", "none or cosine, stepped per optimizer step")
+    grad_accum: int = _setting(1, "gradient accumulation steps")
+    scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")
+    reference_batch: int = _setting(50, "the batch --lr was tuned for")
+    mixed_precision: str = _setting("no", "no, fp16 or bf16")
+    channels_last: bool = _setting(False, "channels-last memory format")
+    compile: bool = _setting(False, "torch.compile the model")
+    sync_batchnorm: bool = _setting(False, "synchronise BatchNorm statistics across processes")
+    on_nan: str = _setting("stop", "stop or skip when the loss is not finite")
     # distribution
-    strategy: str = "single"
-    nproc: int | None = None  # None: number of GPUs, or 2 on a CPU-only machine
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    max_restarts: int = 0
-    timeout: float = 600.0
+    strategy: str = _setting("single", "single, dp (nn.DataParallel) or ddp")
+    nproc: int | None = _setting(None, "processes per machine for ddp (default: GPUs, or 2 on a CPU)")
+    nnodes: int = _setting(1, "machines in a ddp job")
+    node_rank: int = _setting(0, "this machine's rank in a ddp job")
+    master_addr: str = _setting("127.0.0.1", "address of the rank-0 machine")
+    master_port: int = _setting(29500, "port of the rank-0 machine")
+    max_restarts: int = _setting(0, "restart the workers this often when one dies")
+    timeout: float = _setting(600.0, "seconds any collective may wait")
     # checkpoints and logging
-    save_every_steps: int = 0
-    keep_last: int = 2
-    resume: str | None = None
-    log_with: str | None = None
-    progress: bool = True
-    timing_warmup: int = 5  # first steps of each epoch left out of the steady-state throughput
+    save_every_steps: int = _setting(0, "also checkpoint every N optimizer steps (0: at epoch ends only)")
+    keep_last: int = _setting(2, "checkpoints to keep")
+    resume: str | None = _setting(None, "a run folder to continue, or auto")
+    log_with: str | None = _setting(None, "an Accelerate tracker: tensorboard, wandb, mlflow, ...")
+    progress: bool = _setting(True, "progress bars")
+    timing_warmup: int = _setting(5, "steps per epoch left out of the steady-state images/s")
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

@@ -20,6 +20,7 @@ import torchvision
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import checkpoint, engine, faults, outputs
+from visiontune.hooks import RunHooks
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import ImageSet, discover
@@ -64,7 +65,8 @@ def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
     return opt, sched
 
 
-def _datasets(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, accelerator):
+def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, accelerator):
+    """Train and val loaders over the split: from the cache when asked for, else from the files."""
     if cfg.cache:
         # One process per machine builds the cache while the others wait, then all map the same file.
         with accelerator.local_main_process_first():
@@ -77,7 +79,10 @@ def _datasets(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, ac
             return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size,
                                 augment, failures_csv=os.path.join(run_dir, LOAD_FAILURES),
                                 threads=decode_threads(cfg))
-    return subset(split.train, cfg.augment), subset(split.val, False)
+    workers, pin = loader_workers(cfg), torch.cuda.is_available()
+    return tuple(make_loader(subset(idx, train and cfg.augment), cfg.batch_size, train=train, seed=cfg.seed,
+                             num_workers=workers, pin_memory=pin)
+                 for idx, train in ((split.train, True), (split.val, False)))
 
 
 def _screen(accelerator, cfg: TrainConfig, images: ImageSet, run_dir: str) -> tuple[ImageSet, list]:
@@ -116,6 +121,22 @@ def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
     return found
 
 
+def _results(history: list[dict]) -> dict:
+    """The summary's figures: the best epoch, and train images/s over the steady steps of every epoch."""
+    best = outputs.best_epoch(history)
+    steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds",
+                                                               "data_wait_seconds")}
+    if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
+        steady = {"steady_images": sum(r["train"]["images"] for r in history),
+                  "steady_seconds": sum(r["train"]["seconds"] for r in history), "data_wait_seconds": 0.0}
+    seconds = steady["steady_seconds"]
+    return {"best_val_accuracy": best["val"]["accuracy"], "best_val_loss": best["val"]["loss"],
+            "best_epoch": best["epoch"], "epochs": len(history),
+            "train_images_per_s": steady["steady_images"] / seconds if seconds else 0.0,
+            "data_wait_fraction": steady["data_wait_seconds"] / seconds if seconds else 0.0, **steady,
+            "val_images_counted": history[-1]["val"]["images"]}
+
+
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
     validate(cfg)
@@ -139,12 +160,7 @@ def train(cfg: TrainConfig) -> dict:
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
-    train_ds, val_ds = _datasets(cfg, images, split, run_dir, accelerator)
-    workers, pin = loader_workers(cfg), torch.cuda.is_available()
-    train_loader = make_loader(train_ds, cfg.batch_size, train=True, seed=cfg.seed, num_workers=workers,
-                               pin_memory=pin)
-    val_loader = make_loader(val_ds, cfg.batch_size, train=False, seed=cfg.seed, num_workers=workers,
-                             pin_memory=pin)
+    train_loader, val_loader = _loaders(cfg, images, split, run_dir, accelerator)
     steps = cfg.epochs * (len(train_loader) // (setup.world_size * cfg.grad_accum))
     optimizer, scheduler = _optimizer_and_schedule(model, cfg, setup.lr, steps)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
@@ -169,79 +185,23 @@ def train(cfg: TrainConfig) -> dict:
         accelerator.project_configuration.logging_dir = run_dir
         accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
                                                         if isinstance(v, (int, float, str, bool))})
-    history: list[dict] = list(resumed.meta["history"]) if resumed else []
-    per_epoch = len(train_loader)
-    stop = faults.StopSignals(accelerator)
-
-    def save(epoch: int, batch: int, totals: torch.Tensor | None = None) -> str:
-        best = outputs.best_epoch(history)["val"] if history else None
-        meta = {**current, "world_size": setup.world_size, "history": history, "best_val": best,
-                "optimizer_steps": (epoch * per_epoch + batch) // cfg.grad_accum,
-                "partial_totals": totals.tolist() if totals is not None else None, "config": cfg.to_dict()}
-        return checkpoint.save(accelerator, run_dir, epoch, batch, meta, scheduler, cfg.keep_last)
-
-    def on_step(epoch: int, batch: int, totals: torch.Tensor) -> None:
-        if batch % cfg.grad_accum and batch != per_epoch:
-            return  # inside an accumulation window: no optimizer step yet
-        signum = stop.agreed()
-        due = cfg.save_every_steps and ((epoch * per_epoch + batch) // cfg.grad_accum) % cfg.save_every_steps == 0
-        if not (signum or (due and batch != per_epoch)):  # an epoch's last step saves at the epoch end
-            return
-        reduced = accelerator.reduce(totals.clone(), reduction="sum")
-        if cfg.on_nan == "stop" and not torch.isfinite(reduced[0]):
-            raise engine.NonFiniteLoss(f"training loss became non-finite in epoch {epoch} before batch {batch}; "
-                                       "the last checkpoint before it is kept (lower --lr, or --on-nan skip)")
-        path = save(epoch, batch, reduced)
-        if signum:
-            raise faults.stopped(signum, f"checkpoint {path}; continue with --resume {run_dir}")
-
-    def on_epoch_end(epoch: int, tr: engine.PhaseResult, va: engine.PhaseResult) -> None:
-        history.append({"epoch": epoch, "lr": optimizer.param_groups[0]["lr"], "train": tr.as_dict(),
-                        "val": va.as_dict()})
-        accelerator.log({f"{p}/{k}": v for p, r in (("train", tr), ("val", va))
-                         for k, v in r.as_dict().items()}, step=epoch)
-        is_best = outputs.best_epoch(history)["epoch"] == epoch
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            if is_best:
-                unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-                outputs.save_model(run_dir, outputs.plain_state_dict(unwrapped))
-            outputs.write_json(f"{run_dir}/history.json", history)
-            outputs.write_metrics_csv(f"{run_dir}/metrics.csv", history)
-            outputs.plot_history(f"{run_dir}/training_results.png", history)
-        path = save(epoch + 1, 0)
-        signum = stop.agreed()
-        if signum and epoch + 1 < cfg.epochs:
-            raise faults.stopped(signum, f"checkpoint {path}; continue with --resume {run_dir}")
-
+    hooks = RunHooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), current,
+                     list(resumed.meta["history"]) if resumed else [])
     start = (resumed.epoch, resumed.batch) if resumed else (0, 0)
     partial = resumed.meta.get("partial_totals") if resumed and accelerator.is_main_process else None
-    with stop:  # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit"
+    with hooks.stop:  # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit"
         engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler,
                    DeviceNormalize(accelerator.device, cfg.channels_last), epochs=cfg.epochs,
                    start_epoch=start[0], start_batch=start[1],
                    start_totals=torch.tensor(partial or [0.0] * engine.TRAIN_TOTALS, dtype=torch.float64),
                    on_nan=cfg.on_nan, progress=cfg.progress, timing_warmup=cfg.timing_warmup,
-                   on_step=on_step, on_epoch_end=on_epoch_end)
+                   on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
     elapsed = time.time() - since
-    best = outputs.best_epoch(history)
-    steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds",
-                                                               "data_wait_seconds")}
-    if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
-        steady = {"steady_images": sum(r["train"]["images"] for r in history),
-                  "steady_seconds": sum(r["train"]["seconds"] for r in history), "data_wait_seconds": 0.0}
-    summary = {
-        "run_dir": run_dir, "total_seconds": round(elapsed, 3),
-        "best_val_accuracy": best["val"]["accuracy"], "best_val_loss": best["val"]["loss"],
-        "best_epoch": best["epoch"], "epochs": len(history),
-        "train_images_per_s": steady["steady_images"] / steady["steady_seconds"] if steady["steady_seconds"] else 0.0,
-        "data_wait_fraction": steady["data_wait_seconds"] / steady["steady_seconds"] if steady["steady_seconds"] else 0.0,
-        **steady,
-        "val_images_counted": history[-1]["val"]["images"], "val_split_size": len(split.val),
-        "train_split_size": len(split.train), "classes": images.classes, **setup.__dict__,
-    }
+    summary = {"run_dir": run_dir, "total_seconds": round(elapsed, 3), **_results(hooks.history),
+               "val_split_size": len(split.val), "train_split_size": len(split.train), "classes": images.classes,
+               **setup.__dict__}
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
-    accelerator.print(f"Best val Acc: {best['val']['accuracy']:4f}")
+    accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/summary.json", summary)
