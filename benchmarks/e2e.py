@@ -21,7 +21,7 @@ import time
 
 from common import ROOT, WORK, interleave, run, sample_data, write_result
 
-MODEL, SIZE, BATCH, PER_CLASS = "shufflenet_v2_x0_5", 64, 32, 250
+MODEL, SIZE, BATCH, PER_CLASS = "shufflenet_v2_x0_5", 64, 32, 500
 COMMON = ["--model", MODEL, "--image-size", str(SIZE), "--batch-size", str(BATCH), "--epochs", "1"]
 
 

@@ -57,10 +57,15 @@ def rows() -> list[tuple[str, ...]]:
                      f"all-reduce {r['allreduce_share_of_ddp_step']:.0%} of a step"))
     if (r := _load("rss")):
         g, f = r["growth_small_to_large_mib"], r["cache_file_growth_mib"]
-        out.append(("Peak RSS growth, 600 -> 2,400 images, main / worker process",
-                     f"cache: +{g['cache']['main_mib']:.0f} / +{g['cache']['largest_worker_mib']:.0f} MiB; "
-                     f"no cache: +{g['no cache']['main_mib']:.0f} / +{g['no cache']['largest_worker_mib']:.0f} MiB",
-                     f"cache file +{f:.0f} MiB", "", "flat"))
+        for w, who in (("0", "main process, no loader workers (CPU default)"), ("1", "main / loader worker")):
+            if f"cache, {w} workers" not in g:
+                continue
+            show = (lambda d: f"{d['main_mib']:+.0f}") if w == "0" else \
+                (lambda d: f"{d['main_mib']:+.0f} / {d['largest_worker_mib']:+.0f}")
+            out.append((f"Peak RSS growth, 600 -> 2,400 images, {who}",
+                        f"cache: {show(g[f'cache, {w} workers'])} MiB; "
+                        f"no cache: {show(g[f'no cache, {w} workers'])} MiB",
+                        f"cache file +{f:.0f} MiB", "", "flat"))
     return out
 
 
