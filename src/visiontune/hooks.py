@@ -35,11 +35,14 @@ class RunHooks:
     def __post_init__(self) -> None:
         self.stop = faults.StopSignals(self.accelerator)
 
+    def _optimizer_steps(self, epoch: int, batch: int) -> int:
+        return (epoch * self.per_epoch + batch) // self.cfg.grad_accum
+
     def save(self, epoch: int, batch: int, totals: torch.Tensor | None = None) -> str:
         cfg = self.cfg
         best = outputs.best_epoch(self.history)["val"] if self.history else None
         meta = {**self.identity, "world_size": self.accelerator.num_processes, "history": self.history,
-                "best_val": best, "optimizer_steps": (epoch * self.per_epoch + batch) // cfg.grad_accum,
+                "best_val": best, "optimizer_steps": self._optimizer_steps(epoch, batch),
                 "partial_totals": totals.tolist() if totals is not None else None, "config": cfg.to_dict()}
         return checkpoint.save(self.accelerator, self.run_dir, epoch, batch, meta, self.scheduler, cfg.keep_last)
 
@@ -51,8 +54,7 @@ class RunHooks:
         if batch % cfg.grad_accum and batch != self.per_epoch:
             return  # inside an accumulation window: no optimizer step yet
         signum = self.stop.agreed()
-        step = (epoch * self.per_epoch + batch) // cfg.grad_accum
-        due = cfg.save_every_steps and step % cfg.save_every_steps == 0
+        due = cfg.save_every_steps and self._optimizer_steps(epoch, batch) % cfg.save_every_steps == 0
         if not (signum or (due and batch != self.per_epoch)):  # an epoch's last step saves at the epoch end
             return
         reduced = self.accelerator.reduce(totals.clone(), reduction="sum")

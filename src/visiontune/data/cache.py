@@ -1,8 +1,8 @@
 """``--cache``: decode and resize every image once into a memory-mapped uint8 array.
 
 The cache is two files per (data set, image size): ``<id>-<S>px.u8``, the images
-back to back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a small header whose
-``key`` is a sha256 of the file list with each file's size and mtime, the image
+back to back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``,
+a small header whose ``key`` is a sha256 of the file list with each file's size and mtime, the image
 size, the format version and the torchvision release (its resize defines the
 pixels). A header whose key matches means the array is reusable; anything else
 rebuilds it in place, written to temp files and moved into place (array first,
