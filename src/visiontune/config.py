@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -52,20 +53,37 @@ class TrainConfig:
     freeze_backbone: bool = _setting(False, "train only the new head")
     # data
     image_size: int = _setting(224, "square input size in pixels")
-    augment: bool = _setting(False, "random-resized-crop and horizontal flip for training")
+    augment: str | None = _setting(None, "none, flip-crop (also plain --augment), trivial or randaugment "
+                                         "(default: the recipe's)")
+    random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
+    mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see README")
+    cutmix: float | None = _setting(None, "cutmix alpha (0: off); with --mixup each pair uses one of them")
+    normalize: str | None = _setting(None, "weights (the pretrained weights' mean/std), data (the train "
+                                           "split's) or blog (the reference constants)")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
     seed: int = _setting(42, "seed of the split, the sampler and the head's init")
     num_workers: int | None = _setting(None, "loader worker processes per process, or auto (default: "
                                              "cores - 1 with a GPU, none on a CPU, where threads decode)")
     cache: str | None = _setting(None, "decode once into a memory-mapped uint8 cache: a folder or auto")
     max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
-    # optimisation
+    # optimisation (settings left None come from --recipe; see recipe.py)
+    recipe: str = _setting("blog", "blog (the reference job, unchanged) or modern (AdamW, warm-up + cosine, "
+                                   "label smoothing, TrivialAugment, EMA); flags given win")
     epochs: int = _setting(2, "epochs")
     batch_size: int = _setting(50, "batch size PER PROCESS, as in the reference job")
-    lr: float = _setting(1e-3, "learning rate")
+    optimizer: str | None = _setting(None, "sgd or adamw (AdamW: no weight decay on norms and biases)")
+    lr: float | None = _setting(None, "learning rate")
     momentum: float = _setting(0.9, "SGD momentum")
-    weight_decay: float = _setting(0.0, "SGD weight decay")
-    lr_schedule: str = _setting("none", "none or cosine, stepped per optimizer step")
+    weight_decay: float | None = _setting(None, "weight decay")
+    lr_schedule: str | None = _setting(None, "none, cosine, linear or step, stepped per optimizer step")
+    warmup_epochs: float | None = _setting(None, "linear lr warm-up, in epochs (fractions allowed)")
+    warmup_steps: int = _setting(0, "linear lr warm-up in optimizer steps (wins over --warmup-epochs)")
+    label_smoothing: float | None = _setting(None, "label smoothing of the training loss")
+    ema: float | None = _setting(None, "decay of an EMA of the weights, evaluated each epoch (0: off)")
+    freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
+    backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")
+    early_stop: int = _setting(0, "stop after this many epochs without a better --best-metric (0: off)")
+    best_metric: str = _setting("accuracy", "accuracy or loss: what picks the best epoch (and EMA or raw)")
     grad_accum: int = _setting(1, "gradient accumulation steps")
     scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")
     reference_batch: int = _setting(50, "the batch --lr was tuned for")
@@ -99,7 +117,11 @@ class TrainConfig:
 
 
 CHOICES = {
-    "lr_schedule": ("none", "cosine"),
+    "optimizer": ("sgd", "adamw"),
+    "lr_schedule": ("none", "cosine", "linear", "step"),
+    "augment": ("none", "flip-crop", "trivial", "randaugment"),
+    "normalize": ("weights", "data", "blog"),
+    "best_metric": ("accuracy", "loss"),
     "mixed_precision": ("no", "fp16", "bf16"),
     "strategy": ("single", "dp", "ddp"),
     "on_nan": ("stop", "skip"),
@@ -107,8 +129,24 @@ CHOICES = {
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "nnodes", "keep_last")
 
 
+# (low, high, high included): ranges of the recipe's numbers.
+RANGES = {"weight_decay": (0, math.inf, False), "warmup_epochs": (0, math.inf, False),
+          "warmup_steps": (0, math.inf, False), "label_smoothing": (0, 1, False), "random_erasing": (0, 1, True),
+          "mixup": (0, math.inf, False), "cutmix": (0, math.inf, False), "ema": (0, 1, False),
+          "freeze_epochs": (0, math.inf, False), "early_stop": (0, math.inf, False)}
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Return ``cfg`` unchanged if it is usable, else raise ``UserError``."""
+    """``cfg`` with its recipe's settings filled in, if it is usable; else raise ``UserError``."""
+    from visiontune.recipe import resolve  # the presets live there, with the rest of the recipe
+
+    cfg = resolve(cfg)
+    for name, (low, high, closed) in RANGES.items():
+        v = getattr(cfg, name)
+        if not (low <= v <= high if closed else low <= v < high):
+            raise UserError(f"--{name.replace('_', '-')} must be in [{low}, {high}{']' if closed else ')'}, got {v}")
+    if cfg.backbone_lr_mult <= 0:
+        raise UserError(f"--backbone-lr-mult must be positive, got {cfg.backbone_lr_mult}")
     if not cfg.data:
         raise UserError("no data folder given: pass --data DIR (try `visiontune sample-data DIR`)")
     for name in POSITIVE:

@@ -78,14 +78,18 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
                     optimizer: torch.optim.Optimizer, scheduler, prepare_input: Callable,
                     *, on_nan: str = "stop", progress: bool = True, timing_warmup: int = 5,
                     start_step: int = 0, totals: torch.Tensor | None = None,
-                    on_step: Callable[[int, torch.Tensor], None] | None = None) -> PhaseResult:
+                    on_step: Callable[[int, torch.Tensor], None] | None = None,
+                    criterion: Callable | None = None, mix: Callable | None = None) -> PhaseResult:
     """One pass over ``loader``; returns loss/accuracy summed over every process.
 
     ``totals`` (see ``TRAIN_TOTALS``) continues a resumed epoch whose first
     ``start_step`` batches ``loader`` already skips; ``on_step(batches_done,
     totals)`` runs after every batch. Host clocks split the steps after this
     call's first ``timing_warmup`` into waiting for the loader and the rest; no
-    clock reads the device, so nothing syncs per step.
+    clock reads the device, so nothing syncs per step. ``mix(inputs, labels, step)`` may turn
+    the batch into mixed inputs and soft targets; ``criterion(logits, targets)`` gives per-sample
+    losses (default: plain cross entropy). With soft targets a prediction counts as correct when
+    it names the class with the largest share of the target.
     """
     model.train()
     totals = torch.zeros(TRAIN_TOTALS, dtype=torch.float64) if totals is None else totals.clone()
@@ -99,10 +103,15 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
             steady_start = steady_start or last
             wait += time.perf_counter() - last
         with accelerator.accumulate(model):
-            logits = model(prepare_input(images))
+            inputs, targets = prepare_input(images), labels
+            if mix is not None:
+                inputs, targets = mix(inputs, labels, step)
+                labels = torch.where(targets.sum(1) > 0, targets.argmax(1), UNREADABLE)
+            logits = model(inputs)
             valid = labels != UNREADABLE
             # Mean over the readable samples; 0 (not NaN) for a batch with none.
-            loss = F.cross_entropy(logits, labels, reduction="sum") / valid.sum().clamp(min=1)
+            loss = (F.cross_entropy(logits, labels, reduction="sum") if criterion is None
+                    else criterion(logits, targets).sum()) / valid.sum().clamp(min=1)
             accelerator.backward(loss)
             # skip: one host sync per step, the price of not stepping on inf/NaN gradients.
             bad = on_nan == "skip" and accelerator.sync_gradients and not _grads_finite(model)
@@ -164,12 +173,14 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
 def fit(accelerator: Accelerator, model, train_loader, val_loader, optimizer, scheduler, prepare_input: Callable,
         *, epochs: int, start_epoch: int = 0, start_batch: int = 0, start_totals: torch.Tensor | None = None,
         on_nan: str = "stop", progress: bool = True, timing_warmup: int = 5,
+        criterion: Callable | None = None, mix: Callable | None = None,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
         on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None) -> None:
     """Train and validate each epoch; print the reference job's epoch lines.
 
     A resumed run starts at batch ``start_batch`` of ``start_epoch`` with that
-    epoch's ``start_totals``; ``on_step(epoch, batches_done, totals)`` runs after every batch.
+    epoch's ``start_totals``; ``on_step(epoch, batches_done, totals)`` runs after every batch;
+    ``mix(inputs, labels, epoch, step)`` and ``criterion``: see ``train_one_epoch``.
     """
     for epoch in range(start_epoch, epochs):
         accelerator.print(f"Epoch {epoch}/{epochs - 1}\n" + "-" * 10)
@@ -178,7 +189,8 @@ def fit(accelerator: Accelerator, model, train_loader, val_loader, optimizer, sc
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
         tr = train_one_epoch(accelerator, model, loader, optimizer, scheduler, prepare_input,
                              on_nan=on_nan, progress=progress, timing_warmup=timing_warmup, start_step=skip,
-                             totals=start_totals if skip else None,
+                             totals=start_totals if skip else None, criterion=criterion,
+                             mix=(lambda x, y, s, e=epoch: mix(x, y, e, s)) if mix else None,
                              on_step=(lambda b, t, e=epoch: on_step(e, b, t)) if on_step else None)
         va = evaluate(accelerator, model, val_loader, prepare_input, progress=progress)
         for phase, r in (("train", tr), ("val", va)):

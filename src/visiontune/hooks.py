@@ -10,12 +10,13 @@ stop agreement, ``save_state``) run everywhere, and only the main process writes
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from accelerate import Accelerator
 
-from visiontune import checkpoint, engine, faults, outputs
+from visiontune import checkpoint, engine, faults, outputs, recipe
 from visiontune.config import RunStopped, TrainConfig
 
 
@@ -30,6 +31,8 @@ class RunHooks:
     per_epoch: int  # batches per epoch and process
     identity: dict  # what a resume must match: split hash, model, classes, global batch
     history: list[dict] = field(default_factory=list)  # a resumed run's epochs so far
+    ema: torch.nn.Module | None = None  # the EMA model, evaluated after each epoch beside the raw one
+    evaluate: Callable[[torch.nn.Module], engine.PhaseResult] | None = None
     stop: faults.StopSignals = field(init=False)
 
     def __post_init__(self) -> None:
@@ -40,7 +43,7 @@ class RunHooks:
 
     def save(self, epoch: int, batch: int, totals: torch.Tensor | None = None) -> str:
         cfg = self.cfg
-        best = outputs.best_epoch(self.history)["val"] if self.history else None
+        best = self.best()[0][self.best()[1]] if self.history else None
         meta = {**self.identity, "world_size": self.accelerator.num_processes, "history": self.history,
                 "best_val": best, "optimizer_steps": self._optimizer_steps(epoch, batch),
                 "partial_totals": totals.tolist() if totals is not None else None, "config": cfg.to_dict()}
@@ -67,16 +70,20 @@ class RunHooks:
 
     def on_epoch_end(self, epoch: int, tr: engine.PhaseResult, va: engine.PhaseResult) -> None:
         acc, history = self.accelerator, self.history
-        history.append({"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(),
-                        "val": va.as_dict()})
-        acc.log({f"{p}/{k}": v for p, r in (("train", tr), ("val", va)) for k, v in r.as_dict().items()},
+        row = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(), "val": va.as_dict()}
+        if self.ema is not None:
+            ve = self.evaluate(self.ema)
+            acc.print(f"val (EMA) Loss: {ve.loss:.4f} Acc: {ve.accuracy:.4f}\n")
+            row["val_ema"] = ve.as_dict()
+        history.append(row)
+        acc.log({f"{p}/{k}": v for p in ("train", "val", "val_ema") if p in row for k, v in row[p].items()},
                 step=epoch)
-        is_best = outputs.best_epoch(history)["epoch"] == epoch
+        (best, which), patience = self.best(), self.cfg.early_stop
         acc.wait_for_everyone()
         if acc.is_main_process:
-            if is_best:
-                unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped))
+            if best["epoch"] == epoch:  # best.* holds the weights the best metric picked: EMA or raw
+                chosen = self.ema if which == "val_ema" else acc.unwrap_model(self.model, keep_torch_compile=False)
+                outputs.save_model(self.run_dir, outputs.plain_state_dict(chosen))
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)
@@ -84,3 +91,13 @@ class RunHooks:
         signum = self.stop.agreed()
         if signum and epoch + 1 < self.cfg.epochs:
             raise self._stopped(signum, path)
+        if patience and epoch - best["epoch"] >= patience and epoch + 1 < self.cfg.epochs:
+            acc.print(f"visiontune: early stop: no better val {self.cfg.best_metric} for {patience} epoch(s)")
+            raise EarlyStop(epoch)
+
+    def best(self) -> tuple[dict, str]:
+        return recipe.best(self.history, self.cfg.best_metric)
+
+
+class EarlyStop(Exception):
+    """``--early-stop``: the best metric stopped improving; the run ends normally after this epoch."""

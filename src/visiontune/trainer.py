@@ -8,6 +8,7 @@ process writes.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -19,9 +20,10 @@ import torch
 import torchvision
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, engine, faults, outputs
-from visiontune.hooks import RunHooks
+from visiontune import checkpoint, engine, faults, outputs, recipe
+from visiontune.hooks import EarlyStop, RunHooks
 from visiontune.config import TrainConfig, UserError, validate
+from visiontune.data.augment import BatchMix, sample_augment
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
@@ -57,14 +59,6 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
                         f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data")
 
 
-def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, steps)) if cfg.lr_schedule == "cosine" \
-        else None
-    return opt, sched
-
-
 def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, accelerator):
     """Train and val loaders over the split: from the cache when asked for, else from the files."""
     if cfg.cache:
@@ -80,7 +74,8 @@ def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, acc
                                 augment, failures_csv=os.path.join(run_dir, LOAD_FAILURES),
                                 threads=decode_threads(cfg))
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
-    return tuple(make_loader(subset(idx, train and cfg.augment), cfg.batch_size, train=train, seed=cfg.seed,
+    augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing)
+    return tuple(make_loader(subset(idx, augment if train else None), cfg.batch_size, train=train, seed=cfg.seed,
                              num_workers=workers, pin_memory=pin)
                  for idx, train in ((split.train, True), (split.val, False)))
 
@@ -121,17 +116,17 @@ def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
     return found
 
 
-def _results(history: list[dict]) -> dict:
+def _results(history: list[dict], metric: str) -> dict:
     """The summary's figures: the best epoch, and train images/s over the steady steps of every epoch."""
-    best = outputs.best_epoch(history)
+    best, which = recipe.best(history, metric)
     steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds",
                                                                "data_wait_seconds")}
     if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
         steady = {"steady_images": sum(r["train"]["images"] for r in history),
                   "steady_seconds": sum(r["train"]["seconds"] for r in history), "data_wait_seconds": 0.0}
     seconds = steady["steady_seconds"]
-    return {"best_val_accuracy": best["val"]["accuracy"], "best_val_loss": best["val"]["loss"],
-            "best_epoch": best["epoch"], "epochs": len(history),
+    return {"best_val_accuracy": best[which]["accuracy"], "best_val_loss": best[which]["loss"],
+            "best_epoch": best["epoch"], "best_weights": "ema" if which == "val_ema" else "raw", "epochs": len(history),
             "train_images_per_s": steady["steady_images"] / seconds if seconds else 0.0,
             "data_wait_fraction": steady["data_wait_seconds"] / seconds if seconds else 0.0, **steady,
             "val_images_counted": history[-1]["val"]["images"]}
@@ -139,7 +134,7 @@ def _results(history: list[dict]) -> dict:
 
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
-    validate(cfg)
+    cfg = validate(cfg)
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
@@ -161,10 +156,11 @@ def train(cfg: TrainConfig) -> dict:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
     train_loader, val_loader = _loaders(cfg, images, split, run_dir, accelerator)
-    steps = cfg.epochs * (len(train_loader) // (setup.world_size * cfg.grad_accum))
-    optimizer, scheduler = _optimizer_and_schedule(model, cfg, setup.lr, steps)
+    per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
+    optimizer, scheduler = recipe.optimization(cfg, model, len(images.classes), setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
                                                           train_loader, val_loader)
+    scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
     current = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
                "global_batch": setup.global_batch}
     resumed = _resume(accelerator, cfg, run_dir, current, scheduler)
@@ -185,19 +181,28 @@ def train(cfg: TrainConfig) -> dict:
         accelerator.project_configuration.logging_dir = run_dir
         accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
                                                         if isinstance(v, (int, float, str, bool))})
+    normalize = DeviceNormalize(accelerator.device, cfg.channels_last)
+
+    def evaluate_other(m):  # the EMA model, evaluated as the raw one is
+        with accelerator.autocast():
+            return engine.evaluate(accelerator, m, val_loader, normalize, progress=cfg.progress, desc="val ema")
     hooks = RunHooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), current,
-                     list(resumed.meta["history"]) if resumed else [])
+                     list(resumed.meta["history"]) if resumed else [],
+                     ema=scheduler.ema.module if scheduler.ema else None, evaluate=evaluate_other)
     start = (resumed.epoch, resumed.batch) if resumed else (0, 0)
     partial = resumed.meta.get("partial_totals") if resumed and accelerator.is_main_process else None
-    with hooks.stop:  # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit"
-        engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler,
-                   DeviceNormalize(accelerator.device, cfg.channels_last), epochs=cfg.epochs,
+    mix = BatchMix(len(images.classes), cfg.mixup, cfg.cutmix, cfg.seed, accelerator.process_index,
+                   accelerator.num_processes) if cfg.mixup or cfg.cutmix else None
+    # The reference job's exact loss unless the recipe changes it.
+    criterion = recipe.criterion(cfg.label_smoothing) if cfg.label_smoothing or mix else None
+    with hooks.stop, contextlib.suppress(EarlyStop):  # signals: checkpoint at the next step, then exit
+        engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler, normalize, epochs=cfg.epochs,
                    start_epoch=start[0], start_batch=start[1],
                    start_totals=torch.tensor(partial or [0.0] * engine.TRAIN_TOTALS, dtype=torch.float64),
                    on_nan=cfg.on_nan, progress=cfg.progress, timing_warmup=cfg.timing_warmup,
-                   on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
+                   criterion=criterion, mix=mix, on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
     elapsed = time.time() - since
-    summary = {"run_dir": run_dir, "total_seconds": round(elapsed, 3), **_results(hooks.history),
+    summary = {"run_dir": run_dir, "total_seconds": round(elapsed, 3), **_results(hooks.history, cfg.best_metric),
                "val_split_size": len(split.val), "train_split_size": len(split.train), "classes": images.classes,
                **setup.__dict__}
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
