@@ -164,3 +164,61 @@ def test_best_picks_ema_or_raw_by_the_chosen_metric():
                {"epoch": 1, "val": {"accuracy": 0.85, "loss": 0.4}}]
     assert (recipe.best(history)[0]["epoch"], recipe.best(history)[1]) == (0, "val_ema")
     assert (recipe.best(history, "loss")[0]["epoch"], recipe.best(history, "loss")[1]) == (1, "val")
+
+
+def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, monkeypatch):
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import FAST
+    from visiontune import cli, engine
+
+    # Scripted validation: raw 0.5, 0.6, 0.55...; EMA 0.4, 0.7, 0.5...: the EMA of epoch 1 is best,
+    # and with patience 2 the run stops after epoch 3 of 6.
+    script = {"val": [0.5, 0.6, 0.55, 0.55, 0.55, 0.55], "val ema": [0.4, 0.7, 0.5, 0.5, 0.5, 0.5]}
+    calls = {"val": 0, "val ema": 0}
+
+    def scripted(accelerator, model, loader, prepare_input, *, progress=True, desc="val", keep=None):
+        acc = script[desc][calls[desc]]
+        calls[desc] += 1
+        return engine.PhaseResult(loss=1 - acc, accuracy=acc, images=8, seconds=0.1)
+    monkeypatch.setattr(engine, "evaluate", scripted)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--data", str(small_data), *FAST, "--batch-size", "8", "--epochs", "6",
+                     "--recipe", "modern", "--ema", "0.9", "--early-stop", "2", "--keep-last", "10",
+                     "--num-workers", "0", "--output-dir", str(out)]) == 0
+    history = json.loads((out / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [0, 1, 2, 3]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["best_epoch"], summary["best_weights"], summary["best_val_accuracy"]) == (1, "ema", 0.7)
+    ema = torch.load(out / "checkpoints" / "e0002-b0000000" / "lr_scheduler.pt", weights_only=True)["ema"]
+    best = load_file(str(out / "best.safetensors"))
+    assert best.keys() and all(torch.equal(best[k], ema["module." + k]) for k in best)
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["recipe"], config["optimizer"], config["lr_schedule"], config["label_smoothing"],
+            config["augment"], config["ema"], config["normalize"]) == ("modern", "adamw", "cosine", 0.1, "trivial",
+                                                                      0.9, "data")
+
+
+def test_normalize_modes_resolve_to_recorded_statistics():
+    from visiontune.config import MEAN, STD
+
+    assert recipe.mean_std(_cfg()) == (MEAN, STD)
+    w = _cfg(model="resnet18", weights="DEFAULT", normalize="weights")  # torchvision's metadata, no download
+    assert recipe.mean_std(w) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert _cfg(normalize="data").mean is None  # measured by the trainer on the train split
+    assert recipe.mean_std(_cfg(mean="0.1,0.2,0.3", std="1,1,1")) == ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0))
+    with pytest.raises(UserError, match="needs named pretrained weights"):
+        _cfg(weights="none", normalize="weights")
+    with pytest.raises(UserError, match="three numbers"):
+        _cfg(mean="0.1,0.2", std="1,1,1")
+
+
+def test_data_statistics_are_those_of_the_pixels():
+    images = torch.randint(0, 256, (10, 3, 4, 4), dtype=torch.uint8)
+    dataset = [(img, 0) for img in images] + [(torch.zeros(3, 4, 4, dtype=torch.uint8), -100)]
+    mean, std = recipe.data_stats(dataset)
+    x = images.double() / 255
+    assert mean == recipe.stats_text(x.mean((0, 2, 3)).tolist())
+    assert std == recipe.stats_text(x.std((0, 2, 3), unbiased=False).tolist())

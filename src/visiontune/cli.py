@@ -206,16 +206,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from visiontune.config import MEAN, STD
     from visiontune.export import export
     from visiontune.predict import load_run
+    from visiontune.recipe import mean_std
 
     model, cfg, classes = load_run(args.run)
+    mean, std = mean_std(cfg)  # as the run was trained
     out = args.out or f"{args.run.rstrip('/')}/best.{'onnx' if args.format == 'onnx' else 'torchscript.pt'}"
     diff = export(model, cfg.image_size, args.format, out)
     s = cfg.image_size
     print(f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
-          f"with mean {MEAN} std {STD}; output [N, {len(classes)}] logits for {', '.join(classes)}; "
+          f"with mean {mean} std {std}; output [N, {len(classes)}] logits for {', '.join(classes)}; "
           f"checked against the eager model, max difference {diff:.1e}")
     return 0
 

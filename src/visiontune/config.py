@@ -60,6 +60,8 @@ class TrainConfig:
     cutmix: float | None = _setting(None, "cutmix alpha (0: off); with --mixup each pair uses one of them")
     normalize: str | None = _setting(None, "weights (the pretrained weights' mean/std), data (the train "
                                            "split's) or blog (the reference constants)")
+    mean: str | None = _setting(None, "per-channel mean R,G,B in [0, 1] (default: from --normalize; recorded)")
+    std: str | None = _setting(None, "per-channel std R,G,B (default: from --normalize; recorded)")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
     seed: int = _setting(42, "seed of the split, the sampler and the head's init")
     num_workers: int | None = _setting(None, "loader worker processes per process, or auto (default: "

@@ -29,6 +29,7 @@ from visiontune.config import TrainConfig, UserError, load_config_file
 from visiontune.data.decode import IMAGE_EXTENSIONS, BadImage, read_image
 from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, ImageDataset, make_loader
 from visiontune.models import build_model
+from visiontune.recipe import mean_std
 from visiontune.strategy import decode_threads, loader_workers, make_accelerator
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
@@ -111,7 +112,8 @@ def forward_all(cfg: TrainConfig, model: nn.Module, paths: list[str], labels: li
     model = accelerator.prepare_model(model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
     kept: list = []
-    engine.evaluate(accelerator, model, loader, DeviceNormalize(accelerator.device), progress=progress,
+    engine.evaluate(accelerator, model, loader, DeviceNormalize(accelerator.device, False, *mean_std(cfg)),
+                    progress=progress,
                     desc=desc, keep=kept)
     logits = torch.cat([lg for lg, _ in kept]).cpu()
     return accelerator, logits, torch.cat([lb for _, lb in kept]).cpu()

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from visiontune.config import MEAN, STD
 from visiontune.ema import EMA
 
 PRESETS: dict[str, dict] = {
@@ -52,7 +53,65 @@ def resolve(cfg):
     augment = changes.get("augment", cfg.augment)
     if isinstance(augment, bool):  # the old boolean --augment / `augment = true` in a config file
         changes["augment"] = "flip-crop" if augment else "none"
-    return cfg.replace(**changes) if changes else cfg
+    cfg = cfg.replace(**changes) if changes else cfg
+    if (cfg.mean is None) != (cfg.std is None):
+        raise UserError("give --mean and --std together (or neither, to take them from --normalize)")
+    if cfg.mean is None and cfg.normalize != "data":  # data: the trainer measures the train split
+        mean, std = _weights_stats(cfg) if cfg.normalize == "weights" else (MEAN, STD)
+        cfg = cfg.replace(mean=stats_text(mean), std=stats_text(std))
+    mean_std(cfg)  # refuses malformed values now, not after the data is read
+    return cfg
+
+
+def stats_text(values) -> str:
+    return ",".join(f"{float(v):.6g}" for v in values)
+
+
+def mean_std(cfg) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The run's normalisation (the reference constants for runs that predate --normalize)."""
+    from visiontune.config import UserError
+
+    if cfg.mean is None:
+        return MEAN, STD
+    try:
+        mean, std = (tuple(float(x) for x in text.split(",")) for text in (cfg.mean, cfg.std))
+    except ValueError:
+        mean = std = ()
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise UserError(f"--mean/--std must be three numbers each, std positive: got {cfg.mean!r}, {cfg.std!r}")
+    return mean, std
+
+
+def _weights_stats(cfg) -> tuple:
+    from visiontune.config import UserError
+
+    if _normalize(cfg) != "weights":
+        raise UserError(f"--normalize weights needs named pretrained weights (--weights {cfg.weights} has no "
+                        "metadata); use --normalize data or blog")
+    import torchvision
+
+    enum = torchvision.models.get_model_weights(cfg.model)
+    try:
+        meta = (enum.DEFAULT if cfg.weights == "DEFAULT" else enum[cfg.weights]).transforms()
+    except KeyError:
+        raise UserError(f"unknown weights {cfg.weights!r} for {cfg.model}") from None
+    return meta.mean, meta.std
+
+
+def data_stats(dataset, limit: int = 2000, seed: int = 0) -> tuple[str, str]:
+    """Per-channel mean and std (as --mean/--std text) of up to ``limit`` images of ``dataset``, seeded."""
+    from torch.utils.data import DataLoader, Subset
+
+    pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].tolist()
+    total = torch.zeros(2, 3, dtype=torch.float64)
+    n = 0
+    for images, labels in DataLoader(Subset(dataset, pick), batch_size=64):
+        x = images[labels >= 0].double().div_(255)  # unreadable images are black stand-ins: left out
+        total += torch.stack([x.sum((0, 2, 3)), x.square().sum((0, 2, 3))])
+        n += x.numel() // 3
+    mean = total[0] / max(n, 1)
+    std = (total[1] / max(n, 1) - mean.square()).clamp_min(1e-12).sqrt()
+    return stats_text(mean.tolist()), stats_text(std.tolist())
 
 
 def head_prefix(model: nn.Module, num_classes: int) -> str:

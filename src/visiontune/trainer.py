@@ -60,7 +60,8 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
 
 
 def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, accelerator):
-    """Train and val loaders over the split: from the cache when asked for, else from the files."""
+    """The config with its normalisation measured if needed, and the train and val loaders over the
+    split: from the cache when asked for, else from the files."""
     if cfg.cache:
         # One process per machine builds the cache while the others wait, then all map the same file.
         with accelerator.local_main_process_first():
@@ -75,9 +76,12 @@ def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, acc
                                 threads=decode_threads(cfg))
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
     augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing)
-    return tuple(make_loader(subset(idx, augment if train else None), cfg.batch_size, train=train, seed=cfg.seed,
-                             num_workers=workers, pin_memory=pin)
-                 for idx, train in ((split.train, True), (split.val, False)))
+    if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
+        mean, std = recipe.data_stats(subset(split.train, None), seed=cfg.seed)
+        cfg = cfg.replace(mean=mean, std=std)
+    return cfg, *(make_loader(subset(idx, augment if train else None), cfg.batch_size, train=train, seed=cfg.seed,
+                              num_workers=workers, pin_memory=pin)
+                  for idx, train in ((split.train, True), (split.val, False)))
 
 
 def _screen(accelerator, cfg: TrainConfig, images: ImageSet, run_dir: str) -> tuple[ImageSet, list]:
@@ -155,7 +159,7 @@ def train(cfg: TrainConfig) -> dict:
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
-    train_loader, val_loader = _loaders(cfg, images, split, run_dir, accelerator)
+    cfg, train_loader, val_loader = _loaders(cfg, images, split, run_dir, accelerator)
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
     optimizer, scheduler = recipe.optimization(cfg, model, len(images.classes), setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
@@ -181,7 +185,7 @@ def train(cfg: TrainConfig) -> dict:
         accelerator.project_configuration.logging_dir = run_dir
         accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
                                                         if isinstance(v, (int, float, str, bool))})
-    normalize = DeviceNormalize(accelerator.device, cfg.channels_last)
+    normalize = DeviceNormalize(accelerator.device, cfg.channels_last, *recipe.mean_std(cfg))
 
     def evaluate_other(m):  # the EMA model, evaluated as the raw one is
         with accelerator.autocast():
