@@ -222,3 +222,24 @@ def test_data_statistics_are_those_of_the_pixels():
     x = images.double() / 255
     assert mean == recipe.stats_text(x.mean((0, 2, 3)).tolist())
     assert std == recipe.stats_text(x.std((0, 2, 3), unbiased=False).tolist())
+
+
+def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp_path, small_data, capsys):
+    import json
+
+    from PIL import Image
+
+    from conftest import FAST
+    from visiontune import cli
+
+    out = tmp_path / "lrf"
+    assert cli.main(["lr-find", "--data", str(small_data), *FAST, "--batch-size", "8", "--num-workers", "0",
+                     "--steps", "12", "--start-lr", "1e-4", "--end-lr", "1", "--output-dir", str(out)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    rec = json.loads((out / "lr_find.json").read_text())
+    lrs = rec["lrs"]
+    assert lrs[0] == pytest.approx(1e-4) and all(b / a == pytest.approx(10 ** (4 / 11)) for a, b in zip(lrs, lrs[1:]))
+    assert rec["suggested_lr"] == pytest.approx(lrs[rec["losses"].index(min(rec["losses"]))] / 10)
+    assert line.startswith(f"visiontune: suggested lr {rec['suggested_lr']:.2g}")
+    with Image.open(out / "lr_find.png") as im:
+        assert im.format == "PNG"
