@@ -7,6 +7,8 @@ import shutil
 import pytest
 import torch
 
+from safetensors.torch import load_file
+
 from trainrun import assert_same_weights, final_weights, train_argv
 from visiontune import cli
 from visiontune.data.augment import BatchMix, EpochIndex, sample_augment
@@ -82,3 +84,37 @@ def test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact(tmp_path, s
     assert a["scheduler"]["_last_lr"] == b["scheduler"]["_last_lr"]
     if "--ema" in extra:
         assert_same_weights(a["ema"], b["ema"])
+
+
+def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
+    """2 processes x batch 2 = 1 process x batch 4, with every random and scheduled option on."""
+    import subprocess
+
+    from conftest import PYTHON
+    from visiontune.sample_data import make_sample_data
+
+    data = tmp_path / "data"
+    make_sample_data(data, per_class=6, test_count=0, seed=1)  # 12 images: 8 train, 2 steps of 4
+    env = {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path / "scan")}
+    # vit_b_32: no BatchNorm (each process would normalise its own half) and no dropout.
+    common = ["--data", str(data), "--model", "vit_b_32", "--weights", "none", "--image-size", "224",
+              "--no-progress", "--epochs", "1", "--val-fraction", "0.3", "--num-workers", "0",
+              "--recipe", "modern", "--warmup-steps", "1", "--augment", "randaugment", "--random-erasing", "0.5",
+              "--mixup", "0.4", "--cutmix", "1", "--ema", "0.5", "--normalize", "data"]
+    ddp = subprocess.Popen([PYTHON, "-m", "visiontune", "train", *common, "--strategy", "ddp", "--nproc", "2",
+                            "--batch-size", "2", "--output-dir", str(tmp_path / "ddp")], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one = subprocess.run([PYTHON, "-m", "visiontune", "train", *common, "--batch-size", "4", "--output-dir",
+                          str(tmp_path / "one")], env=env, capture_output=True, text=True)
+    log = ddp.communicate(timeout=1200)[0]
+    assert one.returncode == 0 and ddp.returncode == 0, (one.stderr[-2000:], log[-2000:])
+    ckpt = "checkpoints/e0001-b0000000"
+    for name in ("model.safetensors", "ema"):
+        if name == "ema":
+            a, b = (torch.load(tmp_path / d / ckpt / "lr_scheduler.pt", weights_only=True)["ema"] for d in ("ddp", "one"))
+        else:
+            a, b = (load_file(str(tmp_path / d / ckpt / name)) for d in ("ddp", "one"))
+        assert a.keys() == b.keys()
+        worst = max(((a[k].double() - b[k].double()).norm() / b[k].double().norm().clamp_min(1e-12)).item()
+                    for k in a if a[k].is_floating_point())
+        assert worst < 1e-4, (name, worst)
