@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 
 from visiontune.config import TrainConfig, UserError
-from visiontune.outputs import atomic_write, write_json
-from visiontune.trainer import versions
+from visiontune.outputs import atomic_write, versions, write_json
 
 STRATEGIES = ("single", "dp", "ddp")
 

@@ -12,7 +12,8 @@ import os
 import sys
 from dataclasses import fields
 
-from visiontune.config import RunStopped, TrainConfig, UserError, load_config_file, validate
+from visiontune.config import TrainConfig, UserError, load_config_file, validate
+from visiontune.faults import RunStopped
 
 
 def _workers(text: str) -> int | None:
@@ -201,7 +202,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from visiontune.config import MEAN, STD
+    from visiontune.data.pipeline import MEAN, STD
     from visiontune.export import export
     from visiontune.predict import load_run
 

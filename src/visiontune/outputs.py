@@ -35,6 +35,17 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
         raise
 
 
+def versions() -> dict[str, str]:
+    """The library versions a run records in ``config.json`` (and ``bench`` in its results)."""
+    import platform
+
+    import accelerate
+    import torchvision
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "accelerate": accelerate.__version__}
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")
 
