@@ -14,6 +14,7 @@ from dataclasses import fields
 
 from visiontune.config import TrainConfig, UserError, load_config_file, validate
 from visiontune.faults import RunStopped
+from visiontune.host import available_cores
 
 
 def _workers(text: str) -> int | None:
@@ -243,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
     p.add_argument("data")
     p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="decoding threads (default: cores)")
+    p.add_argument("--workers", type=int, default=available_cores(), help="decoding threads (default: cores)")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
     add_train_flags(p)

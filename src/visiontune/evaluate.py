@@ -10,7 +10,6 @@ as one. Unreadable images are left out of every figure and listed.
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import torch
@@ -53,11 +52,7 @@ def confusion_table(confusion: list[list[int]], classes: list[str]) -> str:
 
 
 def plot_confusion(path: str | Path, confusion: list[list[int]], classes: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = outputs.pyplot()
     k = len(classes)
     fig, ax = plt.subplots(figsize=(2 + 0.6 * k, 1.6 + 0.6 * k))
     ax.imshow(confusion, cmap="Blues")
@@ -72,10 +67,7 @@ def plot_confusion(path: str | Path, confusion: list[list[int]], classes: list[s
     ax.set_ylabel("true")
     ax.set_title("Confusion matrix")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    outputs.atomic_write(path, buf.getvalue())
+    outputs.save_figure(path, fig, dpi=100)
 
 
 def evaluate(model: torch.nn.Module, cfg: TrainConfig, classes: list[str], data: str, out: str, *,
