@@ -101,7 +101,7 @@ def test_config_file_then_flags(sample_data, tmp_path):
     (["--epochs", "-1"], "--epochs must be a positive integer"),
     (["--val-fraction", "0.999"], "empty"),
     (["--batch-size", "500"], "fewer than one global batch"),
-    (["--strategy", "fsdp"], "--strategy must be one of"),
+    (["--strategy", "fsdp"], "argument --strategy: invalid choice"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path, capsys, args, msg):
     base = ["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--output-dir", str(tmp_path / "r")]

@@ -2,7 +2,7 @@
 
 The data is read with the same ``discover`` as ``train`` (any layout it
 accepts) and must have the run's classes. The forward pass is predict's
-(``forward_all``), so every image counts once whatever the number of
+(``inference.forward``), so every image counts once whatever the number of
 processes, and the numbers -- accuracy, log loss, per-class precision and
 recall, the confusion matrix -- are computed once, on the main process, from
 the gathered logits in data order: N processes give exactly the same figures
@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from visiontune import outputs
-from visiontune.config import TrainConfig, UserError
+from visiontune import inference, outputs
+from visiontune.config import UserError
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import UNREADABLE
-from visiontune.predict import forward_all, unreadable_reasons
+from visiontune.inference import InferenceConfig, LoadedModel, unreadable_reasons
 
 
 def metrics(logits: torch.Tensor, labels: torch.Tensor, classes: list[str]) -> dict:
@@ -70,16 +70,15 @@ def plot_confusion(path: str | Path, confusion: list[list[int]], classes: list[s
     outputs.save_figure(path, fig, dpi=100)
 
 
-def evaluate(model: torch.nn.Module, cfg: TrainConfig, classes: list[str], data: str, out: str, *,
-             batch_size: int, progress: bool = True) -> dict:
+def evaluate(loaded: LoadedModel, icfg: InferenceConfig, data: str, out: str) -> dict:
     """Measure ``model`` on every labelled image of ``data``; write ``out`` and the confusion matrix."""
-    images = discover(data)
+    images, classes = discover(data), loaded.classes
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(f"{data} has classes {images.classes} but the model was trained on {classes}; "
                         "evaluate on data with the same classes")
-    accelerator, logits, labels = forward_all(cfg, model, images.paths, images.labels, batch_size=batch_size,
-                                              progress=progress, desc="evaluate")
+    accelerator = inference.start(icfg)
+    logits, labels = inference.forward(accelerator, loaded, icfg, images.paths, images.labels, "evaluate")
     report: dict = {}
     if accelerator.is_main_process:
         skipped = unreadable_reasons(images.paths, labels)
