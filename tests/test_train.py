@@ -135,3 +135,11 @@ def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data,
     assert history[1]["lr"] == pytest.approx(0.0, abs=1e-12)
     setup = json.loads((out / "config.json").read_text())["setup"]
     assert setup["global_batch"] == 32 and setup["per_process_batch"] == 16
+
+
+def test_a_choice_from_a_config_file_is_checked_like_the_flag(sample_data, tmp_path, capsys):
+    conf = tmp_path / "c.toml"
+    conf.write_text('strategy = "fsdp"\n')
+    assert main(["train", "--data", str(sample_data), "--config", str(conf)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--strategy must be one of single, dp, ddp" in err and len(err.splitlines()) == 1
