@@ -6,8 +6,8 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from visiontune.config import MEAN, STD
 from visiontune.data.augment import EpochIndex, sample_augment
+from visiontune.data.pipeline import MEAN, STD
 from visiontune.data.layouts import discover
 from torch.utils.data import default_collate
 

@@ -14,28 +14,27 @@ import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-# The blog's normalisation statistics, measured on Dogs vs Cats.
-MEAN = (0.4883, 0.4551, 0.4170)
-STD = (0.2257, 0.2211, 0.2214)
-
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""
 
 
-class RunStopped(Exception):
-    """The run stopped on purpose (a signal, a non-finite loss): one line, then ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
+def __getattr__(name: str) -> Any:
+    # Moved: RunStopped next to the signals (faults), MEAN/STD to the data pipeline. Old imports work.
+    if name == "RunStopped":
+        from visiontune.faults import RunStopped
+        return RunStopped
+    if name in ("MEAN", "STD"):
+        from visiontune.data import pipeline
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _setting(default: Any, help_text: str) -> Any:
@@ -53,13 +52,13 @@ class TrainConfig:
     freeze_backbone: bool = _setting(False, "train only the new head")
     # data
     image_size: int = _setting(224, "square input size in pixels")
-    augment: str | None = _setting(None, "none, flip-crop (also plain --augment), trivial or randaugment "
-                                         "(default: the recipe's)")
+    augment: Literal["none", "flip-crop", "trivial", "randaugment"] | None = _setting(
+        None, "none, flip-crop (also plain --augment), trivial or randaugment (default: the recipe's)")
     random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
     mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see README")
     cutmix: float | None = _setting(None, "cutmix alpha (0: off); with --mixup each pair uses one of them")
-    normalize: str | None = _setting(None, "weights (the pretrained weights' mean/std), data (the train "
-                                           "split's) or blog (the reference constants)")
+    normalize: Literal["weights", "data", "blog"] | None = _setting(
+        None, "weights (the pretrained weights' mean/std), data (the train split's) or blog (the reference constants)")
     mean: str | None = _setting(None, "per-channel mean R,G,B in [0, 1] (default: from --normalize; recorded)")
     std: str | None = _setting(None, "per-channel std R,G,B (default: from --normalize; recorded)")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
@@ -69,15 +68,17 @@ class TrainConfig:
     cache: str | None = _setting(None, "decode once into a memory-mapped uint8 cache: a folder or auto")
     max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
     # optimisation (settings left None come from --recipe; see recipe.py)
-    recipe: str = _setting("blog", "blog (the reference job, unchanged) or modern (AdamW, warm-up + cosine, "
-                                   "label smoothing, TrivialAugment, EMA); flags given win")
+    recipe: Literal["blog", "modern"] = _setting("blog", "blog (the reference job, unchanged) or modern (AdamW, "
+                                                 "warm-up + cosine, label smoothing, TrivialAugment, EMA); flags win")
     epochs: int = _setting(2, "epochs")
     batch_size: int = _setting(50, "batch size PER PROCESS, as in the reference job")
-    optimizer: str | None = _setting(None, "sgd or adamw (AdamW: no weight decay on norms and biases)")
+    optimizer: Literal["sgd", "adamw"] | None = _setting(None, "sgd or adamw (AdamW: no weight decay on norms "
+                                                               "and biases)")
     lr: float | None = _setting(None, "learning rate")
     momentum: float = _setting(0.9, "SGD momentum")
     weight_decay: float | None = _setting(None, "weight decay")
-    lr_schedule: str | None = _setting(None, "none, cosine, linear or step, stepped per optimizer step")
+    lr_schedule: Literal["none", "cosine", "linear", "step"] | None = _setting(
+        None, "none, cosine, linear or step, stepped per optimizer step")
     warmup_epochs: float | None = _setting(None, "linear lr warm-up, in epochs (fractions allowed)")
     warmup_steps: int = _setting(0, "linear lr warm-up in optimizer steps (wins over --warmup-epochs)")
     label_smoothing: float | None = _setting(None, "label smoothing of the training loss")
@@ -85,17 +86,18 @@ class TrainConfig:
     freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
     backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")
     early_stop: int = _setting(0, "stop after this many epochs without a better --best-metric (0: off)")
-    best_metric: str = _setting("accuracy", "accuracy or loss: what picks the best epoch (and EMA or raw)")
+    best_metric: Literal["accuracy", "loss"] = _setting("accuracy", "accuracy or loss: what picks the best epoch "
+                                                                   "(and EMA or raw weights)")
     grad_accum: int = _setting(1, "gradient accumulation steps")
     scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")
     reference_batch: int = _setting(50, "the batch --lr was tuned for")
-    mixed_precision: str = _setting("no", "no, fp16 or bf16")
+    mixed_precision: Literal["no", "fp16", "bf16"] = _setting("no", "no, fp16 or bf16")
     channels_last: bool = _setting(False, "channels-last memory format")
     compile: bool = _setting(False, "torch.compile the model")
     sync_batchnorm: bool = _setting(False, "synchronise BatchNorm statistics across processes")
-    on_nan: str = _setting("stop", "stop or skip when the loss is not finite")
+    on_nan: Literal["stop", "skip"] = _setting("stop", "stop or skip when the loss is not finite")
     # distribution
-    strategy: str = _setting("single", "single, dp (nn.DataParallel) or ddp")
+    strategy: Literal["single", "dp", "ddp"] = _setting("single", "single, dp (nn.DataParallel) or ddp")
     nproc: int | None = _setting(None, "processes per machine for ddp (default: GPUs, or 2 on a CPU)")
     nnodes: int = _setting(1, "machines in a ddp job")
     node_rank: int = _setting(0, "this machine's rank in a ddp job")
@@ -118,17 +120,16 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-CHOICES = {
-    "optimizer": ("sgd", "adamw"),
-    "lr_schedule": ("none", "cosine", "linear", "step"),
-    "augment": ("none", "flip-crop", "trivial", "randaugment"),
-    "normalize": ("weights", "data", "blog"),
-    "best_metric": ("accuracy", "loss"),
-    "mixed_precision": ("no", "fp16", "bf16"),
-    "strategy": ("single", "dp", "ddp"),
-    "on_nan": ("stop", "skip"),
-}
-POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "nnodes", "keep_last")
+def choices(cls: type = TrainConfig) -> dict[str, tuple[str, ...]]:
+    """The allowed values of each ``Literal[...]`` field, optional ones too (argparse ``choices`` and
+    ``validate`` use them; an optional one is None only until its recipe fills it in)."""
+    found = {}
+    for name, hint in get_type_hints(cls).items():
+        options = [hint, *get_args(hint)] if getattr(hint, "__origin__", None) is not Literal else [hint]
+        literal = next((h for h in options if getattr(h, "__origin__", None) is Literal), None)
+        if literal is not None:
+            found[name] = get_args(literal)
+    return found
 
 
 # (low, high, high included): ranges of the recipe's numbers.
@@ -138,10 +139,15 @@ RANGES = {"weight_decay": (0, math.inf, False), "warmup_epochs": (0, math.inf, F
           "freeze_epochs": (0, math.inf, False), "early_stop": (0, math.inf, False)}
 
 
+POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "nnodes", "keep_last")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with its recipe's settings filled in, if it is usable; else raise ``UserError``."""
     from visiontune.recipe import resolve  # the presets live there, with the rest of the recipe
 
+    if cfg.recipe not in choices()["recipe"]:
+        raise UserError(f"--recipe must be one of {', '.join(choices()['recipe'])}, got {cfg.recipe!r}")
     cfg = resolve(cfg)
     for name, (low, high, closed) in RANGES.items():
         v = getattr(cfg, name)
@@ -154,7 +160,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name in POSITIVE:
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)}")
-    for name, allowed in CHOICES.items():
+    for name, allowed in choices().items():
         if getattr(cfg, name) not in allowed:
             raise UserError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, "
                             f"got {getattr(cfg, name)!r}")

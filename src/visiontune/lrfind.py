@@ -19,7 +19,8 @@ from accelerate.utils import set_seed
 from visiontune import recipe
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.layouts import discover
-from visiontune.data.pipeline import UNREADABLE, DeviceNormalize
+from visiontune.data.pipeline import DeviceNormalize
+from visiontune.engine import readable_cross_entropy
 from visiontune.data.split import make_split
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model
@@ -59,8 +60,8 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     optimizer, _ = recipe.optimization(cfg, model, len(images.classes), 1.0, max(1, len(loader)))
     ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    normalize, loss_of = DeviceNormalize(accelerator.device, cfg.channels_last, *recipe.mean_std(cfg)), \
-        recipe.criterion(cfg.label_smoothing)
+    normalize = DeviceNormalize(accelerator.device, cfg.channels_last, *recipe.mean_std(cfg))
+    criterion = recipe.criterion(cfg) or readable_cross_entropy
     model.train()
     lrs, losses, avg, lowest = [], [], 0.0, float("inf")
     batches = itertools.chain.from_iterable(_epochs(loader))
@@ -68,7 +69,7 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
         lr = start * (end / start) ** (step / (steps - 1))
         for g, r in zip(optimizer.param_groups, ratios):
             g["lr"] = lr * r
-        loss = loss_of(model(normalize(images_)), labels).sum() / (labels != UNREADABLE).sum().clamp(min=1)
+        loss = criterion(model(normalize(images_)), labels)
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

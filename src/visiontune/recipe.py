@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from visiontune.config import MEAN, STD
+from visiontune.data.pipeline import MEAN, STD
 from visiontune.ema import EMA
 
 PRESETS: dict[str, dict] = {
@@ -241,13 +241,26 @@ def keep_norms_still(model: nn.Module, head: str, frozen: Callable[[], bool]) ->
             m.register_forward_pre_hook(to_eval)
 
 
-def criterion(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def per_sample_loss(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Per-sample loss for hard labels (UNREADABLE ignored: 0) or soft [B, K] targets (zero rows: 0)."""
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if targets.is_floating_point():
             per = F.cross_entropy(logits.float(), targets, reduction="none", label_smoothing=label_smoothing)
             return per * (targets.sum(1) > 0)
         return F.cross_entropy(logits, targets, reduction="none", label_smoothing=label_smoothing)
+    return loss
+
+
+def criterion(cfg) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The training loss: the mean over readable samples (engine's contract), or None for the reference
+    job's own cross entropy when neither label smoothing nor mixed labels change it."""
+    if not (cfg.label_smoothing or cfg.mixup or cfg.cutmix):
+        return None
+    per_sample = per_sample_loss(cfg.label_smoothing)
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        readable = targets.sum(1) > 0 if targets.is_floating_point() else targets >= 0
+        return per_sample(logits, targets).sum() / readable.sum().clamp(min=1)
     return loss
 
 
