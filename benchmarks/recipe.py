@@ -92,7 +92,8 @@ def timm(train_py: Path, data: Path, epochs: int, out: Path) -> dict:
     start = time.perf_counter()
     run(cmd, cwd=str(train_py.parent))
     seconds = time.perf_counter() - start
-    rows = list(csv.DictReader(open(out / "out" / "run" / "summary.csv")))
+    with open(out / "out" / "run" / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
     return {"accuracy": max(float(r["eval_top1"]) for r in rows) / 100, "seconds_per_epoch": seconds / epochs}
 
 
@@ -114,9 +115,10 @@ def main() -> None:
         results[name] = {"epochs": epochs, **row}
         for tool, r in row.items():
             print(f"{name:9s} {tool:7s} acc {r['accuracy']:.3f}  {r['seconds_per_epoch']:.1f} s/epoch", flush=True)
+    argv = ["PATH" if a == args.timm_train else a for a in sys.argv[1:]]  # no local paths in the record
     write_result("recipe", {"model": MODEL, "image_size": SIZE, "batch": BATCH, "results": results,
                             "timm_recipe": " ".join(TIMM_RECIPE) if args.timm_train else None,
-                            "command": " ".join(["python benchmarks/recipe.py", *sys.argv[1:]])})
+                            "command": " ".join(["python benchmarks/recipe.py", *argv])})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Recipes: presets resolve as documented, and each setting changes what it should."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -103,9 +104,8 @@ def test_ema_is_the_hand_computed_average_and_restores_exactly():
         hand = now if hand is None else {k: 0.9 * hand[k] + 0.1 * now[k] for k in now}
     got = ema.module.state_dict()
     for k, v in hand.items():
-        if k.endswith("num_batches_tracked"):
-            continue
-        assert torch.allclose(got[k].float(), v, atol=1e-6), k
+        if not k.endswith("num_batches_tracked"):
+            assert torch.allclose(got[k].float(), v, atol=1e-6), k
     again = EMA(Tiny(), 0.9)
     again.load_state_dict(ema.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), ema.state_dict().values()))
@@ -127,8 +127,8 @@ def test_freeze_epochs_hold_the_backbone_and_its_batchnorm_still_then_release_th
     for _ in range(2):  # the first epoch: 2 steps, head only
         _step(model, opt, stepper)
     after = model.state_dict()
-    for k in before:
-        same = torch.equal(before[k], after[k])
+    for k, value in before.items():
+        same = torch.equal(value, after[k])
         assert same != k.startswith("fc."), k  # the backbone (weights and BN statistics) unchanged; head trained
     _step(model, opt, stepper)  # the second epoch: everything trains
     assert not torch.equal(model.features[0].weight, before["features.0.weight"])
@@ -169,9 +169,9 @@ def test_best_picks_ema_or_raw_by_the_chosen_metric():
 def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, monkeypatch):
     import json
 
+    from conftest import FAST
     from safetensors.torch import load_file
 
-    from conftest import FAST
     from visiontune import cli, engine
 
     # Scripted validation: raw 0.5, 0.6, 0.55...; EMA 0.4, 0.7, 0.5...: the EMA of epoch 1 is best,
@@ -227,9 +227,9 @@ def test_data_statistics_are_those_of_the_pixels():
 def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp_path, small_data, capsys):
     import json
 
+    from conftest import FAST
     from PIL import Image
 
-    from conftest import FAST
     from visiontune import cli
 
     out = tmp_path / "lrf"
@@ -238,7 +238,7 @@ def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp
     line = capsys.readouterr().out.strip().splitlines()[-1]
     rec = json.loads((out / "lr_find.json").read_text())
     lrs = rec["lrs"]
-    assert lrs[0] == pytest.approx(1e-4) and all(b / a == pytest.approx(10 ** (4 / 11)) for a, b in zip(lrs, lrs[1:]))
+    assert lrs[0] == pytest.approx(1e-4) and all(b / a == pytest.approx(10 ** (4 / 11)) for a, b in itertools.pairwise(lrs))
     assert rec["suggested_lr"] == pytest.approx(lrs[rec["losses"].index(min(rec["losses"]))] / 10)
     assert line.startswith(f"visiontune: suggested lr {rec['suggested_lr']:.2g}")
     with Image.open(out / "lr_find.png") as im:
