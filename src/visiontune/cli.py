@@ -48,6 +48,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in fields(TrainConfig)}
     merged = load_config_file(args.config) if getattr(args, "config", None) else {}
     merged.update({k: v for k, v in vars(args).items() if k in names})
+    if merged.get("init_from"):  # continuing an earlier run: its model and size unless said otherwise
+        from visiontune.runinfo import read_run
+
+        earlier = read_run(merged["init_from"])
+        merged = {"model": earlier.model, "image_size": earlier.image_size, **merged}
     return validate(TrainConfig(**merged))
 
 
@@ -59,8 +64,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Check what can be checked before any worker starts: one error line, not N.
     discover(cfg.data)
     strategy.check(cfg)
-    if cfg.model not in models.model_names():
-        raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
+    models.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
         models.ensure_weights(cfg.model, cfg.weights)
         return launch.relaunch(cfg, args.argv)
@@ -92,7 +96,10 @@ def cmd_sample_data(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from visiontune.models import model_names
 
-    print("\n".join(model_names()))
+    names = model_names(args.source, args.filter)
+    if not names:
+        raise UserError(f"no {args.source} model name contains {args.filter!r}")
+    print("\n".join(names))
     return 0
 
 
@@ -237,7 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-class", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sample_data)
-    p = sub.add_parser("models", help="list the model names --model accepts")
+    p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
+    p.add_argument("--source", choices=("torchvision", "timm", "all"), default="torchvision")
+    p.add_argument("--filter", default="", help="only names containing this text (any case)")
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
     p.add_argument("data")

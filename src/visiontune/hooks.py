@@ -30,6 +30,7 @@ class RunHooks:
     per_epoch: int  # batches per epoch and process
     identity: dict  # what a resume must match: split hash, model, classes, global batch
     history: list[dict] = field(default_factory=list)  # a resumed run's epochs so far
+    model_metadata: dict[str, str] = field(default_factory=dict)  # the run's description, inside best.safetensors
     stop: faults.StopSignals = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,7 +77,7 @@ class RunHooks:
         if acc.is_main_process:
             if is_best:
                 unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped))
+                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped), metadata=self.model_metadata)
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)

@@ -19,16 +19,16 @@ import torch
 import torchvision
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, engine, faults, outputs
+from visiontune import checkpoint, engine, faults, outputs, runinfo
 from visiontune.hooks import RunHooks
-from visiontune.config import TrainConfig, UserError, validate
+from visiontune.config import MEAN, STD, TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
 from visiontune.launch import default_output_dir
-from visiontune.models import build_model
+from visiontune.models import build_model, get_spec
 from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
 
 
@@ -143,6 +143,8 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
+    spec = get_spec(cfg.model)
+    cfg = cfg.replace(image_size=cfg.image_size or spec.preprocess.size)  # recorded resolved in config.json
     faults.join_restarted_group(cfg.timeout)
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
@@ -151,8 +153,12 @@ def train(cfg: TrainConfig) -> dict:
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
     set_seed(cfg.seed, device_specific=True)
+    weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
     with accelerator.local_main_process_first():  # a weights download happens once per machine
-        model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
+        model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
+    mean, std = MEAN, STD  # what the images are normalised with, recorded below for every later command
+    info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std,
+                            spec.preprocess.interpolation)
     images, bad = _screen(accelerator, cfg, images, run_dir)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
     split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
@@ -173,7 +179,7 @@ def train(cfg: TrainConfig) -> dict:
                       f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
                       f"lr {setup.lr:g} | run folder {run_dir}")
     record = {"config": cfg.to_dict(), "setup": setup.__dict__, "versions": versions(),
-              "data": {"root": images.root, "layout": images.layout}}
+              "data": {"root": images.root, "layout": images.layout}, "model": info.to_dict()}
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/config.json", record)
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
@@ -186,12 +192,12 @@ def train(cfg: TrainConfig) -> dict:
         accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
                                                         if isinstance(v, (int, float, str, bool))})
     hooks = RunHooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), current,
-                     list(resumed.meta["history"]) if resumed else [])
+                     list(resumed.meta["history"]) if resumed else [], model_metadata=info.metadata())
     start = (resumed.epoch, resumed.batch) if resumed else (0, 0)
     partial = resumed.meta.get("partial_totals") if resumed and accelerator.is_main_process else None
     with hooks.stop:  # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit"
         engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler,
-                   DeviceNormalize(accelerator.device, cfg.channels_last), epochs=cfg.epochs,
+                   DeviceNormalize(accelerator.device, cfg.channels_last, mean, std), epochs=cfg.epochs,
                    start_epoch=start[0], start_batch=start[1],
                    start_totals=torch.tensor(partial or [0.0] * engine.TRAIN_TOTALS, dtype=torch.float64),
                    on_nan=cfg.on_nan, progress=cfg.progress, timing_warmup=cfg.timing_warmup,
