@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from visiontune.config import TrainConfig, UserError
+from visiontune.models import get_spec
 from visiontune.outputs import atomic_write, write_json
 from visiontune.trainer import versions
 
@@ -146,7 +147,7 @@ def bench(cfg: TrainConfig, train_argv: list[str], strategies: list[str], nproc:
         raise UserError(f"--same must be global or per-device, got {same!r}")
     out = Path(out_dir)
     rows = compare([r if "skipped" in r else run_one(r, train_argv, out) for r in plan(cfg, strategies, nproc, same)])
-    info = {"model": cfg.model, "image_size": cfg.image_size, "epochs": cfg.epochs, "same": same,
+    info = {"model": cfg.model, "image_size": cfg.image_size or get_spec(cfg.model).preprocess.size, "epochs": cfg.epochs, "same": same,
             "timing_warmup": cfg.timing_warmup, "machine": machine()}
     write_json(out / "bench.json", {**info, "rows": rows})
     atomic_write(out / "bench.md", table(rows, info))

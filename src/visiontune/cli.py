@@ -143,18 +143,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _model_from_args(args: argparse.Namespace):
-    """(model, config, classes) from ``--run RUN_DIR`` or ``--weights FILE --model NAME --classes a,b``."""
-    from visiontune.predict import load_run, load_weights
+    """(model, config, description) from ``--run RUN_DIR`` or ``--weights FILE`` (self-describing, or with
+    ``--model NAME --classes a,b``)."""
+    from visiontune.predict import load_model
 
-    if getattr(args, "weights", None) is None:
-        if not args.run:
-            raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE --model NAME --classes a,b")
-        return load_run(args.run)
-    if args.run:
+    if getattr(args, "weights", None) is None and not args.run:
+        raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE")
+    if getattr(args, "weights", None) and args.run:
         raise UserError("give --run RUN_DIR or --weights FILE, not both")
-    if not args.model or not args.classes:
-        raise UserError("--weights needs --model NAME and --classes a,b (the class names in training order)")
-    return load_weights(args.weights, args.model, [c.strip() for c in args.classes.split(",")], args.image_size)
+    classes = [c.strip() for c in args.classes.split(",")] if getattr(args, "classes", None) else None
+    model, info = load_model(args.run, getattr(args, "weights", None), model=getattr(args, "model", None),
+                             classes=classes, image_size=getattr(args, "image_size", None))
+    cfg = TrainConfig(**load_config_file(f"{args.run}/config.json")) if args.run else TrainConfig(data="-")
+    return model, cfg.replace(model=info.model, image_size=info.image_size), info
 
 
 def _inference_setup(args: argparse.Namespace, cfg: TrainConfig) -> tuple[TrainConfig, int]:
@@ -177,15 +178,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from visiontune.predict import check_clip, list_inputs, predict, skipped_path
     from visiontune.strategy import inside_launcher
 
-    model, cfg, classes = _model_from_args(args)
+    model, cfg, info = _model_from_args(args)
     cfg, batch = _inference_setup(args, cfg)
     inputs = list_inputs(args.data)
     check_clip(args.clip)
     code = _relaunch(args, "predict")
     if code is not None:  # the workers exit 0 with skips (see below); their list tells
         return 1 if code == 0 and skipped_path(args.out).exists() else code
-    skipped = predict(model, cfg, classes, inputs, args.out, batch_size=batch, clip=args.clip,
-                      progress=args.progress)
+    skipped = predict(model, cfg, list(info.classes), inputs, args.out, batch_size=batch, clip=args.clip,
+                      progress=args.progress, normalize=(info.mean, info.std))
     # Under a launcher exit 1 would read as a crashed worker; the launching process reports it instead.
     return 1 if skipped and not inside_launcher() else 0
 
@@ -197,28 +198,30 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from visiontune.evaluate import evaluate
     from visiontune.strategy import inside_launcher
 
-    model, cfg, classes = _model_from_args(args)
+    model, cfg, info = _model_from_args(args)
     cfg, batch = _inference_setup(args, cfg)
     out = args.out or str(Path(args.run) / "eval.json")
     code = _relaunch(args, "evaluate")
     if code is not None:
         return 1 if code == 0 and json.loads(Path(out).read_text())["skipped"] else code
-    report = evaluate(model, cfg, classes, args.data, out, batch_size=batch, progress=args.progress)
+    report = evaluate(model, cfg, list(info.classes), args.data, out, batch_size=batch, progress=args.progress,
+                      normalize=(info.mean, info.std))
     return 1 if report.get("skipped") and not inside_launcher() else 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from visiontune.config import MEAN, STD
-    from visiontune.export import export
-    from visiontune.predict import load_run
+    from visiontune.export import SUFFIX, check_format, export
+    from visiontune.predict import load_model
 
-    model, cfg, classes = load_run(args.run)
-    out = args.out or f"{args.run.rstrip('/')}/best.{'onnx' if args.format == 'onnx' else 'torchscript.pt'}"
-    diff = export(model, cfg.image_size, args.format, out)
-    s = cfg.image_size
+    check_format(args.format)
+    model, info = load_model(args.run)
+    out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
+    diff = export(model, info, args.format, out)
+    s = info.image_size
     print(f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
-          f"with mean {MEAN} std {STD}; output [N, {len(classes)}] logits for {', '.join(classes)}; "
-          f"checked against the eager model, max difference {diff:.1e}")
+          f"with mean {info.mean} std {info.std}; output [N, {len(info.classes)}] logits for "
+          f"{', '.join(info.classes)}; checked against the eager model, max difference {diff:.1e}; "
+          f"the file carries this description under the metadata key 'visiontune'")
     return 0
 
 
@@ -261,10 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
     p.add_argument("--run", help="a training run folder")
-    p.add_argument("--weights", help="instead of --run: a .safetensors/.pth state_dict (needs --model, --classes)")
-    p.add_argument("--model", help="with --weights: the torchvision model name")
+    p.add_argument("--weights", help="instead of --run: a visiontune .safetensors file (it says what it is), "
+                   "or a .pth/.safetensors state_dict with --model and --classes")
+    p.add_argument("--model", help="with --weights: the model name (checked against the file's own)")
     p.add_argument("--classes", help="with --weights: class names in training order, comma-separated")
-    p.add_argument("--image-size", type=int, default=224, help="with --weights: input size (default 224)")
+    p.add_argument("--image-size", type=int, help="with --weights: input size (default: the file's, "
+                   "else the model's pretrained size)")
     p.add_argument("--data", required=True, help="a folder of images, Kaggle's test/, or a file listing paths")
     p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
     p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
@@ -276,10 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="JSON report (default RUN/eval.json; confusion_matrix.png goes beside it)")
     _add_inference_flags(p)
     p.set_defaults(func=cmd_evaluate)
-    p = sub.add_parser("export", help="export a run's best model to ONNX or TorchScript")
+    p = sub.add_parser("export", help="export a run's best model to ONNX or a torch.export .pt2 archive")
     p.add_argument("--run", required=True, help="a training run folder")
-    p.add_argument("--format", choices=("onnx", "torchscript"), required=True)
-    p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.torchscript.pt)")
+    p.add_argument("--format", required=True, help="onnx or pt2 (torch.export; TorchScript's successor)")
+    p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.pt2)")
     p.set_defaults(func=cmd_export)
     return parser
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from visiontune import outputs
-from visiontune.config import TrainConfig, UserError
+from visiontune.config import MEAN, STD, TrainConfig, UserError
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import UNREADABLE
 from visiontune.predict import forward_all, unreadable_reasons
@@ -79,7 +79,7 @@ def plot_confusion(path: str | Path, confusion: list[list[int]], classes: list[s
 
 
 def evaluate(model: torch.nn.Module, cfg: TrainConfig, classes: list[str], data: str, out: str, *,
-             batch_size: int, progress: bool = True) -> dict:
+             batch_size: int, progress: bool = True, normalize: tuple = (MEAN, STD)) -> dict:
     """Measure ``model`` on every labelled image of ``data``; write ``out`` and the confusion matrix."""
     images = discover(data)
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
@@ -87,7 +87,7 @@ def evaluate(model: torch.nn.Module, cfg: TrainConfig, classes: list[str], data:
         raise UserError(f"{data} has classes {images.classes} but the model was trained on {classes}; "
                         "evaluate on data with the same classes")
     accelerator, logits, labels = forward_all(cfg, model, images.paths, images.labels, batch_size=batch_size,
-                                              progress=progress, desc="evaluate")
+                                              progress=progress, desc="evaluate", normalize=normalize)
     report: dict = {}
     if accelerator.is_main_process:
         skipped = unreadable_reasons(images.paths, labels)

@@ -24,14 +24,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from visiontune import engine, outputs
-from visiontune.config import TrainConfig, UserError, load_config_file
+from visiontune import engine, outputs, runinfo
+from visiontune.config import MEAN, STD, TrainConfig, UserError
 from visiontune.data.decode import IMAGE_EXTENSIONS, BadImage, read_image
 from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, ImageDataset, make_loader
-from visiontune.models import build_model
+from visiontune.models import WEIGHT_SUFFIXES, build_model, get_spec
+from visiontune.runinfo import RunInfo
 from visiontune.strategy import decode_threads, loader_workers, make_accelerator
-
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
 
 
 def _check_classes(classes, where: str) -> list[str]:
@@ -40,34 +39,30 @@ def _check_classes(classes, where: str) -> list[str]:
     return classes
 
 
-def load_run(run_dir: str) -> tuple[nn.Module, TrainConfig, list[str]]:
-    """The run's best model (eval mode, CPU), its training config and its class names."""
-    run = Path(run_dir)
-    for name in ("config.json", "classes.json"):
-        if not (run / name).is_file():
-            raise UserError(f"{run_dir} is not a visiontune run folder ({name} is missing)")
-    cfg = TrainConfig(**load_config_file(str(run / "config.json")))
-    try:
-        classes = json.loads((run / "classes.json").read_text())
-    except ValueError as e:
-        raise UserError(f"cannot parse {run / 'classes.json'}: {e}") from None
-    _check_classes(classes, str(run / "classes.json"))
-    weights = next((run / f"best{s}" for s in (".safetensors", ".pth") if (run / f"best{s}").is_file()), None)
-    if weights is None:
-        raise UserError(f"{run_dir} has no best.safetensors or best.pth: did its training finish an epoch?")
-    return build_model(cfg.model, len(classes), str(weights)).eval(), cfg, classes
+def load_model(run: str | None = None, weights: str | None = None, *, model: str | None = None,
+               classes: list[str] | None = None, image_size: int | None = None) -> tuple[nn.Module, RunInfo]:
+    """A trained model (eval mode, CPU) and its description, from a run folder or a weights file.
 
-
-def load_weights(weights: str, model: str, classes: list[str], image_size: int) -> tuple[nn.Module, TrainConfig,
-                                                                                          list[str]]:
-    """``--weights FILE --model NAME --classes a,b``: a state_dict saved outside a run folder."""
-    if Path(weights).suffix not in WEIGHT_SUFFIXES:
-        raise UserError(f"--weights must be a {'/'.join(WEIGHT_SUFFIXES)} file, got {weights!r}")
-    _check_classes(classes, "--classes")
-    if image_size < 1:
-        raise UserError(f"--image-size must be a positive integer, got {image_size}")
-    cfg = TrainConfig(data="", model=model, weights=weights, image_size=image_size)
-    return build_model(model, len(classes), weights).eval(), cfg, classes
+    A file made by visiontune describes itself; ``model``/``classes``/``image_size`` are then only checked
+    against it. A file without a description (a ``.pth``, or saved elsewhere) needs ``model`` and ``classes``.
+    """
+    if run:
+        info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
+    else:
+        if Path(weights).suffix not in WEIGHT_SUFFIXES:
+            raise UserError(f"--weights must be a {'/'.join(WEIGHT_SUFFIXES)} file, got {weights!r}")
+        info, path, where = runinfo.read_file(weights), weights, weights
+        if info is None:
+            if not model or not classes:
+                raise UserError(f"{weights} does not say what it is (a .pth, or saved outside visiontune): "
+                                "give --model NAME and --classes a,b (the class names in training order)")
+            if image_size is not None and image_size < 1:
+                raise UserError(f"--image-size must be a positive integer, got {image_size}")
+            spec = get_spec(model)
+            info = runinfo.describe(model, spec.source, _check_classes(classes, "--classes"),
+                                    image_size or spec.preprocess.size, MEAN, STD, spec.preprocess.interpolation)
+    runinfo.reconcile(info, where, model=model, classes=tuple(classes) if classes else None, image_size=image_size)
+    return build_model(info.model, len(info.classes), path, head_may_differ=False).eval(), info
 
 
 @dataclass(frozen=True)
@@ -100,7 +95,7 @@ def list_inputs(data: str) -> Inputs:
 
 
 def forward_all(cfg: TrainConfig, model: nn.Module, paths: list[str], labels: list[int], *, batch_size: int,
-                progress: bool, desc: str):
+                progress: bool, desc: str, normalize: tuple = (MEAN, STD)):
     """Logits and labels of every path, in order, on every process; and the Accelerator."""
     accelerator = make_accelerator(cfg)
     dataset = ImageDataset(paths, labels, cfg.image_size, report=False,  # reported once, below
@@ -111,7 +106,8 @@ def forward_all(cfg: TrainConfig, model: nn.Module, paths: list[str], labels: li
     model = accelerator.prepare_model(model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
     kept: list = []
-    engine.evaluate(accelerator, model, loader, DeviceNormalize(accelerator.device), progress=progress,
+    engine.evaluate(accelerator, model, loader, DeviceNormalize(accelerator.device, False, *normalize),
+                    progress=progress,
                     desc=desc, keep=kept)
     logits = torch.cat([lg for lg, _ in kept]).cpu()
     return accelerator, logits, torch.cat([lb for _, lb in kept]).cpu()
@@ -169,11 +165,12 @@ def skipped_path(out: str) -> Path:
 
 
 def predict(model: nn.Module, cfg: TrainConfig, classes: list[str], inputs: Inputs, out: str, *,
-            batch_size: int, clip: float = 0.0, progress: bool = True) -> int:
+            batch_size: int, clip: float = 0.0, progress: bool = True, normalize: tuple = (MEAN, STD)) -> int:
     """Write ``out`` (and ``out.skipped.txt`` when files were unreadable); return how many were skipped."""
     check_clip(clip)
     accelerator, logits, labels = forward_all(cfg, model, inputs.paths, [0] * len(inputs.paths),
-                                              batch_size=batch_size, progress=progress, desc="predict")
+                                              batch_size=batch_size, progress=progress, desc="predict",
+                                              normalize=normalize)
     readable = labels != UNREADABLE
     skipped = []
     if accelerator.is_main_process:
