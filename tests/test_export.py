@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from trained import one_thread, preprocess, reference_model, train_run  # noqa: F401  (one_thread: autouse)
+
 from visiontune.cli import main
 
 TOL = 1e-4

@@ -20,8 +20,8 @@ import pytest
 import timm
 import torch
 from safetensors.torch import load_file, save_file
-
 from trained import one_thread, preprocess  # noqa: F401  (one_thread: autouse)
+
 from visiontune.cli import main
 from visiontune.runinfo import read_file
 

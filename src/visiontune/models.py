@@ -13,11 +13,12 @@ mismatch is an error. Nothing is unpickled: safetensors or ``weights_only``.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torchvision
@@ -59,9 +60,24 @@ def _hub_error(name: str, e: Exception) -> UserError:
     if isinstance(e, RepositoryNotFoundError):
         return UserError(f"no model {name!r} on the Hugging Face Hub (or it is private); check the name "
                          f"at https://huggingface.co/{name.split(':', 1)[-1].lstrip('/')}")
+    todo = ("copy that cache from a machine that has it" if name.startswith("hf-hub:")
+            else "pass --weights none / --weights PATH")  # a Hub model needs its config.json even untrained
     return UserError(f"cannot fetch {name} ({e.__class__.__name__}): offline or not in the Hugging Face cache "
                      f"{constants.HF_HUB_CACHE} (HF_HOME) nor torch hub's {torch.hub.get_dir()}; run once with "
-                     "network access to fill the cache, or pass --weights none / --weights PATH")
+                     f"network access to fill the cache, or {todo}")
+
+
+@contextlib.contextmanager
+def _hub_quiet():
+    """The hub client logs each retry; the one line that matters is ours."""
+    from huggingface_hub.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _timm_preprocess(cfg: dict) -> Preprocess:
@@ -78,7 +94,8 @@ def get_spec(name: str) -> ModelSpec:
         from timm.models import _hub
 
         try:
-            cfg = _hub.load_model_config_from_hf(name[len("hf-hub:"):])[0]
+            with _hub_quiet():
+                cfg = _hub.load_model_config_from_hf(name[len("hf-hub:"):])[0]
         except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
             raise _hub_error(name, e) from None
         return ModelSpec(name, "hf-hub", name, _timm_preprocess(cfg))
@@ -176,7 +193,8 @@ def _build_timm(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
         raise UserError(f"--weights for {spec.name} is DEFAULT, none or a .safetensors/.pth path; "
                         f"a pretrained tag goes in the name: --model {spec.name}.TAG")
     try:
-        return timm.create_model(spec.arch, pretrained=weights == "DEFAULT", num_classes=num_classes)
+        with _hub_quiet():
+            return timm.create_model(spec.arch, pretrained=weights == "DEFAULT", num_classes=num_classes)
     except OSError as e:  # timm fetches through huggingface_hub (or torch hub): all OSErrors
         raise _hub_error(spec.name, e) from None
 
@@ -196,7 +214,7 @@ def load_state_file(path: str) -> dict[str, torch.Tensor]:
         with warnings.catch_warnings():  # torch's advice to retry unsafely must not reach the user
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle refusals, truncation, wrong format: all user errors here
+    except Exception as e:  # noqa: BLE001  (pickle refusals, truncation, wrong format: all user errors here)
         raise UserError(f"cannot load weights from {path} safely: {str(e).splitlines()[0]}") from None
     if not (isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())):
         raise UserError(f"{path} is not a state_dict (a dict of tensors)")

@@ -42,7 +42,7 @@ class RunInfo:
         return {KEY: json.dumps(self.to_dict())}
 
     @classmethod
-    def from_dict(cls, d: Any, where: str) -> "RunInfo":
+    def from_dict(cls, d: Any, where: str) -> RunInfo:
         names = [f.name for f in fields(cls)]
         if not isinstance(d, dict) or set(names) - set(d):
             raise UserError(f"{where}: not a visiontune model description (expected fields {', '.join(names)})")
