@@ -179,10 +179,10 @@ def _add_inference_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="visiontune", description="Fine-tune torchvision image classifiers "
+    parser = OneLineParser(prog="visiontune", description="Fine-tune torchvision and timm image classifiers "
                                      "on a folder of images, on one CPU or many GPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="fine-tune a torchvision classifier")
+    p = sub.add_parser("train", help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
     add_train_flags(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
