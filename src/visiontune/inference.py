@@ -30,6 +30,7 @@ from visiontune.models import WEIGHT_SUFFIXES, build_model, get_spec
 from visiontune.runinfo import RunInfo
 from visiontune.strategy import decode_threads, loader_workers, make_accelerator
 
+
 @dataclass(frozen=True)
 class LoadedModel:
     model: nn.Module  # eval mode, on the CPU
