@@ -6,10 +6,9 @@ import shutil
 
 import pytest
 import torch
-
 from safetensors.torch import load_file
-
 from trainrun import assert_same_weights, final_weights, train_argv
+
 from visiontune import cli
 from visiontune.data.augment import BatchMix, EpochIndex, sample_augment
 from visiontune.data.pipeline import UNREADABLE, EpochSampler
@@ -91,6 +90,7 @@ def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     import subprocess
 
     from conftest import PYTHON
+
     from visiontune.sample_data import make_sample_data
 
     data = tmp_path / "data"

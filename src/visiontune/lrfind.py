@@ -20,10 +20,10 @@ from visiontune import recipe
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import DeviceNormalize
-from visiontune.engine import readable_cross_entropy
 from visiontune.data.split import make_split
+from visiontune.engine import readable_cross_entropy
 from visiontune.launch import default_output_dir
-from visiontune.models import build_model
+from visiontune.models import build_model, get_spec
 from visiontune.strategy import make_accelerator
 
 
@@ -45,9 +45,12 @@ def _plot(path: str, lrs: list[float], losses: list[float], suggested: float) ->
 
 def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: int = 100) -> dict:
     """Sweep the lr; write ``lr_find.png`` and ``lr_find.json`` in the output folder; return the record."""
-    from visiontune.trainer import _loaders  # the train loader exactly as `train` builds it
+    from visiontune.trainer import (
+        _loaders,  # the train loader exactly as `train` builds it
+    )
 
     cfg = validate(cfg.replace(strategy="single", log_with=None))
+    cfg = cfg.replace(image_size=cfg.image_size or get_spec(cfg.model).preprocess.size)
     if not 0 < start < end or steps < 2:
         raise UserError("lr-find needs 0 < --start-lr < --end-lr and --steps >= 2")
     out = cfg.output_dir or default_output_dir().replace("runs", "runs/lr-find", 1)

@@ -84,18 +84,13 @@ def mean_std(cfg) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 def _weights_stats(cfg) -> tuple:
     from visiontune.config import UserError
+    from visiontune.models import get_spec
 
     if _normalize(cfg) != "weights":
         raise UserError(f"--normalize weights needs named pretrained weights (--weights {cfg.weights} has no "
                         "metadata); use --normalize data or blog")
-    import torchvision
-
-    enum = torchvision.models.get_model_weights(cfg.model)
-    try:
-        meta = (enum.DEFAULT if cfg.weights == "DEFAULT" else enum[cfg.weights]).transforms()
-    except KeyError:
-        raise UserError(f"unknown weights {cfg.weights!r} for {cfg.model}") from None
-    return meta.mean, meta.std
+    preprocess = get_spec(cfg.model).preprocess  # timm's pretrained_cfg, torchvision's weights.transforms()
+    return preprocess.mean, preprocess.std
 
 
 def data_stats(dataset, limit: int = 2000, seed: int = 0) -> tuple[str, str]:
