@@ -12,6 +12,7 @@ import os
 import sys
 from dataclasses import fields
 
+from visiontune import slurm
 from visiontune.config import RunStopped, TrainConfig, UserError, load_config_file, validate
 
 
@@ -58,6 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     # Check what can be checked before any worker starts: one error line, not N.
     discover(cfg.data)
+    launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     strategy.check(cfg)
     if cfg.model not in models.model_names():
         raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
@@ -163,12 +165,12 @@ def _relaunch(args: argparse.Namespace, command: str) -> int | None:
     from visiontune import launch
 
     cfg = TrainConfig(data="-", strategy="ddp", nproc=args.nproc)
-    return launch.relaunch(cfg, args.argv, command) if launch.needs_launcher(cfg) else None
+    return launch.relaunch(cfg, args.argv, command) if launch.needs_launcher(cfg, command) else None
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from visiontune.launch import inside_launcher
     from visiontune.predict import check_clip, list_inputs, predict, skipped_path
-    from visiontune.strategy import inside_launcher
 
     model, cfg, classes = _model_from_args(args)
     cfg, batch = _inference_setup(args, cfg)
@@ -188,7 +190,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from visiontune.evaluate import evaluate
-    from visiontune.strategy import inside_launcher
+    from visiontune.launch import inside_launcher
 
     model, cfg, classes = _model_from_args(args)
     cfg, batch = _inference_setup(args, cfg)
@@ -212,6 +214,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
           f"with mean {MEAN} std {STD}; output [N, {len(classes)}] logits for {', '.join(classes)}; "
           f"checked against the eager model, max difference {diff:.1e}")
+    return 0
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from visiontune import launch
+
+    cfg = config_from_args(args)  # the train flags must make a valid run before a job is queued
+    own = tuple(flag for flag, _, _ in slurm.FLAGS) + ("--output-dir", "--strategy")
+    script = slurm.batch_script(launch.without_flags(args.argv, own), nodes=args.nodes,
+                                gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
+                                cpus_per_task=args.cpus_per_task, job_name=args.job_name, output_dir=cfg.output_dir)
+    slurm.write(script, args.out)
     return 0
 
 
@@ -250,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--same", default="global", choices=("global", "per-device"),
                    help="keep the global batch (default) or the per-device batch equal across strategies")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("slurm", help="write a Slurm batch script for `visiontune train` (requeued on preemption)")
+    add_train_flags(p)
+    for flag, kind, help_text in slurm.FLAGS:
+        p.add_argument(flag, type=kind, required=help_text.startswith("required"),
+                       default="visiontune" if flag == "--job-name" else None, help=help_text)
+    p.set_defaults(func=cmd_slurm)
     p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
     p.add_argument("--run", help="a training run folder")
     p.add_argument("--weights", help="instead of --run: a .safetensors/.pth state_dict (needs --model, --classes)")
@@ -276,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from visiontune import launch
+
+    launch.die_with_launcher()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv[1:]  # the subcommand's own arguments, for relaunching under torchrun
@@ -285,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"visiontune: error: {e}", file=sys.stderr)
         return 2
     except RunStopped as e:  # a signal or a non-finite loss: the checkpoint is written, say where
-        if os.environ.get("RANK", "0") == "0":  # every worker stops alike; one line is enough
+        if launch.rank() == 0:  # every worker stops alike; one line is enough
             print(f"visiontune: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -19,7 +19,7 @@ import torch
 import torchvision
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, engine, faults, outputs
+from visiontune import checkpoint, elastic, engine, launch, outputs
 from visiontune.hooks import RunHooks
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset, open_or_build
@@ -27,7 +27,6 @@ from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
-from visiontune.launch import default_output_dir
 from visiontune.models import build_model
 from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
 
@@ -43,7 +42,7 @@ def versions() -> dict[str, str]:
 def _run_dir(accelerator, cfg: TrainConfig) -> str:
     # The main process picks the folder (a timestamp) and every process uses it.
     # ``--resume RUN_DIR`` goes on writing into RUN_DIR unless --output-dir says otherwise.
-    choice = [cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else default_output_dir())]
+    choice = [cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else launch.default_output_dir())]
     broadcast_object_list(choice) if accelerator.num_processes > 1 else None
     return choice[0]
 
@@ -107,7 +106,7 @@ def _screen(accelerator, cfg: TrainConfig, images: ImageSet, run_dir: str) -> tu
 
 def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
     """Load the checkpoint ``--resume`` (or an elastic restart) names; return it or None."""
-    found = checkpoint.find_resume(cfg.resume, run_dir, faults.restarted_by_launcher(), accelerator.print)
+    found = checkpoint.find_resume(cfg.resume, run_dir, launch.restart_count() > 0, accelerator.print)
     if found is None:
         return None
     checkpoint.check_compatible(found.meta, current)
@@ -143,10 +142,12 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
-    faults.join_restarted_group(cfg.timeout)
+    elastic.join_restarted_group(cfg.timeout)
+    cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
     run_dir = _run_dir(accelerator, cfg)
+    elastic.check_shared_folder(accelerator, run_dir)
     images = discover(cfg.data)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
@@ -179,6 +180,7 @@ def train(cfg: TrainConfig) -> dict:
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
         outputs.write_json(f"{run_dir}/split.json", split_rec)
         write_report(bad, f"{run_dir}/bad_files.csv")
+        elastic.record_world(run_dir, setup, cfg, resumed)
     if cfg.log_with:
         # Trackers write into the run folder, known only now that the main process chose it.
         accelerator.project_configuration.project_dir = run_dir
@@ -187,7 +189,7 @@ def train(cfg: TrainConfig) -> dict:
                                                         if isinstance(v, (int, float, str, bool))})
     hooks = RunHooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), current,
                      list(resumed.meta["history"]) if resumed else [])
-    start = (resumed.epoch, resumed.batch) if resumed else (0, 0)
+    start = (resumed.epoch, elastic.position(resumed.meta, setup.world_size)) if resumed else (0, 0)
     partial = resumed.meta.get("partial_totals") if resumed and accelerator.is_main_process else None
     with hooks.stop:  # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit"
         engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler,
