@@ -1,12 +1,12 @@
 """What a job keeps when its processes change: restarts, a new world size, one shared run folder.
 
-An elastic job (``--rdzv-endpoint`` with ``--nnodes MIN:MAX``, or ``--max-restarts``)
-may come back with fewer or more processes than wrote its last checkpoint. visiontune
-then keeps the global batch (per-process batch x processes x accumulation) by changing
-``--grad-accum``, so the learning rate, the LR schedule's length and the samples each
-optimizer step sees stay those of the original run; the position read from the
-checkpoint is converted from the old world's batches to the new one's. A world that
-cannot make the global batch is refused with one line. Every start of the workers is
+An elastic job (``--rdzv-endpoint`` with ``--nnodes MIN:MAX``) may run, or come back
+after a failure, with fewer or more processes than MAX nodes or its last checkpoint had.
+visiontune keeps the global batch (per-process batch x processes x accumulation) that
+of MAX nodes, or of the checkpoint, by changing ``--grad-accum``: the learning rate,
+the LR schedule's length and the samples each optimizer step sees stay the same; the
+position read from a checkpoint is converted from the old world's batches to the new
+one's. A world that cannot make the global batch is refused with one line. Every start of the workers is
 appended to ``RUN/world.jsonl``. The run folder must be one folder for all machines
 (each process writes its RNG state into the checkpoint): a folder that is not shared
 is found before training and stops the run with one line.
@@ -38,7 +38,7 @@ def join_restarted_group(timeout_s: float) -> None:
     """
     import torch.distributed as dist
 
-    if not launch.restart_count() or dist.is_initialized():
+    if not launch.restart_count() or dist.is_initialized() or launch.rendezvous() is None:
         return
     timeout = timedelta(seconds=timeout_s)
     addr, port = launch.rendezvous()
@@ -55,18 +55,28 @@ def _resume_source(cfg: TrainConfig) -> str | None:
 
 
 def keep_global_batch(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with the accumulation that gives this world the checkpoint's global batch."""
-    source = _resume_source(cfg)
+    """``cfg`` with the accumulation that gives this world the job's global batch.
+
+    The global batch is the checkpoint's when the world changed since it was written; in a fresh
+    elastic job (``--nnodes MIN:MAX``), that of MAX nodes, whichever nodes came first.
+    """
+    world, source = launch.world_size(), _resume_source(cfg)
     found = checkpoint.latest(source, say=lambda *_: None) if source and os.path.isdir(source) else None
-    if found is None or found.meta.get("world_size", launch.world_size()) == launch.world_size():
+    lo, hi = launch.node_range(cfg.nnodes or 1)
+    if found is not None and (found.meta.get("world_size", world) != world or lo != hi):
+        target, why = found.meta["global_batch"], f"the checkpoint in {source} ({found.meta['world_size']} processes)"
+    elif found is None and lo != hi:
+        target = cfg.batch_size * hi * launch.local_world_size() * cfg.grad_accum
+        why = f"--nnodes {cfg.nnodes} at {hi} nodes"
+    else:
         return cfg
-    old_world, global_batch = found.meta["world_size"], found.meta["global_batch"]
-    accum, rest = divmod(global_batch, cfg.batch_size * launch.world_size())
+    if target == cfg.batch_size * world * cfg.grad_accum:
+        return cfg
+    accum, rest = divmod(target, cfg.batch_size * world)
     if rest or accum < 1:
-        raise UserError(f"the checkpoint in {source} was written by {old_world} processes with a global batch of "
-                        f"{global_batch}; {launch.world_size()} processes of --batch-size {cfg.batch_size} cannot "
-                        "make that global batch with gradient accumulation; restart with a world size that can, "
-                        "or start a new run")
+        raise UserError(f"the global batch is {target}, set by {why}; {world} processes of --batch-size "
+                        f"{cfg.batch_size} cannot make it with gradient accumulation; use a number of nodes that "
+                        "divides it, or start a new run")
     return cfg.replace(grad_accum=accum)
 
 

@@ -59,8 +59,10 @@ def restart_count() -> int:
     return int(ENV.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def rendezvous() -> tuple[str, int]:
-    """The address and port of the job's store (rank 0's machine)."""
+def rendezvous() -> tuple[str, int] | None:
+    """The address and port of the store the agent keeps for every attempt; None when rank 0 makes one per attempt."""
+    if ENV.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
+        return None
     return ENV["MASTER_ADDR"], int(ENV["MASTER_PORT"])
 
 
@@ -137,6 +139,8 @@ def _kubernetes(env: Mapping[str, str]) -> bool:
 
 def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -> Plan:
     """Nodes, ranks, processes and rendezvous for ``cfg``: flags first, then the cluster's variables."""
+    if cfg.rdzv_endpoint and not cfg.rdzv_endpoint.rpartition(":")[2].isdigit():
+        raise UserError(f"--rdzv-endpoint must be HOST:PORT, got {cfg.rdzv_endpoint!r}")
     nnodes, node_rank, nproc = cfg.nnodes, cfg.node_rank, cfg.nproc
     addr, port, join, source = cfg.master_addr, cfg.master_port, None, "flags"
     alloc = slurm.allocation(env) if cluster else None
@@ -173,8 +177,6 @@ def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -
                         "needs the c10d rendezvous")
     if not 0 <= node_rank < hi:
         raise UserError(f"--node-rank must be in [0, {hi - 1}], got {node_rank}")
-    if cfg.rdzv_endpoint and not cfg.rdzv_endpoint.rpartition(":")[2].isdigit():
-        raise UserError(f"--rdzv-endpoint must be HOST:PORT, got {cfg.rdzv_endpoint!r}")
     rdzv_id = alloc.job_id if alloc else env.get("PET_RDZV_ID", "visiontune")
     return Plan(source, nnodes, node_rank, nproc or default_nproc(), addr or "127.0.0.1", port or 29500,
                 cfg.rdzv_endpoint, rdzv_id, join)
@@ -251,6 +253,10 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     nproc = int(torchrun_args[0].split("=")[1])
     ENV.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
     ENV[LAUNCHER_PID] = str(os.getpid())
+    if cfg.rdzv_endpoint:
+        # torch shares the rendezvous store with the workers, but a node that joins a later round
+        # then waits forever for keys the first round's rank 0 never writes again: opt out.
+        ENV.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # The agent already passes SIGTERM and SIGINT on to the workers (which checkpoint and stop);
     # make SIGUSR1 take the same path instead of killing the agent alone.
     signal.signal(signal.SIGUSR1, _terminate_process_handler)
