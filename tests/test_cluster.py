@@ -19,8 +19,15 @@ from pathlib import Path
 
 import psutil
 import pytest
+from trainrun import (
+    assert_same_weights,
+    checkpoints,
+    env_for,
+    pids_alive,
+    train_argv,
+    wait_for,
+)
 
-from trainrun import assert_same_weights, checkpoints, env_for, pids_alive, train_argv, wait_for
 from visiontune import cli, elastic, launch, slurm
 from visiontune.config import TrainConfig, UserError
 
@@ -64,9 +71,10 @@ def _slurm_env(job: str, node: int, nnodes: int, tasks: int = 1, local: int = 0,
 
 
 def _start(argv: list[str], env: dict, log: Path, cores: set[int], cwd: Path | None = None) -> subprocess.Popen:
-    f = open(log, "w")
-    return subprocess.Popen(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    with open(log, "w") as f:  # the child keeps its own copy of the descriptor
+        # The cores are set before exec so the launcher sizes its thread budget by them (no threads here yet).
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: os.sched_setaffinity(0, cores))  # noqa: PLW1509
 
 
 def _finish(procs: list[subprocess.Popen], logs: list[Path]) -> list[int]:
@@ -201,8 +209,8 @@ def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_pat
     assert cli.main(["slurm", "--data", str(small_data), "--model", "resnet18", "--epochs", "3", "--nodes", "2",
                      "--gpus-per-node", "4", "--time", "4:00:00", "--partition", "gpu", "--out", str(out)]) == 0
     text = out.read_text()
-    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
-    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", text, re.M))
+    assert subprocess.run(["bash", "-n", str(out)], check=False).returncode == 0
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", text, re.MULTILINE))
     assert sbatch == {"job-name": "visiontune", "nodes": "2", "ntasks-per-node": "1", "gpus-per-node": "4",
                       "cpus-per-task": "16", "time": "4:00:00", "partition": "gpu", "signal": "USR1@120",
                       "requeue": "", "open-mode": "append", "output": "%x-%j.out"}
@@ -221,7 +229,7 @@ def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_pat
         for f in bin_.iterdir():
             f.chmod(0o755)
         env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
-        assert subprocess.run(["bash", str(out)], env=env, cwd=tmp_path).returncode == code
+        assert subprocess.run(["bash", str(out)], env=env, cwd=tmp_path, check=False).returncode == code
         log = tmp_path / "scontrol.log"
         assert (log.read_text() if log.exists() else "") == ("requeue 4242\n" if requeued else "")
     common = ["slurm", "--data", str(small_data), "--nodes", "2", "--gpus-per-node", "4"]
