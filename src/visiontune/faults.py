@@ -1,4 +1,4 @@
-"""Stopping cleanly on SIGTERM, SIGINT and SIGUSR1.
+"""Stopping cleanly on SIGTERM, SIGINT and SIGUSR1 (``RunStopped``).
 
 A handler only records the signal; the training loop asks ``StopSignals.agreed``
 after every optimizer step, finishes nothing more, writes a checkpoint and exits
@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import signal
 
-import torch
-
-from visiontune.config import RunStopped
-
+# torch is imported where used: the CLI imports RunStopped from here before any command runs.
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class RunStopped(Exception):
+    """The run stopped on purpose (a signal, a non-finite loss): one line, then ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class StopSignals:
@@ -49,6 +54,7 @@ class StopSignals:
         """The signal every process stops for now, or 0; a collective under the launcher."""
         if self._group is None:
             return self.received
+        import torch
         import torch.distributed as dist
 
         flag = torch.tensor([self.received], dtype=torch.int64)

@@ -9,7 +9,6 @@ processes, and loader workers come out of that budget.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,6 +19,7 @@ from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ga
 from torch import nn
 
 from visiontune.config import TrainConfig, UserError
+from visiontune.host import available_cores
 from visiontune.launch import accelerate_cpu_single, inside_launcher, local_world_size, rank
 
 
@@ -29,8 +29,8 @@ def effective_strategy(cfg: TrainConfig) -> str:
 
 
 def cpu_budget() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // local_world_size())
+    """This process's share of the machine's cores."""
+    return max(1, available_cores() // local_world_size())
 
 
 def loader_workers(cfg: TrainConfig) -> int:
