@@ -11,15 +11,15 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 
-from trained import one_thread, reference_probs, train_run  # noqa: F401  (one_thread: autouse fixture)
+from trained import one_thread, reference_probs  # noqa: F401  (one_thread: autouse fixture)
 from visiontune.cli import main
 
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, sample_data) -> Path:
-    return train_run(tmp_path_factory.mktemp("predict") / "run", sample_data)
+def run(trained_run) -> Path:
+    return trained_run  # one training for the predict, evaluate and export tests (read-only)
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +173,8 @@ def test_mixed_precision_bf16_stays_close(run, sample_data, tmp_path):
     (["--run", "{run}", "--data", "{empty}"], "no images"),
     (["--run", "{run}", "--data", "{test}", "--clip", "0.5"], "--clip must be in"),
     (["--run", "{empty}", "--data", "{test}"], "not a visiontune run folder"),
+    pytest.param(["--run", "{run}", "--data", "{test}", "--mixed-precision", "fp16"], "use --mixed-precision bf16",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused on a CPU only")),
 ])
 def test_bad_input_is_one_line_exit_2(run, sample_data, tmp_path, capsys, argv, message):
     (tmp_path / "empty").mkdir()

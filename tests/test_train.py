@@ -2,16 +2,21 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import re
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 import torch
+import torchvision
 from PIL import Image
+from safetensors.torch import load_file
 
 from conftest import FAST
 from trained import independent_eval
-from visiontune import TrainConfig, train
+from visiontune import TrainConfig, train, trainer
 from visiontune.cli import main
 
 
@@ -25,15 +30,14 @@ def run(sample_data, tmp_path_factory):
 
 
 def test_every_output_exists_and_loads(run):
-    for name in ["best.pth", "best.safetensors", "classes.json", "config.json", "split.json", "history.json",
+    for name in ["best.safetensors", "classes.json", "config.json", "split.json", "history.json",
                  "metrics.csv", "training_results.png", "summary.json"]:
         assert (run / name).is_file(), name
+    assert not (run / "best.pth").exists()  # the same tensors twice only with --save-pth
     assert json.loads((run / "classes.json").read_text()) == ["cat", "dog"]
-    state = torch.load(run / "best.pth", weights_only=True)
+    state = load_file(str(run / "best.safetensors"))
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state)
-    from safetensors.torch import load_file
-    st = load_file(str(run / "best.safetensors"))
-    assert st.keys() == state.keys() and all(torch.equal(st[k], state[k]) for k in state)
+    torchvision.models.get_model("resnet18", num_classes=2).load_state_dict(state)  # strict: every key fits
     with Image.open(run / "training_results.png") as im:
         assert im.format == "PNG" and im.size[0] > 400
     rows = list(csv.DictReader(open(run / "metrics.csv")))
@@ -57,40 +61,68 @@ def test_best_model_reproduces_recorded_val_accuracy_and_learns(run, sample_data
 
 
 def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, sample_data, tmp_path):
+    again = tmp_path / "again"
     summary = train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", image_size=32,
-                                epochs=1, batch_size=16, output_dir=str(tmp_path / "again"), progress=False))
+                                epochs=1, batch_size=16, output_dir=str(again), progress=False, save_pth=True))
     first = json.loads((run / "split.json").read_text())
-    second = json.loads((tmp_path / "again" / "split.json").read_text())
+    second = json.loads((again / "split.json").read_text())
     assert first["sha256"] == second["sha256"] and first["val"] == second["val"]
-    assert summary == json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert summary == json.loads((again / "summary.json").read_text())
+    # save_pth (--save-pth): best.pth, read with weights_only=True, holds best.safetensors' tensors.
+    pth, st = torch.load(again / "best.pth", weights_only=True), load_file(str(again / "best.safetensors"))
+    assert pth.keys() == st.keys() and all(torch.equal(pth[k], st[k]) for k in st)
 
 
-def test_epoch_lines_in_the_reference_format(sample_data, tmp_path, capsys):
-    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "32",
-                 "--output-dir", str(tmp_path / "r")]) == 0
-    out = capsys.readouterr().out
-    assert "Epoch 0/0\n----------\n" in out and "global batch 32" in out
-    import re
+@pytest.fixture(scope="module")
+def logged(sample_data, tmp_path_factory) -> tuple[str, str]:
+    """stdout and stderr of a one-epoch run with progress on, stderr not a terminal, a line every step."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
+        mp.setenv("VISIONTUNE_PROGRESS_SECONDS", "0")
+        argv = [a for a in FAST if a != "--no-progress"]
+        assert main(["train", "--data", str(sample_data), *argv, "--epochs", "1", "--batch-size", "16",
+                     "--output-dir", str(tmp_path_factory.mktemp("logged") / "r")]) == 0
+    return out.getvalue(), err.getvalue()
+
+
+def test_epoch_lines_in_the_reference_format(logged):
+    out, _ = logged
+    assert "Epoch 0/0\n----------\n" in out and "global batch 16" in out
     assert re.search(r"^train Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^val Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^Training complete in \d+m \d+s$", out, re.M)
     assert re.search(r"^Best val Acc: \d\.\d{6}$", out, re.M)
 
 
-def test_config_file_then_flags(sample_data, tmp_path):
+def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(logged):
+    out, err = logged
+    assert "\r" not in err  # no carriage-return redraws in a log file
+    train = [line for line in err.splitlines() if line.startswith("train")]
+    # 96 images in batches of 16: a line after each of the 6 steps (every 0 s), none before the first.
+    assert [re.search(r" (\d)/6 ", line).group(1) for line in train] == list("123456")
+    # The last line's running numbers are the epoch's final ones, not those of an earlier step.
+    loss, acc = re.search(r"^train Loss: (\S+) Acc: (\S+)$", out, re.M).groups()
+    assert f"acc={acc}," in train[-1] and f"loss={loss}]" in train[-1]
+    assert len([line for line in err.splitlines() if line.startswith("val")]) == 2  # 24 images, batch 16
+
+
+def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
+    # What `train` is handed; no training is needed to see it (train's own config.json: `run`).
+    given = []
+    monkeypatch.setattr(trainer, "train", given.append)
     toml = tmp_path / "run.toml"
     toml.write_text('model = "resnet18"\nweights = "none"\nimage_size = 32\nepochs = 1\nbatch_size = 32\n'
                     'lr = 0.05\nprogress = false\n')
-    out = tmp_path / "r"
-    assert main(["train", "--data", str(sample_data), "--config", str(toml), "--lr", "0.02",
-                 "--output-dir", str(out)]) == 0
-    cfg = json.loads((out / "config.json").read_text())["config"]
-    assert (cfg["model"], cfg["epochs"], cfg["batch_size"], cfg["lr"]) == ("resnet18", 1, 32, 0.02)
-    # An earlier run's config.json works as --config too.
-    out2 = tmp_path / "r2"
-    assert main(["train", "--data", str(sample_data), "--config", str(out / "config.json"),
-                 "--output-dir", str(out2)]) == 0
-    assert json.loads((out2 / "config.json").read_text())["config"]["lr"] == 0.02
+    assert main(["train", "--data", str(sample_data), "--config", str(toml), "--lr", "0.02"]) == 0
+    cfg = given[-1]
+    assert (cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.image_size) == ("resnet18", 1, 32, 0.02, 32)
+    # An earlier run's config.json works as --config too, and holds what that run was given.
+    written = json.loads((run / "config.json").read_text())["config"]
+    assert (written["epochs"], written["batch_size"], written["lr"]) == (2, 16, 0.02)
+    assert main(["train", "--data", str(sample_data), "--config", str(run / "config.json"),
+                 "--output-dir", str(tmp_path / "r2")]) == 0
+    assert given[-1] == TrainConfig(**{**written, "output_dir": str(tmp_path / "r2")})
+    assert not (tmp_path / "r2").exists()
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -5,7 +5,7 @@
 visiontune code: a plain torchvision resnet18 loaded from ``best.safetensors``,
 torchvision's decoder and resize, and the blog's normalisation written out
 here, so a preprocessing or loading mistake in visiontune shows up as a
-difference. ``independent_eval`` scores a run's ``best.pth`` over its recorded
+difference. ``independent_eval`` scores a run's ``best.safetensors`` over its recorded
 validation files the same way, for comparison with the metrics the run reports.
 """
 from __future__ import annotations
@@ -62,11 +62,11 @@ def reference_probs(run: Path, paths: list[Path | str]) -> torch.Tensor:
 
 @torch.no_grad()
 def independent_eval(run: Path, data_root: Path) -> tuple[float, float, int]:
-    """(mean loss, accuracy, images) of ``run/best.pth`` over the val files of ``split.json``."""
+    """(mean loss, accuracy, images) of ``run/best.safetensors`` over the val files of ``split.json``."""
     cfg = json.loads((run / "config.json").read_text())["config"]
     classes = json.loads((run / "classes.json").read_text())
     model = torchvision.models.get_model(cfg["model"], num_classes=len(classes))
-    model.load_state_dict(torch.load(run / "best.pth", weights_only=True))
+    model.load_state_dict(load_file(str(run / "best.safetensors")))
     files = json.loads((run / "split.json").read_text())["val"]
     logits = model.eval()(preprocess([data_root / f for f in files], cfg["image_size"]))
     y = torch.tensor([classes.index(Path(f).name.split(".")[0]) for f in files])  # Kaggle names: cat.12.jpg

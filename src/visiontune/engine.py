@@ -2,14 +2,16 @@
 
 Metrics accumulate as device tensors and are reduced across processes once per
 phase, so the hot loop never waits on the GPU for a number (the progress bar
-reads them every ``POSTFIX_EVERY`` steps only). Training counts exactly the
-samples it trained on (full batches: the loader drops the ragged tail);
-evaluation counts every validation sample exactly once, because
+reads them once per redraw, at most every ``REDRAW_SECONDS``). Training counts
+exactly the samples it trained on (full batches: the loader drops the ragged
+tail); evaluation counts every validation sample exactly once, because
 ``gather_for_metrics`` drops the duplicates Accelerate pads the last batch with.
 """
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -22,7 +24,11 @@ from tqdm.auto import tqdm
 from visiontune.config import RunStopped
 from visiontune.data.pipeline import UNREADABLE
 
-POSTFIX_EVERY = 10
+# A terminal's bar redraws every REDRAW_SECONDS; without a terminal a line is printed every
+# LOG_EVERY_SECONDS ($VISIONTUNE_PROGRESS_SECONDS). The running loss/accuracy is read from the
+# device just before each redraw (one sync), so what is shown is never older than the redraw.
+REDRAW_SECONDS = 0.5
+LOG_EVERY_SECONDS = 30.0
 
 
 @dataclass
@@ -52,9 +58,25 @@ class NonFiniteLoss(RunStopped):
         super().__init__(message, 3)
 
 
+class _LogLines(tqdm):
+    """tqdm's status as a plain line every ``mininterval`` seconds, for logs (Slurm, CI) where
+    carriage-return redraws pile up; nothing at the start and nothing left at the end."""
+
+    def display(self, msg=None, pos=None):
+        if msg is not None or not self.n:  # msg="" is tqdm clearing the bar on close: nothing to clear
+            return False
+        self.fp.write(self.__str__() + "\n")
+        self.fp.flush()
+        return True
+
+
 def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
-    return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
-                disable=not (progress and accelerator.is_main_process))
+    disable = not (progress and accelerator.is_main_process)
+    if getattr(sys.stderr, "isatty", lambda: False)():
+        return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, mininterval=REDRAW_SECONDS, disable=disable)
+    every = float(os.environ.get("VISIONTUNE_PROGRESS_SECONDS", LOG_EVERY_SECONDS))
+    return _LogLines(loader, desc=desc, leave=False, mininterval=every, miniters=1, disable=disable,
+                     bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
 
 
 # Train totals: loss sum, correct, images, skipped steps, images of the steady steps.
@@ -123,10 +145,10 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
         totals[:3] += torch.stack([loss * n, (logits.argmax(1) == labels).sum().double() * (n > 0), n])
         if steady:
             totals[4] += n
-        if step % POSTFIX_EVERY == 0 and not bar.disable:
+        if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:  # tqdm's clock: it redraws next
             loss_sum, correct, count = totals.tolist()[:3]
             bar.set_postfix(loss=f"{loss_sum / max(count, 1):.4f}", acc=f"{correct / max(count, 1):.4f}",
-                            img_s=f"{count / (time.perf_counter() - start):.0f}")
+                            img_s=f"{count / (time.perf_counter() - start):.0f}", refresh=False)
         if on_step is not None:
             on_step(step + 1, totals)
         last = time.perf_counter()

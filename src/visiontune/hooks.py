@@ -76,7 +76,7 @@ class RunHooks:
         if acc.is_main_process:
             if is_best:
                 unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped))
+                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped), pth=self.cfg.save_pth)
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)
