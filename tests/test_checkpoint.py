@@ -198,6 +198,9 @@ def test_checkpoint_record_holds_position_history_and_split(finished_run):
     assert meta["history"] == []
     end = checkpoint.verify(str(out / "checkpoints" / "e0001-b0000000"))
     assert end["history"] == json.loads((out / "history.json").read_text())
+    # One numbering (README): epochs count from 0, as printed ("Epoch 0/0"); a folder names where
+    # training goes on, so the end of epoch 0 is e0001-b0000000, the start of epoch 1.
+    assert [h["epoch"] for h in end["history"]] == [0] and (end["epoch"], end["batch"]) == (1, 0)
     weights = load_file(str(out / "best.safetensors"))
     assert set(weights) == set(final_weights(out, epochs=1))
     assert not (out / "best.pth").exists()  # opt-in (--save-pth)

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import math
 import re
 from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,12 +24,8 @@ from visiontune.cli import main
 
 
 @pytest.fixture(scope="module")
-def run(sample_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "r"
-    code = main(["train", "--data", str(sample_data), *FAST, "--epochs", "2", "--batch-size", "16",
-                 "--lr", "0.02", "--output-dir", str(out)])
-    assert code == 0
-    return out
+def run(trained_run):
+    return trained_run  # 2 epochs, batch 16, lr 0.02 (read-only)
 
 
 def test_every_output_exists_and_loads(run):
@@ -60,33 +59,43 @@ def test_best_model_reproduces_recorded_val_accuracy_and_learns(run, sample_data
     assert summary["strategy"] == "single" and summary["world_size"] == 1 and summary["global_batch"] == 16
 
 
-def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, sample_data, tmp_path):
-    again = tmp_path / "again"
-    summary = train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", image_size=32,
-                                epochs=1, batch_size=16, output_dir=str(again), progress=False, save_pth=True))
-    first = json.loads((run / "split.json").read_text())
-    second = json.loads((again / "split.json").read_text())
-    assert first["sha256"] == second["sha256"] and first["val"] == second["val"]
-    assert summary == json.loads((again / "summary.json").read_text())
-    # save_pth (--save-pth): best.pth, read with weights_only=True, holds best.safetensors' tensors.
-    pth, st = torch.load(again / "best.pth", weights_only=True), load_file(str(again / "best.safetensors"))
-    assert pth.keys() == st.keys() and all(torch.equal(pth[k], st[k]) for k in st)
+@dataclass
+class Logged:
+    summary: dict
+    out: str  # stdout
+    err: str  # stderr
+    run_dir: Path
 
 
 @pytest.fixture(scope="module")
-def logged(sample_data, tmp_path_factory) -> tuple[str, str]:
-    """stdout and stderr of a one-epoch run with progress on, stderr not a terminal, a line every step."""
-    out, err = io.StringIO(), io.StringIO()
+def logged(sample_data, tmp_path_factory) -> Logged:
+    """One epoch through the Python API with progress on, stderr not a terminal (a line every step),
+    the tensorboard tracker when it is installed, and --save-pth."""
+    out, err, run_dir = io.StringIO(), io.StringIO(), tmp_path_factory.mktemp("logged") / "r"
+    tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
     with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
         mp.setenv("VISIONTUNE_PROGRESS_SECONDS", "0")
-        argv = [a for a in FAST if a != "--no-progress"]
-        assert main(["train", "--data", str(sample_data), *argv, "--epochs", "1", "--batch-size", "16",
-                     "--output-dir", str(tmp_path_factory.mktemp("logged") / "r")]) == 0
-    return out.getvalue(), err.getvalue()
+        summary = train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", image_size=32,
+                                    epochs=1, batch_size=16, output_dir=str(run_dir), log_with=tracker,
+                                    save_pth=True))
+    return Logged(summary, out.getvalue(), err.getvalue(), run_dir)
+
+
+def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, logged):
+    first = json.loads((run / "split.json").read_text())
+    second = json.loads((logged.run_dir / "split.json").read_text())
+    assert first["sha256"] == second["sha256"] and first["val"] == second["val"]
+    assert logged.summary == json.loads((logged.run_dir / "summary.json").read_text())
+
+
+def test_save_pth_writes_the_same_tensors_for_torch_load(logged):
+    pth = torch.load(logged.run_dir / "best.pth", weights_only=True)
+    st = load_file(str(logged.run_dir / "best.safetensors"))
+    assert pth.keys() == st.keys() and all(torch.equal(pth[k], st[k]) for k in st)
 
 
 def test_epoch_lines_in_the_reference_format(logged):
-    out, _ = logged
+    out = logged.out
     assert "Epoch 0/0\n----------\n" in out and "global batch 16" in out
     assert re.search(r"^train Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^val Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
@@ -95,7 +104,7 @@ def test_epoch_lines_in_the_reference_format(logged):
 
 
 def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(logged):
-    out, err = logged
+    out, err = logged.out, logged.err
     assert "\r" not in err  # no carriage-return redraws in a log file
     train = [line for line in err.splitlines() if line.startswith("train")]
     # 96 images in batches of 16: a line after each of the 6 steps (every 0 s), none before the first.
@@ -143,16 +152,14 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path,
     assert not (tmp_path / "r").exists()
 
 
-def test_tensorboard_tracker_logs_the_metrics(sample_data, tmp_path):
+def test_tensorboard_tracker_logs_the_metrics(logged):
     pytest.importorskip("tensorboard")
-    out = tmp_path / "r"
-    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "32",
-                 "--log-with", "tensorboard", "--output-dir", str(out)]) == 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = list(out.rglob("events.out.tfevents.*"))
+
+    events = list(logged.run_dir.rglob("events.out.tfevents.*"))
     assert events
     acc = EventAccumulator(str(events[0].parent)).Reload()
-    hist = json.loads((out / "history.json").read_text())
+    hist = json.loads((logged.run_dir / "history.json").read_text())
     assert acc.Scalars("val/accuracy")[0].value == pytest.approx(hist[0]["val"]["accuracy"])
 
 

@@ -1,6 +1,6 @@
 """A trained run folder and an independent forward pass, shared by the predict/evaluate/export tests.
 
-``train_run`` trains one epoch of resnet18 at 32 px (``FAST``) through the CLI.
+``train_run`` trains two epochs of resnet18 at 32 px (``FAST``, lr 0.02) through the CLI.
 ``reference_probs`` recomputes the model's class probabilities without any
 visiontune code: a plain torchvision resnet18 loaded from ``best.safetensors``,
 torchvision's decoder and resize, and the blog's normalisation written out
@@ -34,8 +34,8 @@ def train_run(out: Path, data: Path) -> Path:
     # One thread: on a shared 2-core machine two threads contend and run several times slower.
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(strategy, "cpu_budget", lambda: 1)
-        rc = main(["train", "--data", str(data), "--output-dir", str(out), "--epochs", "1", "--batch-size", "16",
-                   "--num-workers", "0", *FAST])
+        rc = main(["train", "--data", str(data), "--output-dir", str(out), "--epochs", "2", "--batch-size", "16",
+                   "--lr", "0.02", "--num-workers", "0", *FAST])
     assert rc == 0
     return out
 
