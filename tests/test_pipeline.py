@@ -11,9 +11,8 @@ from PIL import Image
 from torchvision import transforms
 
 from conftest import PYTHON, ROOT
-from visiontune.config import MEAN, STD
 from visiontune.data.decode import read_image, resize_uint8
-from visiontune.data.pipeline import DeviceNormalize
+from visiontune.data.pipeline import MEAN, STD, DeviceNormalize
 from visiontune.models import build_model, load_state_file
 from visiontune.strategy import enable_gpu_speedups
 
