@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
 
 from trained import one_thread, reference_probs  # noqa: F401  (one_thread: autouse fixture)
 from visiontune.cli import main
@@ -116,12 +117,16 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
     got = torch.tensor([[float(r[2]), float(r[3])] for r in rows[1:]])
     assert torch.allclose(got, ref, atol=TOL, rtol=0)
     assert [r[1] for r in rows[1:]] == [("cat", "dog")[int(i)] for i in ref.argmax(1)]
-    # The same model from its .pth (read with weights_only=True) and flags instead of the run folder.
-    out2 = tmp_path / "pred2.csv"
-    assert main(["predict", "--weights", str(run / "best.pth"), "--model", "resnet18", "--classes", "cat,dog",
-                 "--image-size", "32", "--data", str(listing), "--out", str(out2), "--no-progress",
-                 "--batch-size", "3"]) == 0
-    assert out2.read_bytes() == out.read_bytes()
+    # The same model from a state_dict file and flags instead of the run folder: the run's safetensors,
+    # and a .pth of it (read with weights_only=True; runs write one only with --save-pth).
+    pth = tmp_path / "best.pth"
+    torch.save(load_file(str(run / "best.safetensors")), pth)
+    for weights in (run / "best.safetensors", pth):
+        out2 = tmp_path / f"pred-{weights.suffix[1:]}.csv"
+        assert main(["predict", "--weights", str(weights), "--model", "resnet18", "--classes", "cat,dog",
+                     "--image-size", "32", "--data", str(listing), "--out", str(out2), "--no-progress",
+                     "--batch-size", "3"]) == 0
+        assert out2.read_bytes() == out.read_bytes()
 
 
 class _Payload:
