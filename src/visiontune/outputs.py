@@ -94,11 +94,12 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_model(run_dir: str | os.PathLike, state: dict[str, torch.Tensor], stem: str = "best",
-               pth: bool = False) -> None:
-    """``<stem>.safetensors``, and with ``pth`` the same tensors as ``<stem>.pth`` (loads with weights_only=True)."""
+               metadata: dict[str, str] | None = None, pth: bool = False) -> None:
+    """``<stem>.safetensors`` (carrying ``metadata``), and with ``pth`` the same tensors as ``<stem>.pth``
+    (loads with weights_only=True)."""
     from safetensors.torch import save as st_save
 
-    atomic_write(Path(run_dir) / f"{stem}.safetensors", st_save(state))
+    atomic_write(Path(run_dir) / f"{stem}.safetensors", st_save(state, metadata=metadata))
     if pth:  # opt-in: a second copy of every tensor (about 0.5 GB for VGG16)
         buf = io.BytesIO()
         torch.save(state, buf)
