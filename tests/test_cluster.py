@@ -19,15 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from trainrun import (
-    assert_same_weights,
-    checkpoints,
-    env_for,
-    pids_alive,
-    train_argv,
-    wait_for,
-)
 
+from trainrun import assert_same_weights, checkpoints, env_for, pids_alive, train_argv, wait_for
 from visiontune import cli, elastic, launch, slurm
 from visiontune.config import TrainConfig, UserError
 
@@ -102,9 +95,9 @@ def base_env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, small_data, base_env) -> Path:
+def cluster_reference(tmp_path_factory, small_data, base_env) -> Path:
     """One machine, ``--nproc 2``: what every two-node run below must reproduce exactly."""
-    out = tmp_path_factory.mktemp("reference") / "run"
+    out = tmp_path_factory.mktemp("cluster_reference") / "run"
     proc = _start([*train_argv(small_data, out), *RUN, "--nproc", "2"], base_env, out.parent / "log", PAIR)
     assert _finish([proc], [out.parent / "log"]) == [0]
     return out
@@ -243,7 +236,7 @@ def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_pat
 # --- real processes -----------------------------------------------------------------------------------
 
 def test_slurm_two_nodes_preempted_by_usr1_and_run_again_end_like_one_uninterrupted_run(
-        tmp_path, small_data, base_env, reference):
+        tmp_path, small_data, base_env, cluster_reference):
     """One task per node, as the generated script runs: srun starts visiontune on each node, which starts
     the node's process under torch.distributed.run; USR1 to every task, exit 138, the same command again."""
     job, out = _job_id_for_free_port(), tmp_path / "run"
@@ -261,10 +254,10 @@ def test_slurm_two_nodes_preempted_by_usr1_and_run_again_end_like_one_uninterrup
     assert _finish(again, logs2) == [0, 0]
     assert "resuming from" in logs2[0].read_text()
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2
-    assert_same_weights(_weights(out), _weights(reference))
+    assert_same_weights(_weights(out), _weights(cluster_reference))
 
 
-def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, small_data, base_env, reference):
+def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, small_data, base_env, cluster_reference):
     job, out = _job_id_for_free_port(), tmp_path / "run"
     argv = [*train_argv(small_data, out), *RUN]
     logs = [tmp_path / f"task{t}.log" for t in (0, 1)]
@@ -273,10 +266,10 @@ def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, smal
     time.sleep(2)
     assert all(not psutil.Process(p.pid).children() for p in tasks if p.poll() is None)  # Slurm's processes train
     assert _finish(tasks, logs) == [0, 0]
-    assert_same_weights(_weights(out), _weights(reference))
+    assert_same_weights(_weights(out), _weights(cluster_reference))
 
 
-def test_kubernetes_pods_train_as_one_job_without_flags(tmp_path, small_data, base_env, reference):
+def test_kubernetes_pods_train_as_one_job_without_flags(tmp_path, small_data, base_env, cluster_reference):
     out, port = tmp_path / "run", _free_port(30000, 40000)
     logs = [tmp_path / f"pod{n}.log" for n in (0, 1)]
     pods = [_start([*train_argv(small_data, out), *RUN], {
@@ -284,7 +277,7 @@ def test_kubernetes_pods_train_as_one_job_without_flags(tmp_path, small_data, ba
         "PET_NNODES": "2", "PET_NODE_RANK": str(n), "PET_NPROC_PER_NODE": "1"}, logs[n], {CORES[n % len(CORES)]})
         for n in (0, 1)]
     assert _finish(pods, logs) == [0, 0]
-    assert_same_weights(_weights(out), _weights(reference))
+    assert_same_weights(_weights(out), _weights(cluster_reference))
 
 
 def test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch(
