@@ -22,6 +22,10 @@ DISTRIBUTED = {
     "test_two_processes_write_the_same_bytes",
     "test_two_processes_give_exactly_the_same_numbers",
     "test_signal_to_the_launcher_stops_every_worker_at_the_same_step",
+    "cluster_reference",  # test_cluster.py: two "nodes" on localhost, Slurm/Kubernetes/c10d
+    "test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch",
+    "test_killing_the_launcher_with_sigkill_leaves_no_worker",
+    "test_a_run_folder_that_is_not_shared_stops_before_training",
 }
 SLOW = {
     "trained_run", "baseline_run", "logged", "_finished",  # fixtures that train

@@ -82,7 +82,7 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
     root = tmp_path_factory.mktemp("launch")
     train = ["train", "--data", str(sample_data), *RUN]
     node = [PYTHON, "-m", "visiontune", *train, "--strategy", "ddp", "--nnodes", "2", "--nproc", "1",
-            "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--output-dir", str(root / "shared")]
     commands = {
         "visiontune": ([PYTHON, "-m", "visiontune", *train, "--strategy", "ddp", "--nproc", str(WORLD),
                         "--output-dir", str(root / "visiontune")], root),
@@ -94,17 +94,15 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
                         "--mixed_precision", "no", "--dynamo_backend", "no",
                         "--main_process_port", str(_free_port()), "-m", "visiontune", *train,
                         "--output-dir", str(root / "accelerate")], root),
-        # No --output-dir: each "machine" has its own working folder; only rank 0's may get outputs.
-        # Machine 1 reads its own copy of the data, at another path (the split must still agree).
+        # Each "machine" has its own working folder, and both the same run folder (as on a shared file
+        # system). Machine 1 reads its own copy of the data, at another path (the split must still agree).
         "machine0": ([*node, "--node-rank", "0"], root / "machine0"),
         "machine1": ([*node, "--node-rank", "1", "--data", str(shutil.copytree(sample_data, root / "copy"))],
                      root / "machine1"),
     }
     done = _run_all(commands, root)
-    runs = sorted((root / "machine0" / "runs").glob("*"))
     dirs = {"visiontune": root / "visiontune", "torchrun": root / "torchrun", "accelerate": root / "accelerate",
-            "machine0": runs[0] if len(runs) == 1 else root / "machine0" / "runs" / "not-one-run-folder",
-            "machine1": root / "machine1"}
+            "machine0": root / "shared", "machine1": root / "machine1"}
     return {name: Job(code, log, dirs[name]) for name, (code, log) in done.items()}
 
 
@@ -164,14 +162,12 @@ def test_every_launcher_gives_the_same_run(jobs, launcher):
 def test_two_machines_finish_and_write_one_set_of_outputs(jobs):
     first, second = jobs["machine0"], jobs["machine1"]
     assert first.code == 0 and second.code == 0, first.log + second.log
-    runs = first.run_dir.parent  # machine 0's runs/, where rank 0 chose the run folder
-    assert list(runs.iterdir()) == [first.run_dir] and (first.run_dir / "summary.json").is_file()
-    assert first.read("summary.json")["world_size"] == 2
-    # Rank 1 wrote no outputs in its own working folder: at most its share of the checkpoints
-    # (its RNG state), which lands at the run folder's path on its machine.
-    written = [p for p in (second.run_dir / "runs").rglob("*") if p.is_file()] \
-        if (second.run_dir / "runs").exists() else []
-    assert all("checkpoints" in p.parts for p in written), written
+    assert (first.run_dir / "summary.json").is_file() and first.read("summary.json")["world_size"] == 2
+    # Nothing in either machine's working folder; each process's share of a checkpoint (its RNG state)
+    # is in the one run folder.
+    assert not any(p.is_file() for m in ("machine0", "machine1") for p in (first.run_dir.parent / m).rglob("*"))
+    newest = sorted((first.run_dir / "checkpoints").glob("e*"))[-1]
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in newest.iterdir()}
     assert "visiontune: outputs in" in first.log and "visiontune: outputs in" not in second.log
 
 

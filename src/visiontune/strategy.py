@@ -10,7 +10,6 @@ processes, and loader workers come out of that budget.
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,15 +21,7 @@ from torch import nn
 
 from visiontune.config import TrainConfig, UserError
 from visiontune.host import available_cores
-
-
-def local_world_size() -> int:
-    """Processes on this machine, as the launcher says (1 outside a launcher)."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
-def inside_launcher() -> bool:
-    return "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+from visiontune.launch import accelerate_cpu_single, inside_launcher, local_world_size, rank
 
 
 def effective_strategy(cfg: TrainConfig) -> str:
@@ -113,13 +104,12 @@ def check(cfg: TrainConfig) -> None:
     if cfg.sync_batchnorm and effective_strategy(cfg) == "ddp" and not torch.cuda.is_available():
         raise UserError("--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
                         "drop the flag (each process then normalises its own batch)")
-    if os.environ.get("RANK", "0") != "0":
+    if rank() != 0:
         return  # one note per job, not one per process
     if inside_launcher() and cfg.nproc is not None and cfg.nproc != local_world_size():
         print(f"visiontune: --nproc {cfg.nproc} ignored: the launcher started {local_world_size()} "
               "process(es) on this machine")
-    elif os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and "MASTER_ADDR" in os.environ \
-            and "WORLD_SIZE" not in os.environ and cfg.strategy != "ddp":
+    elif accelerate_cpu_single() and cfg.strategy != "ddp":
         # `accelerate launch --cpu --num_processes N` needs mpirun to start N processes; without it, one runs.
         print("visiontune: accelerate launch started one process (its --cpu mode needs mpirun for more); for N "
               "CPU processes use `accelerate launch --multi_gpu --num_processes N` or --strategy ddp --nproc N")
