@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+from safetensors.torch import load_file
 
 from conftest import FAST, PYTHON, _worker_env
 from trained import independent_eval
@@ -81,7 +82,7 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
     root = tmp_path_factory.mktemp("launch")
     train = ["train", "--data", str(sample_data), *RUN]
     node = [PYTHON, "-m", "visiontune", *train, "--strategy", "ddp", "--nnodes", "2", "--nproc", "1",
-            "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--output-dir", str(root / "shared")]
     commands = {
         "visiontune": ([PYTHON, "-m", "visiontune", *train, "--strategy", "ddp", "--nproc", str(WORLD),
                         "--output-dir", str(root / "visiontune")], root),
@@ -93,17 +94,15 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
                         "--mixed_precision", "no", "--dynamo_backend", "no",
                         "--main_process_port", str(_free_port()), "-m", "visiontune", *train,
                         "--output-dir", str(root / "accelerate")], root),
-        # No --output-dir: each "machine" has its own working folder; only rank 0's may get outputs.
-        # Machine 1 reads its own copy of the data, at another path (the split must still agree).
+        # Each "machine" has its own working folder, and both the same run folder (as on a shared file
+        # system). Machine 1 reads its own copy of the data, at another path (the split must still agree).
         "machine0": ([*node, "--node-rank", "0"], root / "machine0"),
         "machine1": ([*node, "--node-rank", "1", "--data", str(shutil.copytree(sample_data, root / "copy"))],
                      root / "machine1"),
     }
     done = _run_all(commands, root)
-    runs = sorted((root / "machine0" / "runs").glob("*"))
     dirs = {"visiontune": root / "visiontune", "torchrun": root / "torchrun", "accelerate": root / "accelerate",
-            "machine0": runs[0] if len(runs) == 1 else root / "machine0" / "runs" / "not-one-run-folder",
-            "machine1": root / "machine1"}
+            "machine0": root / "shared", "machine1": root / "machine1"}
     return {name: Job(code, log, dirs[name]) for name, (code, log) in done.items()}
 
 
@@ -163,14 +162,12 @@ def test_every_launcher_gives_the_same_run(jobs, launcher):
 def test_two_machines_finish_and_write_one_set_of_outputs(jobs):
     first, second = jobs["machine0"], jobs["machine1"]
     assert first.code == 0 and second.code == 0, first.log + second.log
-    runs = first.run_dir.parent  # machine 0's runs/, where rank 0 chose the run folder
-    assert list(runs.iterdir()) == [first.run_dir] and (first.run_dir / "summary.json").is_file()
-    assert first.read("summary.json")["world_size"] == 2
-    # Rank 1 wrote no outputs in its own working folder: at most its share of the checkpoints
-    # (its RNG state), which lands at the run folder's path on its machine.
-    written = [p for p in (second.run_dir / "runs").rglob("*") if p.is_file()] \
-        if (second.run_dir / "runs").exists() else []
-    assert all("checkpoints" in p.parts for p in written), written
+    assert (first.run_dir / "summary.json").is_file() and first.read("summary.json")["world_size"] == 2
+    # Nothing in either machine's working folder; each process's share of a checkpoint (its RNG state)
+    # is in the one run folder.
+    assert not any(p.is_file() for m in ("machine0", "machine1") for p in (first.run_dir.parent / m).rglob("*"))
+    newest = sorted((first.run_dir / "checkpoints").glob("e*"))[-1]
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in newest.iterdir()}
     assert "visiontune: outputs in" in first.log and "visiontune: outputs in" not in second.log
 
 
@@ -203,8 +200,8 @@ def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path)
     steps = [[h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())]
              for d in ("ddp", "one")]
     assert steps == [[4], [4]]
-    a = torch.load(tmp_path / "ddp" / "best.pth", weights_only=True)  # one epoch: best is the final model
-    b = torch.load(tmp_path / "one" / "best.pth", weights_only=True)
+    a = load_file(str(tmp_path / "ddp" / "best.safetensors"))  # one epoch: best is the final model
+    b = load_file(str(tmp_path / "one" / "best.safetensors"))
     assert a.keys() == b.keys()
     worst = max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in a)
     assert worst < 1e-5
@@ -216,7 +213,7 @@ def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, ca
                  "--strategy", "dp", "--output-dir", str(out)]) == 0
     notices = [line for line in capsys.readouterr().out.splitlines() if "DataParallel" in line]
     assert len(notices) == 1 and "gives no parallelism here" in notices[0]
-    state = torch.load(out / "best.pth", weights_only=True)
+    state = load_file(str(out / "best.safetensors"))
     assert not any(k.startswith("module.") for k in state)
     torchvision.models.get_model("resnet18", num_classes=2).load_state_dict(state)  # strict: every key fits
     summary = json.loads((out / "summary.json").read_text())

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from visiontune import slurm
 from visiontune.config import TrainConfig, UserError, choices
 from visiontune.faults import RunStopped
 from visiontune.flags import OneLineParser, add_train_flags, config_from_args, positive
@@ -24,6 +25,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = config_from_args(args)
     # Check what can be checked before any worker starts: one error line, not N.
     discover(cfg.data)
+    launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     strategy.check(cfg)
     models.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
@@ -53,8 +55,9 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.sample_data import make_sample_data
+    from visiontune.sample_data import clear_folder, make_sample_data
 
+    clear_folder(args.dir, args.force)
     info = make_sample_data(args.dir, per_class=args.per_class, seed=args.seed)
     print(f"visiontune: wrote a SYNTHETIC data set to {args.dir}: {info['train']} labelled images "
           f"({', '.join(info['classes'])}) in train/, {info['test']} in test/")
@@ -131,10 +134,10 @@ def _in_processes(args: argparse.Namespace, argv: list[str], command: str, skipp
     launching process reads ``skipped()`` from the output the workers wrote and reports it.
     """
     from visiontune import launch
-    from visiontune.strategy import inside_launcher
+    from visiontune.launch import inside_launcher
 
     cfg = TrainConfig(data="-", strategy="ddp", nproc=args.nproc)
-    if launch.needs_launcher(cfg):
+    if launch.needs_launcher(cfg, command):
         code = launch.relaunch(cfg, argv, command)
         return 1 if code == 0 and skipped() else code
     run()
@@ -180,6 +183,18 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune import launch
+
+    cfg = config_from_args(args)  # the train flags must make a valid run before a job is queued
+    own = tuple(flag for flag, _, _ in slurm.FLAGS) + ("--output-dir", "--strategy")
+    script = slurm.batch_script(launch.without_flags(argv, own), nodes=args.nodes,
+                                gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
+                                cpus_per_task=args.cpus_per_task, job_name=args.job_name, output_dir=cfg.output_dir)
+    slurm.write(script, args.out)
+    return 0
+
+
 def _add_inference_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive, help="images per batch PER PROCESS (default: the run's)")
     p.add_argument("--mixed-precision", choices=choices()["mixed_precision"], default="no")
@@ -207,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.add_argument("--per-class", type=positive, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace the data set in a folder that is not empty")
     p.set_defaults(func=cmd_sample_data)
     p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
     p.add_argument("--source", choices=("torchvision", "timm", "all"), default="torchvision")
@@ -223,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--same", default="global", choices=("global", "per-device"),
                    help="keep the global batch (default) or the per-device batch equal across strategies")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("slurm", help="write a Slurm batch script for `visiontune train` (requeued on preemption)")
+    add_train_flags(p)
+    for flag, kind, help_text in slurm.FLAGS:
+        p.add_argument(flag, type=kind, required=help_text.startswith("required"),
+                       default="visiontune" if flag == "--job-name" else None, help=help_text)
+    p.set_defaults(func=cmd_slurm)
     p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
     p.add_argument("--run", help="a training run folder")
     p.add_argument("--weights", help="instead of --run: a visiontune .safetensors file (it says what it is), "
@@ -251,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from visiontune import launch
+
+    launch.die_with_launcher()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
@@ -259,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"visiontune: error: {e}", file=sys.stderr)
         return 2
     except RunStopped as e:  # a signal or a non-finite loss: the checkpoint is written, say where
-        if os.environ.get("RANK", "0") == "0":  # every worker stops alike; one line is enough
+        if launch.rank() == 0:  # every worker stops alike; one line is enough
             print(f"visiontune: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

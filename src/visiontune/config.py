@@ -102,15 +102,18 @@ class TrainConfig:
     # distribution
     strategy: Literal["single", "dp", "ddp"] = _setting("single", "single, dp (nn.DataParallel) or ddp")
     nproc: int | None = _setting(None, "processes per machine for ddp (default: GPUs, or 2 on a CPU)")
-    nnodes: int = _setting(1, "machines in a ddp job")
-    node_rank: int = _setting(0, "this machine's rank in a ddp job")
-    master_addr: str = _setting("127.0.0.1", "address of the rank-0 machine")
-    master_port: int = _setting(29500, "port of the rank-0 machine")
+    # The four below default to what a Slurm allocation or a Kubernetes job says, else 1, 0, 127.0.0.1, 29500.
+    nnodes: str | None = _setting(None, "machines in a ddp job: N, or MIN:MAX with --rdzv-endpoint")
+    node_rank: int | None = _setting(None, "this machine's rank in a ddp job")
+    master_addr: str | None = _setting(None, "address of the rank-0 machine")
+    master_port: int | None = _setting(None, "port of the rank-0 machine")
+    rdzv_endpoint: str | None = _setting(None, "HOST:PORT of a c10d rendezvous (elastic) instead of a fixed master")
     max_restarts: int = _setting(0, "restart the workers this often when one dies")
     timeout: float = _setting(600.0, "seconds any collective may wait")
     # checkpoints and logging
     save_every_steps: int = _setting(0, "also checkpoint every N optimizer steps (0: at epoch ends only)")
     keep_last: int = _setting(2, "checkpoints to keep")
+    save_pth: bool = _setting(False, "also write best.pth beside best.safetensors (the same tensors)")
     resume: str | None = _setting(None, "a run folder to continue, or auto")
     log_with: str | None = _setting(None, "an Accelerate tracker: tensorboard, wandb, mlflow, ...")
     progress: bool = _setting(True, "progress bars")
@@ -142,7 +145,7 @@ RANGES = {"weight_decay": (0, math.inf, False), "warmup_epochs": (0, math.inf, F
           "freeze_epochs": (0, math.inf, False), "early_stop": (0, math.inf, False)}
 
 
-POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "nnodes", "keep_last")
+POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -175,8 +178,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--nproc must be a positive integer, got {cfg.nproc}")
     if cfg.num_workers is not None and cfg.num_workers < 0:
         raise UserError(f"--num-workers must be 'auto' or >= 0, got {cfg.num_workers}")
-    if not 0 <= cfg.node_rank < cfg.nnodes:
-        raise UserError(f"--node-rank must be in [0, {cfg.nnodes - 1}], got {cfg.node_rank}")
     if cfg.timing_warmup < 0:
         raise UserError(f"--timing-warmup must be >= 0, got {cfg.timing_warmup}")
     if cfg.save_every_steps < 0 or cfg.max_restarts < 0:

@@ -1,4 +1,4 @@
-"""Stopping cleanly on SIGTERM, SIGINT and SIGUSR1 (``RunStopped``), and noticing elastic restarts.
+"""Stopping cleanly on SIGTERM, SIGINT and SIGUSR1 (``RunStopped``).
 
 A handler only records the signal; the training loop asks ``StopSignals.agreed``
 after every optimizer step, finishes nothing more, writes a checkpoint and exits
@@ -12,7 +12,6 @@ synchronises the device; a single process only reads the flag.
 """
 from __future__ import annotations
 
-import os
 import signal
 
 # torch is imported where used: the CLI imports RunStopped from here before any command runs.
@@ -25,35 +24,6 @@ class RunStopped(Exception):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def restarted_by_launcher() -> bool:
-    """True in a worker that torch.distributed.run restarted after a failure."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-
-
-def join_restarted_group(timeout_s: float) -> None:
-    """In a restarted worker, join the process group under a key prefix of its own attempt.
-
-    The elastic agent keeps one store for every attempt, and the previous attempt's
-    gloo/NCCL address keys are still in it: a worker that reads its peer's stale
-    address before the peer rewrites it connects to a dead port and the restart
-    fails (or hangs). Prefixing the keys by the attempt number avoids the race;
-    Accelerate then adopts the initialised group as it is.
-    """
-    import torch
-    import torch.distributed as dist
-
-    if not restarted_by_launcher() or dist.is_initialized():
-        return
-    from datetime import timedelta
-
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timeout)
-    prefixed = dist.PrefixStore(f"visiontune/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=prefixed, timeout=timeout,
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
 class StopSignals:

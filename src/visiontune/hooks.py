@@ -84,6 +84,7 @@ class EpochOutputs:
     optimizer: torch.optim.Optimizer
     history: list[dict]
     model_metadata: dict[str, str] = field(default_factory=dict)  # the run's description, inside best.safetensors
+    save_pth: bool = False  # also best.pth (--save-pth)
     best_metric: str = "accuracy"
     ema: torch.nn.Module | None = None  # the EMA model, evaluated after each epoch beside the raw one
     evaluate: Callable[[torch.nn.Module], PhaseResult] | None = None
@@ -104,7 +105,8 @@ class EpochOutputs:
         if acc.is_main_process:
             if best["epoch"] == epoch:  # best.* holds the weights the best metric picked: EMA or raw
                 chosen = self.ema if which == "val_ema" else acc.unwrap_model(self.model, keep_torch_compile=False)
-                outputs.save_model(self.run_dir, outputs.plain_state_dict(chosen), metadata=self.model_metadata)
+                outputs.save_model(self.run_dir, outputs.plain_state_dict(chosen), metadata=self.model_metadata,
+                                   pth=self.save_pth)
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)

@@ -1,26 +1,96 @@
-"""Re-run a ``visiontune`` subcommand under ``torch.distributed.run`` when N processes are asked for.
+"""Every launcher and cluster variable visiontune reads, and the hand-over to torch.distributed.run.
 
-``visiontune train --strategy ddp --nproc N`` becomes, in this same process,
-the elastic agent of ``torchrun --nproc-per-node N -m visiontune train ...``:
-PyTorch starts, watches and (with ``--max-restarts``) restarts the workers.
-Inside a launcher already (torchrun, ``accelerate launch``) nothing is
-re-run. The run folder is fixed here, before the workers start, so that they
-all agree on it.
+Who started this process decides what happens. Inside a launcher's worker
+(torchrun, ``accelerate launch``: LOCAL_RANK is set) nothing is started. Slurm with
+one task per GPU started every process already: each joins under the ranks Slurm
+gave it. Otherwise ``visiontune train --strategy ddp`` becomes, in this same process,
+the elastic agent of ``torchrun ... -m visiontune train ...`` for this machine; its
+nodes, node rank and rendezvous come from the flags, else from a Slurm allocation,
+else from the variables a Kubernetes operator sets (MASTER_ADDR, MASTER_PORT,
+WORLD_SIZE, RANK, and torchrun's PET_* ones). A flag that contradicts the cluster
+is an error naming both. Workers die with their agent (a parent-death signal), so
+a launcher killed with SIGKILL leaves nothing running. The run folder is fixed
+here, before the workers start, so that they all agree on it.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import torch
+from visiontune import slurm
+from visiontune.config import TrainConfig, UserError
 
-from visiontune.config import TrainConfig
-from visiontune.strategy import cpu_budget
+LAUNCHER_PID = "VISIONTUNE_LAUNCHER_PID"  # set by relaunch for its workers: who they must die with
+ENV = os.environ  # the one place the process environment is read from
 
+
+# --- inside a worker: what the launcher said ----------------------------------------------------------
+
+def is_worker() -> bool:
+    """Started by a launcher (even one of a single process): never start a second one."""
+    return "LOCAL_RANK" in ENV
+
+
+def world_size() -> int:
+    return int(ENV.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(ENV.get("RANK", "0"))
+
+
+def local_world_size() -> int:
+    """Processes on this machine, as the launcher says (1 outside a launcher)."""
+    return int(ENV.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def inside_launcher() -> bool:
+    """A worker of a job of several processes: that is DDP, whatever --strategy says."""
+    return is_worker() and world_size() > 1
+
+
+def restart_count() -> int:
+    """How often torch.distributed.run restarted this job's workers (0 on the first attempt)."""
+    return int(ENV.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def rendezvous() -> tuple[str, int] | None:
+    """The address and port of the store the agent keeps for every attempt; None when rank 0 makes one per attempt."""
+    if ENV.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
+        return None
+    return ENV["MASTER_ADDR"], int(ENV["MASTER_PORT"])
+
+
+def accelerate_cpu_single() -> bool:
+    """``accelerate launch --cpu`` without mpirun: it started one process where N were asked for."""
+    return ENV.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and "MASTER_ADDR" in ENV \
+        and "WORLD_SIZE" not in ENV
+
+
+def die_with_launcher() -> None:
+    """In a torchrun worker: ask Linux to SIGKILL this process when its parent, the agent, dies.
+
+    The agent starts each worker in a session of its own, so a SIGKILLed agent
+    (``kill -9``, the OOM killer) would otherwise leave its workers training on as orphans.
+    """
+    if "TORCHELASTIC_RUN_ID" not in ENV or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if ENV.get(LAUNCHER_PID) and os.getppid() != int(ENV[LAUNCHER_PID]):
+        os._exit(128 + signal.SIGKILL)  # the agent died before the line above took effect
+
+
+# --- before any worker: how this machine's part of the job starts -------------------------------------
 
 def default_nproc() -> int:
+    import torch
+
     return torch.cuda.device_count() or 2
 
 
@@ -28,10 +98,113 @@ def default_output_dir() -> str:
     return os.path.join("runs", datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
 
 
-def needs_launcher(cfg: TrainConfig) -> bool:
-    # Any launcher's worker (even a job of one process) has LOCAL_RANK: never nest a second launcher.
-    return cfg.strategy == "ddp" and "LOCAL_RANK" not in os.environ and (
-        (cfg.nproc or default_nproc()) > 1 or cfg.nnodes > 1 or cfg.max_restarts > 0)
+@dataclass(frozen=True)
+class Plan:
+    source: str  # where nodes and ranks came from: flags, Slurm or Kubernetes
+    nnodes: str  # N, or MIN:MAX for an elastic job
+    node_rank: int
+    nproc: int  # processes on this machine
+    master_addr: str
+    master_port: int
+    rdzv_endpoint: str | None  # HOST:PORT of a c10d rendezvous instead of a fixed master
+    rdzv_id: str
+    join: dict[str, str] | None = None  # Slurm started every process: the variables this one joins with
+
+
+def node_range(nnodes: str) -> tuple[int, int]:
+    lo, _, hi = str(nnodes).partition(":")
+    try:
+        lo_n, hi_n = int(lo), int(hi or lo)
+    except ValueError:
+        raise UserError(f"--nnodes must be N or MIN:MAX, got {nnodes!r}") from None
+    if not 1 <= lo_n <= hi_n:
+        raise UserError(f"--nnodes must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {nnodes!r}")
+    return lo_n, hi_n
+
+
+def _agree(flag: str, given, found, where: str):
+    """The flag's value when given, else the cluster's; both given and different is an error."""
+    if given is None or found is None:
+        return found if given is None else given
+    ok = node_range(given)[0] <= found <= node_range(given)[1] if flag == "nnodes" else given == found
+    if not ok:
+        raise UserError(f"--{flag.replace('_', '-')} {given} contradicts {where}: drop the flag, or change the "
+                        "allocation")
+    return given
+
+
+def _kubernetes(env: Mapping[str, str]) -> bool:
+    return {"MASTER_ADDR", "WORLD_SIZE", "RANK"} <= env.keys()
+
+
+def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -> Plan:
+    """Nodes, ranks, processes and rendezvous for ``cfg``: flags first, then the cluster's variables."""
+    if cfg.rdzv_endpoint and not cfg.rdzv_endpoint.rpartition(":")[2].isdigit():
+        raise UserError(f"--rdzv-endpoint must be HOST:PORT, got {cfg.rdzv_endpoint!r}")
+    nnodes, node_rank, nproc = cfg.nnodes, cfg.node_rank, cfg.nproc
+    addr, port, join, source = cfg.master_addr, cfg.master_port, None, "flags"
+    alloc = slurm.allocation(env) if cluster else None
+    if alloc is not None:
+        source, at = "Slurm", "the Slurm allocation"
+        nnodes = str(_agree("nnodes", nnodes, alloc.nnodes, f"{at} ({alloc.nnodes} nodes, SLURM_NNODES)"))
+        node_rank = _agree("node_rank", node_rank, alloc.node_rank, f"{at} (SLURM_NODEID={alloc.node_rank})")
+        addr, port = addr or alloc.first_host, port or alloc.port
+        if alloc.one_task_per_gpu:
+            nproc = _agree("nproc", nproc, alloc.tasks_here, f"{at} ({alloc.tasks_here} task(s) on this node)")
+            if cfg.rdzv_endpoint:
+                addr, port = cfg.rdzv_endpoint.rsplit(":", 1)[0], int(cfg.rdzv_endpoint.rsplit(":", 1)[1])
+            join = {"RANK": str(alloc.task_rank), "LOCAL_RANK": str(alloc.local_task), "GROUP_RANK": str(node_rank),
+                    "WORLD_SIZE": str(alloc.ntasks), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": addr,
+                    "MASTER_PORT": str(port)}
+        elif nproc is not None and alloc.gpus and nproc > alloc.gpus:
+            raise UserError(f"--nproc {nproc} contradicts {at} ({alloc.gpus} GPU(s) on this node, "
+                            "SLURM_GPUS_ON_NODE): drop the flag, or ask for more GPUs")
+        nproc = nproc or alloc.gpus
+    elif cluster and _kubernetes(env) and "LOCAL_RANK" not in env:
+        source, at = "Kubernetes", "the job's environment"
+        # PyTorchJob sets PET_NNODES/PET_NODE_RANK (torchrun's own variables) beside WORLD_SIZE and RANK,
+        # which then count processes; operators of one process per pod set WORLD_SIZE and RANK alone.
+        nodes = int(env["PET_NNODES"] if env.get("PET_NNODES", "").isdigit() else env["WORLD_SIZE"])
+        this = int(env.get("PET_NODE_RANK") or env["RANK"])
+        nnodes = str(_agree("nnodes", nnodes, nodes, f"{at} ({nodes} nodes, PET_NNODES or WORLD_SIZE)"))
+        node_rank = _agree("node_rank", node_rank, this, f"{at} (node rank {this}, PET_NODE_RANK or RANK)")
+        addr, port = addr or env["MASTER_ADDR"], port or int(env.get("MASTER_PORT") or 29500)
+        nproc = nproc or (int(env["PET_NPROC_PER_NODE"]) if env.get("PET_NPROC_PER_NODE", "").isdigit() else None)
+    nnodes, node_rank = str(nnodes or 1), node_rank or 0
+    lo, hi = node_range(nnodes)
+    if lo != hi and not cfg.rdzv_endpoint:
+        raise UserError(f"--nnodes {nnodes} (elastic) needs --rdzv-endpoint HOST:PORT: membership that changes "
+                        "needs the c10d rendezvous")
+    if not 0 <= node_rank < hi:
+        raise UserError(f"--node-rank must be in [0, {hi - 1}], got {node_rank}")
+    rdzv_id = alloc.job_id if alloc else env.get("PET_RDZV_ID", "visiontune")
+    return Plan(source, nnodes, node_rank, nproc or default_nproc(), addr or "127.0.0.1", port or 29500,
+                cfg.rdzv_endpoint, rdzv_id, join)
+
+
+def join_cluster(cfg: TrainConfig) -> None:
+    """Under Slurm with one task per GPU, become the rank Slurm started (Accelerate reads these variables).
+
+    Also refuse a cluster job of several processes that --strategy would not make one job.
+    """
+    if is_worker():
+        return
+    alloc = slurm.allocation(ENV)
+    started = alloc.ntasks if alloc else (world_size() if _kubernetes(ENV) else 1)
+    if cfg.strategy != "ddp" and started > 1:
+        raise UserError(f"the cluster started {started} processes but --strategy is {cfg.strategy}: each would "
+                        "train alone; pass --strategy ddp")
+    if cfg.strategy == "ddp":
+        p = plan(cfg)
+        if p.join:
+            ENV.update(p.join)
+
+
+def needs_launcher(cfg: TrainConfig, command: str = "train") -> bool:
+    if cfg.strategy != "ddp" or is_worker():
+        return False
+    p = plan(cfg, cluster=command == "train")
+    return p.nproc > 1 or p.nnodes != "1" or cfg.max_restarts > 0 or p.rdzv_endpoint is not None
 
 
 def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -49,13 +222,14 @@ def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
 
 def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> list[str]:
     """torchrun's arguments for this run, then the workers' ``visiontune <command>`` arguments."""
-    nproc = cfg.nproc or default_nproc()
-    args = [f"--nproc-per-node={nproc}", f"--nnodes={cfg.nnodes}", f"--max-restarts={cfg.max_restarts}"]
-    if cfg.nnodes == 1:
+    p = plan(cfg, cluster=command == "train")
+    args = [f"--nproc-per-node={p.nproc}", f"--nnodes={p.nnodes}", f"--max-restarts={cfg.max_restarts}"]
+    if p.rdzv_endpoint:  # elastic: the c10d store at the endpoint assigns the node ranks
+        args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={p.rdzv_endpoint}", f"--rdzv-id={p.rdzv_id}"]
+    elif p.nnodes == "1":
         args.append("--standalone")  # rendezvous on a free local port
     else:
-        args += [f"--node-rank={cfg.node_rank}", f"--master-addr={cfg.master_addr}",
-                 f"--master-port={cfg.master_port}"]
+        args += [f"--node-rank={p.node_rank}", f"--master-addr={p.master_addr}", f"--master-port={p.master_port}"]
     # "--" ends torchrun's own options: its parser takes abbreviations, so a worker's
     # ``--run`` would otherwise clash with its ``--run-path``.
     return [*args, "-m", "--", "visiontune", command, *argv]
@@ -63,29 +237,39 @@ def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> 
 
 def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     """Run the workers under the elastic agent; return the job's exit code."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
+    from torch.distributed.elastic.multiprocessing.api import (
+        SignalException,
+        _terminate_process_handler,
+    )
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    nproc = cfg.nproc or default_nproc()
+    from visiontune.strategy import cpu_budget
+
+    torchrun_args = launcher_argv(cfg, argv if command != "train" or cfg.output_dir
+                                  else [*argv, "--output-dir", default_output_dir()], command)
     # Each worker takes cores / processes threads (strategy.cpu_budget); tell
     # OpenMP the same before the workers start so nothing oversubscribes.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
-    if command == "train" and cfg.output_dir is None:
-        argv = [*argv, "--output-dir", default_output_dir()]
+    nproc = int(torchrun_args[0].split("=")[1])
+    ENV.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
+    ENV[LAUNCHER_PID] = str(os.getpid())
+    if cfg.rdzv_endpoint:
+        # torch shares the rendezvous store with the workers, but a node that joins a later round
+        # then waits forever for keys the first round's rank 0 never writes again: opt out.
+        ENV.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # The agent already passes SIGTERM and SIGINT on to the workers (which checkpoint and stop);
     # make SIGUSR1 take the same path instead of killing the agent alone.
     signal.signal(signal.SIGUSR1, _terminate_process_handler)
     try:
-        run(get_args_parser().parse_args(launcher_argv(cfg, argv, command)))
+        run(get_args_parser().parse_args(torchrun_args))
     except SignalException as e:
         print(f"visiontune: stopped by {signal.Signals(e.sigval).name}; the workers wrote a checkpoint "
               "(continue with --resume auto and the same --output-dir)", file=sys.stderr)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
+        rank_, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        print(f"visiontune: worker rank {rank} failed with exit code {failure.exitcode} "
+        print(f"visiontune: worker rank {rank_} failed with exit code {failure.exitcode} "
               f"(its output is above); the job stopped", file=sys.stderr)
         return code
     return 0

@@ -9,27 +9,19 @@ processes, and loader workers come out of that budget.
 """
 from __future__ import annotations
 
-import os
+import importlib.util
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, gather_object
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, LoggerType, gather_object
 from torch import nn
 
 from visiontune.config import TrainConfig, UserError
 from visiontune.host import available_cores
-
-
-def local_world_size() -> int:
-    """Processes on this machine, as the launcher says (1 outside a launcher)."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
-def inside_launcher() -> bool:
-    return "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+from visiontune.launch import accelerate_cpu_single, inside_launcher, local_world_size, rank
 
 
 def effective_strategy(cfg: TrainConfig) -> str:
@@ -66,8 +58,22 @@ def enable_gpu_speedups() -> None:
     torch.backends.cudnn.benchmark = True
 
 
+def check_runnable(cfg: TrainConfig) -> None:
+    """Refuse settings that would quietly do something else here: fp16 on a CPU, a missing tracker."""
+    if cfg.mixed_precision == "fp16" and not torch.cuda.is_available():
+        # Accelerate would train in fp32 on a CPU while config.json said fp16.
+        raise UserError("--mixed-precision fp16 needs a GPU (on a CPU it would train in fp32); "
+                        "use --mixed-precision bf16 or no")
+    trackers = {t.value for t in LoggerType} - {"all"}  # their values are also their module names
+    if cfg.log_with in trackers and importlib.util.find_spec(cfg.log_with) is None:
+        # Accelerate leaves out trackers it cannot import, so the run would log nothing.
+        extra = "'visiontune[tensorboard]'" if cfg.log_with == "tensorboard" else cfg.log_with
+        raise UserError(f"--log-with {cfg.log_with}: {cfg.log_with} is not installed; pip install {extra}")
+
+
 def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accelerator:
     """Create the run's only Accelerator, then set this process's thread budget."""
+    check_runnable(cfg)
     if not torch.distributed.is_initialized():
         # Accelerate keeps one state per process; a second run in the same process
         # (the Python API, a notebook) may ask for other settings.
@@ -94,16 +100,16 @@ def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accele
 
 def check(cfg: TrainConfig) -> None:
     """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
+    check_runnable(cfg)
     if cfg.sync_batchnorm and effective_strategy(cfg) == "ddp" and not torch.cuda.is_available():
         raise UserError("--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
                         "drop the flag (each process then normalises its own batch)")
-    if os.environ.get("RANK", "0") != "0":
+    if rank() != 0:
         return  # one note per job, not one per process
     if inside_launcher() and cfg.nproc is not None and cfg.nproc != local_world_size():
         print(f"visiontune: --nproc {cfg.nproc} ignored: the launcher started {local_world_size()} "
               "process(es) on this machine")
-    elif os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and "MASTER_ADDR" in os.environ \
-            and "WORLD_SIZE" not in os.environ and cfg.strategy != "ddp":
+    elif accelerate_cpu_single() and cfg.strategy != "ddp":
         # `accelerate launch --cpu --num_processes N` needs mpirun to start N processes; without it, one runs.
         print("visiontune: accelerate launch started one process (its --cpu mode needs mpirun for more); for N "
               "CPU processes use `accelerate launch --multi_gpu --num_processes N` or --strategy ddp --nproc N")

@@ -17,7 +17,7 @@ import time
 import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, engine, faults, outputs, recipe, runinfo
+from visiontune import checkpoint, elastic, engine, faults, launch, outputs, recipe, runinfo
 from visiontune.hooks import CheckpointPolicy, Checkpointer, EarlyStop, EpochOutputs, RunHooks
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.augment import BatchMix, sample_augment
@@ -26,7 +26,6 @@ from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
-from visiontune.launch import default_output_dir
 from visiontune.models import build_model, get_spec
 from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
 
@@ -37,7 +36,7 @@ LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed a
 def _run_dir(accelerator, cfg: TrainConfig) -> str:
     # The main process picks the folder (a timestamp) and every process uses it.
     # ``--resume RUN_DIR`` goes on writing into RUN_DIR unless --output-dir says otherwise.
-    choice = [cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else default_output_dir())]
+    choice = [cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else launch.default_output_dir())]
     broadcast_object_list(choice) if accelerator.num_processes > 1 else None
     return choice[0]
 
@@ -98,7 +97,7 @@ def _screen(accelerator, cfg: TrainConfig, images: ImageSet, run_dir: str) -> tu
 
 def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
     """Load the checkpoint ``--resume`` (or an elastic restart) names; return it or None."""
-    found = checkpoint.find_resume(cfg.resume, run_dir, faults.restarted_by_launcher(), accelerator.print)
+    found = checkpoint.find_resume(cfg.resume, run_dir, launch.restart_count() > 0, accelerator.print)
     if found is None:
         return None
     checkpoint.check_compatible(found.meta, current)
@@ -159,15 +158,16 @@ def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, schedu
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
     ema = scheduler.ema.module if scheduler.ema else None
     return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
-                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(), cfg.best_metric,
-                                 ema, evaluate_ema), stop, cfg.epochs, cfg.early_stop)
+                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(), cfg.save_pth,
+                                 cfg.best_metric, ema, evaluate_ema), stop, cfg.epochs, cfg.early_stop)
 
 
 def _start(accelerator, resumed) -> engine.StartAt:
     if resumed is None:
         return engine.StartAt()
     totals = engine.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
-    return engine.StartAt(resumed.epoch, resumed.batch, totals)
+    # In batches of this world: an elastic job may come back with another number of processes.
+    return engine.StartAt(resumed.epoch, elastic.position(resumed.meta, accelerator.num_processes), totals)
 
 
 def _finish(accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet,
@@ -194,10 +194,12 @@ def train(cfg: TrainConfig) -> dict:
     since = time.time()
     spec = get_spec(cfg.model)
     cfg = cfg.replace(image_size=cfg.image_size or spec.preprocess.size)  # recorded resolved in config.json
-    faults.join_restarted_group(cfg.timeout)
+    elastic.join_restarted_group(cfg.timeout)
+    cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
     run_dir = _run_dir(accelerator, cfg)
+    elastic.check_shared_folder(accelerator, run_dir)
     images = discover(cfg.data)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
@@ -227,6 +229,8 @@ def train(cfg: TrainConfig) -> dict:
     resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
     _announce(accelerator, cfg, setup, images, split, run_dir)
     _write_records(accelerator, cfg, setup, images, split_rec, bad, run_dir, info)
+    if accelerator.is_main_process:
+        elastic.record_world(run_dir, setup, cfg, resumed)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
 
