@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainrun import assert_same_weights, final_weights, train_argv
 
+from trainrun import assert_same_weights, final_weights, train_argv
 from visiontune import cli
 from visiontune.data.augment import BatchMix, EpochIndex, sample_augment
 from visiontune.data.pipeline import UNREADABLE, EpochSampler
@@ -90,7 +90,6 @@ def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     import subprocess
 
     from conftest import PYTHON
-
     from visiontune.sample_data import make_sample_data
 
     data = tmp_path / "data"
@@ -114,7 +113,8 @@ def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     ckpt = "checkpoints/e0001-b0000000"
     for name in ("model.safetensors", "ema"):
         if name == "ema":
-            a, b = (torch.load(tmp_path / d / ckpt / "lr_scheduler.pt", weights_only=True)["ema"] for d in ("ddp", "one"))
+            a, b = (torch.load(tmp_path / d / ckpt / "lr_scheduler.pt", weights_only=True)["ema"]
+                    for d in ("ddp", "one"))
         else:
             a, b = (load_file(str(tmp_path / d / ckpt / name)) for d in ("ddp", "one"))
         assert a.keys() == b.keys()

@@ -94,7 +94,7 @@ def test_ema_is_the_hand_computed_average_and_restores_exactly():
     model = Tiny()
     ema = EMA(model, 0.9)
     hand = None
-    for step in range(4):
+    for _ in range(4):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
@@ -169,9 +169,9 @@ def test_best_picks_ema_or_raw_by_the_chosen_metric():
 def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, monkeypatch):
     import json
 
-    from conftest import FAST
     from safetensors.torch import load_file
 
+    from conftest import FAST
     from visiontune import cli, engine
 
     # Scripted validation: raw 0.5, 0.6, 0.55...; EMA 0.4, 0.7, 0.5...: the EMA of epoch 1 is best,
@@ -227,9 +227,9 @@ def test_data_statistics_are_those_of_the_pixels():
 def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp_path, small_data, capsys):
     import json
 
-    from conftest import FAST
     from PIL import Image
 
+    from conftest import FAST
     from visiontune import cli
 
     out = tmp_path / "lrf"
