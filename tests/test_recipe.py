@@ -238,7 +238,8 @@ def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp
     line = capsys.readouterr().out.strip().splitlines()[-1]
     rec = json.loads((out / "lr_find.json").read_text())
     lrs = rec["lrs"]
-    assert lrs[0] == pytest.approx(1e-4) and all(b / a == pytest.approx(10 ** (4 / 11)) for a, b in itertools.pairwise(lrs))
+    assert lrs[0] == pytest.approx(1e-4)
+    assert all(b / a == pytest.approx(10 ** (4 / 11)) for a, b in itertools.pairwise(lrs))
     assert rec["suggested_lr"] == pytest.approx(lrs[rec["losses"].index(min(rec["losses"]))] / 10)
     assert line.startswith(f"visiontune: suggested lr {rec['suggested_lr']:.2g}")
     with Image.open(out / "lr_find.png") as im:
