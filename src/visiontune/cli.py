@@ -52,7 +52,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from visiontune import launch, models, strategy
+    from visiontune import launch, models, runlock, strategy
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
@@ -63,7 +63,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
     if launch.needs_launcher(cfg):
         models.ensure_weights(cfg.model, cfg.weights)
-        return launch.relaunch(cfg, args.argv)
+        # One machine: this process outlives any worker restart, so it holds the run folder's lock.
+        with runlock.hold_for_workers(cfg.output_dir if cfg.nnodes == 1 else None):
+            return launch.relaunch(cfg, args.argv)
     from visiontune.trainer import train
 
     train(cfg)
@@ -170,10 +172,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from visiontune.predict import check_clip, list_inputs, predict, skipped_path
     from visiontune.strategy import inside_launcher
 
+    from visiontune.runlock import writable_file
+
     model, cfg, classes = _model_from_args(args)
     cfg, batch = _inference_setup(args, cfg)
     inputs = list_inputs(args.data)
     check_clip(args.clip)
+    writable_file(args.out, "--out")  # before the forward pass, not after it
     code = _relaunch(args, "predict")
     if code is not None:  # the workers exit 0 with skips (see below); their list tells
         return 1 if code == 0 and skipped_path(args.out).exists() else code
@@ -280,7 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv[1:]  # the subcommand's own arguments, for relaunching under torchrun
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:  # `visiontune models | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell tool killed by the signal
     except UserError as e:
         print(f"visiontune: error: {e}", file=sys.stderr)
         return 2

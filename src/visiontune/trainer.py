@@ -8,6 +8,7 @@ process writes.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -19,7 +20,7 @@ import torch
 import torchvision
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, engine, faults, outputs
+from visiontune import checkpoint, engine, faults, outputs, runlock
 from visiontune.hooks import RunHooks
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset, open_or_build
@@ -28,7 +29,7 @@ from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, wri
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
 from visiontune.launch import default_output_dir
-from visiontune.models import build_model
+from visiontune.models import build_model, check_input
 from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
 
 
@@ -110,8 +111,8 @@ def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
     found = checkpoint.find_resume(cfg.resume, run_dir, faults.restarted_by_launcher(), accelerator.print)
     if found is None:
         return None
-    checkpoint.check_compatible(found.meta, current)
-    checkpoint.load(accelerator, found, scheduler)
+    found = checkpoint.compatible(found, current)
+    checkpoint.load(accelerator, found, scheduler, accelerator.print)
     source = os.path.dirname(os.path.dirname(found.path))
     if accelerator.is_main_process and os.path.abspath(source) != os.path.abspath(run_dir):
         for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
@@ -139,6 +140,11 @@ def _results(history: list[dict]) -> dict:
 
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
+    with contextlib.ExitStack() as run_folder:  # holds the run folder's lock, released however the run ends
+        return _train(cfg, run_folder)
+
+
+def _train(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> dict:
     validate(cfg)
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
@@ -147,12 +153,14 @@ def train(cfg: TrainConfig) -> dict:
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
     run_dir = _run_dir(accelerator, cfg)
+    run_folder.enter_context(runlock.hold_run(accelerator, run_dir))  # before any long work
     images = discover(cfg.data)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
     set_seed(cfg.seed, device_specific=True)
     with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
+    check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     images, bad = _screen(accelerator, cfg, images, run_dir)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
     split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
@@ -166,7 +174,8 @@ def train(cfg: TrainConfig) -> dict:
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
                                                           train_loader, val_loader)
     current = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
-               "global_batch": setup.global_batch}
+               "global_batch": setup.global_batch, "batch_samples": setup.per_process_batch * setup.world_size,
+               "grad_accum": cfg.grad_accum}
     resumed = _resume(accelerator, cfg, run_dir, current, scheduler)
     accelerator.print(f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
                       f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
