@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -107,8 +108,32 @@ CHOICES = {
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "nnodes", "keep_last")
 
 
+def _fits(value: Any, kind: Any) -> bool:
+    """Whether ``value`` has the annotated type (``bool`` is no integer here, an int is a float)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is typing.Literal:
+        return value in args
+    if args:  # X | None
+        return any(_fits(value, k) for k in args)
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def check_types(values: dict[str, Any], where: str) -> None:
+    """Refuse, in one line, a setting whose value does not have its field's type ("no" is not a bool)."""
+    hints = typing.get_type_hints(TrainConfig)
+    for name, value in values.items():
+        if name in hints and not _fits(value, hints[name]):
+            kind = str(hints[name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise UserError(f"{where}: {name} = {value!r} is not of type {kind}")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Return ``cfg`` unchanged if it is usable, else raise ``UserError``."""
+    check_types(cfg.to_dict(), "settings")
     if not cfg.data:
         raise UserError("no data folder given: pass --data DIR (try `visiontune sample-data DIR`)")
     for name in POSITIVE:
@@ -134,6 +159,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError("--save-every-steps and --max-restarts must be >= 0")
     if not 0.0 <= cfg.max_bad_fraction <= 1.0:
         raise UserError(f"--max-bad-fraction must be between 0 and 1, got {cfg.max_bad_fraction}")
+    if cfg.momentum < 0 or cfg.weight_decay < 0:
+        raise UserError(f"--momentum and --weight-decay must be >= 0, got {cfg.momentum} and {cfg.weight_decay}")
+    if cfg.timeout <= 0:
+        raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
     return cfg
 
 
@@ -145,13 +174,16 @@ def load_config_file(path: str) -> dict[str, Any]:
     try:
         if p.suffix == ".json":
             raw = json.loads(p.read_text())
-            raw = raw.get("config", raw)  # a run's config.json nests the settings
+            raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # a run's config.json nests them
         else:
             raw = tomllib.loads(p.read_text())
     except (ValueError, tomllib.TOMLDecodeError) as e:
         raise UserError(f"cannot parse config file {path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} holds a {type(raw).__name__}, not a table of settings")
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"unknown setting(s) in {path}: {', '.join(unknown)}")
+    check_types(raw, path)
     return raw
