@@ -11,7 +11,7 @@ import csv
 import io
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 import torch
@@ -23,7 +23,9 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     """Write ``path`` whole or not at all: a unique temp file beside it, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # Not mkstemp: its files are mode 0600; 0666 here is narrowed by the user's umask, like any new file.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
