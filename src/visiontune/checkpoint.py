@@ -176,23 +176,24 @@ def _free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
-def _no_space(root: Path, what: str, needed: int) -> UserError:
+def _no_space(root: Path, what: str, needed: int, free: int) -> UserError:
     previous = listed(str(root.parent))
     kept = f"{previous[0]} is kept" if previous else "no earlier checkpoint exists"
     return UserError(f"no space left on the disk of {root} for checkpoint {what}: it needs about "
-                     f"{needed / MB:.0f} MB, {_free_bytes(root) / MB:.0f} MB are free; {kept}. Free some space "
+                     f"{needed / MB:.0f} MB, {free / MB:.0f} MB are free; {kept}. Free some space "
                      f"(or move the run folder) and continue with --resume {root.parent}")
 
 
-def _out_of_space(e: BaseException) -> bool:
-    # torch.save reports a full disk as a RuntimeError ("file write failed") without an errno.
+def _out_of_space(e: BaseException, tmp: Path, needed: int) -> bool:
+    """Whether a failed write ran out of room: torch reports a full disk as a RuntimeError with no errno
+    ("iostream error", "unexpected pos"), so also ask the disk whether what is written plus what is free
+    falls short of what was needed (after a passed free-space check, only a full disk does that)."""
     while e is not None:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if isinstance(e, RuntimeError) and "write failed" in str(e):
-            return True
         e = e.__cause__ or e.__context__
-    return False
+    written = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file()) if tmp.is_dir() else 0
+    return shutil.disk_usage(tmp.parent).free + written < needed
 
 
 def save(accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any], scheduler=None,
@@ -208,7 +209,7 @@ def save(accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any]
         for stale in root.glob(".tmp-*"):  # left by a killed process; this run holds the folder's lock
             shutil.rmtree(stale, ignore_errors=True)
         if _free_bytes(root) < needed:
-            problem = [str(_no_space(root, final.name, needed))]
+            problem = [str(_no_space(root, final.name, needed, _free_bytes(root)))]
         else:
             tmp.mkdir()
     if accelerator.num_processes > 1:
@@ -227,9 +228,10 @@ def save(accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any]
             (tmp / META).write_text(json.dumps(record, indent=1, default=str))
             _fsync_tree(tmp)
     except (OSError, RuntimeError) as e:
+        full, free = _out_of_space(e, tmp, needed), shutil.disk_usage(root).free
         shutil.rmtree(tmp, ignore_errors=True)
-        if _out_of_space(e):
-            raise _no_space(root, final.name, needed) from None
+        if full:
+            raise _no_space(root, final.name, needed, free) from None
         raise
     if accelerator.is_main_process:
         _publish(tmp, final)
