@@ -12,9 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainrun import (
+    assert_same_weights,
+    checkpoints,
+    env_for,
+    final_weights,
+    run,
+    start,
+    train_argv,
+    wait_for,
+)
 
-from trainrun import (assert_same_weights, checkpoints, env_for, final_weights, run, start, train_argv,
-                      wait_for)
 from visiontune import checkpoint, cli
 
 
@@ -223,6 +231,7 @@ def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sampl
     args = train_argv(small_data, out, "--save-every-steps", "3")[3:]
     # Global batch 4 either way: 4 x 1 there, 2 x 2 here.
     assert cli.main([*args, "--resume", "auto", "--batch-size", "2", "--grad-accum", "2"]) == 0
+    assert checkpoint.verify(str(out / "checkpoints" / "e0001-b0000007"))["samples"] == 28
     assert "(epoch 1, batch 14)" in capsys.readouterr().out
     history = json.loads((out / "history.json").read_text())
     assert [h["train"]["images"] for h in history] == [32, 32]  # not 28 + 18 from the wrong unit

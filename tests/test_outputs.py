@@ -38,3 +38,30 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
     with pytest.raises(OSError):
         outputs.atomic_write(target, "new")
     assert target.read_text() == "old" and os.listdir(target.parent) == ["f.json"]
+
+
+def test_atomic_files_respect_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        outputs.atomic_write(tmp_path / "a.bin", b"x")
+        with outputs.atomic_file(tmp_path / "b.bin") as f:
+            f.write(b"y")
+        os.umask(0o077)
+        outputs.atomic_write(tmp_path / "private.bin", b"z")
+    finally:
+        os.umask(old)
+    assert [(tmp_path / n).stat().st_mode & 0o777 for n in ("a.bin", "b.bin", "private.bin")] == [0o644, 0o644, 0o600]
+    assert (tmp_path / "b.bin").read_bytes() == b"y"
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin", "private.bin"]
+
+
+def test_the_image_cache_and_the_scan_use_one_cache_folder(tmp_path, monkeypatch):
+    from visiontune import host
+    from visiontune.data import cache, check
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "vt"))
+    assert cache.resolve_dir("auto") == str(tmp_path / "vt") == os.path.dirname(check.scan_cache_path("/data"))
+    monkeypatch.delenv("VISIONTUNE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.resolve_dir("auto") == host.user_cache_dir() == str(tmp_path / "xdg" / "visiontune")
+    assert cache.resolve_dir(str(tmp_path / "mine")) == str(tmp_path / "mine")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+from conftest import FAST
 from safetensors.torch import save_file
 
-from conftest import FAST
 from visiontune import cli, trainer
 from visiontune.sample_data import make_sample_data
 
@@ -97,9 +97,9 @@ def test_a_batch_of_one_is_refused_when_batchnorm_would_see_one_value(tmp_path, 
 def test_predict_out_under_a_file_is_refused_before_the_forward_pass(tmp_path, small_data, capsys, monkeypatch):
     save_file(torchvision.models.squeezenet1_1(num_classes=2).state_dict(), str(tmp_path / "w.safetensors"))
     (tmp_path / "file").write_text("x")
-    import visiontune.predict as predict
+    from visiontune import inference
 
-    monkeypatch.setattr(predict, "forward_all", lambda *a, **kw: pytest.fail("the forward pass ran"))
+    monkeypatch.setattr(inference, "forward", lambda *a, **kw: pytest.fail("the forward pass ran"))
     args = ["predict", "--weights", str(tmp_path / "w.safetensors"), "--model", "squeezenet1_1", "--classes",
             "cat,dog", "--data", str(small_data / "train"), "--out", str(tmp_path / "file" / "preds.csv")]
     assert cli.main(args) == 2

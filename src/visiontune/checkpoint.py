@@ -161,8 +161,9 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
 
 def _needed_bytes(accelerator) -> int:
     """About what ``save_state`` writes: every model and optimizer tensor, plus room for the small files."""
-    states = [m.state_dict() for m in accelerator._models] + [o.state_dict()["state"] for o in accelerator._optimizers]
-    stack, total = list(states), 0
+    # The models and optimizers ``prepare`` registered: what ``save_state`` writes.
+    stack = [m.state_dict() for m in accelerator._models] + [o.state_dict()["state"] for o in accelerator._optimizers]
+    total = 0
     while stack:  # optimizer state nests: {param index: {"momentum_buffer": tensor, ...}}
         item = stack.pop()
         if isinstance(item, torch.Tensor):
@@ -225,6 +226,8 @@ def save(accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any]
         if accelerator.is_main_process:
             files = {p.name: [p.stat().st_size, _sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
             record = {"format": FORMAT, "epoch": epoch, "batch": batch, **meta, "files": files}
+            if "batch_samples" in meta:  # the position in the units any split of the global batch shares
+                record["samples"] = batch * meta["batch_samples"]
             (tmp / META).write_text(json.dumps(record, indent=1, default=str))
             _fsync_tree(tmp)
     except (OSError, RuntimeError) as e:
