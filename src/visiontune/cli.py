@@ -136,7 +136,6 @@ def _in_processes(args: argparse.Namespace, argv: list[str], command: str, skipp
 
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.predict import check_clip, list_inputs, predict, skipped_path
-
     from visiontune.runlock import writable_file
 
     loaded, icfg = _inference(args)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -109,8 +108,8 @@ POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch
 
 def _fits(value: Any, kind: Any) -> bool:
     """Whether ``value`` has the annotated type (``bool`` is no integer here, an int is a float)."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is typing.Literal:
+    origin, args = get_origin(kind), get_args(kind)
+    if origin is Literal:
         return value in args
     if args:  # X | None
         return any(_fits(value, k) for k in args)
@@ -123,7 +122,7 @@ def _fits(value: Any, kind: Any) -> bool:
 
 def check_types(values: dict[str, Any], where: str) -> None:
     """Refuse, in one line, a setting whose value does not have its field's type ("no" is not a bool)."""
-    hints = typing.get_type_hints(TrainConfig)
+    hints = get_type_hints(TrainConfig)
     for name, value in values.items():
         if name in hints and not _fits(value, hints[name]):
             kind = str(hints[name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
