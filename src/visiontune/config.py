@@ -109,8 +109,8 @@ POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch
 def _fits(value: Any, kind: Any) -> bool:
     """Whether ``value`` has the annotated type (``bool`` is no integer here, an int is a float)."""
     origin, args = get_origin(kind), get_args(kind)
-    if origin is Literal:
-        return value in args
+    if origin is Literal:  # of the choices' type here; which choice, ``validate`` says with the flag's name
+        return any(type(value) is type(a) for a in args)
     if args:  # X | None
         return any(_fits(value, k) for k in args)
     if kind is type(None):
