@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
+from safetensors.torch import load_file
+
 from trainrun import (
     assert_same_weights,
     checkpoints,
@@ -22,7 +23,6 @@ from trainrun import (
     train_argv,
     wait_for,
 )
-
 from visiontune import checkpoint, cli
 
 
@@ -113,14 +113,24 @@ def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_
     assert not list((out / "checkpoints").glob(".tmp-*"))  # the leftover was cleared when rewritten
 
 
+def _finished_args(small_data, out) -> list[str]:
+    return train_argv(small_data, out, "--save-every-steps", "4", "--epochs", "1")[3:]
+
+
+@pytest.fixture(scope="module")
+def _finished(tmp_path_factory, small_data):
+    """Trained once per module: a one-epoch run with checkpoints after steps 4 and 8 (the epoch end)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert cli.main(_finished_args(small_data, out)) == 0
+    return out
+
+
 @pytest.fixture
-def finished_run(tmp_path, small_data, monkeypatch):
-    """A one-epoch run with checkpoints after steps 4 and 8 (the epoch end)."""
+def finished_run(_finished, tmp_path, small_data, monkeypatch):
+    """A copy of that run for one test to damage or resume (checkpoints record no absolute paths)."""
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    out = tmp_path / "run"
-    args = train_argv(small_data, out, "--save-every-steps", "4", "--epochs", "1")[3:]
-    assert cli.main(args) == 0
-    return out, args
+    out = shutil.copytree(_finished, tmp_path / "run")
+    return out, _finished_args(small_data, out)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garble record", "remove file"])
@@ -200,7 +210,10 @@ def test_checkpoint_record_holds_position_history_and_split(finished_run):
     assert meta["history"] == []
     end = checkpoint.verify(str(out / "checkpoints" / "e0001-b0000000"))
     assert end["history"] == json.loads((out / "history.json").read_text())
-    weights = torch.load(out / "best.pth", weights_only=True)
+    # One numbering (README): epochs count from 0, as printed ("Epoch 0/0"); a folder names where
+    # training goes on, so the end of epoch 0 is e0001-b0000000, the start of epoch 1.
+    assert [h["epoch"] for h in end["history"]] == [0] and (end["epoch"], end["batch"]) == (1, 0)
+    weights = load_file(str(out / "best.safetensors"))
     assert set(weights) == set(final_weights(out, epochs=1))
 
 
@@ -215,7 +228,7 @@ def _copy_checkpoint(run: Path, name: str, to: Path, *extra: str) -> Path:
 
 def test_resume_into_a_new_output_dir_that_does_not_exist_yet(tmp_path, small_data, baseline_run, monkeypatch):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    old = _copy_checkpoint(baseline_run, "e0001-b0000007", tmp_path / "old", "best.pth", "best.safetensors")
+    old = _copy_checkpoint(baseline_run, "e0001-b0000007", tmp_path / "old", "best.safetensors")
     new = tmp_path / "new" / "run"
     args = train_argv(small_data, new, "--save-every-steps", "3")[3:]
     assert cli.main([*args, "--resume", str(old)]) == 0

@@ -68,7 +68,7 @@ def test_a_config_json_that_is_not_a_table_is_refused(tmp_path, small_data, caps
 def test_weights_that_are_not_a_state_dict_are_refused(tmp_path, small_data, capsys, no_scan):
     torch.save([torch.zeros(2), torch.ones(2)], tmp_path / "list.pth")
     assert cli.main([*_train(small_data, tmp_path / "run"), "--weights", str(tmp_path / "list.pth")]) == 2
-    _one_line(capsys, "holds a list, not a state_dict")
+    _one_line(capsys, "is not a state_dict")
 
 
 class _RunsCode:
