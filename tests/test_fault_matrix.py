@@ -17,8 +17,8 @@ import signal
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainrun import PYTHON, env_for, run, start, wait_for
 
+from trainrun import PYTHON, env_for, run, start, wait_for
 from visiontune import checkpoint, runlock
 from visiontune.sample_data import make_sample_data
 

@@ -9,11 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from trainrun import TINY
 
+from trainrun import TINY
 from visiontune import cli, runlock, trainer
 
-HOLD = "import sys, time; from visiontune import runlock\nwith runlock.hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)"
+HOLD = ("import sys, time; from visiontune import runlock\n"
+        "with runlock.hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)")
 
 
 def _train(data, out, *extra):

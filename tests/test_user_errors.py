@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import FAST
 from safetensors.torch import save_file
 
+from conftest import FAST
 from visiontune import cli, trainer
 from visiontune.sample_data import make_sample_data
 
