@@ -26,6 +26,8 @@ DISTRIBUTED = {
     "test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch",
     "test_killing_the_launcher_with_sigkill_leaves_no_worker",
     "test_a_run_folder_that_is_not_shared_stops_before_training",
+    "uninterrupted",  # the fault-injection matrix's reference runs (single and ddp)
+    "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
 }
 SLOW = {
     "trained_run", "baseline_run", "logged", "_finished",  # fixtures that train
@@ -38,6 +40,12 @@ SLOW = {
     "test_cosine_schedule_steps_per_optimizer_step_with_accumulation",
     "test_gpu_script_says_there_is_no_gpu_and_exits_0",
     "test_gpu_benchmark_code_runs_tiny_on_a_cpu",
+    "test_too_little_free_space_stops_before_writing",
+    "test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint",
+    "test_a_real_full_disk_while_writing",
+    "test_the_lock_of_a_killed_holder_is_free_at_once",
+    "test_the_lock_is_released_when_a_run_fails",
+    "test_a_closed_pipe_ends_quietly",
 }
 
 

@@ -18,7 +18,7 @@ def _touch(path, data=b"x"):
 
 
 def test_kaggle_layout_classes_order_and_numeric_test_ids(tmp_path):
-    for name in ["cat.10.jpg", "cat.2.jpg", "dog.1.jpg", "Thumbs.db"]:
+    for name in ["cat.10.jpg", "cat.2.jpg", "dog.1.jpg", "notes.txt", "Thumbs.db", ".DS_Store"]:
         _touch(tmp_path / "train" / name)
     for i in [10, 2, 1]:
         _touch(tmp_path / "test" / f"{i}.jpg")
@@ -27,7 +27,7 @@ def test_kaggle_layout_classes_order_and_numeric_test_ids(tmp_path):
     assert [p.split("/")[-1] for p in found.paths] == ["cat.2.jpg", "cat.10.jpg", "dog.1.jpg"]
     assert found.labels == [0, 0, 1]
     assert [p.split("/")[-1] for p in found.test_files] == ["1.jpg", "2.jpg", "10.jpg"]
-    assert [p.split("/")[-1] for p, _ in found.rejects] == ["Thumbs.db"]
+    assert [p.split("/")[-1] for p, _ in found.rejects] == ["notes.txt"]  # the OS's metadata files are ignored
 
 
 def test_image_folder_layout_like_petimages(tmp_path):

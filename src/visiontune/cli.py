@@ -19,7 +19,7 @@ from visiontune.host import available_cores
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune import launch, models, strategy
+    from visiontune import launch, models, runlock, strategy
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
@@ -30,7 +30,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     models.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
         models.ensure_weights(cfg.model, cfg.weights)
-        return launch.relaunch(cfg, argv)
+        # One machine: this process outlives any worker restart, so it holds the run folder's lock.
+        with runlock.hold_for_workers(cfg.output_dir if cfg.nnodes == 1 else None):
+            return launch.relaunch(cfg, argv)
     from visiontune.trainer import train
 
     train(cfg)
@@ -137,10 +139,12 @@ def _in_processes(args: argparse.Namespace, argv: list[str], command: str, skipp
 
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.predict import check_clip, list_inputs, predict, skipped_path
+    from visiontune.runlock import writable_file
 
     loaded, icfg = _inference(args)
     inputs = list_inputs(args.data)
     check_clip(args.clip)
+    writable_file(args.out, "--out")  # before the forward pass, not after it
     return _in_processes(args, argv, "predict", skipped_path(args.out).exists,
                          lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip))
 
@@ -264,7 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
+        code = args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:  # `visiontune models | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell tool killed by the signal
     except UserError as e:
         print(f"visiontune: error: {e}", file=sys.stderr)
         return 2

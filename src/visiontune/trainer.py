@@ -8,6 +8,7 @@ process writes.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -16,7 +17,7 @@ import time
 import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, elastic, engine, faults, launch, outputs, runinfo
+from visiontune import checkpoint, elastic, engine, faults, launch, outputs, runinfo, runlock
 from visiontune.hooks import CheckpointPolicy, Checkpointer, EpochOutputs, RunHooks
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset, open_or_build
@@ -24,7 +25,7 @@ from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
 from visiontune.data.pipeline import MEAN, STD, DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
-from visiontune.models import build_model, get_spec
+from visiontune.models import build_model, check_input, get_spec
 from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
 
 
@@ -101,8 +102,8 @@ def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
     found = checkpoint.find_resume(cfg.resume, run_dir, launch.restart_count() > 0, accelerator.print)
     if found is None:
         return None
-    checkpoint.check_compatible(found.meta, current)
-    checkpoint.load(accelerator, found, scheduler)
+    found = checkpoint.compatible(found, current)
+    checkpoint.load(accelerator, found, scheduler, accelerator.print)
     source = os.path.dirname(os.path.dirname(found.path))
     if accelerator.is_main_process and os.path.abspath(source) != os.path.abspath(run_dir):
         for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
@@ -188,6 +189,11 @@ def _finish(accelerator, run_dir: str, since: float, history: list[dict], split:
 
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
+    with contextlib.ExitStack() as run_folder:  # holds the run folder's lock, released however the run ends
+        return _train(cfg, run_folder)
+
+
+def _train(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> dict:
     validate(cfg)
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
@@ -199,6 +205,7 @@ def train(cfg: TrainConfig) -> dict:
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
     run_dir = _run_dir(accelerator, cfg)
+    run_folder.enter_context(runlock.hold_run(accelerator, run_dir))  # before any long work
     elastic.check_shared_folder(accelerator, run_dir)
     images = discover(cfg.data)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
@@ -207,6 +214,7 @@ def train(cfg: TrainConfig) -> dict:
     weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
     with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
+    check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     mean, std = MEAN, STD  # what the images are normalised with, recorded below for every later command
     info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std,
                             spec.preprocess.interpolation)
@@ -223,7 +231,8 @@ def train(cfg: TrainConfig) -> dict:
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
                                                           train_loader, val_loader)
     identity = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
-                "global_batch": setup.global_batch}
+                "global_batch": setup.global_batch, "batch_samples": setup.per_process_batch * setup.world_size,
+                "grad_accum": cfg.grad_accum}
     resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
     _announce(accelerator, cfg, setup, images, split, run_dir)
     _write_records(accelerator, cfg, setup, images, split_rec, bad, run_dir, info)

@@ -107,12 +107,12 @@ def build(array_path: str, header_path: str, key: str, paths: Sequence[str], ima
                         print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
                     f.write(blank if isinstance(img, str) else img.permute(1, 2, 0).contiguous().numpy().tobytes())
 
-    # Shared: other users' runs may read the cache.
-    with atomic_file(array_path, shared=True) as f:
+    # Readable by other users' runs (umask permitting), as every written file is.
+    with atomic_file(array_path) as f:
         write_array(f)
     head = {"version": CACHE_VERSION, "key": key, "image_size": image_size, "count": len(paths),
             "bad": {str(i): list(pr) for i, pr in bad.items()}}
-    atomic_write(header_path, json.dumps(head), shared=True)
+    atomic_write(header_path, json.dumps(head))
     return ImageCache(array_path, image_size, len(paths), bad)
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from visiontune.config import UserError
 
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
+# What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
+OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"}
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,14 @@ def _numeric_key(path: str) -> tuple:
     return (0, int(stem), "") if stem.isdigit() else (1, 0, stem)
 
 
+def _listed(p: Path) -> bool:
+    # A broken symbolic link is listed so that the scan reports it; macOS "._" files are metadata too.
+    return (p.is_file() or (p.is_symlink() and not p.exists())) and not (
+        p.name in OS_METADATA or p.name.startswith("._"))
+
+
 def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file())
+    return sorted(p for p in folder.iterdir() if _listed(p))
 
 
 def _kaggle(root: Path) -> ImageSet | None:
@@ -66,13 +74,13 @@ def _kaggle(root: Path) -> ImageSet | None:
 def _image_folder(root: Path) -> ImageSet | None:
     base = root / "train" if (root / "train").is_dir() else root
     class_dirs = sorted(d for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
-    class_dirs = [d for d in class_dirs if any(p.is_file() for p in d.iterdir())]
+    class_dirs = [d for d in class_dirs if any(_listed(p) for p in d.iterdir())]
     if not class_dirs:
         return None
     paths, labels = [], []
     for idx, d in enumerate(class_dirs):
         for p in sorted(d.rglob("*")):
-            if p.is_file():
+            if _listed(p):
                 paths.append(str(p))
                 labels.append(idx)
     return ImageSet(str(root), "imagefolder", paths, labels, [d.name for d in class_dirs])
@@ -137,7 +145,11 @@ def discover(data: str) -> ImageSet:
     if root.is_dir() and not any(root.iterdir()):
         raise UserError(f"data folder is empty: {data}")
     for finder in (_manifest, _kaggle, _image_folder):
-        found = finder(root) if root.is_dir() or finder is _manifest else None
+        try:
+            found = finder(root) if root.is_dir() or finder is _manifest else None
+        except PermissionError as e:
+            raise UserError(f"cannot read {e.filename} (permission denied): fix its permissions or move it "
+                            f"out of {data}") from None
         if found is not None:
             if not found.paths:
                 raise UserError(f"no labelled images found in {data}")
