@@ -56,17 +56,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
-    # Check what can be checked before any worker starts: one error line, not N.
-    discover(cfg.data)
+    # Check what can be checked before any worker starts: one error line, not N. The listing is the
+    # job's only one: the workers (or the run in this process) take it over.
+    images = discover(cfg.data)
     strategy.check(cfg)
     if cfg.model not in models.model_names():
         raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
     if launch.needs_launcher(cfg):
+        from visiontune.data.jobdata import shared_listing
+
         models.ensure_weights(cfg.model, cfg.weights)
-        return launch.relaunch(cfg, args.argv)
+        with shared_listing(images, cfg.data):
+            return launch.relaunch(cfg, args.argv)
     from visiontune.trainer import train
 
-    train(cfg)
+    train(cfg, images)
     return 0
 
 
@@ -101,6 +105,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from visiontune.data.layouts import discover
 
     images = discover(args.data)
+    print(images.describe())
     folder = args.data if os.path.isdir(args.data) else os.path.dirname(os.path.abspath(args.data))
     report = args.report or os.path.join(folder, "bad_files.csv")
     if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):

@@ -11,6 +11,7 @@ as one. Unreadable images are left out of every figure and listed.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import torch
@@ -86,6 +87,8 @@ def evaluate(model: torch.nn.Module, cfg: TrainConfig, classes: list[str], data:
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(f"{data} has classes {images.classes} but the model was trained on {classes}; "
                         "evaluate on data with the same classes")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(images.describe())
     accelerator, logits, labels = forward_all(cfg, model, images.paths, images.labels, batch_size=batch_size,
                                               progress=progress, desc="evaluate")
     report: dict = {}
