@@ -57,8 +57,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     # Check what can be checked before any worker starts: one error line, not N. The listing is the
-    # job's only one: the workers (or the run in this process) take it over.
-    images = discover(cfg.data)
+    # job's only one: the run in this process or the workers take it over (a worker lists nothing here).
+    images = None if "LOCAL_RANK" in os.environ else discover(cfg.data)
     strategy.check(cfg)
     if cfg.model not in models.model_names():
         raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
