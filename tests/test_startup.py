@@ -8,12 +8,10 @@ import subprocess
 from collections import Counter
 
 import pytest
-
-import visiontune.data.check as check
-import visiontune.data.decode as decode
-import visiontune.data.layouts as layouts
 from conftest import PYTHON, _worker_env
+
 from visiontune.cli import main
+from visiontune.data import check, decode, layouts
 from visiontune.data.split import make_split, read_record, split_record, write_record
 from visiontune.sample_data import make_sample_data
 
@@ -66,7 +64,7 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
     out = tmp_path / "run"
     done = subprocess.run([PYTHON, "-m", "visiontune", "train", "--data", str(data), *TINY, "--strategy", "ddp",
                            "--nproc", "2", "--timeout", "5", "--output-dir", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     calls = Counter(line.split()[0] for line in log.read_text().splitlines())
     assert calls["discover"] == 1, calls  # the command listed the folder; neither worker did
@@ -103,8 +101,8 @@ def test_first_cached_run_decodes_each_file_exactly_once(data, tmp_path, monkeyp
                  "--output-dir", str(run)]) == 0
     files = sorted(str(p) for p in (data_copy / "train").iterdir())
     assert sorted(decoded) == files  # 21 files, 21 decodes
-    assert [row[0] for row in map(lambda r: r.split(","), (run / "bad_files.csv").read_text().splitlines()[1:])] \
-        == [str(data_copy / "train" / "cat.99.jpg")]
+    rows = (run / "bad_files.csv").read_text().splitlines()[1:]
+    assert [r.split(",")[0] for r in rows] == [str(data_copy / "train" / "cat.99.jpg")]
     decoded.clear()
     assert main(["train", "--data", str(data_copy), *TINY, "--cache", str(tmp_path / "c"), "--max-bad-fraction", "0.1",
                  "--output-dir", str(tmp_path / "again")]) == 0

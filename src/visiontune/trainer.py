@@ -29,7 +29,7 @@ from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record, write_record
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model
-from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
+from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
 
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan

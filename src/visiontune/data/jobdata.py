@@ -26,7 +26,13 @@ from dataclasses import dataclass, replace
 from visiontune.config import TrainConfig, UserError
 from visiontune.data import layouts
 from visiontune.data.cache import ImageCache, open_or_build
-from visiontune.data.check import all_cores, bad_fraction_error, scan, scan_cache_path, write_report
+from visiontune.data.check import (
+    all_cores,
+    bad_fraction_error,
+    scan,
+    scan_cache_path,
+    write_report,
+)
 from visiontune.data.layouts import ImageSet
 
 LISTING_ENV = "VISIONTUNE_IMAGE_LIST"  # {"data": abs path, "file": listing} set by the launching command
