@@ -67,28 +67,30 @@ def _check_one(path: str, max_pixels: int) -> str | None:
 
 def file_keys(paths: Sequence[str], max_pixels: int) -> np.ndarray:
     """One uint64 per file from (absolute path, size, mtime_ns, limit); 0 for a file that cannot be stat'ed."""
-    salt = f"\0{max_pixels}\0{_CACHE_VERSION}".encode()
-    n = len(paths)
-    digests, sizes, mtimes, missing = [], np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
-    for i, p in enumerate(paths):
+    # Relative paths are relative to the working folder: hash it in once rather than abspath each path.
+    where = "" if not paths or os.path.isabs(paths[0]) else os.getcwd()
+    salt = f"\0{max_pixels}\0{_CACHE_VERSION}\0{where}".encode("utf-8", "surrogateescape")
+    sizes, mtimes, digests, missing = [], [], [], []
+    stat, blake = os.stat, hashlib.blake2b
+    for i, p in enumerate(paths):  # the hot loop of a warm start: one stat and one small hash per file
         try:
-            st = os.stat(p)
-        except OSError:
-            digests.append(bytes(8))  # read_image will name the problem; nothing worth caching
-            missing[i] = True
-            continue
-        sizes[i], mtimes[i] = st.st_size, st.st_mtime_ns
-        digests.append(hashlib.blake2b(os.path.abspath(p).encode("utf-8", "surrogateescape") + salt,
-                                       digest_size=8).digest())
+            st = stat(p)
+        except OSError:  # read_image will name the problem; nothing worth caching
+            st = None
+            missing.append(i)
+        sizes.append(st.st_size if st else 0)
+        mtimes.append(st.st_mtime_ns if st else 0)
+        digests.append(blake(p.encode("utf-8", "surrogateescape") + salt, digest_size=8).digest())
     keys = np.frombuffer(b"".join(digests), np.uint64).copy()
     # Mix size and mtime in with odd multipliers (uint64 arithmetic wraps), vectorised.
-    keys ^= sizes.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ mtimes.view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+    keys ^= (np.array(sizes, np.int64).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+             ^ np.array(mtimes, np.int64).view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
     keys[missing] = 0
     return keys
 
 
 def _load_cache(cache_path: str) -> tuple[np.ndarray, dict[int, str], bool]:
-    """(sorted good keys, {bad key: reason}, whether the key file needs compacting)."""
+    """(good keys, {bad key: reason}, whether the key file needs compacting)."""
     try:
         raw = np.fromfile(cache_path, dtype="<u8")
         torn = os.path.getsize(cache_path) % 8 != 0
@@ -105,7 +107,7 @@ def _load_cache(cache_path: str) -> tuple[np.ndarray, dict[int, str], bool]:
                     continue  # a torn last line
     except OSError:
         pass
-    return np.unique(raw.astype(np.uint64)), bad, torn
+    return raw.astype(np.uint64), bad, torn
 
 
 def _append(path: str, data: bytes) -> None:

@@ -36,20 +36,14 @@ def make_split(n: int, val_fraction: float, seed: int) -> Split:
     return Split(perm[:n_train].sort().values.tolist(), perm[n_train:].sort().values.tolist())
 
 
-def _relative(paths: list[str], root: str):
-    """i -> paths[i] relative to root, as ``os.path.relpath`` gives it."""
+def _relative(paths: list[str], root: str) -> list[str]:
+    """``paths`` relative to ``root``, as ``os.path.relpath`` gives them."""
     # Slicing a known prefix off costs a fraction of os.path.relpath per path (seconds at ImageNet size).
     # Layouts list files under the root as given, or under its resolved form (manifests).
-    prefixes = tuple(dict.fromkeys(os.path.join(r, "") for r in (root, os.path.realpath(root)) if r != "."))
-
-    def rel(i: int) -> str:
-        p = paths[i]
-        for prefix in prefixes:
-            if p.startswith(prefix):
-                return p[len(prefix):]
-        return os.path.relpath(p, root)
-
-    return rel
+    for prefix in dict.fromkeys(os.path.join(r, "") for r in (root, os.path.realpath(root)) if r != "."):
+        if all(p.startswith(prefix) for p in paths):
+            return [p[len(prefix):] for p in paths]
+    return [os.path.relpath(p, root) for p in paths]
 
 
 def split_hash(train: list[str], val: list[str]) -> str:
@@ -59,8 +53,8 @@ def split_hash(train: list[str], val: list[str]) -> str:
 
 def split_record(split: Split, paths: list[str], root: str, seed: int, val_fraction: float) -> dict:
     """The content of ``split.json``: relative file lists and their sha256."""
-    rel = _relative(paths, root)
-    lists = {name: [rel(i) for i in idx] for name, idx in (("train", split.train), ("val", split.val))}
+    lists = {name: _relative([paths[i] for i in idx], root) for name, idx in (("train", split.train),
+                                                                              ("val", split.val))}
     return {"seed": seed, "val_fraction": val_fraction, "sha256": split_hash(lists["train"], lists["val"]),
             "counts": {k: len(v) for k, v in lists.items()}, **lists}
 
