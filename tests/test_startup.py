@@ -12,7 +12,7 @@ from conftest import PYTHON, _worker_env
 
 from visiontune.cli import main
 from visiontune.data import check, decode, layouts
-from visiontune.data.split import make_split, read_record, split_record, write_record
+from visiontune.data.split import make_split, read_record, split_record, split_summary, write_split
 from visiontune.sample_data import make_sample_data
 
 TINY = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--no-progress", "--epochs", "1",
@@ -115,9 +115,11 @@ def test_split_record_round_trips_at_100k_files_with_a_stable_hash(tmp_path):
     paths = [f"/data/train/c{i % 1000}/img_{i:06d}.jpg" for i in range(n)]
     split = make_split(n, 0.2, 7)
     record = split_record(split, paths, "/data", 7, 0.2)
-    write_record(str(tmp_path / "split.json"), record)
+    summary = split_summary(split, paths, "/data", 7, 0.2)
+    write_split(str(tmp_path / "split.json"), summary, split, paths, "/data")  # streamed, chunk by chunk
     back = read_record(str(tmp_path / "split.json"))
     assert back == record and back["counts"] == {"train": 80_000, "val": 20_000}
+    assert summary == {k: v for k, v in record.items() if k not in ("train", "val")}
     # The hash is the one every earlier release wrote (resume compares it): computed here independently.
     lists = {"train": [paths[i][len("/data/"):] for i in split.train],
              "val": [paths[i][len("/data/"):] for i in split.val]}

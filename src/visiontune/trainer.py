@@ -26,7 +26,7 @@ from visiontune.data.check import write_report
 from visiontune.data.jobdata import JobData, prepare as prepare_data
 from visiontune.data.layouts import ImageSet
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
-from visiontune.data.split import Split, make_split, split_record, write_record
+from visiontune.data.split import Split, make_split, split_summary, write_split
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model
 from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
@@ -132,7 +132,7 @@ def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
     with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
-    split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
+    split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
     _same_split_everywhere(accelerator, split_rec)
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
@@ -154,9 +154,8 @@ def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/config.json", record)
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
-        write_record(f"{run_dir}/split.json", split_rec)
+        write_split(f"{run_dir}/split.json", split_rec, split, images.paths, images.root)
         write_report(bad, f"{run_dir}/bad_files.csv")
-    split_rec = {k: v for k, v in split_rec.items() if k not in ("train", "val")}  # the lists are on disk now
     if cfg.log_with:
         # Trackers write into the run folder, known only now that the main process chose it.
         accelerator.project_configuration.project_dir = run_dir

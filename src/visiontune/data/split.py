@@ -4,20 +4,23 @@ The permutation comes from a private ``torch.Generator`` so that it neither
 reads nor advances the global RNG; the same seed and file list give the same
 split on any machine. ``split.json`` is the complete record of the split at any
 size: the file lists (relative to the data root) with a sha256 of them, which
-resume compares against, written without indentation (at 1.28M files the
-indented form was a third larger and slower to write and read).
+resume compares against, on one compact JSON line. Both the hash and the file
+are produced a chunk of paths at a time, so a 1.28M-file split never exists as
+one big string in memory.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from visiontune.config import UserError
-from visiontune.outputs import atomic_write
+
+_CHUNK = 16384  # paths turned into JSON at a time
 
 
 @dataclass(frozen=True)
@@ -46,27 +49,68 @@ def _relative(paths: list[str], root: str) -> list[str]:
     return [os.path.relpath(p, root) for p in paths]
 
 
+def _json_list(idx: list[int], paths: list[str], root: str, sep: str) -> Iterator[str]:
+    """The JSON text of the relative paths of ``idx``, in pieces; ``sep`` is json's item separator."""
+    yield "["
+    for start in range(0, len(idx), _CHUNK):
+        piece = json.dumps(_relative([paths[i] for i in idx[start:start + _CHUNK]], root), separators=(sep, ":"))
+        yield (sep if start else "") + piece[1:-1]
+    yield "]"
+
+
+def _hash_pieces(split: Split, paths: list[str], root: str) -> Iterator[str]:
+    # Exactly json.dumps({"train": [...], "val": [...]}, sort_keys=True): the hash every release wrote.
+    yield '{"train": '
+    yield from _json_list(split.train, paths, root, ", ")
+    yield ', "val": '
+    yield from _json_list(split.val, paths, root, ", ")
+    yield "}"
+
+
+def split_summary(split: Split, paths: list[str], root: str, seed: int, val_fraction: float) -> dict:
+    """``split.json`` less its lists: seed, fraction, sha256 of the lists, counts."""
+    h = hashlib.sha256()
+    for piece in _hash_pieces(split, paths, root):
+        h.update(piece.encode("utf-8", "surrogateescape"))
+    return {"seed": seed, "val_fraction": val_fraction, "sha256": h.hexdigest(),
+            "counts": {"train": len(split.train), "val": len(split.val)}}
+
+
 def split_hash(train: list[str], val: list[str]) -> str:
-    """sha256 of the two relative file lists; the definition resume compares, unchanged since the first release."""
-    return hashlib.sha256(json.dumps({"train": train, "val": val}, sort_keys=True).encode()).hexdigest()
+    """sha256 of two relative file lists, as ``split_summary`` computes it."""
+    return hashlib.sha256(json.dumps({"train": train, "val": val}, sort_keys=True).encode("utf-8",
+                                                                                          "surrogateescape")).hexdigest()
 
 
 def split_record(split: Split, paths: list[str], root: str, seed: int, val_fraction: float) -> dict:
-    """The content of ``split.json``: relative file lists and their sha256."""
+    """The whole content of ``split.json``, in memory (small splits, tests)."""
     lists = {name: _relative([paths[i] for i in idx], root) for name, idx in (("train", split.train),
                                                                               ("val", split.val))}
-    return {"seed": seed, "val_fraction": val_fraction, "sha256": split_hash(lists["train"], lists["val"]),
-            "counts": {k: len(v) for k, v in lists.items()}, **lists}
+    return {**split_summary(split, paths, root, seed, val_fraction), **lists}
 
 
-def write_record(path: str, record: dict) -> None:
-    """``split.json``, compact and atomic."""
-    atomic_write(path, json.dumps(record, separators=(",", ":")) + "\n")
+def write_split(path: str, summary: dict, split: Split, paths: list[str], root: str) -> None:
+    """``split.json``: ``summary`` and the two lists on one compact line, streamed to a temp file, then renamed."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(json.dumps(summary, separators=(",", ":"))[:-1] + ',"train":')
+            f.writelines(_json_list(split.train, paths, root, ","))
+            f.write(',"val":')
+            f.writelines(_json_list(split.val, paths, root, ","))
+            f.write("}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def read_record(path: str) -> dict:
     """``split.json`` back, its hash checked against its lists."""
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
         record = json.load(f)
     if split_hash(record["train"], record["val"]) != record["sha256"]:
         raise UserError(f"{path}: its file lists do not match its sha256; the file was edited or damaged")
