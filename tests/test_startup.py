@@ -12,7 +12,13 @@ from conftest import PYTHON, _worker_env
 
 from visiontune.cli import main
 from visiontune.data import check, decode, layouts
-from visiontune.data.split import make_split, read_record, split_record, split_summary, write_split
+from visiontune.data.split import (
+    make_split,
+    read_record,
+    split_record,
+    split_summary,
+    write_split,
+)
 from visiontune.sample_data import make_sample_data
 
 TINY = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--no-progress", "--epochs", "1",
