@@ -172,8 +172,8 @@ def table(result: dict) -> str:
             got = {r["files"]: r for r in rows if r["mode"] == mode and r["start"] == temp}
             cells = [f"{got[n]['seconds']:.1f} s ({got[n]['cpu_seconds']:.0f} s CPU), {got[n]['peak_rss_mib']:,} MiB"
                      if n in got else "" for n in sizes]
-            growth = [f"{got[b]['seconds'] / got[a]['seconds']:.1f}x" if a in got and b in got else ""
-                      for a, b in pairwise(sizes)]
+            growth = [f"{got[b]['seconds'] / got[a]['seconds']:.1f}x ({got[b]['cpu_seconds'] / got[a]['cpu_seconds']:.1f}x CPU)"
+                      if a in got and b in got else "" for a, b in pairwise(sizes)]
             lines.append(f"| {mode}, {temp} | " + " | ".join(cells + growth) + " |")
     lines.append(f"\nSeconds: from the command's start to the first training step (wall; CPU: user + system of every "
                  f"process of the job). MiB: peak RSS of the job's largest process; a process that only imports "
@@ -184,4 +184,9 @@ def table(result: dict) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--table"]:  # re-render results/startup.md from results/startup.json
+        import json
+
+        (RESULTS / "startup.md").write_text(table(json.loads((RESULTS / "startup.json").read_text())) + "\n")
+        sys.exit(0)
     sys.exit(main())

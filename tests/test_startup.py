@@ -27,7 +27,7 @@ TINY = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "
 # Loaded into every Python process of a subprocess job (the launcher and each worker) through PYTHONPATH:
 # counts discover() calls and decodes, and makes each decode slow.
 HOOKS = '''
-import os, time
+import os, threading, time
 if os.environ.get("VT_TEST_LOG"):
     import visiontune.data.check as check
     import visiontune.data.layouts as layouts
@@ -37,6 +37,7 @@ if os.environ.get("VT_TEST_LOG"):
             f.write(f"{what} {os.getpid()}\\n")
 
     real_discover, real_check = layouts.discover, check._check_one
+    one_at_a_time = threading.Lock()  # the scan's duration does not depend on the core count
 
     def discover(*args, **kwargs):
         note("discover")
@@ -44,7 +45,8 @@ if os.environ.get("VT_TEST_LOG"):
 
     def slow_check(*args, **kwargs):
         note("decode")
-        time.sleep(float(os.environ["VT_TEST_DECODE_DELAY"]))
+        with one_at_a_time:
+            time.sleep(float(os.environ["VT_TEST_DECODE_DELAY"]))
         return real_check(*args, **kwargs)
 
     layouts.discover, check._check_one = discover, slow_check
@@ -64,12 +66,12 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
     (hooks / "sitecustomize.py").write_text(HOOKS)
     log = tmp_path / "calls.log"
     env = _worker_env()
-    # 20 files x 1.5 s on at most 2 threads: the scan takes >= 15 s, three times --timeout.
-    env.update(PYTHONPATH=f"{hooks}:{env['PYTHONPATH']}", VT_TEST_LOG=str(log), VT_TEST_DECODE_DELAY="1.5",
+    # 20 files x 0.8 s, one at a time: the scan takes >= 16 s, twice --timeout.
+    env.update(PYTHONPATH=f"{hooks}:{env['PYTHONPATH']}", VT_TEST_LOG=str(log), VT_TEST_DECODE_DELAY="0.8",
                VISIONTUNE_CACHE_DIR=str(tmp_path / "cache"))
     out = tmp_path / "run"
     done = subprocess.run([PYTHON, "-m", "visiontune", "train", "--data", str(data), *TINY, "--strategy", "ddp",
-                           "--nproc", "2", "--timeout", "5", "--output-dir", str(out)],
+                           "--nproc", "2", "--timeout", "8", "--output-dir", str(out)],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     calls = Counter(line.split()[0] for line in log.read_text().splitlines())
