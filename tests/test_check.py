@@ -131,7 +131,7 @@ def test_cache_is_ignored_when_limit_changes_or_file_is_corrupt(tree, tmp_path, 
 
 
 def test_one_changed_file_appends_to_the_cache_instead_of_rewriting_it(tree, tmp_path, decodes):
-    paths, kinds = tree
+    paths, _ = tree
     cache = str(tmp_path / "scan-cache")
     scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS)
     inode, size = os.stat(cache).st_ino, os.path.getsize(cache)

@@ -2,7 +2,7 @@
 
 The data is read with the same ``discover`` as ``train`` (any layout it
 accepts) and must have the run's classes. The forward pass is predict's
-(``forward_all``), so every image counts once whatever the number of
+(``inference.forward``), so every image counts once whatever the number of
 processes, and the numbers -- accuracy, log loss, per-class precision and
 recall, the confusion matrix -- are computed once, on the main process, from
 the gathered logits in data order: N processes give exactly the same figures
@@ -10,18 +10,17 @@ as one. Unreadable images are left out of every figure and listed.
 """
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from visiontune import outputs
-from visiontune.config import TrainConfig, UserError
+from visiontune import inference, outputs
+from visiontune.config import UserError
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import UNREADABLE
-from visiontune.predict import forward_all, unreadable_reasons
+from visiontune.inference import InferenceConfig, LoadedModel, unreadable_reasons
 
 
 def metrics(logits: torch.Tensor, labels: torch.Tensor, classes: list[str]) -> dict:
@@ -54,11 +53,7 @@ def confusion_table(confusion: list[list[int]], classes: list[str]) -> str:
 
 
 def plot_confusion(path: str | Path, confusion: list[list[int]], classes: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = outputs.pyplot()
     k = len(classes)
     fig, ax = plt.subplots(figsize=(2 + 0.6 * k, 1.6 + 0.6 * k))
     ax.imshow(confusion, cmap="Blues")
@@ -73,24 +68,20 @@ def plot_confusion(path: str | Path, confusion: list[list[int]], classes: list[s
     ax.set_ylabel("true")
     ax.set_title("Confusion matrix")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    outputs.atomic_write(path, buf.getvalue())
+    outputs.save_figure(path, fig, dpi=100)
 
 
-def evaluate(model: torch.nn.Module, cfg: TrainConfig, classes: list[str], data: str, out: str, *,
-             batch_size: int, progress: bool = True) -> dict:
+def evaluate(loaded: LoadedModel, icfg: InferenceConfig, data: str, out: str) -> dict:
     """Measure ``model`` on every labelled image of ``data``; write ``out`` and the confusion matrix."""
-    images = discover(data)
+    images, classes = discover(data), loaded.classes
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(f"{data} has classes {images.classes} but the model was trained on {classes}; "
                         "evaluate on data with the same classes")
     if int(os.environ.get("RANK", "0")) == 0:
         print(images.describe())
-    accelerator, logits, labels = forward_all(cfg, model, images.paths, images.labels, batch_size=batch_size,
-                                              progress=progress, desc="evaluate")
+    accelerator = inference.start(icfg)
+    logits, labels = inference.forward(accelerator, loaded, icfg, images.paths, images.labels, "evaluate")
     report: dict = {}
     if accelerator.is_main_process:
         skipped = unreadable_reasons(images.paths, labels)

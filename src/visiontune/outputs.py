@@ -12,27 +12,76 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 PHASES = ("train", "val")
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``path`` whole or not at all: a unique temp file beside it, fsync, rename."""
+@contextmanager
+def atomic_file(path: str | os.PathLike, shared: bool = False) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` whole or not at all: a unique temp file beside it, fsync, rename.
+
+    ``shared``: readable by other users (umask permitting), for caches several users' runs share;
+    otherwise the temp file's private mode is kept.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        if shared:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, shared: bool = False) -> None:
+    """Write ``data`` to ``path`` whole or not at all (see ``atomic_file``)."""
+    with atomic_file(path, shared) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def save_figure(path: str | os.PathLike, fig, dpi: int = 80) -> None:
+    """A matplotlib figure as a PNG, written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display on servers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def versions() -> dict[str, str]:
+    """The library versions a run records in ``config.json`` (and ``bench`` in its results)."""
+    import platform
+
+    import accelerate
+    import torchvision
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "accelerate": accelerate.__version__}
 
 
 def write_json(path: str | os.PathLike, obj) -> None:
@@ -68,12 +117,9 @@ def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
 
 def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
     """Accuracy and loss curves, train against val, as in the reference job."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    plt = pyplot()
     epochs = [row["epoch"] for row in history]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for ax, key, title, where in ((axes[0], "accuracy", "Accuracy", "lower right"),
@@ -85,10 +131,7 @@ def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.legend(loc=where)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_figure(path, fig)
 
 
 def best_epoch(history: list[dict]) -> dict:

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from visiontune.data.decode import MAX_PIXELS, BadImage, read_image
+from visiontune.host import user_cache_dir
 from visiontune.outputs import atomic_write
 
 _CACHE_VERSION = 2
@@ -51,10 +52,6 @@ def bounded_map(fn: Callable, items: Iterable, threads: int, window: int | None 
         finally:  # on an error or Ctrl-C, do not wait for the queued files
             for f in pending:
                 f.cancel()
-
-
-def all_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _check_one(path: str, max_pixels: int) -> str | None:
@@ -188,11 +185,9 @@ def write_report(bad: list[tuple[str, str]], out_csv: str) -> None:
 def scan_cache_path(data_root: str) -> str:
     """Where ``train`` remembers scan verdicts for ``data_root``: outside the data, which may be read-only.
 
-    ``$VISIONTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/visiontune``, else ``~/.cache/visiontune``; one
-    file per data folder, named by the sha256 of its absolute path.
+    ``host.user_cache_dir()`` (the image cache's ``auto`` folder too); one file per data folder, named by the sha256 of its absolute path.
     """
-    base = os.environ.get("VISIONTUNE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "visiontune")
+    base = user_cache_dir()
     os.makedirs(base, exist_ok=True)
     key = hashlib.sha256(os.path.abspath(data_root).encode()).hexdigest()[:16]
     return os.path.join(base, f"scan-{key}.v{_CACHE_VERSION}.keys")

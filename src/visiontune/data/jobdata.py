@@ -27,13 +27,13 @@ from visiontune.config import TrainConfig, UserError
 from visiontune.data import layouts
 from visiontune.data.cache import ImageCache, open_or_build
 from visiontune.data.check import (
-    all_cores,
     bad_fraction_error,
     scan,
     scan_cache_path,
     write_report,
 )
 from visiontune.data.layouts import ImageSet
+from visiontune.host import available_cores
 
 LISTING_ENV = "VISIONTUNE_IMAGE_LIST"  # {"data": abs path, "file": listing} set by the launching command
 
@@ -81,9 +81,9 @@ def listed(data: str) -> ImageSet:
 def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None]:
     """The bad files (layout rejects first) and, with --cache, the cache: each file decoded once."""
     if cfg.cache:
-        cache = open_or_build(cfg.cache, images.paths, cfg.image_size, all_cores())
+        cache = open_or_build(cfg.cache, images.paths, cfg.image_size, available_cores())
         return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache
-    found = scan(images.paths, workers=all_cores(), cache_path=scan_cache_path(images.root))
+    found = scan(images.paths, workers=available_cores(), cache_path=scan_cache_path(images.root))
     return list(images.rejects) + found, None
 
 
