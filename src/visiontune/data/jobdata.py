@@ -158,7 +158,8 @@ def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None
     if bad:
         accelerator.print(f"visiontune: skipping {len(bad)} bad file(s), listed in {report}")
     drop = {p for p, _ in bad}
-    keep = [i for i, p in enumerate(images.paths) if p not in drop] if drop else list(range(len(images.paths)))
-    usable = replace(images, paths=[images.paths[i] for i in keep],
-                     labels=[images.labels[i] for i in keep]) if drop else images
+    if not drop:  # the common case: no copies of the lists
+        return JobData(images, bad, cache, list(range(len(images.paths))) if cache else None)
+    keep = [i for i, p in enumerate(images.paths) if p not in drop]
+    usable = replace(images, paths=[images.paths[i] for i in keep], labels=[images.labels[i] for i in keep])
     return JobData(usable, bad, cache, keep if cache else None)
