@@ -20,6 +20,7 @@ import torch
 
 from visiontune.config import TrainConfig, UserError
 from visiontune.host import available_cores
+from visiontune.models import get_spec
 from visiontune.outputs import atomic_write, pyplot, save_figure, versions, write_json
 
 STRATEGIES = ("single", "dp", "ddp")
@@ -137,7 +138,7 @@ def bench(cfg: TrainConfig, train_argv: list[str], strategies: list[str], nproc:
         raise UserError(f"--same must be global or per-device, got {same!r}")
     out = Path(out_dir)
     rows = compare([r if "skipped" in r else run_one(r, train_argv, out) for r in plan(cfg, strategies, nproc, same)])
-    info = {"model": cfg.model, "image_size": cfg.image_size, "epochs": cfg.epochs, "same": same,
+    info = {"model": cfg.model, "image_size": cfg.image_size or get_spec(cfg.model).preprocess.size, "epochs": cfg.epochs, "same": same,
             "timing_warmup": cfg.timing_warmup, "machine": machine()}
     write_json(out / "bench.json", {**info, "rows": rows})
     atomic_write(out / "bench.md", table(rows, info))
