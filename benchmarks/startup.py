@@ -170,7 +170,7 @@ def table(result: dict) -> str:
     for mode in dict.fromkeys(r["mode"] for r in rows):
         for temp in ("cold", "warm"):
             got = {r["files"]: r for r in rows if r["mode"] == mode and r["start"] == temp}
-            cells = [f"{got[n]['seconds']:.1f} s ({got[n]['cpu_seconds']:.0f} s CPU), {got[n]['peak_rss_mib']:,} MiB"
+            cells = [f"{got[n]['seconds']:.1f} s ({got[n]['cpu_seconds']:.1f} s CPU), {got[n]['peak_rss_mib']:,} MiB"
                      if n in got else "" for n in sizes]
             growth = [f"{got[b]['seconds'] / got[a]['seconds']:.1f}x ({got[b]['cpu_seconds'] / got[a]['cpu_seconds']:.1f}x CPU)"
                       if a in got and b in got else "" for a, b in pairwise(sizes)]
