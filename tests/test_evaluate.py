@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from trained import one_thread, reference_probs, train_run  # noqa: F401  (one_thread: autouse fixture)
+from trained import one_thread, reference_probs  # noqa: F401  (one_thread: autouse fixture)
 from visiontune.cli import main
 
 CLASSES = ["cat", "dog"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, sample_data) -> Path:
-    return train_run(tmp_path_factory.mktemp("evaluate") / "run", sample_data)
+def run(trained_run) -> Path:
+    return trained_run  # one training for the predict, evaluate and export tests (read-only)
 
 
 @pytest.fixture(scope="module")

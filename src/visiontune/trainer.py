@@ -136,7 +136,8 @@ def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, schedu
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
     return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
-                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata()), stop, cfg.epochs)
+                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(),
+                                 cfg.save_pth), stop, cfg.epochs)
 
 
 def _start(accelerator, resumed) -> engine.StartAt:
