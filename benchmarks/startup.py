@@ -23,8 +23,9 @@ import time
 from itertools import pairwise
 
 import numpy as np
-from common import RESULTS, ROOT, WORK, python_env, sample_data, write_result
 from PIL import Image
+
+from common import RESULTS, ROOT, WORK, python_env, sample_data, write_result
 
 SIZES = [int(s) for s in os.environ.get("VT_STARTUP_SIZES", "25000,250000,1280000").split(",")]
 CLASSES, SOURCES = 1000, 64
@@ -172,7 +173,8 @@ def table(result: dict) -> str:
             got = {r["files"]: r for r in rows if r["mode"] == mode and r["start"] == temp}
             cells = [f"{got[n]['seconds']:.1f} s ({got[n]['cpu_seconds']:.1f} s CPU), {got[n]['peak_rss_mib']:,} MiB"
                      if n in got else "" for n in sizes]
-            growth = [f"{got[b]['seconds'] / got[a]['seconds']:.1f}x ({got[b]['cpu_seconds'] / got[a]['cpu_seconds']:.1f}x CPU)"
+            growth = [f"{got[b]['seconds'] / got[a]['seconds']:.1f}x "
+                      f"({got[b]['cpu_seconds'] / got[a]['cpu_seconds']:.1f}x CPU)"
                       if a in got and b in got else "" for a, b in pairwise(sizes)]
             lines.append(f"| {mode}, {temp} | " + " | ".join(cells + growth) + " |")
     lines.append(f"\nSeconds: from the command's start to the first training step (wall; CPU: user + system of every "

@@ -8,8 +8,8 @@ import subprocess
 from collections import Counter
 
 import pytest
-from conftest import PYTHON, _worker_env
 
+from conftest import PYTHON, _worker_env
 from visiontune.cli import main
 from visiontune.data import check, decode, layouts
 from visiontune.data.split import (

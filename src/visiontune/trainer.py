@@ -16,18 +16,18 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import checkpoint, engine, faults, outputs, runinfo
-from visiontune.hooks import CheckpointPolicy, Checkpointer, EpochOutputs, RunHooks
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset
 from visiontune.data.check import write_report
-from visiontune.data.jobdata import JobData, prepare as prepare_data
+from visiontune.data.jobdata import JobData
+from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
 from visiontune.data.pipeline import MEAN, STD, DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_summary, write_split
+from visiontune.hooks import Checkpointer, CheckpointPolicy, EpochOutputs, RunHooks
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model, get_spec
 from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
-
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
 

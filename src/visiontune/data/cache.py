@@ -32,9 +32,9 @@ from torchvision.transforms import v2
 from visiontune.config import UserError
 from visiontune.data.check import bounded_map, file_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
+from visiontune.data.pipeline import UNREADABLE
 from visiontune.host import available_cores, user_cache_dir
 from visiontune.outputs import atomic_file, atomic_write
-from visiontune.data.pipeline import UNREADABLE
 
 CACHE_VERSION = 2  # 2: rows stored height x width x channel
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)

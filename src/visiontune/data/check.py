@@ -185,7 +185,8 @@ def write_report(bad: list[tuple[str, str]], out_csv: str) -> None:
 def scan_cache_path(data_root: str) -> str:
     """Where ``train`` remembers scan verdicts for ``data_root``: outside the data, which may be read-only.
 
-    ``host.user_cache_dir()`` (the image cache's ``auto`` folder too); one file per data folder, named by the sha256 of its absolute path.
+    ``host.user_cache_dir()`` (the image cache's ``auto`` folder too); one key file (and its
+    ``.bad`` companion) per data folder, named by the sha256 of its absolute path.
     """
     base = user_cache_dir()
     os.makedirs(base, exist_ok=True)
