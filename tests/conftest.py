@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # cores. The hook below marks every test named here, and every test that uses a fixture named here
 # (directly or through another fixture); whatever is left is the fast tier, `make test-fast`.
 DISTRIBUTED = {
+    "test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once",
     "jobs", "ddp_baseline", "bench_dir",  # fixtures
     "test_ddp_with_batch_b_matches_one_process_with_batch_2b",
     "test_two_ddp_processes_share_one_cache_built_once",
@@ -30,6 +31,8 @@ DISTRIBUTED = {
     "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
 }
 SLOW = {
+    "test_check_train_and_evaluate_use_the_nested_rule_and_report_counts",
+    "test_single_process_job_lists_the_data_once", "test_first_cached_run_decodes_each_file_exactly_once",
     "trained_run", "baseline_run", "logged", "_finished",  # fixtures that train
     "test_run_skips_exactly_the_bad_files_and_trains_on_odd_modes",
     "test_kill_while_writing_a_checkpoint_leaves_a_resumable_run",

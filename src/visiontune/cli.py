@@ -23,19 +23,22 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
-    # Check what can be checked before any worker starts: one error line, not N.
-    discover(cfg.data)
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
+    # Check what can be checked before any worker starts: one error line, not N. The listing is the
+    # job's only one: the run in this process or the workers take it over (a worker lists nothing here).
+    images = None if launch.is_worker() else discover(cfg.data)
     strategy.check(cfg)
     models.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
+        from visiontune.data.jobdata import shared_listing
+
         models.ensure_weights(cfg.model, cfg.weights)
         # One machine: this process outlives any worker restart, so it holds the run folder's lock.
-        with runlock.hold_for_workers(cfg.output_dir if cfg.nnodes == 1 else None):
+        with runlock.hold_for_workers(cfg.output_dir if cfg.nnodes == 1 else None), shared_listing(images, cfg.data):
             return launch.relaunch(cfg, argv)
     from visiontune.trainer import train
 
-    train(cfg)
+    train(cfg, images)
     return 0
 
 
@@ -72,6 +75,7 @@ def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.layouts import discover
 
     images = discover(args.data)
+    print(images.describe())
     folder = args.data if os.path.isdir(args.data) else os.path.dirname(os.path.abspath(args.data))
     report = args.report or os.path.join(folder, "bad_files.csv")
     if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):

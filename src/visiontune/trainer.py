@@ -9,7 +9,6 @@ process writes.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import shutil
 import time
@@ -18,15 +17,17 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import checkpoint, elastic, engine, faults, launch, outputs, runinfo, runlock
-from visiontune.hooks import CheckpointPolicy, Checkpointer, EpochOutputs, RunHooks
 from visiontune.config import TrainConfig, UserError, validate
-from visiontune.data.cache import CachedDataset, open_or_build
-from visiontune.data.layouts import ImageSet, discover
-from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
+from visiontune.data.cache import CachedDataset
+from visiontune.data.check import write_report
+from visiontune.data.jobdata import JobData
+from visiontune.data.jobdata import prepare as prepare_data
+from visiontune.data.layouts import ImageSet
 from visiontune.data.pipeline import MEAN, STD, DeviceNormalize, ImageDataset, make_loader
-from visiontune.data.split import Split, make_split, split_record
+from visiontune.data.split import Split, make_split, split_summary, write_split
+from visiontune.hooks import Checkpointer, CheckpointPolicy, EpochOutputs, RunHooks
 from visiontune.models import build_model, check_input, get_spec
-from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
+from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
 
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
@@ -57,15 +58,12 @@ def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
     return opt, sched
 
 
-def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, accelerator):
+def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
     """Train and val loaders over the split: from the cache when asked for, else from the files."""
-    if cfg.cache:
-        # One process per machine builds the cache while the others wait, then all map the same file.
-        with accelerator.local_main_process_first():
-            cache = open_or_build(cfg.cache, images.paths, cfg.image_size)
-
+    images = data.images
+    if data.cache:
         def subset(idx, augment):
-            return CachedDataset(cache, idx, [images.labels[i] for i in idx], augment)
+            return CachedDataset(data.cache, [data.rows[i] for i in idx], [images.labels[i] for i in idx], augment)
     else:
         def subset(idx, augment):
             return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size,
@@ -75,26 +73,6 @@ def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, acc
     return tuple(make_loader(subset(idx, train and cfg.augment), cfg.batch_size, train=train, seed=cfg.seed,
                              num_workers=workers, pin_memory=pin)
                  for idx, train in ((split.train, True), (split.val, False)))
-
-
-def _screen(accelerator, cfg: TrainConfig, images: ImageSet, run_dir: str) -> tuple[ImageSet, list]:
-    """Drop the files the layout rejected or the scan cannot decode, before the split sees them."""
-    with accelerator.main_process_first():  # the main process decodes; the others read its cache
-        bad = list(images.rejects) + scan(images.paths, workers=max(2, cpu_budget()),
-                                          cache_path=scan_cache_path(images.root))
-    report = os.path.join(run_dir, "bad_files.csv")
-    problem = bad_fraction_error(len(bad), len(images.paths) + len(images.rejects), cfg.max_bad_fraction, report)
-    if problem:  # stop before training; the report is what the user needs now
-        if accelerator.is_main_process:
-            write_report(bad, report)
-        accelerator.wait_for_everyone()
-        raise UserError(problem)
-    if bad:
-        accelerator.print(f"visiontune: skipping {len(bad)} bad file(s), listed in {report}")
-    drop = {p for p, _ in bad}
-    keep = [i for i, p in enumerate(images.paths) if p not in drop]
-    return dataclasses.replace(images, paths=[images.paths[i] for i in keep],
-                               labels=[images.labels[i] for i in keep]), bad
 
 
 def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
@@ -136,15 +114,15 @@ def _announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Spl
                       f"lr {setup.lr:g} | run folder {run_dir}")
 
 
-def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split_rec: dict, bad: list,
-                   run_dir: str, info: runinfo.RunInfo) -> None:
+def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Split, split_rec: dict,
+                   bad: list, run_dir: str, info: runinfo.RunInfo) -> None:
     """The run folder's records (main process), and the trackers, which write into it."""
     record = {"config": cfg.to_dict(), "setup": setup.__dict__, "versions": outputs.versions(),
               "data": {"root": images.root, "layout": images.layout}, "model": info.to_dict()}
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/config.json", record)
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
-        outputs.write_json(f"{run_dir}/split.json", split_rec)
+        write_split(f"{run_dir}/split.json", split_rec, split, images.paths, images.root)
         write_report(bad, f"{run_dir}/bad_files.csv")
     if cfg.log_with:
         # Trackers write into the run folder, known only now that the main process chose it.
@@ -187,13 +165,13 @@ def _finish(accelerator, run_dir: str, since: float, history: list[dict], split:
     return summary
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
+def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
+    """Fine-tune ``cfg.model`` on ``cfg.data`` (listed as ``images`` when given); return the run's summary."""
     with contextlib.ExitStack() as run_folder:  # holds the run folder's lock, released however the run ends
-        return _train(cfg, run_folder)
+        return _train(cfg, images, run_folder)
 
 
-def _train(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> dict:
+def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack) -> dict:
     validate(cfg)
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
@@ -207,7 +185,8 @@ def _train(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> dict:
     run_dir = _run_dir(accelerator, cfg)
     run_folder.enter_context(runlock.hold_run(accelerator, run_dir))  # before any long work
     elastic.check_shared_folder(accelerator, run_dir)
-    images = discover(cfg.data)
+    data = prepare_data(accelerator, cfg, run_dir, images)  # the one listing and bad-file screen of the job
+    images, bad = data.images, data.bad
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
     set_seed(cfg.seed, device_specific=True)
@@ -218,14 +197,13 @@ def _train(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> dict:
     mean, std = MEAN, STD  # what the images are normalised with, recorded below for every later command
     info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std,
                             spec.preprocess.interpolation)
-    images, bad = _screen(accelerator, cfg, images, run_dir)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
-    split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
+    split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
     _same_split_everywhere(accelerator, split_rec)
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
-    train_loader, val_loader = _loaders(cfg, images, split, run_dir, accelerator)
+    train_loader, val_loader = _loaders(cfg, data, split, run_dir)
     steps = cfg.epochs * (len(train_loader) // (setup.world_size * cfg.grad_accum))
     optimizer, scheduler = _optimizer_and_schedule(model, cfg, setup.lr, steps)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
@@ -235,7 +213,7 @@ def _train(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> dict:
                 "grad_accum": cfg.grad_accum}
     resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
     _announce(accelerator, cfg, setup, images, split, run_dir)
-    _write_records(accelerator, cfg, setup, images, split_rec, bad, run_dir, info)
+    _write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
     if accelerator.is_main_process:
         elastic.record_world(run_dir, setup, cfg, resumed)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
