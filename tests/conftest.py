@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # cores. The hook below marks every test named here, and every test that uses a fixture named here
 # (directly or through another fixture); whatever is left is the fast tier, `make test-fast`.
 DISTRIBUTED = {
+    "test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once",
     "jobs", "ddp_baseline", "bench_dir",  # fixtures
     "test_ddp_with_batch_b_matches_one_process_with_batch_2b",
     "test_two_ddp_processes_share_one_cache_built_once",
@@ -27,8 +28,12 @@ DISTRIBUTED = {
     "test_killing_the_launcher_with_sigkill_leaves_no_worker",
     "test_a_run_folder_that_is_not_shared_stops_before_training",
     "test_ddp_with_the_new_options_matches_one_process",
+    "uninterrupted",  # the fault-injection matrix's reference runs (single and ddp)
+    "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
 }
 SLOW = {
+    "test_check_train_and_evaluate_use_the_nested_rule_and_report_counts",
+    "test_single_process_job_lists_the_data_once", "test_first_cached_run_decodes_each_file_exactly_once",
     "trained_run", "baseline_run", "logged", "_finished",  # fixtures that train
     "test_run_skips_exactly_the_bad_files_and_trains_on_odd_modes",
     "test_kill_while_writing_a_checkpoint_leaves_a_resumable_run",
@@ -42,6 +47,12 @@ SLOW = {
     "test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact",
     "test_ema_best_pick_early_stop_and_the_recorded_recipe",
     "test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum",
+    "test_too_little_free_space_stops_before_writing",
+    "test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint",
+    "test_a_real_full_disk_while_writing",
+    "test_the_lock_of_a_killed_holder_is_free_at_once",
+    "test_the_lock_is_released_when_a_run_fails",
+    "test_a_closed_pipe_ends_quietly",
 }
 
 

@@ -79,8 +79,10 @@ def test_second_scan_of_unchanged_files_decodes_nothing(tree, tmp_path, decodes)
     decodes.clear()
     assert scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS) == first
     assert decodes == []
-    with open(cache) as f:
-        assert len(json.load(f)["files"]) == len(paths)
+    with open(cache + ".bad") as f:
+        bad_lines = [json.loads(line) for line in f]
+    assert os.path.getsize(cache) // 8 + len(bad_lines) == len(paths)
+    assert sorted(r for _, r in bad_lines) == sorted(r for _, r in first)
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
 
 
@@ -121,10 +123,61 @@ def test_cache_is_ignored_when_limit_changes_or_file_is_corrupt(tree, tmp_path, 
     bad = scan(paths, cache_path=str(cache), max_pixels=SMALL_MAX_PIXELS)
     assert len(decodes) == len(paths)
     assert any(kinds[p] == "too_large" for p, _ in bad)
-    cache.write_text('{"version": 1, "files": {')  # a half-written cache
+    cache.write_bytes(b"\x01" * 13)  # garbage with a torn record...
+    (tmp_path / "scan-cache.json.bad").write_text('[1, "x"]\n[2, "y')  # ...and a torn line
     decodes.clear()
     assert scan(paths, cache_path=str(cache), max_pixels=SMALL_MAX_PIXELS) == bad
     assert len(decodes) == len(paths)
+
+
+def test_one_changed_file_appends_to_the_cache_instead_of_rewriting_it(tree, tmp_path, decodes):
+    paths, _ = tree
+    cache = str(tmp_path / "scan-cache")
+    scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS)
+    inode, size = os.stat(cache).st_ino, os.path.getsize(cache)
+    good = next(p for p in paths if p.endswith("good1.jpg"))
+    st = os.stat(good)
+    os.utime(good, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    decodes.clear()
+    scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS)
+    assert decodes == [good]
+    assert os.stat(cache).st_ino == inode and os.path.getsize(cache) == size + 8
+
+
+def test_scan_keeps_a_bounded_number_of_files_in_flight(tmp_path, monkeypatch):
+    in_flight, peak = [0], [0]
+    real = check._check_one
+    import threading
+    lock = threading.Lock()
+
+    def counting(path, max_pixels):
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        try:
+            return real(path, max_pixels)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    submitted = []
+    real_map = check.bounded_map
+
+    def watching(fn, items, threads, window=None):
+        for out in real_map(fn, items, threads, window):
+            submitted.append(out)
+            yield out
+
+    monkeypatch.setattr(check, "_check_one", counting)
+    bad = scan([str(tmp_path / f"missing{i}.jpg") for i in range(500)], workers=2)
+    assert len(bad) == 500 and peak[0] <= 2
+    # The window: a generator over 10**9 items is consumed lazily, never listed up front.
+    seen = []
+    for out in check.bounded_map(lambda i: i * i, iter(range(10**9)), 2, window=8):
+        seen.append(out)
+        if len(seen) == 50:
+            break
+    assert seen == [i * i for i in range(50)]
 
 
 def test_write_report_round_trips_awkward_paths(tmp_path):

@@ -1,17 +1,28 @@
 """Checkpoints: killed runs resume to the same weights, damaged checkpoints are skipped, mismatches refused."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
 import shutil
 import signal
+import subprocess
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from trainrun import (assert_same_weights, checkpoints, env_for, final_weights, run, start, train_argv,
-                      wait_for)
+from trainrun import (
+    assert_same_weights,
+    checkpoints,
+    env_for,
+    final_weights,
+    run,
+    start,
+    train_argv,
+    wait_for,
+)
 from visiontune import checkpoint, cli
 
 
@@ -179,7 +190,8 @@ def test_a_checkpoint_file_that_runs_code_is_refused_unrun(finished_run, capsys,
                                         checkpoint._sha256(newest / "optimizer.bin")]
     (newest / "visiontune.json").write_text(json.dumps(record))
     assert cli.main([*args, "--resume", "auto"]) == 2
-    assert "cannot load checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot load checkpoint" in err and "weights_only" not in err  # no advice to load it unsafely
     assert not sentinel.exists()
 
 
@@ -203,4 +215,137 @@ def test_checkpoint_record_holds_position_history_and_split(finished_run):
     assert [h["epoch"] for h in end["history"]] == [0] and (end["epoch"], end["batch"]) == (1, 0)
     weights = load_file(str(out / "best.safetensors"))
     assert set(weights) == set(final_weights(out, epochs=1))
-    assert not (out / "best.pth").exists()  # opt-in (--save-pth)
+
+
+def _copy_checkpoint(run: Path, name: str, to: Path, *extra: str) -> Path:
+    """``to`` as a run folder holding only checkpoint ``name`` of ``run`` (and ``extra`` files of it)."""
+    (to / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run / "checkpoints" / name, to / "checkpoints" / name)
+    for f in extra:
+        shutil.copy2(run / f, to / f)
+    return to
+
+
+def test_resume_into_a_new_output_dir_that_does_not_exist_yet(tmp_path, small_data, baseline_run, monkeypatch):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    old = _copy_checkpoint(baseline_run, "e0001-b0000007", tmp_path / "old", "best.safetensors")
+    new = tmp_path / "new" / "run"
+    args = train_argv(small_data, new, "--save-every-steps", "3")[3:]
+    assert cli.main([*args, "--resume", str(old)]) == 0
+    assert_same_weights(final_weights(new), final_weights(baseline_run))
+    assert (new / "best.safetensors").is_file()
+
+
+def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sample(tmp_path, small_data,
+                                                                                  baseline_run, monkeypatch,
+                                                                                  capsys):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = _copy_checkpoint(baseline_run, "e0001-b0000007", tmp_path / "run")  # 28 of 32 samples of epoch 1
+    args = train_argv(small_data, out, "--save-every-steps", "3")[3:]
+    # Global batch 4 either way: 4 x 1 there, 2 x 2 here.
+    assert cli.main([*args, "--resume", "auto", "--batch-size", "2", "--grad-accum", "2"]) == 0
+    assert checkpoint.verify(str(out / "checkpoints" / "e0001-b0000007"))["samples"] == 28
+    assert "(epoch 1, batch 14)" in capsys.readouterr().out
+    history = json.loads((out / "history.json").read_text())
+    assert [h["train"]["images"] for h in history] == [32, 32]  # not 28 + 18 from the wrong unit
+
+
+def test_the_position_is_translated_in_samples_and_refused_off_an_optimizer_step():
+    meta = {"epoch": 0, "batch": 4, "samples": 16, "split_sha256": "s", "model": "m", "num_classes": 2,
+            "global_batch": 8, "world_size": 1, "config": {"batch_size": 4, "grad_accum": 2}}
+    same = {k: meta[k] for k in ("split_sha256", "model", "num_classes", "global_batch")}
+    ckpt = checkpoint.Checkpoint("c", meta)
+    assert checkpoint.compatible(ckpt, {**same, "batch_samples": 2, "grad_accum": 4}).batch == 8
+    assert checkpoint.compatible(ckpt, {**same, "batch_samples": 8, "grad_accum": 1}).batch == 2
+    odd = checkpoint.Checkpoint("c", {**meta, "samples": 12})  # mid-window: not a point any run saves at
+    with pytest.raises(cli.UserError, match="cannot resume exactly: the checkpoint is 12 samples into epoch 0"):
+        checkpoint.compatible(odd, {**same, "batch_samples": 8, "grad_accum": 1})
+
+
+def _no_space_line(capsys, out) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no space left on the disk of" in err[0] and "needs about" in err[0], err
+    assert f"{out}/checkpoints/e0000-b0000002 is kept" in err[0] and f"--resume {out}" in err[0]
+    return err[0]
+
+
+def _only_the_first_checkpoint_is_left(out) -> None:
+    assert [p.name for p in checkpoints(out)] == ["e0000-b0000002"]
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+    checkpoint.verify(str(out / "checkpoints" / "e0000-b0000002"))
+
+
+def test_too_little_free_space_stops_before_writing(tmp_path, small_data, monkeypatch, capsys):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    probes = []
+    monkeypatch.setattr(checkpoint, "_free_bytes", lambda folder: probes.append(folder) and 0 or
+                        (10 ** 12 if len(probes) == 1 else 3 * checkpoint.MB))
+    assert cli.main(train_argv(small_data, out, "--save-every-steps", "2", "--epochs", "1")[3:]) == 2
+    line = _no_space_line(capsys, out)
+    assert "3 MB are free" in line
+    _only_the_first_checkpoint_is_left(out)
+
+
+def test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint(tmp_path, small_data, monkeypatch,
+                                                                           capsys):
+    from accelerate import Accelerator
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    real, calls = Accelerator.save_state, []
+
+    def filling(self, output_dir=None, **kw):
+        calls.append(output_dir)
+        if len(calls) == 2:
+            (Path(output_dir) / "model.safetensors").write_bytes(b"\x00" * 1000)
+            raise OSError(28, "No space left on device")
+        return real(self, output_dir, **kw)
+    monkeypatch.setattr(Accelerator, "save_state", filling)
+    assert cli.main(train_argv(small_data, out, "--save-every-steps", "2", "--epochs", "1")[3:]) == 2
+    _no_space_line(capsys, out)
+    _only_the_first_checkpoint_is_left(out)
+
+
+def test_a_real_full_disk_while_writing(tmp_path, small_data, monkeypatch, capsys):
+    """On a 9 MB tmpfs: the first checkpoint (about 6 MB) fits, the second runs out of space mid-write."""
+    out = tmp_path / "disk"
+    out.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9m", "tmpfs", str(out)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here; the monkeypatched full-disk tests above cover the code")
+    try:
+        monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.setattr(checkpoint, "_free_bytes", lambda folder: 10 ** 12)  # so the write itself fails
+        assert cli.main(train_argv(small_data, out, "--save-every-steps", "2", "--epochs", "1")[3:]) == 2
+        _no_space_line(capsys, out)
+        _only_the_first_checkpoint_is_left(out)
+    finally:
+        gc.collect()  # the failed writer's file objects live in traceback cycles until collected
+        subprocess.run(["umount", "--lazy", str(out)], check=True)
+
+
+def test_a_tampered_rng_file_is_refused_not_skipped(finished_run, capsys):
+    out, args = finished_run
+    newest = out / "checkpoints" / "e0001-b0000000"
+    (newest / "random_states_0.pkl").write_bytes(pickle.dumps(_Sentinel("/nonexistent/x")))
+    record = json.loads((newest / "visiontune.json").read_text())
+    record["files"]["random_states_0.pkl"] = [(newest / "random_states_0.pkl").stat().st_size,
+                                              checkpoint._sha256(newest / "random_states_0.pkl")]
+    (newest / "visiontune.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert cli.main([*args, "--epochs", "2", "--resume", "auto"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "random_states_0.pkl" in err[0] and "never unpickles" in err[0], err
+
+
+def test_refusals_give_the_command_that_works(finished_run, capsys):
+    out, args = finished_run
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"add --resume auto (with --output-dir {out})" in err and "give another --output-dir" in err
+    for ckpt in checkpoints(out):
+        (ckpt / "model.safetensors").write_bytes(b"")
+    assert cli.main([*args, "--resume", "auto"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no intact checkpoint" in err and "--output-dir NEW_DIR and without --resume" in err

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ def _touch(path, data=b"x"):
 
 
 def test_kaggle_layout_classes_order_and_numeric_test_ids(tmp_path):
-    for name in ["cat.10.jpg", "cat.2.jpg", "dog.1.jpg", "Thumbs.db"]:
+    for name in ["cat.10.jpg", "cat.2.jpg", "dog.1.jpg", "notes.txt", "Thumbs.db", ".DS_Store"]:
         _touch(tmp_path / "train" / name)
     for i in [10, 2, 1]:
         _touch(tmp_path / "test" / f"{i}.jpg")
@@ -27,7 +26,7 @@ def test_kaggle_layout_classes_order_and_numeric_test_ids(tmp_path):
     assert [p.split("/")[-1] for p in found.paths] == ["cat.2.jpg", "cat.10.jpg", "dog.1.jpg"]
     assert found.labels == [0, 0, 1]
     assert [p.split("/")[-1] for p in found.test_files] == ["1.jpg", "2.jpg", "10.jpg"]
-    assert [p.split("/")[-1] for p, _ in found.rejects] == ["Thumbs.db"]
+    assert [p.split("/")[-1] for p, _ in found.rejects] == ["notes.txt"]  # the OS's metadata files are ignored
 
 
 def test_image_folder_layout_like_petimages(tmp_path):
@@ -106,3 +105,81 @@ def test_split_record_hash_changes_with_content():
     other = split_record(make_split(10, 0.2, 7), paths, "/d", 7, 0.2)
     assert rec["sha256"] != other["sha256"]
     assert json.loads(json.dumps(rec)) == rec
+
+
+def _image(path, seed=0):
+    import numpy as np
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(path)
+
+
+def _nested(root):
+    """cat/ holds its images, bird/ only in a subfolder, dog/ two levels down: 3 classes, 4+3+2 images."""
+    for i in range(4):
+        _image(root / "cat" / f"{i}.png", i)
+    for i in range(3):
+        _image(root / "bird" / "photos" / f"{i}.png", 10 + i)
+    for i in range(2):
+        _image(root / "dog" / "a" / "b" / f"{i}.png", 20 + i)
+    return root
+
+
+def test_class_folders_whose_images_are_all_in_subfolders_are_classes(tmp_path):
+    found = discover(str(_nested(tmp_path / "data")))
+    assert found.classes == ["bird", "cat", "dog"]
+    assert found.class_counts() == {"bird": 3, "cat": 4, "dog": 2}
+    assert [found.classes[lab] for lab in found.labels] == [p.split("/")[len(str(tmp_path / "data").split("/"))]
+                                                            for p in found.paths]
+    assert "bird 3, cat 4, dog 2" in found.describe()
+
+
+def test_check_train_and_evaluate_use_the_nested_rule_and_report_counts(tmp_path, capsys):
+    from visiontune.cli import main
+
+    data = _nested(tmp_path / "data")
+    for i in range(4, 8):  # enough images for a split with batches of 2
+        _image(data / "bird" / "photos" / f"{i}.png", 30 + i)
+        _image(data / "dog" / "a" / "b" / f"{i}.png", 40 + i)
+    assert main(["check", str(data), "--report", str(tmp_path / "bad.csv")]) == 0
+    assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--model", "squeezenet1_1", "--weights", "none", "--image-size", "32",
+                 "--no-progress", "--epochs", "1", "--batch-size", "4", "--output-dir", str(run)]) == 0
+    assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
+    assert json.loads((run / "classes.json").read_text()) == ["bird", "cat", "dog"]
+    main(["evaluate", "--run", str(run), "--data", str(data), "--no-progress"])
+    report = json.loads((run / "eval.json").read_text())
+    assert report["images"] == 17 and {k: v["support"] for k, v in report["per_class"].items()} == \
+        {"bird": 7, "cat": 4, "dog": 6}
+    assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
+
+
+def _manifest_dir(tmp_path, text: bytes):
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        _touch(tmp_path / "train" / name)
+    (tmp_path / "train.csv").write_bytes(text)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("rows", ["a.jpg,cat\nb.jpg,dog\n./a.jpg,dog\n", "a.jpg,cat\nb.jpg,dog\n.//a.jpg,dog\n"])
+def test_manifest_duplicate_spelt_differently_is_refused(tmp_path, rows):
+    with pytest.raises(UserError, match=r"row 4: duplicate row for '\./+a\.jpg' \(same file as row 2\)"):
+        discover(_manifest_dir(tmp_path, ("filename,label\n" + rows).encode()))
+
+
+def test_manifest_with_bom_and_trailing_blank_lines_reads_normally(tmp_path):
+    found = discover(_manifest_dir(tmp_path, "\ufefffilename,label\na.jpg,cat\nb.jpg,dog\n\n\n".encode("utf-8")))
+    assert found.layout == "manifest" and found.classes == ["cat", "dog"] and found.labels == [0, 1]
+    assert [p.split("/")[-1] for p in found.paths] == ["a.jpg", "b.jpg"]
+
+
+def test_latin1_manifest_is_one_line_naming_the_encoding_exit_2(tmp_path, capsys):
+    from visiontune.cli import main
+
+    data = _manifest_dir(tmp_path, "filename,label\na.jpg,chat\nb.jpg,ch\u00e8vre\n".encode("latin-1"))
+    assert main(["check", data]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.csv: not UTF-8 text (byte 0xe8" in err[0] and "Traceback" not in err[0]

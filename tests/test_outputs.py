@@ -40,18 +40,19 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
     assert target.read_text() == "old" and os.listdir(target.parent) == ["f.json"]
 
 
-def test_shared_atomic_files_are_readable_by_others_and_private_ones_are_not(tmp_path):
+def test_atomic_files_respect_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
-        outputs.atomic_write(tmp_path / "shared.bin", b"x", shared=True)
-        with outputs.atomic_file(tmp_path / "private.bin") as f:
+        outputs.atomic_write(tmp_path / "a.bin", b"x")
+        with outputs.atomic_file(tmp_path / "b.bin") as f:
             f.write(b"y")
+        os.umask(0o077)
+        outputs.atomic_write(tmp_path / "private.bin", b"z")
     finally:
         os.umask(old)
-    assert (tmp_path / "shared.bin").stat().st_mode & 0o777 == 0o644
-    assert (tmp_path / "private.bin").stat().st_mode & 0o777 == 0o600
-    assert (tmp_path / "private.bin").read_bytes() == b"y" and sorted(os.listdir(tmp_path)) == ["private.bin",
-                                                                                                 "shared.bin"]
+    assert [(tmp_path / n).stat().st_mode & 0o777 for n in ("a.bin", "b.bin", "private.bin")] == [0o644, 0o644, 0o600]
+    assert (tmp_path / "b.bin").read_bytes() == b"y"
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin", "private.bin"]
 
 
 def test_the_image_cache_and_the_scan_use_one_cache_folder(tmp_path, monkeypatch):

@@ -118,7 +118,7 @@ def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(l
 def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
     # What `train` is handed; no training is needed to see it (train's own config.json: `run`).
     given = []
-    monkeypatch.setattr(trainer, "train", given.append)
+    monkeypatch.setattr(trainer, "train", lambda cfg, images=None: given.append(cfg))
     toml = tmp_path / "run.toml"
     toml.write_text('model = "resnet18"\nweights = "none"\nimage_size = 32\nepochs = 1\nbatch_size = 32\n'
                     'lr = 0.05\nprogress = false\n')

@@ -11,14 +11,22 @@ other file in the folder. Every process writes into ``.tmp-<name>``; the main
 process adds ``visiontune.json`` last and renames the folder, so a folder under
 a final name is always complete, and a folder whose files no longer match their
 recorded hashes (a truncated copy, a full disk) is skipped in favour of the
-previous one. Everything is read back with ``weights_only=True`` or
-safetensors; Accelerate's RNG files are plain tensors and numpy arrays.
+previous one. Before writing, the main process checks that the disk has room
+for the checkpoint; when it has not, or the disk fills up while writing, the
+temp folder is removed, the previous checkpoint stays, and the run ends with
+one line saying how much room it needs. The position is also recorded in
+samples, so a run resumed with the same global batch split differently between
+--batch-size, --grad-accum and processes starts at the same sample. Everything
+is read back with ``weights_only=True`` or safetensors; Accelerate's RNG files
+are plain tensors and numpy arrays, and one that does not load is refused.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 from dataclasses import dataclass
@@ -28,6 +36,8 @@ from typing import Any
 import torch
 
 from visiontune.config import UserError
+
+MB = 1 << 20
 
 SUBDIR = "checkpoints"
 META = "visiontune.json"
@@ -117,40 +127,116 @@ def latest(run_dir: str, say=print) -> Checkpoint | None:
             say(f"visiontune: falling back to checkpoint {path}")
         return Checkpoint(path, meta)
     if skipped:
-        raise UserError(f"no intact checkpoint in {run_dir}/{SUBDIR} ({len(skipped)} damaged); "
-                        "start a new run without --resume")
+        raise UserError(f"no intact checkpoint in {run_dir}/{SUBDIR} ({len(skipped)} damaged); start over "
+                        f"in a new folder: the same command with --output-dir NEW_DIR and without --resume")
     return None
 
 
-def check_compatible(meta: dict, current: dict) -> None:
-    """Refuse to resume into a different split, model or global batch (one line)."""
+def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
+    """``ckpt`` with its position in this run's batches; refuse a different split, model or global batch.
+
+    ``current["batch_samples"]`` is this run's samples per loader batch over all processes. The position
+    is kept in samples: with the same global batch, a checkpoint (taken at an optimizer step) lands on an
+    optimizer step of any split between --batch-size, --grad-accum and processes.
+    """
+    meta = ckpt.meta
     what = {"split_sha256": "the data split (split.json sha256)", "model": "the model",
             "num_classes": "the number of classes", "global_batch": "the global batch"}
     for key, label in what.items():
         if meta.get(key) != current[key]:
             raise UserError(f"cannot resume: {label} differs from the checkpoint's ({meta.get(key)!r} there, "
-                            f"{current[key]!r} now); use the same data, --model, --batch-size, --grad-accum "
-                            "and processes, or start a new run")
+                            f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
+                            "x processes, or start a new run")
+    # Checkpoints written before the position was kept in samples: the batch was in the saving run's units.
+    samples = meta.get("samples", meta["batch"] * meta["config"]["batch_size"] * meta.get("world_size", 1))
+    batch, rest = divmod(samples, current["batch_samples"])
+    if rest or (batch and batch % current["grad_accum"]):
+        raise UserError(f"cannot resume exactly: the checkpoint is {samples} samples into epoch {meta['epoch']}, "
+                        f"which is not an optimizer step of --batch-size {current['batch_samples']} (all processes)"
+                        f" x --grad-accum {current['grad_accum']}; resume with the checkpoint's settings "
+                        f"(--batch-size {meta['config']['batch_size']} --grad-accum {meta['config']['grad_accum']}"
+                        f" on {meta.get('world_size', 1)} process(es))")
+    return Checkpoint(ckpt.path, {**meta, "batch": batch})
+
+
+def _needed_bytes(accelerator) -> int:
+    """About what ``save_state`` writes: every model and optimizer tensor, plus room for the small files."""
+    # The models and optimizers ``prepare`` registered: what ``save_state`` writes.
+    stack = [m.state_dict() for m in accelerator._models] + [o.state_dict()["state"] for o in accelerator._optimizers]
+    total = 0
+    while stack:  # optimizer state nests: {param index: {"momentum_buffer": tensor, ...}}
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            total += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return total + 4 * MB
+
+
+def _free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def _no_space(root: Path, what: str, needed: int, free: int) -> UserError:
+    previous = listed(str(root.parent))
+    kept = f"{previous[0]} is kept" if previous else "no earlier checkpoint exists"
+    return UserError(f"no space left on the disk of {root} for checkpoint {what}: it needs about "
+                     f"{needed / MB:.0f} MB, {free / MB:.0f} MB are free; {kept}. Free some space "
+                     f"(or move the run folder) and continue with --resume {root.parent}")
+
+
+def _out_of_space(e: BaseException, tmp: Path, needed: int) -> bool:
+    """Whether a failed write ran out of room: torch reports a full disk as a RuntimeError with no errno
+    ("iostream error", "unexpected pos"), so also ask the disk whether what is written plus what is free
+    falls short of what was needed (after a passed free-space check, only a full disk does that)."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    written = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file()) if tmp.is_dir() else 0
+    return shutil.disk_usage(tmp.parent).free + written < needed
 
 
 def save(accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any], scheduler=None,
          keep_last: int = 2) -> str:
     """Write a checkpoint from every process (a collective); return its final path."""
+    from accelerate.utils import broadcast_object_list
+
     root = Path(run_dir) / SUBDIR
     final, tmp = root / name(epoch, batch), root / f".tmp-{name(epoch, batch)}"
+    needed, problem = _needed_bytes(accelerator), [None]
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while writing
-        tmp.mkdir(parents=True)
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-*"):  # left by a killed process; this run holds the folder's lock
+            shutil.rmtree(stale, ignore_errors=True)
+        if _free_bytes(root) < needed:
+            problem = [str(_no_space(root, final.name, needed, _free_bytes(root)))]
+        else:
+            tmp.mkdir()
+    if accelerator.num_processes > 1:
+        broadcast_object_list(problem)  # every process stops here, not in the next collective
+    if problem[0]:
+        raise UserError(problem[0])
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))  # each process writes its own RNG file
-    if accelerator.is_main_process and scheduler is not None:
-        torch.save(scheduler.state_dict(), tmp / SCHEDULER)
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp))  # each process writes its own RNG file
+        if accelerator.is_main_process and scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / SCHEDULER)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            files = {p.name: [p.stat().st_size, _sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
+            record = {"format": FORMAT, "epoch": epoch, "batch": batch, **meta, "files": files}
+            if "batch_samples" in meta:  # the position in the units any split of the global batch shares
+                record["samples"] = batch * meta["batch_samples"]
+            (tmp / META).write_text(json.dumps(record, indent=1, default=str))
+            _fsync_tree(tmp)
+    except (OSError, RuntimeError) as e:
+        full, free = _out_of_space(e, tmp, needed), shutil.disk_usage(root).free
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise _no_space(root, final.name, needed, free) from None
+        raise
     if accelerator.is_main_process:
-        files = {p.name: [p.stat().st_size, _sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
-        record = {"format": FORMAT, "epoch": epoch, "batch": batch, **meta, "files": files}
-        (tmp / META).write_text(json.dumps(record, indent=1, default=str))
-        _fsync_tree(tmp)
         _publish(tmp, final)
         for old in listed(run_dir)[keep_last:]:
             shutil.rmtree(old, ignore_errors=True)
@@ -170,23 +256,51 @@ def _publish(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
 
 
-def load(accelerator, ckpt: Checkpoint, scheduler=None) -> None:
+def load_error(e: Exception) -> str:
+    """What went wrong loading a file, in one line, without torch's advice to load it unsafely."""
+    if isinstance(e, pickle.UnpicklingError):
+        return "it holds Python objects other than tensors, which visiontune never unpickles"
+    return str(e).splitlines()[0][:300] if str(e) else e.__class__.__name__
+
+
+def _check_rng_file(accelerator, ckpt: Checkpoint, say) -> None:
+    """Accelerate skips an RNG file it cannot load without a word: refuse it, and say when one is missing."""
+    from accelerate.utils import load as accelerate_load
+
+    folder = Path(ckpt.path)
+    missing = [r for r in range(accelerator.num_processes) if not (folder / f"random_states_{r}.pkl").is_file()]
+    if missing:  # resumed on more processes than saved it: the new ones start from the seed
+        say(f"visiontune: {ckpt.path} has no RNG state for process(es) {', '.join(map(str, missing))}; their "
+            "random draws will differ from the original run's")
+    rng = folder / f"random_states_{accelerator.process_index}.pkl"
+    if accelerator.process_index in missing:
+        return
+    try:
+        states = accelerate_load(rng, map_location="cpu")
+    except Exception as e:
+        raise UserError(f"cannot load checkpoint {ckpt.path}: {rng.name}: {load_error(e)}") from None
+    if not isinstance(states, dict) or not {"random_state", "torch_manual_seed"} <= set(states):
+        raise UserError(f"cannot load checkpoint {ckpt.path}: {rng.name} holds no RNG states")
+
+
+def load(accelerator, ckpt: Checkpoint, scheduler=None, say=print) -> None:
     """Restore model, optimizer, scaler, RNG states (and the scheduler) from ``ckpt``."""
     sched_file = Path(ckpt.path) / SCHEDULER
+    _check_rng_file(accelerator, ckpt, say)
     try:
         accelerator.load_state(ckpt.path)
         if scheduler is not None and sched_file.is_file():
             scheduler.load_state_dict(torch.load(sched_file, map_location="cpu", weights_only=True))
     except Exception as e:  # weights_only refusals, shape mismatches: the files are not this run's
-        raise UserError(f"cannot load checkpoint {ckpt.path}: {str(e).splitlines()[0][:300]}") from None
+        raise UserError(f"cannot load checkpoint {ckpt.path}: {load_error(e)}") from None
 
 
 def find_resume(resume: str | None, run_dir: str, restarted: bool, say=print) -> Checkpoint | None:
     """What ``--resume`` (or an elastic restart) points at; None for a fresh start."""
     if resume is None and not restarted:
         if listed(run_dir):
-            raise UserError(f"{run_dir} already holds checkpoints of a run; pass --resume auto to continue it "
-                            "or choose another --output-dir")
+            raise UserError(f"{run_dir} already holds checkpoints of a run; to continue it, add --resume auto "
+                            f"(with --output-dir {run_dir}); to start over, give another --output-dir")
         return None
     source = run_dir if resume in (None, "auto") else resume
     if resume not in (None, "auto") and not Path(source).is_dir():

@@ -19,21 +19,26 @@ from visiontune.host import available_cores
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune import launch, models, strategy
+    from visiontune import launch, models, runlock, strategy
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
-    # Check what can be checked before any worker starts: one error line, not N.
-    discover(cfg.data)
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
+    # Check what can be checked before any worker starts: one error line, not N. The listing is the
+    # job's only one: the run in this process or the workers take it over (a worker lists nothing here).
+    images = None if launch.is_worker() else discover(cfg.data)
     strategy.check(cfg)
     models.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
+        from visiontune.data.jobdata import shared_listing
+
         models.ensure_weights(cfg.model, cfg.weights)
-        return launch.relaunch(cfg, argv)
+        # One machine: this process outlives any worker restart, so it holds the run folder's lock.
+        with runlock.hold_for_workers(cfg.output_dir if cfg.nnodes == 1 else None), shared_listing(images, cfg.data):
+            return launch.relaunch(cfg, argv)
     from visiontune.trainer import train
 
-    train(cfg)
+    train(cfg, images)
     return 0
 
 
@@ -79,6 +84,7 @@ def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.layouts import discover
 
     images = discover(args.data)
+    print(images.describe())
     folder = args.data if os.path.isdir(args.data) else os.path.dirname(os.path.abspath(args.data))
     report = args.report or os.path.join(folder, "bad_files.csv")
     if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):
@@ -146,10 +152,12 @@ def _in_processes(args: argparse.Namespace, argv: list[str], command: str, skipp
 
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.predict import check_clip, list_inputs, predict, skipped_path
+    from visiontune.runlock import writable_file
 
     loaded, icfg = _inference(args)
     inputs = list_inputs(args.data)
     check_clip(args.clip)
+    writable_file(args.out, "--out")  # before the forward pass, not after it
     return _in_processes(args, argv, "predict", skipped_path(args.out).exists,
                          lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip))
 
@@ -279,7 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
+        code = args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:  # `visiontune models | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell tool killed by the signal
     except UserError as e:
         print(f"visiontune: error: {e}", file=sys.stderr)
         return 2

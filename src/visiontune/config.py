@@ -14,7 +14,7 @@ import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -148,10 +148,34 @@ RANGES = {"weight_decay": (0, math.inf, False), "warmup_epochs": (0, math.inf, F
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
 
 
+def _fits(value: Any, kind: Any) -> bool:
+    """Whether ``value`` has the annotated type (``bool`` is no integer here, an int is a float)."""
+    origin, args = get_origin(kind), get_args(kind)
+    if origin is Literal:  # of the choices' type here; which choice, ``validate`` says with the flag's name
+        return any(type(value) is type(a) for a in args)
+    if args:  # X | None
+        return any(_fits(value, k) for k in args)
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def check_types(values: dict[str, Any], where: str) -> None:
+    """Refuse, in one line, a setting whose value does not have its field's type ("no" is not a bool)."""
+    hints = get_type_hints(TrainConfig)
+    for name, value in values.items():
+        if name in hints and not _fits(value, hints[name]):
+            kind = str(hints[name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise UserError(f"{where}: {name} = {value!r} is not of type {kind}")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with its recipe's settings filled in, if it is usable; else raise ``UserError``."""
     from visiontune.recipe import resolve  # the presets live there, with the rest of the recipe
 
+    check_types(cfg.to_dict(), "settings")
     if cfg.recipe not in choices()["recipe"]:
         raise UserError(f"--recipe must be one of {', '.join(choices()['recipe'])}, got {cfg.recipe!r}")
     cfg = resolve(cfg)
@@ -186,6 +210,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"give --weights {cfg.weights} or --init-from {cfg.init_from}, not both")
     if not 0.0 <= cfg.max_bad_fraction <= 1.0:
         raise UserError(f"--max-bad-fraction must be between 0 and 1, got {cfg.max_bad_fraction}")
+    if cfg.momentum < 0 or cfg.weight_decay < 0:
+        raise UserError(f"--momentum and --weight-decay must be >= 0, got {cfg.momentum} and {cfg.weight_decay}")
+    if cfg.timeout <= 0:
+        raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
     return cfg
 
 
@@ -197,13 +225,16 @@ def load_config_file(path: str) -> dict[str, Any]:
     try:
         if p.suffix == ".json":
             raw = json.loads(p.read_text())
-            raw = raw.get("config", raw)  # a run's config.json nests the settings
+            raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # a run's config.json nests them
         else:
             raw = tomllib.loads(p.read_text())
     except (ValueError, tomllib.TOMLDecodeError) as e:
         raise UserError(f"cannot parse config file {path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} holds a {type(raw).__name__}, not a table of settings")
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UserError(f"unknown setting(s) in {path}: {', '.join(unknown)}")
+    check_types(raw, path)
     return raw

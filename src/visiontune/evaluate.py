@@ -10,6 +10,7 @@ as one. Unreadable images are left out of every figure and listed.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -77,6 +78,8 @@ def evaluate(loaded: LoadedModel, icfg: InferenceConfig, data: str, out: str) ->
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(f"{data} has classes {images.classes} but the model was trained on {classes}; "
                         "evaluate on data with the same classes")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(images.describe())
     accelerator = inference.start(icfg)
     logits, labels = inference.forward(accelerator, loaded, icfg, images.paths, images.labels, "evaluate")
     report: dict = {}

@@ -18,6 +18,7 @@ from accelerate.utils import set_seed
 
 from visiontune import recipe
 from visiontune.config import TrainConfig, UserError, validate
+from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import DeviceNormalize
 from visiontune.data.split import make_split
@@ -59,7 +60,8 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     images = discover(cfg.data)
     set_seed(cfg.seed)
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
-    cfg, loader, _ = _loaders(cfg, images, make_split(len(images), cfg.val_fraction, cfg.seed), out, accelerator)
+    data = prepare_data(accelerator, cfg, out, images)
+    cfg, loader, _ = _loaders(cfg, data, make_split(len(data.images), cfg.val_fraction, cfg.seed), out)
     optimizer, _ = recipe.optimization(cfg, model, len(images.classes), 1.0, max(1, len(loader)))
     ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

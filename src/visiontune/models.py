@@ -243,3 +243,29 @@ def ensure_weights(name: str, weights: str) -> None:
         torch.hub.download_url_to_file(resolved.url, str(target))
     except OSError as e:
         raise _download_error(resolved, e) from None
+
+
+def check_input(model: nn.Module, name: str, image_size: int, batch_size: int) -> None:
+    """One dry forward of a blank image before any work: refuse, in one line, an input size too small
+    for the model, and a per-process batch that leaves BatchNorm one value per channel to train on.
+
+    Eval mode and no RNG draw, so the run that follows is unchanged.
+    """
+    per_channel: list[int] = []  # values per channel each BatchNorm sees for one image
+    hooks = [m.register_forward_pre_hook(lambda _m, args: per_channel.append(args[0].shape[2:].numel()))
+             for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    training = model.training
+    try:
+        with torch.inference_mode():
+            model.eval()(torch.zeros(1, 3, image_size, image_size))
+    except RuntimeError as e:
+        raise UserError(f"--image-size {image_size} is too small for {name} ({str(e).splitlines()[0][:120]}); "
+                        "use a larger --image-size") from None
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(training)
+    if per_channel and batch_size * min(per_channel) < 2:
+        raise UserError(f"--batch-size {batch_size} is too small for {name} at --image-size {image_size}: its "
+                        "BatchNorm layers need more than one value per channel to train; use --batch-size 2 or "
+                        "more (per process)")

@@ -11,7 +11,7 @@ import csv
 import io
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,33 +23,30 @@ PHASES = ("train", "val")
 
 
 @contextmanager
-def atomic_file(path: str | os.PathLike, shared: bool = False) -> Iterator[BinaryIO]:
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file that becomes ``path`` whole or not at all: a unique temp file beside it, fsync, rename.
 
-    ``shared``: readable by other users (umask permitting), for caches several users' runs share;
-    otherwise the temp file's private mode is kept.
+    Its mode is what the user's umask makes of 0666, as for any new file (and Accelerate's own).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # Not mkstemp: its files are mode 0600; 0666 here is narrowed by the user's umask, like any new file.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        if shared:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str, shared: bool = False) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     """Write ``data`` to ``path`` whole or not at all (see ``atomic_file``)."""
-    with atomic_file(path, shared) as f:
+    with atomic_file(path) as f:
         f.write(data.encode() if isinstance(data, str) else data)
 
 

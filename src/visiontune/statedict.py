@@ -20,6 +20,8 @@ from visiontune.config import UserError
 
 def load_state_file(path: str) -> dict[str, torch.Tensor]:
     """Read a state_dict without unpickling arbitrary objects."""
+    from visiontune.checkpoint import load_error
+
     if not Path(path).is_file():
         raise UserError(f"weights file not found: {path}")
     try:
@@ -30,7 +32,7 @@ def load_state_file(path: str) -> dict[str, torch.Tensor]:
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001  (pickle refusals, truncation, wrong format: all user errors here)
-        raise UserError(f"cannot load weights from {path} safely: {str(e).splitlines()[0]}") from None
+        raise UserError(f"cannot load weights from {path} safely: {load_error(e)}") from None
     if not (isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())):
         raise UserError(f"{path} is not a state_dict (a dict of tensors)")
     return state

@@ -9,7 +9,6 @@ process writes.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import shutil
 import time
@@ -17,17 +16,19 @@ import time
 import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, elastic, engine, faults, launch, outputs, recipe, runinfo
-from visiontune.hooks import CheckpointPolicy, Checkpointer, EarlyStop, EpochOutputs, RunHooks
+from visiontune import checkpoint, elastic, engine, faults, launch, outputs, recipe, runinfo, runlock
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.augment import BatchMix, sample_augment
-from visiontune.data.cache import CachedDataset, open_or_build
-from visiontune.data.layouts import ImageSet, discover
-from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
+from visiontune.data.cache import CachedDataset
+from visiontune.data.check import write_report
+from visiontune.data.jobdata import JobData
+from visiontune.data.jobdata import prepare as prepare_data
+from visiontune.data.layouts import ImageSet
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
-from visiontune.data.split import Split, make_split, split_record
-from visiontune.models import build_model, get_spec
-from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
+from visiontune.data.split import Split, make_split, split_summary, write_split
+from visiontune.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
+from visiontune.models import build_model, check_input, get_spec
+from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
 
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
@@ -50,16 +51,13 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
                         f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data")
 
 
-def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, accelerator):
+def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
     """The config with its normalisation measured if needed, and the train and val loaders over the
     split: from the cache when asked for, else from the files."""
-    if cfg.cache:
-        # One process per machine builds the cache while the others wait, then all map the same file.
-        with accelerator.local_main_process_first():
-            cache = open_or_build(cfg.cache, images.paths, cfg.image_size)
-
+    images = data.images
+    if data.cache:
         def subset(idx, augment):
-            return CachedDataset(cache, idx, [images.labels[i] for i in idx], augment)
+            return CachedDataset(data.cache, [data.rows[i] for i in idx], [images.labels[i] for i in idx], augment)
     else:
         def subset(idx, augment):
             return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size,
@@ -75,33 +73,13 @@ def _loaders(cfg: TrainConfig, images: ImageSet, split: Split, run_dir: str, acc
                   for idx, train in ((split.train, True), (split.val, False)))
 
 
-def _screen(accelerator, cfg: TrainConfig, images: ImageSet, run_dir: str) -> tuple[ImageSet, list]:
-    """Drop the files the layout rejected or the scan cannot decode, before the split sees them."""
-    with accelerator.main_process_first():  # the main process decodes; the others read its cache
-        bad = list(images.rejects) + scan(images.paths, workers=max(2, cpu_budget()),
-                                          cache_path=scan_cache_path(images.root))
-    report = os.path.join(run_dir, "bad_files.csv")
-    problem = bad_fraction_error(len(bad), len(images.paths) + len(images.rejects), cfg.max_bad_fraction, report)
-    if problem:  # stop before training; the report is what the user needs now
-        if accelerator.is_main_process:
-            write_report(bad, report)
-        accelerator.wait_for_everyone()
-        raise UserError(problem)
-    if bad:
-        accelerator.print(f"visiontune: skipping {len(bad)} bad file(s), listed in {report}")
-    drop = {p for p, _ in bad}
-    keep = [i for i, p in enumerate(images.paths) if p not in drop]
-    return dataclasses.replace(images, paths=[images.paths[i] for i in keep],
-                               labels=[images.labels[i] for i in keep]), bad
-
-
 def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
     """Load the checkpoint ``--resume`` (or an elastic restart) names; return it or None."""
     found = checkpoint.find_resume(cfg.resume, run_dir, launch.restart_count() > 0, accelerator.print)
     if found is None:
         return None
-    checkpoint.check_compatible(found.meta, current)
-    checkpoint.load(accelerator, found, scheduler)
+    found = checkpoint.compatible(found, current)
+    checkpoint.load(accelerator, found, scheduler, accelerator.print)
     source = os.path.dirname(os.path.dirname(found.path))
     if accelerator.is_main_process and os.path.abspath(source) != os.path.abspath(run_dir):
         for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
@@ -134,15 +112,15 @@ def _announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Spl
                       f"lr {setup.lr:g} | run folder {run_dir}")
 
 
-def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split_rec: dict, bad: list,
-                   run_dir: str, info: runinfo.RunInfo) -> None:
+def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Split, split_rec: dict,
+                   bad: list, run_dir: str, info: runinfo.RunInfo) -> None:
     """The run folder's records (main process), and the trackers, which write into it."""
     record = {"config": cfg.to_dict(), "setup": setup.__dict__, "versions": outputs.versions(),
               "data": {"root": images.root, "layout": images.layout}, "model": info.to_dict()}
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/config.json", record)
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
-        outputs.write_json(f"{run_dir}/split.json", split_rec)
+        write_split(f"{run_dir}/split.json", split_rec, split, images.paths, images.root)
         write_report(bad, f"{run_dir}/bad_files.csv")
     if cfg.log_with:
         # Trackers write into the run folder, known only now that the main process chose it.
@@ -186,8 +164,13 @@ def _finish(accelerator, run_dir: str, since: float, history: list[dict], split:
     return summary
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
+def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
+    """Fine-tune ``cfg.model`` on ``cfg.data`` (listed as ``images`` when given); return the run's summary."""
+    with contextlib.ExitStack() as run_folder:  # holds the run folder's lock, released however the run ends
+        return _train(cfg, images, run_folder)
+
+
+def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack) -> dict:
     cfg = validate(cfg)
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
@@ -199,22 +182,24 @@ def train(cfg: TrainConfig) -> dict:
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
     run_dir = _run_dir(accelerator, cfg)
+    run_folder.enter_context(runlock.hold_run(accelerator, run_dir))  # before any long work
     elastic.check_shared_folder(accelerator, run_dir)
-    images = discover(cfg.data)
+    data = prepare_data(accelerator, cfg, run_dir, images)  # the one listing and bad-file screen of the job
+    images, bad = data.images, data.bad
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
     set_seed(cfg.seed, device_specific=True)
     weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
     with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
-    images, bad = _screen(accelerator, cfg, images, run_dir)
+    check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
-    split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
+    split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
     _same_split_everywhere(accelerator, split_rec)
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
-    cfg, train_loader, val_loader = _loaders(cfg, images, split, run_dir, accelerator)
+    cfg, train_loader, val_loader = _loaders(cfg, data, split, run_dir)
     mean, std = recipe.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std,
                             spec.preprocess.interpolation)
@@ -225,10 +210,11 @@ def train(cfg: TrainConfig) -> dict:
                                                           train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
     identity = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
-                "global_batch": setup.global_batch}
+                "global_batch": setup.global_batch, "batch_samples": setup.per_process_batch * setup.world_size,
+                "grad_accum": cfg.grad_accum}
     resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
     _announce(accelerator, cfg, setup, images, split, run_dir)
-    _write_records(accelerator, cfg, setup, images, split_rec, bad, run_dir, info)
+    _write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
     if accelerator.is_main_process:
         elastic.record_world(run_dir, setup, cfg, resumed)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".

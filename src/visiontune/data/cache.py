@@ -21,7 +21,6 @@ import mmap
 import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,10 +29,11 @@ import torchvision
 from torch.utils.data import Dataset
 
 from visiontune.config import UserError
-from visiontune.data.decode import try_read
+from visiontune.data.check import bounded_map, file_keys
+from visiontune.data.decode import MAX_PIXELS, try_read
+from visiontune.data.pipeline import UNREADABLE
 from visiontune.host import available_cores, user_cache_dir
 from visiontune.outputs import atomic_file, atomic_write
-from visiontune.data.pipeline import UNREADABLE
 
 CACHE_VERSION = 2  # 2: rows stored height x width x channel
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)
@@ -47,12 +47,7 @@ def resolve_dir(cache: str) -> str:
 def cache_key(paths: Sequence[str], image_size: int) -> str:
     """sha256 over what decides the cached pixels: files (path, size, mtime) and the size."""
     h = hashlib.sha256(json.dumps([CACHE_VERSION, image_size, torchvision.__version__]).encode())
-    for p in paths:
-        try:
-            st = os.stat(p)
-            h.update(f"{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        except OSError:  # a missing file is part of the key too: it is recorded as bad
-            h.update(f"{os.path.abspath(p)}\0missing\n".encode())
+    h.update(file_keys(paths, MAX_PIXELS).tobytes())  # a missing file is part of the key too: it is recorded as bad
     return h.hexdigest()
 
 
@@ -72,7 +67,8 @@ class ImageCache:
 
 def _files(folder: str, paths: Sequence[str], image_size: int) -> tuple[str, str]:
     # One cache per data set (its file list) and size, so several can share a folder.
-    ident = hashlib.sha256("\n".join(os.path.abspath(p) for p in paths).encode()).hexdigest()[:12]
+    where = "" if not paths or os.path.isabs(paths[0]) else os.getcwd()
+    ident = hashlib.sha256("\n".join([where, *paths]).encode("utf-8", "surrogateescape")).hexdigest()[:12]
     stem = os.path.join(folder, f"{ident}-{image_size}px")
     return stem + ".u8", stem + ".json"
 
@@ -96,22 +92,20 @@ def build(array_path: str, header_path: str, key: str, paths: Sequence[str], ima
     blank = bytes(3 * image_size * image_size)
 
     def write_array(f) -> None:
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            chunk = 64 * max(1, threads)  # bounded look-ahead: memory stays flat while building
-            for start in range(0, len(paths), chunk):
-                part = paths[start:start + chunk]
-                for i, img in enumerate(pool.map(try_read, part, [image_size] * len(part)), start):
-                    if isinstance(img, str):
-                        bad[i] = (paths[i], img)
-                        print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
-                    f.write(blank if isinstance(img, str) else img.permute(1, 2, 0).contiguous().numpy().tobytes())
+        # Bounded look-ahead: memory stays flat while building. Each file is decoded once, here: the
+        # files that fail are the run's bad files, so no separate scan decodes them again.
+        for i, img in enumerate(bounded_map(lambda p: try_read(p, image_size), paths, max(1, threads))):
+            if isinstance(img, str):
+                bad[i] = (paths[i], img)
+                print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
+            f.write(blank if isinstance(img, str) else img.permute(1, 2, 0).contiguous().numpy().tobytes())
 
-    # Shared: other users' runs may read the cache.
-    with atomic_file(array_path, shared=True) as f:
+    # Readable by other users' runs (umask permitting), as every written file is.
+    with atomic_file(array_path) as f:
         write_array(f)
     head = {"version": CACHE_VERSION, "key": key, "image_size": image_size, "count": len(paths),
             "bad": {str(i): list(pr) for i, pr in bad.items()}}
-    atomic_write(header_path, json.dumps(head), shared=True)
+    atomic_write(header_path, json.dumps(head))
     return ImageCache(array_path, image_size, len(paths), bad)
 
 

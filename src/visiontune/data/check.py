@@ -3,11 +3,16 @@
 Training skips bad images anyway, but a scan before the first epoch names them
 all in one report instead of one warning per epoch, and it catches files that
 would only fail on the last batch. Decoding is the whole cost, so it runs on a
-thread pool (libjpeg-turbo, libpng and PIL all release the GIL while decoding),
-and an optional JSON cache keyed by (absolute path, size, mtime_ns) makes a
-second scan of an unchanged data set decode nothing. The cache and the CSV
-report are written to a temp file and moved into place, so an interrupted run
-never leaves half a file behind.
+thread pool (libjpeg-turbo, libpng and PIL all release the GIL while decoding)
+with a bounded number of files in flight, so memory stays flat at any size.
+
+Verdicts are remembered per file, keyed by a 64-bit hash of (absolute path,
+size, mtime_ns, pixel limit), in two append-only files: ``<cache>`` holds the
+keys of good files as raw uint64, ``<cache>.bad`` one JSON line per bad file
+with its reason. A warm scan is one ``stat`` per file and a vectorised lookup;
+a changed file appends one record, never rewrites the cache; the key file is
+compacted only when stale keys outnumber live ones. A torn last record (a crash
+mid-append) is ignored and compacted away.
 """
 
 from __future__ import annotations
@@ -17,14 +22,36 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from visiontune.data.decode import MAX_PIXELS, BadImage, read_image
 from visiontune.host import user_cache_dir
 from visiontune.outputs import atomic_write
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
+_FLUSH = 4096  # verdicts appended to the cache per write: Ctrl-C loses at most this many
+_CHUNK = 65536  # files whose keys are computed together
+
+
+def bounded_map(fn: Callable, items: Iterable, threads: int, window: int | None = None) -> Iterator:
+    """``fn`` over ``items`` on ``threads`` threads, in order, with at most ``window`` calls in flight."""
+    window = window or 4 * threads
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        pending: deque = deque()
+        try:
+            for item in items:
+                if len(pending) >= window:
+                    yield pending.popleft().result()
+                pending.append(pool.submit(fn, item))
+            while pending:
+                yield pending.popleft().result()
+        finally:  # on an error or Ctrl-C, do not wait for the queued files
+            for f in pending:
+                f.cancel()
 
 
 def _check_one(path: str, max_pixels: int) -> str | None:
@@ -36,28 +63,61 @@ def _check_one(path: str, max_pixels: int) -> str | None:
     return None
 
 
-def _file_key(path: str) -> tuple[str, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None  # read_image will name the problem; nothing worth caching
-    return os.path.abspath(path), st.st_size, st.st_mtime_ns
+def file_keys(paths: Sequence[str], max_pixels: int) -> np.ndarray:
+    """One uint64 per file from (absolute path, size, mtime_ns, limit); 0 for a file that cannot be stat'ed."""
+    # Relative paths are relative to the working folder: hash it in once rather than abspath each path.
+    where = "" if not paths or os.path.isabs(paths[0]) else os.getcwd()
+    salt = f"\0{max_pixels}\0{_CACHE_VERSION}\0{where}".encode("utf-8", "surrogateescape")
+    keys = np.zeros(len(paths), np.uint64)
+    stat, blake = os.stat, hashlib.blake2b
+    for start in range(0, len(paths), _CHUNK):  # in chunks: the Python objects of a chunk at a time
+        sizes, mtimes, digests, missing = [], [], [], []
+        for i, p in enumerate(paths[start:start + _CHUNK]):  # the hot loop of a warm start
+            try:
+                st = stat(p)
+            except OSError:  # read_image will name the problem; nothing worth caching
+                st = None
+                missing.append(i)
+            sizes.append(st.st_size if st else 0)
+            mtimes.append(st.st_mtime_ns if st else 0)
+            digests.append(blake(p.encode("utf-8", "surrogateescape") + salt, digest_size=8).digest())
+        part = np.frombuffer(b"".join(digests), np.uint64).copy()
+        # Mix size and mtime in with odd multipliers (uint64 arithmetic wraps), vectorised.
+        part ^= (np.array(sizes, np.int64).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+                 ^ np.array(mtimes, np.int64).view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+        part[missing] = 0
+        keys[start:start + len(part)] = part
+    return keys
 
 
-def _load_cache(cache_path: str, max_pixels: int) -> dict[str, list]:
-    """{abs path: [size, mtime_ns, reason or None]}; empty when missing, unreadable or stale."""
+def _load_cache(cache_path: str) -> tuple[np.ndarray, dict[int, str], bool]:
+    """(good keys, {bad key: reason}, whether the key file needs compacting)."""
     try:
-        with open(cache_path, encoding="utf-8") as f:
-            data = json.load(f)
+        raw = np.fromfile(cache_path, dtype="<u8")
+        torn = os.path.getsize(cache_path) % 8 != 0
     except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != _CACHE_VERSION:
-        return {}
-    # A different pixel limit changes which files are "too large", so the old verdicts do not carry over.
-    if data.get("max_pixels") != max_pixels:
-        return {}
-    files = data.get("files")
-    return files if isinstance(files, dict) else {}
+        raw, torn = np.zeros(0, np.uint64), False
+    bad: dict[int, str] = {}
+    try:
+        with open(cache_path + ".bad", encoding="utf-8") as f:
+            for line in f:
+                try:
+                    key, reason = json.loads(line)
+                    bad[int(key)] = str(reason)
+                except (ValueError, TypeError):
+                    continue  # a torn last line
+    except OSError:
+        pass
+    return raw.astype(np.uint64), bad, torn
+
+
+def _append(path: str, data: bytes) -> None:
+    # One O_APPEND write per batch: concurrent scans of the same folder never interleave within a record.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def scan(
@@ -68,31 +128,49 @@ def scan(
     max_pixels: int = MAX_PIXELS,
 ) -> list[tuple[str, str]]:
     """Fully decode every file; return [(path, reason)] for the bad ones, in input order."""
-    cache = _load_cache(cache_path, max_pixels) if cache_path else {}
-    keys = [_file_key(p) for p in paths]
-    reasons: list[str | None] = [None] * len(paths)
-    todo = []
-    for i, key in enumerate(keys):
-        entry = cache.get(key[0]) if key else None
-        if key and isinstance(entry, list) and len(entry) == 3 and entry[:2] == [key[1], key[2]]:
-            reasons[i] = entry[2]
-        else:
-            todo.append(i)
+    reasons: dict[int, str] = {}
+    todo = np.arange(len(paths))
+    keys = np.zeros(0, np.uint64)
+    if cache_path:
+        keys = file_keys(paths, max_pixels)
+        good, bad, torn = _load_cache(cache_path)
+        unknown = ~np.isin(keys, good) | (keys == 0)
+        bad_keys = np.array(list(bad), np.uint64)
+        for i in np.flatnonzero(unknown & np.isin(keys, bad_keys)).tolist():
+            reasons[i] = bad[int(keys[i])]
+        unknown[list(reasons)] = False
+        todo = np.flatnonzero(unknown)  # an array, not a list: a cold scan of 1.28M files holds 10 MB here
+        if torn or len(good) + len(bad) > 2 * max(len(paths), 1024):  # stale keys dominate: keep the live ones
+            atomic_write(cache_path, np.unique(keys[~unknown & ~np.isin(keys, bad_keys)]).astype("<u8").tobytes())
+            live = bad_keys[np.isin(bad_keys, keys)].tolist()
+            atomic_write(cache_path + ".bad", "".join(json.dumps([k, bad[k]]) + "\n" for k in live))
+    new_good: list[int] = []
+    new_bad: list[str] = []
 
-    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    def flush() -> None:
+        if cache_path and new_good:
+            _append(cache_path, np.array(new_good, "<u8").tobytes())
+        if cache_path and new_bad:
+            _append(cache_path + ".bad", "".join(new_bad).encode())
+        new_good.clear()
+        new_bad.clear()
+
     try:
-        verdicts = pool.map(_check_one, [paths[i] for i in todo], [max_pixels] * len(todo))
-        for i, reason in zip(todo, verdicts):
-            reasons[i] = reason
-            if keys[i]:
-                cache[keys[i][0]] = [keys[i][1], keys[i][2], reason]
+        order = todo.tolist()
+        verdicts = bounded_map(lambda i: _check_one(paths[i], max_pixels), order, max(1, workers))
+        for i, reason in zip(order, verdicts):
+            if reason is not None:
+                reasons[i] = reason
+            if cache_path and keys[i]:
+                if reason is None:
+                    new_good.append(int(keys[i]))
+                else:
+                    new_bad.append(json.dumps([int(keys[i]), reason]) + "\n")
+                if len(new_good) + len(new_bad) >= _FLUSH:
+                    flush()
     finally:
-        # Keep what was decoded even on Ctrl-C, and do not wait for the files still queued.
-        pool.shutdown(wait=True, cancel_futures=True)
-        if cache_path and todo:
-            payload = {"version": _CACHE_VERSION, "max_pixels": max_pixels, "files": cache}
-            atomic_write(cache_path, json.dumps(payload))
-    return [(p, r) for p, r in zip(paths, reasons) if r is not None]
+        flush()  # keep what was decoded, even on Ctrl-C
+    return [(paths[i], reasons[i]) for i in sorted(reasons)]
 
 
 def write_report(bad: list[tuple[str, str]], out_csv: str) -> None:
@@ -107,12 +185,13 @@ def write_report(bad: list[tuple[str, str]], out_csv: str) -> None:
 def scan_cache_path(data_root: str) -> str:
     """Where ``train`` remembers scan verdicts for ``data_root``: outside the data, which may be read-only.
 
-    ``host.user_cache_dir()`` (the image cache's ``auto`` folder too); one file per data folder, named by the sha256 of its absolute path.
+    ``host.user_cache_dir()`` (the image cache's ``auto`` folder too); one key file (and its
+    ``.bad`` companion) per data folder, named by the sha256 of its absolute path.
     """
     base = user_cache_dir()
     os.makedirs(base, exist_ok=True)
     key = hashlib.sha256(os.path.abspath(data_root).encode()).hexdigest()[:16]
-    return os.path.join(base, f"scan-{key}.json")
+    return os.path.join(base, f"scan-{key}.v{_CACHE_VERSION}.keys")
 
 
 def bad_fraction_error(n_bad: int, n_files: int, limit: float, report: str) -> str | None:

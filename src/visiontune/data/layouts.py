@@ -4,22 +4,31 @@ Three layouts are detected, in this order: a manifest CSV (``DATA/train.csv``
 with ``filename,label`` rows, as the reference job's DogCatDataset reads it, or
 a ``.csv`` path given directly), Kaggle Dogs vs Cats (``DATA/train/<class>.<n>.jpg``
 with an optional ``DATA/test/``), and class subfolders (ImageFolder, Microsoft's
-PetImages ``Cat/`` and ``Dog/`` included). The result is an ``ImageSet``:
-absolute paths with class indices, class names in index order, the unlabelled
-test files, and the files the layout itself had to reject.
+PetImages ``Cat/`` and ``Dog/`` included; a class is every file under its folder,
+at any depth). The result is an ``ImageSet``: absolute paths with class indices,
+class names in index order, the unlabelled test files, and the files the layout
+itself had to reject. Listing uses ``os.scandir`` (no ``stat`` per file), so an
+ImageNet-size folder is listed in seconds; ``save``/``load`` carry one listing
+to the other processes of a job as a compact file.
 """
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
+from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from visiontune.config import UserError
 
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
+# What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
+OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"}
+_HEADERS = (["filename", "label"], ["file", "label"], ["path", "label"], ["id", "label"])
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,15 @@ class ImageSet:
     def __len__(self) -> int:
         return len(self.paths)
 
+    def class_counts(self) -> dict[str, int]:
+        counts = Counter(self.labels)
+        return {name: counts.get(i, 0) for i, name in enumerate(self.classes)}
+
+    def describe(self) -> str:
+        """One line naming the classes found and how many images each has."""
+        counts = ", ".join(f"{name} {n}" for name, n in self.class_counts().items())
+        return f"visiontune: {len(self.paths)} images in {len(self.classes)} classes ({self.layout}): {counts}"
+
 
 def _numeric_key(path: str) -> tuple:
     # Kaggle ids sort numerically (2.jpg before 10.jpg), everything else by name.
@@ -42,57 +60,85 @@ def _numeric_key(path: str) -> tuple:
     return (0, int(stem), "") if stem.isdigit() else (1, 0, stem)
 
 
-def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file())
+def _listed(e: os.DirEntry) -> bool:
+    # A broken symbolic link is listed so that the scan reports it; macOS "._" files are metadata too.
+    return (e.is_file() or (e.is_symlink() and not os.path.exists(e.path))) and not (
+        e.name in OS_METADATA or e.name.startswith("._"))
+
+
+def _files(folder: str) -> list[str]:
+    with os.scandir(folder) as it:
+        return sorted(e.path for e in it if _listed(e))
+
+
+def _files_under(folder: str) -> list[str]:
+    """Every file below ``folder``, at any depth, sorted; hidden subfolders are not entered."""
+    out, stack = [], [folder]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for e in it:
+                if e.is_dir():
+                    if not e.name.startswith("."):
+                        stack.append(e.path)
+                elif _listed(e):
+                    out.append(e.path)
+    out.sort()
+    return out
 
 
 def _kaggle(root: Path) -> ImageSet | None:
     train = root / "train"
     if not train.is_dir():
         return None
-    files = _files(train)
-    matched = [(p, KAGGLE_NAME.match(p.name)) for p in files]
+    files = _files(str(train))
+    matched = [(p, KAGGLE_NAME.match(os.path.basename(p))) for p in files]
     if not any(m for _, m in matched):
         return None
     classes = sorted({m["cls"].lower() for _, m in matched if m})
-    good = sorted(((m["cls"].lower(), int(m["num"]), p) for p, m in matched if m))
-    rejects = [(str(p), "file name is not <class>.<number>.<ext>") for p, m in matched if not m]
+    index = {c: i for i, c in enumerate(classes)}
+    good = sorted((m["cls"].lower(), int(m["num"]), p) for p, m in matched if m)
+    rejects = [(p, "file name is not <class>.<number>.<ext>") for p, m in matched if not m]
     test_dir = root / "test"
-    test = sorted((str(p) for p in _files(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
-    return ImageSet(str(root), "kaggle", [str(p) for _, _, p in good],
-                    [classes.index(c) for c, _, _ in good], classes, test, rejects)
+    test = sorted(_files(str(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
+    return ImageSet(str(root), "kaggle", [p for _, _, p in good], [index[c] for c, _, _ in good], classes,
+                    test, rejects)
 
 
 def _image_folder(root: Path) -> ImageSet | None:
     base = root / "train" if (root / "train").is_dir() else root
-    class_dirs = sorted(d for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
-    class_dirs = [d for d in class_dirs if any(p.is_file() for p in d.iterdir())]
-    if not class_dirs:
+    with os.scandir(base) as it:
+        dirs = sorted((e.name, e.path) for e in it if e.is_dir() and not e.name.startswith("."))
+    # One rule for every command: a class is every file below its folder, however deep.
+    found = [(name, files) for name, files in ((n, _files_under(p)) for n, p in dirs) if files]
+    if not found:
         return None
-    paths, labels = [], []
-    for idx, d in enumerate(class_dirs):
-        for p in sorted(d.rglob("*")):
-            if p.is_file():
-                paths.append(str(p))
-                labels.append(idx)
-    return ImageSet(str(root), "imagefolder", paths, labels, [d.name for d in class_dirs])
+    paths = [p for _, files in found for p in files]
+    labels = [i for i, (_, files) in enumerate(found) for _ in files]
+    return ImageSet(str(root), "imagefolder", paths, labels, [name for name, _ in found])
+
+
+def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, cells) of every non-blank row; a BOM is dropped, a non-UTF-8 file is refused."""
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            rows = [(reader.line_num, row) for row in reader]
+    except UnicodeDecodeError as e:
+        raise UserError(f"{csv_path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                        "save the manifest as UTF-8 and run again") from None
+    return [(n, row) for n, row in rows if any(cell.strip() for cell in row)]
 
 
 def read_manifest(csv_path: Path, image_root: Path) -> ImageSet:
     """Read ``filename,label`` rows; every bad row is an error naming its row number."""
-    with open(csv_path, newline="") as f:
-        rows = list(csv.reader(f))
-    if rows and [c.strip().lower() for c in rows[0][:2]] in (["filename", "label"], ["file", "label"],
-                                                              ["path", "label"], ["id", "label"]):
+    rows = _read_rows(csv_path)
+    if rows and [c.strip().lower() for c in rows[0][1][:2]] in _HEADERS:
         rows = rows[1:]
-        first_row = 2
-    else:
-        first_row = 1
     if not rows:
         raise UserError(f"{csv_path}: no rows; expected 'filename,label' lines")
-    root = image_root.resolve()
-    entries, seen = [], set()
-    for n, row in enumerate(rows, start=first_row):
+    root = str(image_root.resolve())
+    paths, names, seen = [], [], {}
+    for n, row in rows:
         if len(row) < 2 or not row[0].strip() or not row[1].strip():
             raise UserError(f"{csv_path} row {n}: expected 'filename,label', got {','.join(row)!r}")
         name, label = row[0].strip(), row[1].strip()
@@ -100,24 +146,25 @@ def read_manifest(csv_path: Path, image_root: Path) -> ImageSet:
         if os.path.isabs(name) or ".." in Path(name).parts:
             raise UserError(f"{csv_path} row {n}: path {name!r} leaves the image root {root}; "
                             "use paths relative to it")
-        if name in seen:
-            raise UserError(f"{csv_path} row {n}: duplicate row for {name!r}; list each file once")
-        seen.add(name)
-        path = root / name
-        if not path.is_file():
+        norm = os.path.normpath(name)  # ./a.jpg and a//b.jpg name the same files as a.jpg and a/b.jpg
+        if norm in seen:
+            raise UserError(f"{csv_path} row {n}: duplicate row for {name!r} (same file as row {seen[norm]}); "
+                            "list each file once")
+        seen[norm] = n
+        path = os.path.join(root, norm)
+        if not os.path.isfile(path):
             raise UserError(f"{csv_path} row {n}: file not found: {path}")
-        entries.append((str(path), label))
-    labels = [lab for _, lab in entries]
-    if all(lab.lstrip("-").isdigit() for lab in labels):
-        classes = [str(c) for c in sorted({int(lab) for lab in labels})]
-        index = {str(int(lab)): classes.index(str(int(lab))) for lab in labels}
-        ids = [index[str(int(lab))] for lab in labels]
+        paths.append(path)
+        names.append(label)
+    if all(lab.lstrip("-").isdigit() for lab in names):
+        names = [str(int(lab)) for lab in names]
+        classes = [str(c) for c in sorted({int(lab) for lab in names})]
     else:
-        classes = sorted(set(labels))
-        ids = [classes.index(lab) for lab in labels]
+        classes = sorted(set(names))
+    index = {c: i for i, c in enumerate(classes)}
     test_dir = image_root.parent / "test"
-    test = sorted((str(p) for p in _files(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
-    return ImageSet(str(image_root), "manifest", [p for p, _ in entries], ids, classes, test)
+    test = sorted(_files(str(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
+    return ImageSet(str(image_root), "manifest", paths, [index[lab] for lab in names], classes, test)
 
 
 def _manifest(root: Path) -> ImageSet | None:
@@ -137,7 +184,11 @@ def discover(data: str) -> ImageSet:
     if root.is_dir() and not any(root.iterdir()):
         raise UserError(f"data folder is empty: {data}")
     for finder in (_manifest, _kaggle, _image_folder):
-        found = finder(root) if root.is_dir() or finder is _manifest else None
+        try:
+            found = finder(root) if root.is_dir() or finder is _manifest else None
+        except PermissionError as e:
+            raise UserError(f"cannot read {e.filename} (permission denied): fix its permissions or move it "
+                            f"out of {data}") from None
         if found is not None:
             if not found.paths:
                 raise UserError(f"no labelled images found in {data}")
@@ -147,6 +198,32 @@ def discover(data: str) -> ImageSet:
             return found
     raise UserError(f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "
                     "(Kaggle Dogs vs Cats) or one subfolder per class")
+
+
+def save(images: ImageSet, path: str, extra: dict | None = None) -> None:
+    """Write ``images`` (and a small JSON-able ``extra``) compactly: a JSON header line, then the
+    paths NUL-separated, then the labels as int32."""
+    from visiontune.outputs import atomic_write
+
+    blob = "\0".join(images.paths).encode("utf-8", "surrogateescape")
+    head = {"root": images.root, "layout": images.layout, "classes": images.classes, "count": len(images.paths),
+            "test_files": images.test_files, "rejects": images.rejects, "paths_bytes": len(blob),
+            "extra": extra or {}}
+    atomic_write(path, json.dumps(head).encode() + b"\n" + blob + array("i", images.labels).tobytes())
+
+
+def load(path: str) -> tuple[ImageSet, dict]:
+    """The ``ImageSet`` and ``extra`` that ``save`` wrote."""
+    with open(path, "rb") as f:
+        head = json.loads(f.readline())
+        blob = f.read(head["paths_bytes"])
+        labels = array("i")
+        labels.frombytes(f.read())
+    paths = blob.decode("utf-8", "surrogateescape").split("\0") if head["count"] else []
+    if len(paths) != head["count"] or len(labels) != head["count"]:
+        raise ValueError(f"{path}: truncated image list")
+    return ImageSet(head["root"], head["layout"], paths, labels.tolist(), head["classes"], head["test_files"],
+                    [tuple(r) for r in head["rejects"]]), head["extra"]
 
 
 def write_kaggle_manifest(data: str) -> tuple[str, int]:
@@ -161,6 +238,6 @@ def write_kaggle_manifest(data: str) -> tuple[str, int]:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["filename", "label"])
     for p, lab in zip(found.paths, found.labels):
-        w.writerow([Path(p).name, found.classes[lab]])
+        w.writerow([os.path.basename(p), found.classes[lab]])
     atomic_write(out, buf.getvalue())
     return str(out), len(found.paths)

@@ -1,0 +1,165 @@
+"""The data of one training job: listed once, screened once per machine, the same in every process.
+
+``visiontune train`` lists the data folder once, in the command itself; when it
+starts workers it leaves the listing in a temp file named by an environment
+variable, so no worker lists the folder again. Inside the job, each machine's
+local main process screens the files -- the bad-file scan, or on a first
+``--cache`` run the cache build, which records the bad files itself, so every
+image is decoded once -- on all of the machine's cores, while the other
+processes wait on the process group's key-value store by polling it: waiting
+for the scan is not a hung peer, so no collective (and no ``--timeout``) is
+involved however long it takes. The local main then hands the result to the
+other processes of its machine in one compact file, and every process drops
+the same bad files before the split.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from visiontune.config import TrainConfig, UserError
+from visiontune.data import layouts
+from visiontune.data.cache import ImageCache, open_or_build
+from visiontune.data.check import (
+    bad_fraction_error,
+    scan,
+    scan_cache_path,
+    write_report,
+)
+from visiontune.data.layouts import ImageSet
+from visiontune.host import available_cores
+
+LISTING_ENV = "VISIONTUNE_IMAGE_LIST"  # {"data": abs path, "file": listing} set by the launching command
+
+
+@dataclass(frozen=True)
+class JobData:
+    images: ImageSet  # the usable images: the listing less the bad files
+    bad: list[tuple[str, str]]  # (path, reason): the layout's rejects, then the files that do not decode
+    cache: ImageCache | None = None  # --cache: the decoded images
+    rows: list[int] | None = None  # with a cache: each usable image's row in it
+
+
+def _data_key(data: str) -> str:
+    return os.path.abspath(os.path.expanduser(data))
+
+
+@contextmanager
+def shared_listing(images: ImageSet, data: str) -> Iterator[None]:
+    """While the body runs (the launcher and its workers), ``listed(data)`` reads ``images`` from a file."""
+    with tempfile.TemporaryDirectory(prefix="visiontune-") as folder:
+        path = os.path.join(folder, "images.bin")
+        layouts.save(images, path)
+        before = os.environ.get(LISTING_ENV)
+        os.environ[LISTING_ENV] = json.dumps({"data": _data_key(data), "file": path})
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(LISTING_ENV, None)
+            else:
+                os.environ[LISTING_ENV] = before
+
+
+def listed(data: str) -> ImageSet:
+    """The listing the launching command shared, else ``discover(data)``."""
+    try:
+        spec = json.loads(os.environ.get(LISTING_ENV) or "null")
+        if spec and spec["data"] == _data_key(data):
+            return layouts.load(spec["file"])[0]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # gone or damaged: list again
+    return layouts.discover(data)
+
+
+def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None]:
+    """The bad files (layout rejects first) and, with --cache, the cache: each file decoded once."""
+    if cfg.cache:
+        cache = open_or_build(cfg.cache, images.paths, cfg.image_size, available_cores())
+        return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache
+    found = scan(images.paths, workers=available_cores(), cache_path=scan_cache_path(images.root))
+    return list(images.rejects) + found, None
+
+
+def _cache_dict(cache: ImageCache | None) -> dict | None:
+    return None if cache is None else {"array_path": cache.array_path, "image_size": cache.image_size,
+                                       "count": cache.count, "bad": {str(r): list(pr) for r, pr in cache.bad.items()}}
+
+
+def _cache_from(d: dict | None) -> ImageCache | None:
+    return None if d is None else ImageCache(d["array_path"], d["image_size"], d["count"],
+                                             {int(r): tuple(pr) for r, pr in d["bad"].items()})
+
+
+def _wait_for(store, key: str, count: int) -> None:
+    # Polling, not store.wait or a barrier: both give up after the group's timeout.
+    delay = 0.05
+    while int(store.add(key, 0)) < count:
+        time.sleep(delay)
+        delay = min(1.0, delay * 1.5)
+
+
+def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
+    """(listing, bad, cache) in every process; the local main of each machine does the work."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"visiontune/data/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    machine = int(os.environ.get("GROUP_RANK", accelerator.process_index // local))
+    path = None
+    if accelerator.is_local_main_process:
+        try:
+            images = images or listed(cfg.data)
+            bad, cache = _screen(cfg, images)
+            fd, path = tempfile.mkstemp(prefix="visiontune-data-", suffix=".bin")
+            os.close(fd)
+            layouts.save(images, path, {"bad": bad, "cache": _cache_dict(cache)})
+            store.set(f"{prefix}file/{machine}", path)
+        except BaseException as e:
+            store.set(f"{prefix}error", str(e) if isinstance(e, UserError) else
+                      f"preparing the data failed on {socket.gethostname()} ({type(e).__name__}: {e})")
+            raise
+        finally:
+            store.add(f"{prefix}ready", 1)
+    _wait_for(store, f"{prefix}ready", max(1, accelerator.num_processes // local))
+    if store.check([f"{prefix}error"]):
+        raise UserError(store.get(f"{prefix}error").decode())
+    if not accelerator.is_local_main_process:
+        images, extra = layouts.load(store.get(f"{prefix}file/{machine}").decode())
+        bad, cache = [tuple(b) for b in extra["bad"]], _cache_from(extra["cache"])
+    accelerator.wait_for_everyone()  # every process has read the file: quick, they all started together
+    if path:
+        os.unlink(path)
+    return images, bad, cache
+
+
+def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None = None) -> JobData:
+    """The job's usable images, the same in every process; stops the run when too many are bad."""
+    if accelerator.num_processes > 1:
+        images, bad, cache = _screen_per_machine(accelerator, cfg, images)
+    else:
+        images = images or listed(cfg.data)
+        bad, cache = _screen(cfg, images)
+    accelerator.print(images.describe())
+    report = os.path.join(run_dir, "bad_files.csv")
+    problem = bad_fraction_error(len(bad), len(images.paths) + len(images.rejects), cfg.max_bad_fraction, report)
+    if problem:  # stop before training; the report is what the user needs now
+        if accelerator.is_main_process:
+            write_report(bad, report)
+        accelerator.wait_for_everyone()
+        raise UserError(problem)
+    if bad:
+        accelerator.print(f"visiontune: skipping {len(bad)} bad file(s), listed in {report}")
+    drop = {p for p, _ in bad}
+    if not drop:  # the common case: no copies of the lists
+        return JobData(images, bad, cache, list(range(len(images.paths))) if cache else None)
+    keep = [i for i, p in enumerate(images.paths) if p not in drop]
+    usable = replace(images, paths=[images.paths[i] for i in keep], labels=[images.labels[i] for i in keep])
+    return JobData(usable, bad, cache, keep if cache else None)

@@ -1,0 +1,102 @@
+"""kill -9 at a random step, resume, and end with every tensor of the run nobody interrupted.
+
+One case per {no augmentation, --augment} x {one process, ddp x2} x {0, 1 loader worker}: the run
+checkpoints every optimizer step, is SIGKILLed (launcher and workers at once) as soon as the checkpoint
+of a seeded random step is on disk -- so the kill lands anywhere in the steps after it, checkpoint
+writes included -- and ``--resume auto`` finishes it. Every tensor of the final model and optimizer
+must equal the uninterrupted run's. The uninterrupted runs are shared by the 0- and 1-worker cases:
+where the samples come from must not change the numbers either. 16 train images at 32 px, 4 steps an
+epoch, 2 epochs.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trainrun import PYTHON, env_for, run, start, wait_for
+from visiontune import checkpoint, runlock
+from visiontune.sample_data import make_sample_data
+
+STEPS_PER_EPOCH, EPOCHS = 4, 2
+RUN = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--no-progress", "--timeout", "60",
+       "--epochs", str(EPOCHS), "--save-every-steps", "1"]
+STRATEGY = {"single": ["--batch-size", "4"], "ddp": ["--strategy", "ddp", "--nproc", "2", "--batch-size", "2"]}
+CASES = [(aug, strategy, workers) for aug in ("plain", "augment") for strategy in STRATEGY for workers in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def matrix_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("matrix") / "data"
+    make_sample_data(out, per_class=10, test_count=0, seed=3)  # 16 train / 4 val
+    return out
+
+
+def _argv(data, out, aug: str, strategy: str, workers: int) -> list[str]:
+    return [PYTHON, "-m", "visiontune", "train", "--data", str(data), "--output-dir", str(out), *RUN,
+            *STRATEGY[strategy], "--num-workers", str(workers), *(["--augment"] if aug == "augment" else [])]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, matrix_data, worker_env_module):
+    """The final checkpoint folder of an uninterrupted run per (augmentation, strategy), made on first use."""
+    done: dict = {}
+
+    def get(aug: str, strategy: str):
+        if (aug, strategy) not in done:
+            tmp = tmp_path_factory.mktemp(f"ref-{aug}-{strategy}")
+            result = run(_argv(matrix_data, tmp / "run", aug, strategy, 0), env_for(dict(os.environ), tmp))
+            assert result.returncode == 0, result.stderr[-3000:]
+            done[aug, strategy] = _final(tmp / "run")
+        return done[aug, strategy]
+    return get
+
+
+def _final(run_dir):
+    return run_dir / "checkpoints" / checkpoint.name(EPOCHS, 0)
+
+
+def _tensors(ckpt) -> dict[str, torch.Tensor]:
+    """Every tensor of the model and of the optimizer state, by a flat name."""
+    flat = {f"model.{k}": v for k, v in load_file(str(ckpt / "model.safetensors")).items()}
+
+    def walk(prefix, obj):
+        if isinstance(obj, torch.Tensor):
+            flat[prefix] = obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(f"{prefix}.{i}", v)
+    walk("optimizer", torch.load(ckpt / "optimizer.bin", map_location="cpu", weights_only=True)["state"])
+    return flat
+
+
+@pytest.mark.parametrize("aug,strategy,workers", CASES, ids=[f"{a}-{s}-{w}w" for a, s, w in CASES])
+def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors(tmp_path, matrix_data, worker_env,
+                                                                          uninterrupted, aug, strategy, workers):
+    reference = uninterrupted(aug, strategy)
+    env = env_for(worker_env, tmp_path)
+    out = tmp_path / "run"
+    argv = _argv(matrix_data, out, aug, strategy, workers)
+    step = random.Random(f"{aug}/{strategy}/{workers}").randint(1, EPOCHS * STEPS_PER_EPOCH - 2)
+    proc = start(argv, env, tmp_path / "killed.log")
+    wait_for(out / "checkpoints" / checkpoint.name(*divmod(step, STEPS_PER_EPOCH)), proc)
+    if strategy == "ddp":  # the launcher holds the run folder; its restartable workers do not
+        assert (out / runlock.LOCK_FILE).read_text().split()[0] == str(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not _final(out).exists(), "the run ended before the kill"
+
+    resumed = run([*argv, "--resume", "auto"], env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout
+    got, want = _tensors(_final(out)), _tensors(reference)
+    assert got.keys() == want.keys()
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f"{len(differ)} of {len(want)} tensors differ after a kill at step {step}: {differ[:5]}"

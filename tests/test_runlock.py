@@ -1,0 +1,93 @@
+"""The run folder: one run at a time holds it, a crash frees it, and it is made or refused before any work."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from trainrun import TINY
+from visiontune import cli, runlock, trainer
+
+HOLD = ("import sys, time; from visiontune import runlock\n"
+        "with runlock.hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)")
+
+
+def _train(data, out, *extra):
+    return ["train", "--data", str(data), "--output-dir", str(out), *TINY, *extra]
+
+
+@pytest.fixture
+def no_scan(monkeypatch):
+    """Fail the test if training gets as far as the bad-file scan."""
+    def scan(*a, **kw):
+        raise AssertionError("the scan ran before the run folder was checked")
+    monkeypatch.setattr(trainer, "scan", scan)
+
+
+def test_a_second_run_into_a_held_folder_is_refused_naming_the_holder(tmp_path, small_data, capsys, no_scan):
+    out = tmp_path / "run"
+    with runlock.hold(str(out)):  # another open of the lock file, as a second run's would be
+        assert cli.main(_train(small_data, out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"{out} is in use by another visiontune run (pid {os.getpid()} on host {socket.gethostname()})" in err[0]
+
+
+def test_the_lock_of_a_killed_holder_is_free_at_once(tmp_path, worker_env):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=worker_env, stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(cli.UserError, match=f"pid {holder.pid} on host"):
+        with runlock.hold(str(out)):
+            pass
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with runlock.hold(str(out)):  # the kernel released it with the process: no stale lock
+        assert (out / runlock.LOCK_FILE).read_text().split()[0] == str(os.getpid())
+
+
+def test_the_lock_is_released_when_a_run_fails(tmp_path, small_data, capsys):
+    out = tmp_path / "run"
+    assert cli.main(_train(small_data, out, "--val-fraction", "0.99")) == 2  # refused after the lock was taken
+    with runlock.hold(str(out)):
+        pass
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_the_scan(tmp_path, small_data, capsys, no_scan):
+    out = tmp_path / "taken"
+    out.write_text("not a folder")
+    assert cli.main(_train(small_data, out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--output-dir {out} is a file" in err[0], err
+    assert cli.main(_train(small_data, out / "sub")) == 2
+    assert "cannot create it" in capsys.readouterr().err
+
+
+def _mount_tmpfs(path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_read_only_output_dir_is_refused_before_the_scan(tmp_path, small_data, capsys, no_scan):
+    out = tmp_path / "ro"
+    mounted = _mount_tmpfs(out, "ro,size=1m")  # read-only for root too
+    if not mounted:
+        out.chmod(0o555)  # read-only for anyone but root
+        if os.access(out, os.W_OK):
+            pytest.skip("cannot make a folder read-only here (root without mount)")
+    try:
+        assert cli.main(_train(small_data, out)) == 2
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(out)], check=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(out) in err[0] and "choose another --output-dir" in err[0], err
