@@ -175,6 +175,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with its recipe's settings filled in, if it is usable; else raise ``UserError``."""
     from visiontune.recipe import resolve  # the presets live there, with the rest of the recipe
 
+    if isinstance(cfg.augment, bool):  # `augment = true` from before the named augmentations: flip-crop
+        cfg = cfg.replace(augment="flip-crop" if cfg.augment else "none")
     check_types(cfg.to_dict(), "settings")
     if cfg.recipe not in choices()["recipe"]:
         raise UserError(f"--recipe must be one of {', '.join(choices()['recipe'])}, got {cfg.recipe!r}")
