@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from trainrun import TINY
-from visiontune import cli, runlock, trainer
+from visiontune import cli, runlock
+from visiontune.data import jobdata
 
 HOLD = ("import sys, time; from visiontune import runlock\n"
         "with runlock.hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)")
@@ -26,7 +27,7 @@ def no_scan(monkeypatch):
     """Fail the test if training gets as far as the bad-file scan."""
     def scan(*a, **kw):
         raise AssertionError("the scan ran before the run folder was checked")
-    monkeypatch.setattr(trainer, "scan", scan)
+    monkeypatch.setattr(jobdata, "scan", scan)
 
 
 def test_a_second_run_into_a_held_folder_is_refused_naming_the_holder(tmp_path, small_data, capsys, no_scan):

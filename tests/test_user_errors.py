@@ -16,7 +16,8 @@ import torchvision
 from safetensors.torch import save_file
 
 from conftest import FAST
-from visiontune import cli, trainer
+from visiontune import cli
+from visiontune.data import jobdata
 from visiontune.sample_data import make_sample_data
 
 
@@ -25,7 +26,7 @@ def no_scan(monkeypatch):
     """Fail the test if training gets as far as the bad-file scan."""
     def scan(*a, **kw):
         raise AssertionError("the scan ran: the problem was found too late")
-    monkeypatch.setattr(trainer, "scan", scan)
+    monkeypatch.setattr(jobdata, "scan", scan)
 
 
 def _one_line(capsys, *fragments: str) -> str:
@@ -114,13 +115,13 @@ def test_an_unreadable_class_folder_is_named(tmp_path, capsys, monkeypatch):
     locked = data / "dog"
     locked.chmod(0)
     if os.access(locked, os.R_OK):  # root reads anything: make the listing fail as it would for a user
-        real = Path.iterdir
+        real = os.scandir
 
-        def iterdir(self):
-            if self == locked:
-                raise PermissionError(13, "Permission denied", str(self))
-            return real(self)
-        monkeypatch.setattr(Path, "iterdir", iterdir)
+        def scandir(path="."):
+            if Path(path) == locked:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path)
+        monkeypatch.setattr(os, "scandir", scandir)
     try:
         assert cli.main(["check", str(data)]) == 2
     finally:

@@ -54,6 +54,11 @@ def inside_launcher() -> bool:
     return is_worker() and world_size() > 1
 
 
+def group_rank(default: int) -> int:
+    """This machine's index among the job's machines, as the launcher says (``default`` outside one)."""
+    return int(ENV.get("GROUP_RANK", default))
+
+
 def restart_count() -> int:
     """How often torch.distributed.run restarted this job's workers (0 on the first attempt)."""
     return int(ENV.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -72,7 +72,9 @@ def hold(run_dir: str, *, main_process: bool = True) -> Iterator[None]:
     if not main_process or os.environ.get(HELD_BY_PARENT) == os.path.abspath(run_dir):
         yield
         return
-    lock = writable_dir(run_dir) / LOCK_FILE
+    created = not os.path.isdir(run_dir)
+    folder = writable_dir(run_dir)
+    lock = folder / LOCK_FILE
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError as e:
@@ -90,7 +92,13 @@ def hold(run_dir: str, *, main_process: bool = True) -> Iterator[None]:
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         yield
     finally:
-        os.close(fd)  # releases the lock; the file stays (removing it would race with a new holder)
+        if created and os.listdir(folder) == [LOCK_FILE]:
+            # A run that stopped before writing anything leaves no folder behind. Unlinked while still
+            # held, so no later run can lock the old file after a new one locked its replacement.
+            with contextlib.suppress(OSError):
+                lock.unlink()
+                folder.rmdir()
+        os.close(fd)  # releases the lock; an existing folder keeps the file (removing it would race)
 
 
 @contextlib.contextmanager

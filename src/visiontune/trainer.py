@@ -22,6 +22,7 @@ from visiontune.data.augment import BatchMix, sample_augment
 from visiontune.data.cache import CachedDataset
 from visiontune.data.check import write_report
 from visiontune.data.jobdata import JobData
+from visiontune.data.jobdata import listed
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
@@ -184,8 +185,9 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     run_dir = _run_dir(accelerator, cfg)
     run_folder.enter_context(runlock.hold_run(accelerator, run_dir))  # before any long work
     elastic.check_shared_folder(accelerator, run_dir)
-    data = prepare_data(accelerator, cfg, run_dir, images)  # the one listing and bad-file screen of the job
-    images, bad = data.images, data.bad
+    # The job's one listing (handed over by the command or its launcher): the model and the input are
+    # checked against it before the bad-file scan, which can take minutes on a large folder.
+    images = images or listed(cfg.data)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
     set_seed(cfg.seed, device_specific=True)
@@ -193,6 +195,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
+    data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
+    images, bad = data.images, data.bad
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
     split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
     _same_split_everywhere(accelerator, split_rec)

@@ -110,9 +110,11 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
     import torch.distributed as dist
 
     store = dist.distributed_c10d._get_default_store()
-    prefix = f"visiontune/data/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    machine = int(os.environ.get("GROUP_RANK", accelerator.process_index // local))
+    from visiontune import launch
+
+    prefix = f"visiontune/data/{launch.restart_count()}/"
+    local = launch.local_world_size()
+    machine = launch.group_rank(accelerator.process_index // local)
     path = None
     if accelerator.is_local_main_process:
         try:
