@@ -111,17 +111,25 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path,
     assert not (tmp_path / "r").exists()
 
 
-def test_tensorboard_tracker_logs_the_metrics(sample_data, tmp_path):
+def test_tensorboard_tracker_logs_the_metrics_and_every_steps_loss_and_lr(sample_data, tmp_path):
     pytest.importorskip("tensorboard")
     out = tmp_path / "r"
     assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "32",
-                 "--log-with", "tensorboard", "--output-dir", str(out)]) == 0
+                 "--lr", "0.1", "--lr-schedule", "cosine", "--log-with", "tensorboard", "--output-dir", str(out)]) == 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = list(out.rglob("events.out.tfevents.*"))
     assert events
     acc = EventAccumulator(str(events[0].parent)).Reload()
     hist = json.loads((out / "history.json").read_text())
-    assert acc.Scalars("val/accuracy")[0].value == pytest.approx(hist[0]["val"]["accuracy"])
+    # 96 train images / 32 = 3 steps; the epoch's figures are logged at its last step.
+    [val] = acc.Scalars("val/accuracy")
+    assert val.step == 3 and val.value == pytest.approx(hist[0]["val"]["accuracy"])
+    losses, lrs = acc.Scalars("train/step_loss"), acc.Scalars("train/lr")
+    assert [s.step for s in losses] == [s.step for s in lrs] == [1, 2, 3]
+    # Full batches: the epoch's loss is the mean of its steps' losses.
+    assert sum(s.value for s in losses) / 3 == pytest.approx(hist[0]["train"]["loss"], rel=1e-5)
+    # The lr each step used: cosine over T_max = 3 steps, stepped after each.
+    assert [s.value for s in lrs] == pytest.approx([0.1 * (1 + math.cos(math.pi * s / 3)) / 2 for s in range(3)])
 
 
 def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data, tmp_path):

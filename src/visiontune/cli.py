@@ -178,7 +178,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if code is not None:  # the workers exit 0 with skips (see below); their list tells
         return 1 if code == 0 and skipped_path(args.out).exists() else code
     skipped = predict(model, cfg, classes, inputs, args.out, batch_size=batch, clip=args.clip,
-                      progress=args.progress)
+                      progress=args.progress, tta_mode=args.tta)
     # Under a launcher exit 1 would read as a crashed worker; the launching process reports it instead.
     return 1 if skipped and not inside_launcher() else 0
 
@@ -196,7 +196,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     code = _relaunch(args, "evaluate")
     if code is not None:
         return 1 if code == 0 and json.loads(Path(out).read_text())["skipped"] else code
-    report = evaluate(model, cfg, classes, args.data, out, batch_size=batch, progress=args.progress)
+    report = evaluate(model, cfg, classes, args.data, out, batch_size=batch, progress=args.progress,
+                      run_dir=args.run, split=args.split, tta_mode=args.tta, top_n=args.top_losses)
     return 1 if report.get("skipped") and not inside_launcher() else 0
 
 
@@ -215,11 +216,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from visiontune.report import write
+
+    print(f"visiontune: wrote {write(args.run)}")
+    return 0
+
+
 def _add_inference_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="images per batch PER PROCESS (default: the run's)")
     p.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), default="no")
     p.add_argument("--nproc", type=int, default=1, help="processes (DDP-style sharding; same output)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
+    p.add_argument("--tta", choices=("none", "flip", "flip+crop"), default="none",
+                   help="test-time augmentation: average the probabilities of mirrored (and centre-cropped) views")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,10 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
     _add_inference_flags(p)
     p.set_defaults(func=cmd_predict)
-    p = sub.add_parser("evaluate", help="accuracy, log loss, precision/recall, confusion matrix on labelled data")
+    p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
-    p.add_argument("--out", help="JSON report (default RUN/eval.json; confusion_matrix.png goes beside it)")
+    p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
+    p.add_argument("--split", choices=("val", "train", "all"),
+                   help="with the run's own data: which images to score (default val); other data is scored whole")
+    p.add_argument("--top-losses", type=int, default=16, help="misclassified images in top_losses.png/.csv")
     _add_inference_flags(p)
     p.set_defaults(func=cmd_evaluate)
     p = sub.add_parser("export", help="export a run's best model to ONNX or TorchScript")
@@ -272,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("onnx", "torchscript"), required=True)
     p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.torchscript.pt)")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
+    p.add_argument("run", help="a training run folder (or a bench folder)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

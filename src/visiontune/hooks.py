@@ -17,6 +17,7 @@ from accelerate import Accelerator
 
 from visiontune import checkpoint, engine, faults, outputs
 from visiontune.config import RunStopped, TrainConfig
+from visiontune.steplog import StepLog
 
 
 @dataclass
@@ -31,9 +32,11 @@ class RunHooks:
     identity: dict  # what a resume must match: split hash, model, classes, global batch
     history: list[dict] = field(default_factory=list)  # a resumed run's epochs so far
     stop: faults.StopSignals = field(init=False)
+    steps: StepLog | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.stop = faults.StopSignals(self.accelerator)
+        self.steps = StepLog(self.accelerator, self.optimizer, self.per_epoch) if self.cfg.log_with else None
 
     def _optimizer_steps(self, epoch: int, batch: int) -> int:
         return (epoch * self.per_epoch + batch) // self.cfg.grad_accum
@@ -51,6 +54,8 @@ class RunHooks:
 
     def on_step(self, epoch: int, batch: int, totals: torch.Tensor) -> None:
         cfg = self.cfg
+        if self.steps:
+            self.steps.record(epoch, batch, totals)
         if batch % cfg.grad_accum and batch != self.per_epoch:
             return  # inside an accumulation window: no optimizer step yet
         signum = self.stop.agreed()
@@ -69,8 +74,11 @@ class RunHooks:
         acc, history = self.accelerator, self.history
         history.append({"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(),
                         "val": va.as_dict()})
-        acc.log({f"{p}/{k}": v for p, r in (("train", tr), ("val", va)) for k, v in r.as_dict().items()},
-                step=epoch)
+        if self.steps:
+            self.steps.flush()
+        # Logged at the epoch's last step, so that per-step and per-epoch values share one rising axis.
+        acc.log({"epoch": epoch, **{f"{p}/{k}": v for p, r in (("train", tr), ("val", va))
+                                    for k, v in r.as_dict().items()}}, step=(epoch + 1) * self.per_epoch)
         is_best = outputs.best_epoch(history)["epoch"] == epoch
         acc.wait_for_everyone()
         if acc.is_main_process:

@@ -169,10 +169,12 @@ def skipped_path(out: str) -> Path:
 
 
 def predict(model: nn.Module, cfg: TrainConfig, classes: list[str], inputs: Inputs, out: str, *,
-            batch_size: int, clip: float = 0.0, progress: bool = True) -> int:
+            batch_size: int, clip: float = 0.0, progress: bool = True, tta_mode: str = "none") -> int:
     """Write ``out`` (and ``out.skipped.txt`` when files were unreadable); return how many were skipped."""
+    from visiontune import tta
+
     check_clip(clip)
-    accelerator, logits, labels = forward_all(cfg, model, inputs.paths, [0] * len(inputs.paths),
+    accelerator, logits, labels = forward_all(cfg, tta.wrap(model, tta_mode), inputs.paths, [0] * len(inputs.paths),
                                               batch_size=batch_size, progress=progress, desc="predict")
     readable = labels != UNREADABLE
     skipped = []

@@ -205,6 +205,8 @@ def train(cfg: TrainConfig) -> dict:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/summary.json", summary)
-        print(f"visiontune: outputs in {run_dir}")
+        from visiontune import report
+
+        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
     accelerator.end_training()
     return summary
