@@ -125,13 +125,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     discover(cfg.data)
     # Each strategy re-runs `visiontune train` with these flags; bench's own are
     # dropped and the per-strategy ones are appended (argparse: the last wins).
-    train_argv = launch.without_flags(args.argv, ("--strategies", "--same", "--output-dir"))
+    train_argv = launch.without_flags(args.argv, ("--strategies", "--same", "--output-dir", "--repeats"))
     if "epochs" not in vars(args):
         train_argv += ["--epochs", "1"]
         cfg = cfg.replace(epochs=1)
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)
     bench(cfg, train_argv, [s.strip() for s in args.strategies.split(",") if s.strip()],
-          cfg.nproc or launch.default_nproc(), args.same, out)
+          cfg.nproc or launch.default_nproc(), args.same, out, args.repeats)
     return 0
 
 
@@ -259,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default="single,dp,ddp", help="comma-separated (default single,dp,ddp)")
     p.add_argument("--same", default="global", choices=("global", "per-device"),
                    help="keep the global batch (default) or the per-device batch equal across strategies")
+    p.add_argument("--repeats", type=int, default=1, help="train each strategy N times, interleaved; report the "
+                   "median run and the spread")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
     p.add_argument("--run", help="a training run folder")
