@@ -9,10 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from sklearn import metrics as skm
-
 from trained import independent_eval, one_thread, reference_probs, train_run  # noqa: F401  (one_thread: autouse)
+
 from visiontune.cli import main
 
 CLASSES = ["cat", "dog"]
@@ -108,7 +107,8 @@ def test_top_losses_are_the_wrong_images_with_the_highest_loss(run, labelled, re
     probs = reference_probs(run, paths).tolist()
     wrong = [(-math.log(p[t]), str(path), p) for path, t, p in zip(paths, labels, probs) if p[t] < 0.5]
     want = sorted(wrong, reverse=True)[:16]
-    rows = list(csv.DictReader(open(report[1].parent / "top_losses.csv")))
+    with open(report[1].parent / "top_losses.csv") as f:
+        rows = list(csv.DictReader(f))
     assert [r["path"] for r in rows] == [w[1] for w in want]
     for r, (loss, _, p) in zip(rows, want):
         assert float(r["loss"]) == pytest.approx(loss, abs=1e-4)

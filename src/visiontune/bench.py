@@ -162,12 +162,12 @@ def load_line(rows: list[dict], info: dict) -> str:
 def table(rows: list[dict], info: dict) -> str:
     head = ("| strategy | processes | batch/process | global batch | epoch time (s) | images/s | speedup | "
             "efficiency | data stall | train loss | train acc | val loss | val acc | note |")
-    lines = [f"# visiontune bench: {info['model']} at {info['image_size']} px, {info['epochs']} epoch(s), "
-             f"same {info['same']} batch", "",
-             f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores, "
-             f"GPUs: {', '.join(g['name'] for g in info['machine']['gpus']) or 'none'}; "
-             f"torch {info['machine']['torch']}, torchvision {info['machine']['torchvision']}, "
-             f"accelerate {info['machine']['accelerate']}", "", load_line(rows, info), "", head, "|" + "---|" * 14]
+    lines = [(f"# visiontune bench: {info['model']} at {info['image_size']} px, {info['epochs']} epoch(s), "
+              f"same {info['same']} batch"), "",
+             (f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores, "
+              f"GPUs: {', '.join(g['name'] for g in info['machine']['gpus']) or 'none'}; "
+              f"torch {info['machine']['torch']}, torchvision {info['machine']['torchvision']}, "
+              f"accelerate {info['machine']['accelerate']}"), "", load_line(rows, info), "", head, "|" + "---|" * 14]
     for r in rows:
         if "skipped" in r or "failed" in r:
             lines.append(f"| {r['strategy']} | | | | | | | | | | | | | not run: {r.get('skipped') or r['failed']} |")
@@ -204,8 +204,8 @@ def measure(plans: list[dict], train_argv: list[str], out: Path, repeats: int) -
     """Every runnable strategy ``repeats`` times, interleaved so that a change in load hits all alike."""
     runs: dict[int, list[dict]] = {i: [] for i, r in enumerate(plans) if "skipped" not in r}
     for repeat in range(repeats):
-        for i in runs:
-            runs[i].append(run_one(plans[i], train_argv, out, repeat))
+        for i, done in runs.items():
+            done.append(run_one(plans[i], train_argv, out, repeat))
     return [combine(runs[i]) if i in runs else r for i, r in enumerate(plans)]
 
 

@@ -30,7 +30,6 @@ def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: 
     conf, pred = probs.max(1)
     edges = torch.linspace(0, 1, bins + 1, dtype=probs.dtype)
     which = torch.bucketize(conf, edges[1:-1])  # (lo, hi]: the binning of sklearn's calibration_curve
-    count = torch.bincount(which, minlength=bins).double()
     correct = torch.bincount(which, weights=(pred == labels).double(), minlength=bins)
     confidence = torch.bincount(which, weights=conf.double(), minlength=bins)
     return ((correct - confidence).abs().sum() / labels.numel()).item() if labels.numel() else 0.0

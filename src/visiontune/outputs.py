@@ -67,6 +67,17 @@ def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
 
 
 def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
+    """``training_results.png``: the figure of ``history_figure``."""
+    import matplotlib.pyplot as plt
+
+    fig = history_figure(history)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def history_figure(history: list[dict]):
     """Accuracy and loss, train against val, and the learning rate; the best epoch marked.
 
     The legend sits below the panels, never over a curve; the best epoch (``best_epoch``) is a
@@ -98,10 +109,7 @@ def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
     legend = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}  # one per label
     fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))  # room below the panels for the legend
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    return fig
 
 
 def best_epoch(history: list[dict]) -> dict:

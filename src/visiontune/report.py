@@ -87,12 +87,12 @@ def _evaluation(folder: Path, ev: dict) -> str:
     overall = [("images", "images"), ("accuracy", "accuracy"), ("balanced accuracy", "balanced_accuracy"),
                (top, "top_k_accuracy"), ("log loss", "log_loss"), (f"ECE ({ev['ece_bins']} bins)", "ece")]
     avgs = [(f"{kind} {m}", ("averages", kind, m)) for kind in ("macro", "weighted") for m in ("precision", "recall", "f1")]
-    out = [f"<p>Scored: {html.escape(ev['scored'])}; test-time augmentation: {html.escape(ev['tta'])}; "
-           f"data {html.escape(ev['data'])}.</p>",
+    out = [(f"<p>Scored: {html.escape(ev['scored'])}; test-time augmentation: {html.escape(ev['tta'])}; "
+            f"data {html.escape(ev['data'])}.</p>"),
            _rows([(label, _num("eval", ev, k)) for label, k in overall if label]
                  + [(label, _num("eval", ev, *path)) for label, path in avgs]),
-           "<h3>Per class</h3><table><tr><th>#</th><th class='l'>class</th><th>precision</th><th>recall</th>"
-           "<th>f1</th><th>images</th></tr>"]
+           ("<h3>Per class</h3><table><tr><th>#</th><th class='l'>class</th><th>precision</th><th>recall</th>"
+            "<th>f1</th><th>images</th></tr>")]
     for i, name in enumerate(ev["per_class"]):
         out.append(f"<tr><td>{i}</td><td class='name'>{html.escape(name)}</td>"
                    + "".join(_num("eval", ev, "per_class", name, k) for k in ("precision", "recall", "f1", "support"))
