@@ -114,7 +114,11 @@ def test_top_losses_are_the_wrong_images_with_the_highest_loss():
     assert sorted(g["index"] for g in metrics.top_losses(logits, labels, 100)) == wrong
 
 
-def test_text_tables_stay_readable_with_100_long_class_names():
+def test_text_tables_and_the_figure_stay_readable_with_100_long_class_names(tmp_path):
+    from PIL import Image
+
+    from visiontune import figures
+
     k = 100
     names = [f"a rather long class name number {i:03d} from the catalogue" for i in range(k)]
     labels = torch.arange(k).repeat(2)
@@ -125,3 +129,6 @@ def test_text_tables_stay_readable_with_100_long_class_names():
     text = metrics.confusion_text(report)
     assert "most confused pairs" in text and max(len(line) for line in text.splitlines()) < 100
     assert metrics.short(names[0]) == "a rather long class nam…" and len(metrics.short(names[0])) == 24
+    figures.plot_confusion(tmp_path / "cm.png", report)
+    with Image.open(tmp_path / "cm.png") as im:  # two panels of about 10 px per class, not a poster
+        assert 2000 < im.size[0] <= 3200 and 1000 < im.size[1] <= 1600

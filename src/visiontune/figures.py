@@ -36,25 +36,26 @@ def plot_confusion(path: str | Path, report: dict) -> None:
     plt = _pyplot()
     names = [short(c) for c in report["classes"]]
     k = len(names)
-    side = min(11.0, 2.5 + 0.35 * k)  # inches per panel
-    font = max(4.0, min(10.0, 220 / max(k, 1) / 2))
-    fig, axes = plt.subplots(1, 2, figsize=(2 * side + 3, side + 2), constrained_layout=True)
+    side = min(18.0, 4.5 + 0.14 * k)  # inches per panel: about 0.13 in (10 px) per class at 100 classes
+    font = max(5.5, min(10.0, 10.5 - 0.05 * k))
+    fig, axes = plt.subplots(1, 2, figsize=(2 * side + 2, side + 1), constrained_layout=True)
     for ax, key, title, fmt in ((axes[0], "confusion_matrix", "counts", "{:d}"),
-                                (axes[1], "confusion_matrix_normalized", "share of the true class", "{:.0%}")):
+                                (axes[1], "confusion_matrix_normalized", "row shares", "{:.0%}")):
         m = report[key]
-        image = ax.imshow(m, cmap="Blues", vmin=0, interpolation="nearest")
-        fig.colorbar(image, ax=ax, shrink=0.7)
+        image = ax.imshow(m, cmap="Blues", vmin=0, vmax=1 if key.endswith("normalized") else None,
+                          interpolation="nearest")
+        fig.colorbar(image, ax=ax, shrink=0.6)
         if k <= 20:  # beyond that the numbers would not fit in the cells
             top = max(max(row) for row in m) or 1
             for t in range(k):
                 for p in range(k):
                     ax.text(p, t, fmt.format(m[t][p]), ha="center", va="center", fontsize=font,
                             color="white" if m[t][p] > top / 2 else "black")
-        ax.set_xticks(range(k), names, rotation=90 if k > 4 else 0, fontsize=font)
+        ax.set_xticks(range(k), names, rotation=90 if k > 4 or max(map(len, names)) > 6 else 0, fontsize=font)
         ax.set_yticks(range(k), names, fontsize=font)
         ax.set_xlabel("predicted")
         ax.set_ylabel("true")
-        ax.set_title(f"Confusion matrix: {title}")
+        ax.set_title(f"Confusion matrix, {title}")
     save_png(fig, path)
 
 
