@@ -227,6 +227,12 @@ def bench(cfg: TrainConfig, train_argv: list[str], strategies: list[str], nproc:
     write_json(out / "bench.json", {**info, "rows": rows})
     atomic_write(out / "bench.md", table(rows, info))
     chart(out / "bench.png", rows)
+    from visiontune import report
+
+    for r in rows:  # the bench's own page, and each run's page with the bench table in it
+        if "run_dir" in r:
+            report.write(r["run_dir"])
+    report.write(out)
     print(table(rows, info))
-    print(f"visiontune bench: results in {out}/bench.md, bench.json, bench.png")
+    print(f"visiontune bench: results in {out}/bench.md, bench.json, bench.png, report.html")
     return rows

@@ -138,6 +138,7 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
         raise UserError(f"{run} is not a visiontune run folder (no config.json) nor a bench folder (no bench.json)")
     eval_path = Path(eval_json) if eval_json else run / "eval.json"
     ev = _read(eval_path)
+    ev = ev if isinstance(ev, dict) and "averages" in ev else None  # an older visiontune's eval.json: evaluate again
     title = f"visiontune run {run.name}" if config else f"visiontune bench {run.name}"
     body = [f"<h1>{html.escape(title)}</h1>"]
     if config:
