@@ -36,7 +36,7 @@ def plot_confusion(path: str | Path, report: dict) -> None:
     plt = _pyplot()
     names = [short(c) for c in report["classes"]]
     k = len(names)
-    side = min(18.0, 4.5 + 0.14 * k)  # inches per panel: about 0.13 in (10 px) per class at 100 classes
+    side = min(18.0, 3.2 + 0.15 * k)  # inches per panel: about 0.15 in (12 px) per class at 100 classes
     font = max(5.5, min(10.0, 10.5 - 0.05 * k))
     fig, axes = plt.subplots(1, 2, figsize=(2 * side + 2, side + 1), constrained_layout=True)
     for ax, key, title, fmt in ((axes[0], "confusion_matrix", "counts", "{:d}"),
@@ -67,7 +67,12 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
     from visiontune.data.decode import BadImage, read_image, resize_uint8
 
     plt = _pyplot()
-    cols = min(4, max(1, len(items)))
+    if not items:
+        fig = plt.figure(figsize=(6, 1))
+        fig.text(0.5, 0.5, "Top losses: no misclassified images", ha="center", va="center", fontsize=12)
+        save_png(fig, path)
+        return
+    cols = min(4, len(items))
     rows = max(1, -(-len(items) // cols))
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.4 * rows), squeeze=False)
     for ax in axes.flat:
@@ -80,8 +85,6 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
         ax.imshow(img.permute(1, 2, 0).numpy())
         ax.set_title(f"true: {short(classes[it['true']], 20)}\npredicted: {short(classes[it['predicted']], 20)} "
                      f"({it['probability']:.2f})\nloss {it['loss']:.2f}", fontsize=8)
-    if not items:
-        axes[0, 0].text(0.5, 0.5, "no misclassified images", ha="center", va="center")
     fig.suptitle("Top losses: the most confidently wrong images")
     fig.tight_layout()
     save_png(fig, path)
