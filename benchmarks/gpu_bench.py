@@ -44,7 +44,7 @@ def measure(args, mode: str) -> list[dict]:
     from visiontune.data.cache import CachedDataset, open_or_build
     from visiontune.data.layouts import discover
     from visiontune.data.pipeline import DeviceNormalize, make_loader
-    from visiontune.engine import train_one_epoch
+    from visiontune.engine import LoopOptions, train_one_epoch
     from visiontune.models import build_model
     from visiontune.strategy import loader_workers, make_accelerator, prepare
 
@@ -65,19 +65,18 @@ def measure(args, mode: str) -> list[dict]:
     normalize = DeviceNormalize(device, channels_last)
     x = torch.randint(0, 256, (args.batch, 3, args.image_size, args.image_size), dtype=torch.uint8, device=device)
     y = torch.randint(0, 2, (args.batch,), device=device)
-    results = []
+    results, opts = [], LoopOptions(epochs=1, progress=False)
     for source in ("synthetic", "cache"):
         def epoch(steps: int):
             if source == "synthetic":
-                return train_one_epoch(accelerator, model, [(x, y)] * steps, optimizer, None, normalize,
-                                       progress=False)
+                return train_one_epoch(accelerator, model, [(x, y)] * steps, optimizer, None, normalize, opts)
             loader.set_epoch(len(results))
-            return train_one_epoch(accelerator, model, loader, optimizer, None, normalize, progress=False)
+            return train_one_epoch(accelerator, model, loader, optimizer, None, normalize, opts)
 
         epoch(args.warmup)  # compile, cuDNN autotuning, loader workers starting
         if device.type == "cuda":
             torch.cuda.synchronize()
-        r = epoch(args.steps)  # train_one_epoch ends on a .tolist(): its time includes the GPU's work
+        r = epoch(args.steps)  # train_one_epoch ends on an .item(): its time includes the GPU's work
         ips = r.images_per_s
         peak = peak_tflops(args.gpu, mode)
         tflops = ips * GFLOP_PER_IMAGE / 1000 * (args.image_size / 224) ** 2

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from visiontune.config import MEAN, STD
+from visiontune.data.pipeline import MEAN, STD
 from visiontune.data.layouts import discover
 from torch.utils.data import default_collate
 

@@ -18,17 +18,14 @@ from visiontune import checkpoint, cli
 
 
 def _on_train_call(monkeypatch, n: int, action) -> None:
-    """Run ``action(loss)`` on the n-th training loss (evaluation's per-sample calls, reduction='none', are not counted)."""
-    real, calls = engine.F.cross_entropy, {"n": 0}
+    """Run ``action(loss)`` on the n-th training loss (the run's default criterion, wrapped)."""
+    real, calls = engine.readable_cross_entropy, {"n": 0}
 
-    def wrapped(logits, labels, **kw):
-        loss = real(logits, labels, **kw)
-        if kw.get("reduction", "mean") != "none":
-            calls["n"] += 1
-            if calls["n"] == n:
-                return action(loss)
-        return loss
-    monkeypatch.setattr(engine.F, "cross_entropy", wrapped)
+    def wrapped(logits, labels):
+        loss = real(logits, labels)
+        calls["n"] += 1
+        return action(loss) if calls["n"] == n else loss
+    monkeypatch.setattr(engine, "readable_cross_entropy", wrapped)
 
 
 def _args(small_data, out, *extra):

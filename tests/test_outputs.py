@@ -59,3 +59,29 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
     plt.close(fig)
     outputs.plot_history(tmp_path / "c.png", history)
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_shared_atomic_files_are_readable_by_others_and_private_ones_are_not(tmp_path):
+    old = os.umask(0o022)
+    try:
+        outputs.atomic_write(tmp_path / "shared.bin", b"x", shared=True)
+        with outputs.atomic_file(tmp_path / "private.bin") as f:
+            f.write(b"y")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "shared.bin").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "private.bin").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "private.bin").read_bytes() == b"y" and sorted(os.listdir(tmp_path)) == ["private.bin",
+                                                                                                 "shared.bin"]
+
+
+def test_the_image_cache_and_the_scan_use_one_cache_folder(tmp_path, monkeypatch):
+    from visiontune import host
+    from visiontune.data import cache, check
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "vt"))
+    assert cache.resolve_dir("auto") == str(tmp_path / "vt") == os.path.dirname(check.scan_cache_path("/data"))
+    monkeypatch.delenv("VISIONTUNE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.resolve_dir("auto") == host.user_cache_dir() == str(tmp_path / "xdg" / "visiontune")
+    assert cache.resolve_dir(str(tmp_path / "mine")) == str(tmp_path / "mine")

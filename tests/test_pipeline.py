@@ -12,7 +12,7 @@ from torchvision import transforms
 
 from conftest import FAST, PYTHON, ROOT
 from visiontune.cli import main
-from visiontune.config import MEAN, STD
+from visiontune.data.pipeline import MEAN, STD
 from visiontune.data.decode import read_image, resize_uint8
 from visiontune.data.pipeline import DeviceNormalize
 from visiontune.models import build_model, load_state_file

@@ -101,7 +101,7 @@ def test_config_file_then_flags(sample_data, tmp_path):
     (["--epochs", "-1"], "--epochs must be a positive integer"),
     (["--val-fraction", "0.999"], "empty"),
     (["--batch-size", "500"], "fewer than one global batch"),
-    (["--strategy", "fsdp"], "--strategy must be one of"),
+    (["--strategy", "fsdp"], "argument --strategy: invalid choice"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path, capsys, args, msg):
     base = ["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--output-dir", str(tmp_path / "r")]
@@ -143,3 +143,11 @@ def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data,
     assert history[1]["lr"] == pytest.approx(0.0, abs=1e-12)
     setup = json.loads((out / "config.json").read_text())["setup"]
     assert setup["global_batch"] == 32 and setup["per_process_batch"] == 16
+
+
+def test_a_choice_from_a_config_file_is_checked_like_the_flag(sample_data, tmp_path, capsys):
+    conf = tmp_path / "c.toml"
+    conf.write_text('strategy = "fsdp"\n')
+    assert main(["train", "--data", str(sample_data), "--config", str(conf)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--strategy must be one of single, dp, ddp" in err and len(err.splitlines()) == 1

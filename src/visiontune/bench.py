@@ -15,9 +15,7 @@ guessing a cause. The results go to ``bench.md`` (the blog's table),
 """
 from __future__ import annotations
 
-import io
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -26,8 +24,8 @@ from pathlib import Path
 import torch
 
 from visiontune.config import TrainConfig, UserError
-from visiontune.outputs import atomic_write, write_json
-from visiontune.trainer import versions
+from visiontune.host import available_cores
+from visiontune.outputs import atomic_write, pyplot, save_figure, versions, write_json
 
 STRATEGIES = ("single", "dp", "ddp")
 NOISY_SPREAD = 0.10  # (max - min) / median of a strategy's images/s across repeats
@@ -44,7 +42,7 @@ def machine() -> dict:
     gpus = [{"name": torch.cuda.get_device_name(i),
              "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
             for i in range(torch.cuda.device_count())]
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpus": gpus, **versions()}
+    return {"cpu": cpu, "cores": available_cores(), "gpus": gpus, **versions()}
 
 
 def plan(cfg: TrainConfig, strategies: list[str], nproc: int, same: str) -> list[dict]:
@@ -181,11 +179,7 @@ def table(rows: list[dict], info: dict) -> str:
 
 
 def chart(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     done = [r for r in rows if "images_per_s" in r]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     names = [r["strategy"] for r in done]
@@ -194,10 +188,7 @@ def chart(path: Path, rows: list[dict]) -> None:
     axes[1].bar(names, [r["images_per_s"] for r in done], color="tab:green")
     axes[1].set_title("Training images/s (after warm-up)")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_figure(path, fig)
 
 
 def measure(plans: list[dict], train_argv: list[str], out: Path, repeats: int) -> list[dict]:

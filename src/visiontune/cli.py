@@ -1,57 +1,23 @@
-"""The ``visiontune`` command line: one function per subcommand.
+"""The ``visiontune`` command line: one function per subcommand, each called with ``(args, argv)``.
 
-This is the only module that sees argparse. Training flags default to
-"not given" so that the precedence is explicit: ``TrainConfig`` defaults, then
-``--config FILE``, then the flags on the command line. A ``UserError`` from
-anywhere below becomes one line on stderr and exit code 2.
+This module and ``flags`` (the training flags made from ``TrainConfig``) are
+the only ones that see argparse. A ``UserError`` from anywhere below, argparse's
+own complaints included, becomes one line on stderr and exit code 2; ``argv``
+is the subcommand's own arguments, for relaunching under torch.distributed.run.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from dataclasses import fields
 
-from visiontune.config import RunStopped, TrainConfig, UserError, load_config_file, validate
-
-
-def _workers(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
+from visiontune.config import TrainConfig, UserError, choices
+from visiontune.faults import RunStopped
+from visiontune.flags import OneLineParser, add_train_flags, config_from_args, positive
+from visiontune.host import available_cores
 
 
-# How a TrainConfig field's annotation is parsed from the command line (bool fields are --x/--no-x).
-_PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": float}
-
-
-def add_train_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per ``TrainConfig`` field, --field-name, with the field's help and default."""
-    p.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
-    for f in fields(TrainConfig):
-        flag, help_text = "--" + f.name.replace("_", "-"), f.metadata["help"]
-        if f.type == "bool":
-            help_text += " (default on)" if f.default else ""
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-            continue
-        if f.default not in (None, ""):
-            help_text += f" (default {f.default})"
-        kind = _workers if f.name == "num_workers" else _PARSERS[f.type]
-        p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults, then the config file, then the flags given."""
-    names = {f.name for f in fields(TrainConfig)}
-    merged = load_config_file(args.config) if getattr(args, "config", None) else {}
-    merged.update({k: v for k, v in vars(args).items() if k in names})
-    return validate(TrainConfig(**merged))
-
-
-def cmd_train(args: argparse.Namespace) -> int:
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune import launch, models, strategy
     from visiontune.data.layouts import discover
 
@@ -63,14 +29,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
     if launch.needs_launcher(cfg):
         models.ensure_weights(cfg.model, cfg.weights)
-        return launch.relaunch(cfg, args.argv)
+        return launch.relaunch(cfg, argv)
     from visiontune.trainer import train
 
     train(cfg)
     return 0
 
 
-def cmd_prepare(args: argparse.Namespace) -> int:
+def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.layouts import write_kaggle_manifest
 
     out, n = write_kaggle_manifest(args.data)
@@ -78,25 +44,23 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sample_data(args: argparse.Namespace) -> int:
+def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.sample_data import make_sample_data
 
-    if args.per_class < 1:
-        raise UserError(f"--per-class must be a positive integer, got {args.per_class}")
     info = make_sample_data(args.dir, per_class=args.per_class, seed=args.seed)
     print(f"visiontune: wrote a SYNTHETIC data set to {args.dir}: {info['train']} labelled images "
           f"({', '.join(info['classes'])}) in train/, {info['test']} in test/")
     return 0
 
 
-def cmd_models(args: argparse.Namespace) -> int:
+def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.models import model_names
 
     print("\n".join(model_names()))
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.check import scan, write_report
     from visiontune.data.layouts import discover
 
@@ -105,8 +69,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     report = args.report or os.path.join(folder, "bad_files.csv")
     if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):
         raise UserError(f"cannot write the report to {report}; pass --report PATH")
-    if args.workers < 1:
-        raise UserError(f"--workers must be a positive integer, got {args.workers}")
     # Layout rejects (Thumbs.db in a Kaggle folder, ...) first, then every file that does not decode.
     bad = list(images.rejects) + scan(images.paths, workers=args.workers)
     write_report(bad, report)
@@ -116,7 +78,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune import launch
     from visiontune.bench import bench
     from visiontune.data.layouts import discover
@@ -125,7 +87,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     discover(cfg.data)
     # Each strategy re-runs `visiontune train` with these flags; bench's own are
     # dropped and the per-strategy ones are appended (argparse: the last wins).
-    train_argv = launch.without_flags(args.argv, ("--strategies", "--same", "--output-dir", "--repeats"))
+    train_argv = launch.without_flags(argv, ("--strategies", "--same", "--output-dir", "--repeats"))
     if "epochs" not in vars(args):
         train_argv += ["--epochs", "1"]
         cfg = cfg.replace(epochs=1)
@@ -135,88 +97,81 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_from_args(args: argparse.Namespace):
-    """(model, config, classes) from ``--run RUN_DIR`` or ``--weights FILE --model NAME --classes a,b``."""
-    from visiontune.predict import load_run, load_weights
+def _inference(args: argparse.Namespace):
+    """The model (``--run RUN_DIR`` or ``--weights FILE --model NAME --classes a,b``) and how to run it."""
+    from visiontune.inference import InferenceConfig, load_run, load_weights
 
     if getattr(args, "weights", None) is None:
         if not args.run:
             raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE --model NAME --classes a,b")
-        return load_run(args.run)
-    if args.run:
+        loaded = load_run(args.run)
+    elif args.run:
         raise UserError("give --run RUN_DIR or --weights FILE, not both")
-    if not args.model or not args.classes:
+    elif not args.model or not args.classes:
         raise UserError("--weights needs --model NAME and --classes a,b (the class names in training order)")
-    return load_weights(args.weights, args.model, [c.strip() for c in args.classes.split(",")], args.image_size)
+    else:
+        loaded = load_weights(args.weights, args.model, [c.strip() for c in args.classes.split(",")],
+                              args.image_size)
+    return loaded, InferenceConfig(args.batch_size or loaded.batch_size, args.mixed_precision, args.progress)
 
 
-def _inference_setup(args: argparse.Namespace, cfg: TrainConfig) -> tuple[TrainConfig, int]:
-    """The config the forward pass runs with, and the per-process batch size."""
-    batch = args.batch_size or cfg.batch_size
-    if batch < 1 or args.nproc < 1:
-        raise UserError("--batch-size and --nproc must be positive integers")
-    return cfg.replace(mixed_precision=args.mixed_precision, num_workers=None, log_with=None), batch
+def _in_processes(args: argparse.Namespace, argv: list[str], command: str, skipped, run) -> int:
+    """``run()`` here, or with ``--nproc N`` > 1 in N processes; exit 1 when ``skipped()`` files were unreadable.
 
-
-def _relaunch(args: argparse.Namespace, command: str) -> int | None:
-    """With ``--nproc N`` > 1 outside a launcher: run ``command`` in N processes and return its exit code."""
+    Under a launcher a worker exits 0 with skips (exit 1 would read as a crashed worker); the
+    launching process reads ``skipped()`` from the output the workers wrote and reports it.
+    """
     from visiontune import launch
-
-    cfg = TrainConfig(data="-", strategy="ddp", nproc=args.nproc)
-    return launch.relaunch(cfg, args.argv, command) if launch.needs_launcher(cfg) else None
-
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    from visiontune.predict import check_clip, list_inputs, predict, skipped_path
     from visiontune.strategy import inside_launcher
 
-    model, cfg, classes = _model_from_args(args)
-    cfg, batch = _inference_setup(args, cfg)
+    cfg = TrainConfig(data="-", strategy="ddp", nproc=args.nproc)
+    if launch.needs_launcher(cfg):
+        code = launch.relaunch(cfg, argv, command)
+        return 1 if code == 0 and skipped() else code
+    run()
+    return 1 if not inside_launcher() and skipped() else 0
+
+
+def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.predict import check_clip, list_inputs, predict, skipped_path
+
+    loaded, icfg = _inference(args)
     inputs = list_inputs(args.data)
     check_clip(args.clip)
-    code = _relaunch(args, "predict")
-    if code is not None:  # the workers exit 0 with skips (see below); their list tells
-        return 1 if code == 0 and skipped_path(args.out).exists() else code
-    skipped = predict(model, cfg, classes, inputs, args.out, batch_size=batch, clip=args.clip,
-                      progress=args.progress, tta_mode=args.tta)
-    # Under a launcher exit 1 would read as a crashed worker; the launching process reports it instead.
-    return 1 if skipped and not inside_launcher() else 0
+    return _in_processes(args, argv, "predict", skipped_path(args.out).exists,
+                         lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta))
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
+def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     import json
     from pathlib import Path
 
     from visiontune.evaluate import evaluate
-    from visiontune.strategy import inside_launcher
 
-    model, cfg, classes = _model_from_args(args)
-    cfg, batch = _inference_setup(args, cfg)
+    loaded, icfg = _inference(args)
     out = args.out or str(Path(args.run) / "eval.json")
-    code = _relaunch(args, "evaluate")
-    if code is not None:
-        return 1 if code == 0 and json.loads(Path(out).read_text())["skipped"] else code
-    report = evaluate(model, cfg, classes, args.data, out, batch_size=batch, progress=args.progress,
-                      run_dir=args.run, split=args.split, tta_mode=args.tta, top_n=args.top_losses)
-    return 1 if report.get("skipped") and not inside_launcher() else 0
+    return _in_processes(args, argv, "evaluate", lambda: json.loads(Path(out).read_text())["skipped"],
+                         lambda: evaluate(loaded, icfg, args.data, out, run_dir=args.run, split=args.split,
+                                          tta_mode=args.tta, top_n=args.top_losses))
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from visiontune.config import MEAN, STD
+def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.data.pipeline import MEAN, STD
     from visiontune.export import export
-    from visiontune.predict import load_run
+    from visiontune.inference import load_run
 
-    model, cfg, classes = load_run(args.run)
+    run = load_run(args.run)
+    classes = run.classes
     out = args.out or f"{args.run.rstrip('/')}/best.{'onnx' if args.format == 'onnx' else 'torchscript.pt'}"
-    diff = export(model, cfg.image_size, args.format, out)
-    s = cfg.image_size
+    diff = export(run.model, run.image_size, args.format, out)
+    s = run.image_size
     print(f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
           f"with mean {MEAN} std {STD}; output [N, {len(classes)}] logits for {', '.join(classes)}; "
           f"checked against the eager model, max difference {diff:.1e}")
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.report import write
 
     print(f"visiontune: wrote {write(args.run)}")
@@ -224,16 +179,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _add_inference_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-size", type=int, help="images per batch PER PROCESS (default: the run's)")
-    p.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), default="no")
-    p.add_argument("--nproc", type=int, default=1, help="processes (DDP-style sharding; same output)")
+    p.add_argument("--batch-size", type=positive, help="images per batch PER PROCESS (default: the run's)")
+    p.add_argument("--mixed-precision", choices=choices()["mixed_precision"], default="no")
+    p.add_argument("--nproc", type=positive, default=1, help="processes (DDP-style sharding; same output)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
     p.add_argument("--tta", choices=("none", "flip", "flip+crop"), default="none",
                    help="test-time augmentation: average the probabilities of mirrored (and centre-cropped) views")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="visiontune", description="Fine-tune torchvision image classifiers "
+    parser = OneLineParser(prog="visiontune", description="Fine-tune torchvision image classifiers "
                                      "on a folder of images, on one CPU or many GPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="fine-tune a torchvision classifier")
@@ -244,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
     p = sub.add_parser("sample-data", help="write a small synthetic data set in the Kaggle layout")
     p.add_argument("dir")
-    p.add_argument("--per-class", type=int, default=200)
+    p.add_argument("--per-class", type=positive, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sample_data)
     p = sub.add_parser("models", help="list the model names --model accepts")
@@ -252,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
     p.add_argument("data")
     p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="decoding threads (default: cores)")
+    p.add_argument("--workers", type=positive, default=available_cores(), help="decoding threads (default: cores)")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
     add_train_flags(p)
@@ -295,10 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    args.argv = argv[1:]  # the subcommand's own arguments, for relaunching under torchrun
     try:
-        return args.func(args)
+        args = build_parser().parse_args(argv)
+        return args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
     except UserError as e:
         print(f"visiontune: error: {e}", file=sys.stderr)
         return 2

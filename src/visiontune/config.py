@@ -13,28 +13,27 @@ import json
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-# The blog's normalisation statistics, measured on Dogs vs Cats.
-MEAN = (0.4883, 0.4551, 0.4170)
-STD = (0.2257, 0.2211, 0.2214)
-
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""
 
 
-class RunStopped(Exception):
-    """The run stopped on purpose (a signal, a non-finite loss): one line, then ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
+def __getattr__(name: str) -> Any:
+    # Moved: RunStopped next to the signals (faults), MEAN/STD to the data pipeline. Old imports work.
+    if name == "RunStopped":
+        from visiontune.faults import RunStopped
+        return RunStopped
+    if name in ("MEAN", "STD"):
+        from visiontune.data import pipeline
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _setting(default: Any, help_text: str) -> Any:
@@ -65,17 +64,17 @@ class TrainConfig:
     lr: float = _setting(1e-3, "learning rate")
     momentum: float = _setting(0.9, "SGD momentum")
     weight_decay: float = _setting(0.0, "SGD weight decay")
-    lr_schedule: str = _setting("none", "none or cosine, stepped per optimizer step")
+    lr_schedule: Literal["none", "cosine"] = _setting("none", "none or cosine, stepped per optimizer step")
     grad_accum: int = _setting(1, "gradient accumulation steps")
     scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")
     reference_batch: int = _setting(50, "the batch --lr was tuned for")
-    mixed_precision: str = _setting("no", "no, fp16 or bf16")
+    mixed_precision: Literal["no", "fp16", "bf16"] = _setting("no", "no, fp16 or bf16")
     channels_last: bool = _setting(False, "channels-last memory format")
     compile: bool = _setting(False, "torch.compile the model")
     sync_batchnorm: bool = _setting(False, "synchronise BatchNorm statistics across processes")
-    on_nan: str = _setting("stop", "stop or skip when the loss is not finite")
+    on_nan: Literal["stop", "skip"] = _setting("stop", "stop or skip when the loss is not finite")
     # distribution
-    strategy: str = _setting("single", "single, dp (nn.DataParallel) or ddp")
+    strategy: Literal["single", "dp", "ddp"] = _setting("single", "single, dp (nn.DataParallel) or ddp")
     nproc: int | None = _setting(None, "processes per machine for ddp (default: GPUs, or 2 on a CPU)")
     nnodes: int = _setting(1, "machines in a ddp job")
     node_rank: int = _setting(0, "this machine's rank in a ddp job")
@@ -98,12 +97,12 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-CHOICES = {
-    "lr_schedule": ("none", "cosine"),
-    "mixed_precision": ("no", "fp16", "bf16"),
-    "strategy": ("single", "dp", "ddp"),
-    "on_nan": ("stop", "skip"),
-}
+def choices(cls: type = TrainConfig) -> dict[str, tuple[str, ...]]:
+    """The allowed values of each ``Literal[...]`` field (argparse ``choices`` and ``validate`` use them)."""
+    return {name: get_args(hint) for name, hint in get_type_hints(cls).items()
+            if getattr(hint, "__origin__", None) is Literal}
+
+
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "nnodes", "keep_last")
 
 
@@ -114,7 +113,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name in POSITIVE:
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)}")
-    for name, allowed in CHOICES.items():
+    for name, allowed in choices().items():
         if getattr(cfg, name) not in allowed:
             raise UserError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, "
                             f"got {getattr(cfg, name)!r}")

@@ -1,10 +1,10 @@
 """The training and evaluation loops, and ``fit`` that alternates them.
 
-Metrics accumulate as device tensors and are reduced across processes once per
-phase, so the hot loop never waits on the GPU for a number (the progress bar
-reads them every ``POSTFIX_EVERY`` steps only). Training counts exactly the
-samples it trained on (full batches: the loader drops the ragged tail);
-evaluation counts every validation sample exactly once, because
+Metrics accumulate as device tensors (``Totals``) and are reduced across
+processes once per phase, so the hot loop never waits on the GPU for a number
+(the progress bar reads them every ``POSTFIX_EVERY`` steps only). Training
+counts exactly the samples it trained on (full batches: the loader drops the
+ragged tail); evaluation counts every validation sample exactly once, because
 ``gather_for_metrics`` drops the duplicates Accelerate pads the last batch with.
 """
 from __future__ import annotations
@@ -19,10 +19,93 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from visiontune.config import RunStopped
 from visiontune.data.pipeline import UNREADABLE
+from visiontune.faults import RunStopped
 
 POSTFIX_EVERY = 10
+
+# criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that
+# ``backward`` is called on (0, not NaN, for a batch without any). ``labels`` holds class indices,
+# ``UNREADABLE`` for samples the loader could not decode; the epoch's loss is this mean weighted by
+# the readable count. Label smoothing or soft targets keep the same contract.
+Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def readable_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The default criterion: cross-entropy averaged over the readable samples."""
+    return F.cross_entropy(logits, labels, reduction="sum") / (labels != UNREADABLE).sum().clamp(min=1)
+
+
+class Totals:
+    """An epoch's running training sums on this process, as one float64 tensor (one all-reduce).
+
+    The checkpoint stores them as the list ``[loss_sum, correct, images, skipped, steady_images]``.
+    """
+
+    NAMES = ("loss_sum", "correct", "images", "skipped", "steady_images")
+
+    def __init__(self, values: torch.Tensor | None = None, device: torch.device | str = "cpu"):
+        self.values = (torch.zeros(len(self.NAMES), dtype=torch.float64) if values is None
+                       else values.detach().clone().double()).to(device)
+
+    @classmethod
+    def from_checkpoint(cls, saved: list[float] | None, is_main_process: bool) -> "Totals":
+        """A resumed epoch's sums. The saved ones are already summed over every process, and
+        ``reduce`` sums the processes' totals again at the epoch end, so only the main process
+        starts from them; the others start from zero."""
+        if saved is None or not is_main_process:
+            return cls()
+        return cls(torch.tensor(saved, dtype=torch.float64))
+
+    def __getattr__(self, name: str) -> float:
+        if name in Totals.NAMES:
+            return self.values[Totals.NAMES.index(name)].item()
+        raise AttributeError(name)
+
+    def add(self, loss_mean: torch.Tensor, correct: torch.Tensor, images: torch.Tensor, steady: bool) -> None:
+        # No .item(): the sums stay on the device and the step does not wait for it.
+        self.values[:3] += torch.stack([loss_mean * images, correct, images])
+        if steady:
+            self.values[4] += images
+
+    def count_skipped(self, n: float) -> None:
+        self.values[3] += n
+
+    def reduced(self, accelerator: Accelerator) -> "Totals":
+        """Summed over every process (waits for the device's queued work)."""
+        return Totals(accelerator.reduce(self.values.clone(), reduction="sum"), self.values.device)
+
+    def to_list(self) -> list[float]:
+        return self.values.tolist()
+
+
+class StepClock:
+    """Host clocks of one epoch: all of it, the steps after the first ``warmup``, and, of those,
+    the time spent waiting for the loader. No clock reads the device, so nothing syncs per step."""
+
+    def __init__(self, warmup: int, clock: Callable[[], float] = time.perf_counter):
+        self.warmup, self.clock, self.steps = warmup, clock, 0
+        self.start = self.last = clock()
+        self.steady_start: float | None = None
+        self.wait = 0.0
+
+    def batch_ready(self) -> bool:
+        """Call when a batch arrives; returns whether this step counts as steady."""
+        steady = self.steps >= self.warmup
+        if steady:
+            if self.steady_start is None:
+                self.steady_start = self.last
+            self.wait += self.clock() - self.last
+        self.steps += 1
+        return steady
+
+    def step_done(self) -> None:
+        self.last = self.clock()
+
+    def split(self) -> dict[str, float]:
+        end = self.clock()
+        return {"seconds": end - self.start, "steady_seconds": 0.0 if self.steady_start is None else end - self.steady_start,
+                "data_wait_seconds": self.wait}
 
 
 @dataclass
@@ -52,20 +135,31 @@ class NonFiniteLoss(RunStopped):
         super().__init__(message, 3)
 
 
+OnStep = Callable[[int, int, Totals], None]  # (epoch, batches done in it, this process's totals)
+
+
+@dataclass(frozen=True)
+class StartAt:
+    """Where a run begins: a resumed run at batch ``batch`` of ``epoch``, with that epoch's sums."""
+    epoch: int = 0
+    batch: int = 0
+    totals: Totals | None = None
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    epochs: int
+    on_nan: str = "stop"  # stop: raise NonFiniteLoss at the epoch end; skip: skip steps with non-finite grads
+    progress: bool = True
+    timing_warmup: int = 5
+    criterion: Criterion | None = None  # None: ``readable_cross_entropy``
+    on_step: OnStep | None = None
+    on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None
+
+
 def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
     return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
                 disable=not (progress and accelerator.is_main_process))
-
-
-# Train totals: loss sum, correct, images, skipped steps, images of the steady steps.
-TRAIN_TOTALS = 5
-
-
-def _result(totals: torch.Tensor, seconds: float, **timing) -> PhaseResult:
-    loss_sum, correct, count, *rest = totals.tolist()
-    n = max(count, 1)
-    skipped, steady = (int(rest[0]), int(rest[1])) if rest else (0, 0)
-    return PhaseResult(loss_sum / n, correct / n, int(count), seconds, skipped, steady, **timing)
 
 
 def _grads_finite(model: torch.nn.Module) -> bool:
@@ -74,69 +168,60 @@ def _grads_finite(model: torch.nn.Module) -> bool:
                              if p.grad is not None]).all())
 
 
+def _optimizer_step(accelerator: Accelerator, model, optimizer, scheduler, on_nan: str) -> bool:
+    """Step unless --on-nan skip finds non-finite gradients; True if a due step was not taken."""
+    # skip: one host sync per step, the price of not stepping on inf/NaN gradients.
+    bad = on_nan == "skip" and accelerator.sync_gradients and not _grads_finite(model)
+    if not bad:
+        optimizer.step()
+    skipped = accelerator.sync_gradients and (bad or optimizer.step_was_skipped)  # NaN skip, fp16 overflow
+    if accelerator.sync_gradients and not skipped and scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return skipped
+
+
 def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
-                    optimizer: torch.optim.Optimizer, scheduler, prepare_input: Callable,
-                    *, on_nan: str = "stop", progress: bool = True, timing_warmup: int = 5,
-                    start_step: int = 0, totals: torch.Tensor | None = None,
-                    on_step: Callable[[int, torch.Tensor], None] | None = None) -> PhaseResult:
+                    optimizer: torch.optim.Optimizer, scheduler, prepare_input: Callable, opts: LoopOptions,
+                    *, epoch: int = 0, start_step: int = 0, totals: Totals | None = None) -> PhaseResult:
     """One pass over ``loader``; returns loss/accuracy summed over every process.
 
-    ``totals`` (see ``TRAIN_TOTALS``) continues a resumed epoch whose first
-    ``start_step`` batches ``loader`` already skips; ``on_step(batches_done,
-    totals)`` runs after every batch. Host clocks split the steps after this
-    call's first ``timing_warmup`` into waiting for the loader and the rest; no
-    clock reads the device, so nothing syncs per step.
+    ``totals`` continues a resumed epoch whose first ``start_step`` batches ``loader`` already
+    skips; ``opts.on_step(epoch, batches_done, totals)`` runs after every batch.
     """
     model.train()
-    totals = torch.zeros(TRAIN_TOTALS, dtype=torch.float64) if totals is None else totals.clone()
-    totals = totals.to(accelerator.device)
-    start = last = time.perf_counter()
-    steady_start, wait = None, 0.0
-    bar = _bar(accelerator, loader, "train", progress)
+    criterion = opts.criterion or readable_cross_entropy
+    totals = Totals(totals.values if totals is not None else None, accelerator.device)
+    clock = StepClock(opts.timing_warmup)
+    bar = _bar(accelerator, loader, "train", opts.progress)
     for step, (images, labels) in enumerate(bar, start=start_step):
-        steady = step - start_step >= timing_warmup
-        if steady:
-            steady_start = steady_start or last
-            wait += time.perf_counter() - last
+        steady = clock.batch_ready()
         with accelerator.accumulate(model):
             logits = model(prepare_input(images))
-            valid = labels != UNREADABLE
-            # Mean over the readable samples; 0 (not NaN) for a batch with none.
-            loss = F.cross_entropy(logits, labels, reduction="sum") / valid.sum().clamp(min=1)
+            loss = criterion(logits, labels)
             accelerator.backward(loss)
-            # skip: one host sync per step, the price of not stepping on inf/NaN gradients.
-            bad = on_nan == "skip" and accelerator.sync_gradients and not _grads_finite(model)
-            if not bad:
-                optimizer.step()
-            # Count skipped steps (NaN skip, fp16 overflow) on the main process only: every
-            # process skips the same steps, and the totals are summed over processes.
-            if accelerator.sync_gradients and (bad or optimizer.step_was_skipped):
-                totals[3] += float(accelerator.is_main_process)
-            elif accelerator.sync_gradients and scheduler is not None:
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-        n = valid.sum().double()
-        loss = loss.detach().double()
-        if on_nan == "skip":  # keep the epoch's loss finite; the skipped images are not counted
-            n = n * torch.isfinite(loss)
-            loss = loss.nan_to_num(0.0, 0.0, 0.0)
-        totals[:3] += torch.stack([loss * n, (logits.argmax(1) == labels).sum().double() * (n > 0), n])
-        if steady:
-            totals[4] += n
+            if _optimizer_step(accelerator, model, optimizer, scheduler, opts.on_nan):
+                # Counted on the main process only: every process skips the same steps, and the
+                # totals are summed over processes.
+                totals.count_skipped(float(accelerator.is_main_process))
+        n, loss = (labels != UNREADABLE).sum().double(), loss.detach().double()
+        if opts.on_nan == "skip":  # keep the epoch's loss finite; the skipped images are not counted
+            n, loss = n * torch.isfinite(loss), loss.nan_to_num(0.0, 0.0, 0.0)
+        totals.add(loss, (logits.argmax(1) == labels).sum().double() * (n > 0), n, steady)
         if step % POSTFIX_EVERY == 0 and not bar.disable:
-            loss_sum, correct, count = totals.tolist()[:3]
-            bar.set_postfix(loss=f"{loss_sum / max(count, 1):.4f}", acc=f"{correct / max(count, 1):.4f}",
-                            img_s=f"{count / (time.perf_counter() - start):.0f}")
-        if on_step is not None:
-            on_step(step + 1, totals)
-        last = time.perf_counter()
-    totals = accelerator.reduce(totals, reduction="sum")  # also waits for the device's queued work
-    end = time.perf_counter()
-    if on_nan == "stop" and not math.isfinite(totals[0].item()):
+            count = max(totals.images, 1)
+            bar.set_postfix(loss=f"{totals.loss_sum / count:.4f}", acc=f"{totals.correct / count:.4f}",
+                            img_s=f"{totals.images / (time.perf_counter() - clock.start):.0f}")
+        if opts.on_step is not None:
+            opts.on_step(epoch, step + 1, totals)
+        clock.step_done()
+    totals = totals.reduced(accelerator)
+    if opts.on_nan == "stop" and not math.isfinite(totals.loss_sum):
         raise NonFiniteLoss("training loss became non-finite in this epoch; the last checkpoint before it is "
                             "kept (lower --lr, or pass --on-nan skip)")
-    return _result(totals, end - start, steady_seconds=end - steady_start if steady_start else 0.0,
-                   data_wait_seconds=wait)
+    n = max(totals.images, 1)
+    return PhaseResult(totals.loss_sum / n, totals.correct / n, int(totals.images), skipped=int(totals.skipped),
+                       steady_images=int(totals.steady_images), **clock.split())
 
 
 @torch.inference_mode()
@@ -144,8 +229,9 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
              *, progress: bool = True, desc: str = "val", keep: list | None = None) -> PhaseResult:
     """Loss and accuracy over every sample of ``loader`` exactly once.
 
-    With ``keep``, each batch's gathered ``(logits, labels)`` is appended to it, padding removed
-    (prediction and evaluation reports use them).
+    The loss is plain cross-entropy whatever the training criterion, so validation losses compare
+    across recipes. With ``keep``, each batch's gathered ``(logits, labels)`` is appended to it,
+    padding removed (prediction and evaluation reports use them).
     """
     model.eval()
     totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
@@ -158,33 +244,25 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
         totals += accelerator.gather_for_metrics(per_sample).double().sum(0)
         if keep is not None:
             keep.append(accelerator.gather_for_metrics((logits.float(), labels)))
-    return _result(totals, time.perf_counter() - start)
+    loss_sum, correct, count = totals.tolist()
+    return PhaseResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), time.perf_counter() - start)
 
 
-def fit(accelerator: Accelerator, model, train_loader, val_loader, optimizer, scheduler, prepare_input: Callable,
-        *, epochs: int, start_epoch: int = 0, start_batch: int = 0, start_totals: torch.Tensor | None = None,
-        on_nan: str = "stop", progress: bool = True, timing_warmup: int = 5,
-        on_step: Callable[[int, int, torch.Tensor], None] | None = None,
-        on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None) -> None:
-    """Train and validate each epoch; print the reference job's epoch lines.
-
-    A resumed run starts at batch ``start_batch`` of ``start_epoch`` with that
-    epoch's ``start_totals``; ``on_step(epoch, batches_done, totals)`` runs after every batch.
-    """
-    for epoch in range(start_epoch, epochs):
-        accelerator.print(f"Epoch {epoch}/{epochs - 1}\n" + "-" * 10)
+def fit(accelerator: Accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input: Callable,
+        opts: LoopOptions, start: StartAt = StartAt()) -> None:
+    """Train and validate each epoch from ``start``; print the reference job's epoch lines."""
+    for epoch in range(start.epoch, opts.epochs):
+        accelerator.print(f"Epoch {epoch}/{opts.epochs - 1}\n" + "-" * 10)
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
-        skip = start_batch if epoch == start_epoch else 0
+        skip = start.batch if epoch == start.epoch else 0
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
-        tr = train_one_epoch(accelerator, model, loader, optimizer, scheduler, prepare_input,
-                             on_nan=on_nan, progress=progress, timing_warmup=timing_warmup, start_step=skip,
-                             totals=start_totals if skip else None,
-                             on_step=(lambda b, t, e=epoch: on_step(e, b, t)) if on_step else None)
-        va = evaluate(accelerator, model, val_loader, prepare_input, progress=progress)
+        tr = train_one_epoch(accelerator, model, loader, optimizer, scheduler, prepare_input, opts, epoch=epoch,
+                             start_step=skip, totals=start.totals if skip else None)
+        va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress)
         for phase, r in (("train", tr), ("val", va)):
             accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}")
         if tr.skipped:
             accelerator.print(f"train skipped {tr.skipped} optimizer step(s) (non-finite gradients or fp16 overflow)")
         accelerator.print()
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, tr, va)
+        if opts.on_epoch_end is not None:
+            opts.on_epoch_end(epoch, tr, va)

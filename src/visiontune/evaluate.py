@@ -4,7 +4,7 @@ The data is read with the same ``discover`` as ``train`` (any layout it
 accepts) and must have the run's classes. When it is the run's own data, only
 the run's validation split is scored by default (``--split train|all`` for the
 others), since scoring the images a model trained on says little; other data is
-scored whole. The forward pass is predict's (``forward_all``), so every image
+scored whole. The forward pass is predict's (``inference.forward``), so every image
 counts once whatever the number of processes, and the numbers (see
 ``metrics``) are computed once, on the main process, from the gathered logits
 in data order: N processes give exactly the same figures as one. Unreadable
@@ -19,13 +19,12 @@ import json
 import os
 from pathlib import Path
 
-import torch
 
-from visiontune import figures, metrics, outputs, tta
-from visiontune.config import TrainConfig, UserError
+from visiontune import figures, inference, metrics, outputs, tta
+from visiontune.config import UserError
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.pipeline import UNREADABLE
-from visiontune.predict import forward_all, unreadable_reasons
+from visiontune.inference import InferenceConfig, LoadedModel, unreadable_reasons
 
 SPLITS = ("val", "train", "all")
 
@@ -97,20 +96,19 @@ def print_report(report: dict) -> None:
           f"ECE {_num(report['ece'])}")
 
 
-def evaluate(model: torch.nn.Module, cfg: TrainConfig, classes: list[str], data: str, out: str, *,
-             batch_size: int, progress: bool = True, run_dir: str | None = None, split: str | None = None,
-             tta_mode: str = "none", top_n: int = 16) -> dict:
+def evaluate(loaded: LoadedModel, icfg: InferenceConfig, data: str, out: str, *, run_dir: str | None = None,
+             split: str | None = None, tta_mode: str = "none", top_n: int = 16) -> dict:
     """Measure ``model`` on ``data`` (its val split when it is the run's data); write ``out`` and the figures."""
     if top_n < 0:
         raise UserError(f"--top-losses must be 0 or more, got {top_n}")
-    images = discover(data)
+    images, classes = discover(data), loaded.classes
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(f"{data} has classes {images.classes} but the model was trained on {classes}; "
                         "evaluate on data with the same classes")
     paths, labels, scored = select(images, run_dir, split)
-    accelerator, logits, got = forward_all(cfg, tta.wrap(model, tta_mode), paths, labels, batch_size=batch_size,
-                                           progress=progress, desc="evaluate")
+    accelerator = inference.start(icfg)
+    logits, got = inference.forward(accelerator, tta.wrap_loaded(loaded, tta_mode), icfg, paths, labels, "evaluate")
     report: dict = {}
     if accelerator.is_main_process:
         skipped = unreadable_reasons(paths, got)

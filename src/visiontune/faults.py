@@ -1,4 +1,4 @@
-"""Stopping cleanly on SIGTERM, SIGINT and SIGUSR1, and noticing elastic restarts.
+"""Stopping cleanly on SIGTERM, SIGINT and SIGUSR1 (``RunStopped``), and noticing elastic restarts.
 
 A handler only records the signal; the training loop asks ``StopSignals.agreed``
 after every optimizer step, finishes nothing more, writes a checkpoint and exits
@@ -15,11 +15,16 @@ from __future__ import annotations
 import os
 import signal
 
-import torch
-
-from visiontune.config import RunStopped
-
+# torch is imported where used: the CLI imports RunStopped from here before any command runs.
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class RunStopped(Exception):
+    """The run stopped on purpose (a signal, a non-finite loss): one line, then ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def restarted_by_launcher() -> bool:
@@ -36,6 +41,7 @@ def join_restarted_group(timeout_s: float) -> None:
     fails (or hangs). Prefixing the keys by the attempt number avoids the race;
     Accelerate then adopts the initialised group as it is.
     """
+    import torch
     import torch.distributed as dist
 
     if not restarted_by_launcher() or dist.is_initialized():
@@ -78,6 +84,7 @@ class StopSignals:
         """The signal every process stops for now, or 0; a collective under the launcher."""
         if self._group is None:
             return self.received
+        import torch
         import torch.distributed as dist
 
         flag = torch.tensor([self.received], dtype=torch.int64)

@@ -7,33 +7,15 @@ cap. Matplotlib runs headless (Agg); files are written atomically.
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 from visiontune.metrics import short
-from visiontune.outputs import atomic_write
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_png(fig, path: str | Path, dpi: int = 80) -> None:
-    plt = _pyplot()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+from visiontune.outputs import pyplot, save_figure
 
 
 def plot_confusion(path: str | Path, report: dict) -> None:
     """Counts (left) and each row divided by its class's images (right)."""
-    plt = _pyplot()
+    plt = pyplot()
     names = [short(c) for c in report["classes"]]
     k = len(names)
     side = min(18.0, 3.2 + 0.15 * k)  # inches per panel: about 0.15 in (12 px) per class at 100 classes
@@ -56,7 +38,7 @@ def plot_confusion(path: str | Path, report: dict) -> None:
         ax.set_xlabel("predicted")
         ax.set_ylabel("true")
         ax.set_title(f"Confusion matrix, {title}")
-    save_png(fig, path)
+    save_figure(path, fig)
 
 
 def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], classes: list[str],
@@ -66,11 +48,11 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
 
     from visiontune.data.decode import BadImage, read_image, resize_uint8
 
-    plt = _pyplot()
+    plt = pyplot()
     if not items:
         fig = plt.figure(figsize=(6, 1))
         fig.text(0.5, 0.5, "Top losses: no misclassified images", ha="center", va="center", fontsize=12)
-        save_png(fig, path)
+        save_figure(path, fig)
         return
     cols = min(4, len(items))
     rows = max(1, -(-len(items) // cols))
@@ -87,4 +69,4 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
                      f"({it['probability']:.2f})\nloss {it['loss']:.2f}", fontsize=8)
     fig.suptitle("Top losses: the most confidently wrong images")
     fig.tight_layout()
-    save_png(fig, path)
+    save_figure(path, fig)

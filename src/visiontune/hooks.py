@@ -1,12 +1,14 @@
-"""What a run does between steps: checkpoints, stop requests, and the per-epoch outputs.
+"""What a run does between steps, in three small pieces that ``RunHooks`` joins.
 
 ``engine.fit`` calls ``on_step`` after every batch and ``on_epoch_end`` after
-each validation; ``RunHooks`` turns those calls into a checkpoint every
-``--save-every-steps`` optimizer steps and at each epoch end, into a checkpoint
-and an exit when a stop signal arrived (every process agrees on it at the same
-optimizer step), and into the run folder's history, metrics, curves and best
-model. Every process calls every method: the collectives inside (reduce, the
-stop agreement, ``save_state``) run everywhere, and only the main process writes.
+each validation. ``CheckpointPolicy`` decides when a step is a checkpoint (every
+``--save-every-steps`` optimizer steps, an epoch end, a stop signal that every
+process agreed on at the same optimizer step); ``Checkpointer`` writes one with
+the run's identity and raises ``RunStopped`` when a signal asked for it; and
+``EpochOutputs`` writes the run folder's history, metrics, curves and best model.
+The stop signals themselves are owned by the caller (``with StopSignals(...)``).
+Every process calls every method: the collectives inside (reduce, the stop
+agreement, ``save_state``) run everywhere, and only the main process writes.
 """
 from __future__ import annotations
 
@@ -16,67 +18,75 @@ import torch
 from accelerate import Accelerator
 
 from visiontune import checkpoint, engine, faults, outputs
-from visiontune.config import RunStopped, TrainConfig
+from visiontune.config import TrainConfig
+from visiontune.engine import PhaseResult, Totals
 from visiontune.steplog import StepLog
 
 
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    per_epoch: int  # batches per epoch and process
+    grad_accum: int
+    save_every_steps: int
+
+    def optimizer_steps(self, epoch: int, batch: int) -> int:
+        return (epoch * self.per_epoch + batch) // self.grad_accum
+
+    def at_step_boundary(self, batch: int) -> bool:
+        """False inside an accumulation window: no optimizer step yet, nothing to save or agree on."""
+        return batch % self.grad_accum == 0 or batch == self.per_epoch
+
+    def due(self, epoch: int, batch: int) -> bool:
+        """A periodic checkpoint here (an epoch's last step saves at the epoch end instead)."""
+        return bool(self.save_every_steps) and batch != self.per_epoch \
+            and self.optimizer_steps(epoch, batch) % self.save_every_steps == 0
+
+
 @dataclass
-class RunHooks:
+class Checkpointer:
     accelerator: Accelerator
     cfg: TrainConfig
     run_dir: str
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
     scheduler: object
-    per_epoch: int  # batches per epoch and process
+    policy: CheckpointPolicy
     identity: dict  # what a resume must match: split hash, model, classes, global batch
-    history: list[dict] = field(default_factory=list)  # a resumed run's epochs so far
-    stop: faults.StopSignals = field(init=False)
-    steps: StepLog | None = field(init=False)
+    history: list[dict]  # shared with EpochOutputs: the epochs so far
 
-    def __post_init__(self) -> None:
-        self.stop = faults.StopSignals(self.accelerator)
-        self.steps = StepLog(self.accelerator, self.optimizer, self.per_epoch) if self.cfg.log_with else None
-
-    def _optimizer_steps(self, epoch: int, batch: int) -> int:
-        return (epoch * self.per_epoch + batch) // self.cfg.grad_accum
-
-    def save(self, epoch: int, batch: int, totals: torch.Tensor | None = None) -> str:
-        cfg = self.cfg
+    def save(self, epoch: int, batch: int, totals: Totals | None = None) -> str:
         best = outputs.best_epoch(self.history)["val"] if self.history else None
         meta = {**self.identity, "world_size": self.accelerator.num_processes, "history": self.history,
-                "best_val": best, "optimizer_steps": self._optimizer_steps(epoch, batch),
-                "partial_totals": totals.tolist() if totals is not None else None, "config": cfg.to_dict()}
-        return checkpoint.save(self.accelerator, self.run_dir, epoch, batch, meta, self.scheduler, cfg.keep_last)
+                "best_val": best, "optimizer_steps": self.policy.optimizer_steps(epoch, batch),
+                "partial_totals": totals.to_list() if totals is not None else None, "config": self.cfg.to_dict()}
+        return checkpoint.save(self.accelerator, self.run_dir, epoch, batch, meta, self.scheduler, self.cfg.keep_last)
 
-    def _stopped(self, signum: int, path: str) -> RunStopped:
+    def stopped(self, signum: int, path: str) -> faults.RunStopped:
         return faults.stopped(signum, f"checkpoint {path}; continue with --resume {self.run_dir}")
 
-    def on_step(self, epoch: int, batch: int, totals: torch.Tensor) -> None:
-        cfg = self.cfg
-        if self.steps:
-            self.steps.record(epoch, batch, totals)
-        if batch % cfg.grad_accum and batch != self.per_epoch:
-            return  # inside an accumulation window: no optimizer step yet
-        signum = self.stop.agreed()
-        due = cfg.save_every_steps and self._optimizer_steps(epoch, batch) % cfg.save_every_steps == 0
-        if not (signum or (due and batch != self.per_epoch)):  # an epoch's last step saves at the epoch end
-            return
-        reduced = self.accelerator.reduce(totals.clone(), reduction="sum")
-        if cfg.on_nan == "stop" and not torch.isfinite(reduced[0]):
+    def mid_epoch(self, epoch: int, batch: int, totals: Totals, signum: int) -> None:
+        """Save the partial epoch (its sums over every process); raise if a signal asked to stop."""
+        reduced = totals.reduced(self.accelerator)
+        if self.cfg.on_nan == "stop" and not torch.isfinite(reduced.values[0]):
             raise engine.NonFiniteLoss(f"training loss became non-finite in epoch {epoch} before batch {batch}; "
                                        "the last checkpoint before it is kept (lower --lr, or --on-nan skip)")
         path = self.save(epoch, batch, reduced)
         if signum:
-            raise self._stopped(signum, path)
+            raise self.stopped(signum, path)
 
-    def on_epoch_end(self, epoch: int, tr: engine.PhaseResult, va: engine.PhaseResult) -> None:
+
+@dataclass
+class EpochOutputs:
+    accelerator: Accelerator
+    run_dir: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    history: list[dict]
+    per_epoch: int = 1  # batches per epoch and process: trackers get an epoch's figures at its last step
+
+    def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
         acc, history = self.accelerator, self.history
         history.append({"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(),
                         "val": va.as_dict()})
-        if self.steps:
-            self.steps.flush()
-        # Logged at the epoch's last step, so that per-step and per-epoch values share one rising axis.
+        # At the epoch's last step, so that per-step (StepLog) and per-epoch values share one rising axis.
         acc.log({"epoch": epoch, **{f"{p}/{k}": v for p, r in (("train", tr), ("val", va))
                                     for k, v in r.as_dict().items()}}, step=(epoch + 1) * self.per_epoch)
         is_best = outputs.best_epoch(history)["epoch"] == epoch
@@ -88,7 +98,35 @@ class RunHooks:
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)
-        path = self.save(epoch + 1, 0)
+
+
+@dataclass
+class RunHooks:
+    checkpointer: Checkpointer
+    outputs: EpochOutputs
+    stop: faults.StopSignals
+    epochs: int
+    steps: StepLog | None = None  # per-step loss and lr for the trackers (--log-with)
+    history: list[dict] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.history = self.outputs.history
+
+    def on_step(self, epoch: int, batch: int, totals: Totals) -> None:
+        policy = self.checkpointer.policy
+        if self.steps:
+            self.steps.record(epoch, batch, totals.values)
+        if not policy.at_step_boundary(batch):
+            return
         signum = self.stop.agreed()
-        if signum and epoch + 1 < self.cfg.epochs:
-            raise self._stopped(signum, path)
+        if signum or policy.due(epoch, batch):
+            self.checkpointer.mid_epoch(epoch, batch, totals, signum)
+
+    def on_epoch_end(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
+        if self.steps:
+            self.steps.flush()
+        self.outputs.record(epoch, tr, va)
+        path = self.checkpointer.save(epoch + 1, 0)
+        signum = self.stop.agreed()
+        if signum and epoch + 1 < self.epochs:
+            raise self.checkpointer.stopped(signum, path)

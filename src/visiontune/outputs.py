@@ -12,27 +12,76 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 PHASES = ("train", "val")
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``path`` whole or not at all: a unique temp file beside it, fsync, rename."""
+@contextmanager
+def atomic_file(path: str | os.PathLike, shared: bool = False) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` whole or not at all: a unique temp file beside it, fsync, rename.
+
+    ``shared``: readable by other users (umask permitting), for caches several users' runs share;
+    otherwise the temp file's private mode is kept.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        if shared:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, shared: bool = False) -> None:
+    """Write ``data`` to ``path`` whole or not at all (see ``atomic_file``)."""
+    with atomic_file(path, shared) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def save_figure(path: str | os.PathLike, fig, dpi: int = 80) -> None:
+    """A matplotlib figure as a PNG, written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display on servers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def versions() -> dict[str, str]:
+    """The library versions a run records in ``config.json`` (and ``bench`` in its results)."""
+    import platform
+
+    import accelerate
+    import torchvision
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "accelerate": accelerate.__version__}
 
 
 def write_json(path: str | os.PathLike, obj) -> None:
@@ -68,13 +117,7 @@ def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
 
 def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
     """``training_results.png``: the figure of ``history_figure``."""
-    import matplotlib.pyplot as plt
-
-    fig = history_figure(history)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_figure(path, history_figure(history))
 
 
 def history_figure(history: list[dict]):
@@ -83,12 +126,9 @@ def history_figure(history: list[dict]):
     The legend sits below the panels, never over a curve; the best epoch (``best_epoch``) is a
     dotted line with its val points starred, so the curve and the saved model can be matched.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    plt = pyplot()
     epochs = [row["epoch"] for row in history]
     best = best_epoch(history)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from visiontune.host import available_cores
+
 CLASSES = ("cat", "dog")
 _TONES = {"cat": (200.0, 135.0, 80.0), "dog": (80.0, 135.0, 200.0)}  # warm vs cool mean RGB
 _MIN_SIDE, _MAX_SIDE = 300, 500
@@ -86,7 +88,7 @@ def make_sample_data(
     ]
     jobs += [(test_dir / f"{i}.jpg", label, [seed, 1, i]) for i, label in test_labels.items()]
     # numpy and PIL's encoder release the GIL for the heavy parts, so threads use both cores.
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=min(4, available_cores())) as pool:
         list(pool.map(lambda job: _write(*job), jobs))
     return {
         "train": per_class * len(CLASSES),

@@ -20,6 +20,7 @@ from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ga
 from torch import nn
 
 from visiontune.config import TrainConfig, UserError
+from visiontune.host import available_cores
 
 
 def local_world_size() -> int:
@@ -37,8 +38,8 @@ def effective_strategy(cfg: TrainConfig) -> str:
 
 
 def cpu_budget() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // local_world_size())
+    """This process's share of the machine's cores."""
+    return max(1, available_cores() // local_world_size())
 
 
 def loader_workers(cfg: TrainConfig) -> int:

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 import shutil
 import time
 
-import accelerate
 import torch
-import torchvision
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import checkpoint, engine, faults, outputs
-from visiontune.hooks import RunHooks
+from visiontune.hooks import CheckpointPolicy, Checkpointer, EpochOutputs, RunHooks
+from visiontune.steplog import StepLog
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import ImageSet, discover
@@ -33,11 +31,6 @@ from visiontune.strategy import cpu_budget, decode_threads, describe, loader_wor
 
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
-
-
-def versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "accelerate": accelerate.__version__}
 
 
 def _run_dir(accelerator, cfg: TrainConfig) -> str:
@@ -137,6 +130,65 @@ def _results(history: list[dict]) -> dict:
             "val_images_counted": history[-1]["val"]["images"]}
 
 
+def _announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Split, run_dir: str) -> None:
+    accelerator.print(f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
+                      f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
+                      f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
+                      f"lr {setup.lr:g} | run folder {run_dir}")
+
+
+def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split_rec: dict, bad: list,
+                   run_dir: str) -> None:
+    """The run folder's records (main process), and the trackers, which write into it."""
+    record = {"config": cfg.to_dict(), "setup": setup.__dict__, "versions": outputs.versions(),
+              "data": {"root": images.root, "layout": images.layout}}
+    if accelerator.is_main_process:
+        outputs.write_json(f"{run_dir}/config.json", record)
+        outputs.write_json(f"{run_dir}/classes.json", images.classes)
+        outputs.write_json(f"{run_dir}/split.json", split_rec)
+        write_report(bad, f"{run_dir}/bad_files.csv")
+    if cfg.log_with:
+        # Trackers write into the run folder, known only now that the main process chose it.
+        accelerator.project_configuration.project_dir = run_dir
+        accelerator.project_configuration.logging_dir = run_dir
+        accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
+                                                        if isinstance(v, (int, float, str, bool))})
+
+
+def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, scheduler, per_epoch: int,
+           identity: dict, resumed, stop: faults.StopSignals) -> RunHooks:
+    history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
+    policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
+    steps = StepLog(accelerator, optimizer, per_epoch) if cfg.log_with else None
+    return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
+                    EpochOutputs(accelerator, run_dir, model, optimizer, history, per_epoch), stop, cfg.epochs, steps)
+
+
+def _start(accelerator, resumed) -> engine.StartAt:
+    if resumed is None:
+        return engine.StartAt()
+    totals = engine.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
+    return engine.StartAt(resumed.epoch, resumed.batch, totals)
+
+
+def _finish(accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet,
+            setup) -> dict:
+    elapsed = time.time() - since
+    summary = {"run_dir": run_dir, "total_seconds": round(elapsed, 3), **_results(history),
+               "val_split_size": len(split.val), "train_split_size": len(split.train), "classes": images.classes,
+               **setup.__dict__}
+    accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
+    accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        outputs.write_json(f"{run_dir}/summary.json", summary)
+        from visiontune import report
+
+        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
+    accelerator.end_training()
+    return summary
+
+
 def train(cfg: TrainConfig) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; return the run's summary."""
     validate(cfg)
@@ -165,48 +217,17 @@ def train(cfg: TrainConfig) -> dict:
     optimizer, scheduler = _optimizer_and_schedule(model, cfg, setup.lr, steps)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
                                                           train_loader, val_loader)
-    current = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
-               "global_batch": setup.global_batch}
-    resumed = _resume(accelerator, cfg, run_dir, current, scheduler)
-    accelerator.print(f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
-                      f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
-                      f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
-                      f"lr {setup.lr:g} | run folder {run_dir}")
-    record = {"config": cfg.to_dict(), "setup": setup.__dict__, "versions": versions(),
-              "data": {"root": images.root, "layout": images.layout}}
-    if accelerator.is_main_process:
-        outputs.write_json(f"{run_dir}/config.json", record)
-        outputs.write_json(f"{run_dir}/classes.json", images.classes)
-        outputs.write_json(f"{run_dir}/split.json", split_rec)
-        write_report(bad, f"{run_dir}/bad_files.csv")
-    if cfg.log_with:
-        # Trackers write into the run folder, known only now that the main process chose it.
-        accelerator.project_configuration.project_dir = run_dir
-        accelerator.project_configuration.logging_dir = run_dir
-        accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
-                                                        if isinstance(v, (int, float, str, bool))})
-    hooks = RunHooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), current,
-                     list(resumed.meta["history"]) if resumed else [])
-    start = (resumed.epoch, resumed.batch) if resumed else (0, 0)
-    partial = resumed.meta.get("partial_totals") if resumed and accelerator.is_main_process else None
-    with hooks.stop:  # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit"
-        engine.fit(accelerator, model, train_loader, val_loader, optimizer, scheduler,
-                   DeviceNormalize(accelerator.device, cfg.channels_last), epochs=cfg.epochs,
-                   start_epoch=start[0], start_batch=start[1],
-                   start_totals=torch.tensor(partial or [0.0] * engine.TRAIN_TOTALS, dtype=torch.float64),
-                   on_nan=cfg.on_nan, progress=cfg.progress, timing_warmup=cfg.timing_warmup,
-                   on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
-    elapsed = time.time() - since
-    summary = {"run_dir": run_dir, "total_seconds": round(elapsed, 3), **_results(hooks.history),
-               "val_split_size": len(split.val), "train_split_size": len(split.train), "classes": images.classes,
-               **setup.__dict__}
-    accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
-    accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        outputs.write_json(f"{run_dir}/summary.json", summary)
-        from visiontune import report
-
-        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
-    accelerator.end_training()
-    return summary
+    identity = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
+                "global_batch": setup.global_batch}
+    resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
+    _announce(accelerator, cfg, setup, images, split, run_dir)
+    _write_records(accelerator, cfg, setup, images, split_rec, bad, run_dir)
+    # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
+    with faults.StopSignals(accelerator) as stop:
+        hooks = _hooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), identity,
+                       resumed, stop)
+        opts = engine.LoopOptions(cfg.epochs, cfg.on_nan, cfg.progress, cfg.timing_warmup,
+                                  on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
+        engine.fit(accelerator, model, optimizer, scheduler, train_loader, val_loader,
+                   DeviceNormalize(accelerator.device, cfg.channels_last), opts, _start(accelerator, resumed))
+    return _finish(accelerator, run_dir, since, hooks.history, split, images, setup)

@@ -10,6 +10,8 @@ device, after normalisation.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 from torchvision.transforms.v2 import functional as TF
@@ -47,3 +49,8 @@ def wrap(model: nn.Module, mode: str) -> nn.Module:
 
         raise UserError(f"--tta must be one of {', '.join(TTA_MODES)}, got {mode!r}")
     return model if mode == "none" else TTA(model, mode).eval()
+
+
+def wrap_loaded(loaded, mode: str):
+    """An ``inference.LoadedModel`` whose model is wrapped for ``mode``."""
+    return dataclasses.replace(loaded, model=wrap(loaded.model, mode))

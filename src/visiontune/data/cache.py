@@ -20,7 +20,6 @@ import json
 import mmap
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +32,8 @@ from torchvision.transforms import v2
 
 from visiontune.config import UserError
 from visiontune.data.decode import try_read
+from visiontune.host import available_cores, user_cache_dir
+from visiontune.outputs import atomic_file, atomic_write
 from visiontune.data.pipeline import UNREADABLE
 
 CACHE_VERSION = 2  # 2: rows stored height x width x channel
@@ -40,11 +41,8 @@ _AROUND = max(mmap.PAGESIZE, 64 * 1024)
 
 
 def resolve_dir(cache: str) -> str:
-    """``auto`` -> the user's cache folder; anything else is the folder itself."""
-    if cache != "auto":
-        return cache
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "visiontune")
+    """``auto`` -> the user's cache folder (``host.user_cache_dir``); anything else is the folder itself."""
+    return user_cache_dir() if cache == "auto" else cache
 
 
 def cache_key(paths: Sequence[str], image_size: int) -> str:
@@ -92,20 +90,6 @@ def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) 
     return ImageCache(array_path, image_size, n, {int(i): (p, r) for i, (p, r) in head.get("bad", {}).items()})
 
 
-def _replace_atomically(final: str, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(final), prefix=".tmp-", suffix=os.path.basename(final))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; other users' runs may share the cache
-        os.replace(tmp, final)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def build(array_path: str, header_path: str, key: str, paths: Sequence[str], image_size: int,
           threads: int) -> ImageCache:
     """Decode + resize every file (in a thread pool: the decoders release the GIL) and write both files."""
@@ -123,10 +107,12 @@ def build(array_path: str, header_path: str, key: str, paths: Sequence[str], ima
                         print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
                     f.write(blank if isinstance(img, str) else img.permute(1, 2, 0).contiguous().numpy().tobytes())
 
-    _replace_atomically(array_path, write_array)
+    # Shared: other users' runs may read the cache.
+    with atomic_file(array_path, shared=True) as f:
+        write_array(f)
     head = {"version": CACHE_VERSION, "key": key, "image_size": image_size, "count": len(paths),
             "bad": {str(i): list(pr) for i, pr in bad.items()}}
-    _replace_atomically(header_path, lambda f: f.write(json.dumps(head).encode()))
+    atomic_write(header_path, json.dumps(head), shared=True)
     return ImageCache(array_path, image_size, len(paths), bad)
 
 
@@ -142,7 +128,7 @@ def open_or_build(cache: str, paths: Sequence[str], image_size: int, threads: in
     print(f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px)",
           flush=True)
     if threads is None:  # the other processes wait for this one: all the machine's cores may decode
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = available_cores()
     try:
         os.makedirs(folder, exist_ok=True)
         return build(array_path, header_path, key, paths, image_size, threads)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from visiontune.data.decode import MAX_PIXELS, BadImage, read_image
+from visiontune.host import user_cache_dir
 from visiontune.outputs import atomic_write
 
 _CACHE_VERSION = 1
@@ -106,11 +107,9 @@ def write_report(bad: list[tuple[str, str]], out_csv: str) -> None:
 def scan_cache_path(data_root: str) -> str:
     """Where ``train`` remembers scan verdicts for ``data_root``: outside the data, which may be read-only.
 
-    ``$VISIONTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/visiontune``, else ``~/.cache/visiontune``; one
-    file per data folder, named by the sha256 of its absolute path.
+    ``host.user_cache_dir()`` (the image cache's ``auto`` folder too); one file per data folder, named by the sha256 of its absolute path.
     """
-    base = os.environ.get("VISIONTUNE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "visiontune")
+    base = user_cache_dir()
     os.makedirs(base, exist_ok=True)
     key = hashlib.sha256(os.path.abspath(data_root).encode()).hexdigest()[:16]
     return os.path.join(base, f"scan-{key}.json")
