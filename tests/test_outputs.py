@@ -48,7 +48,7 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
     fig = outputs.history_figure(history)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    acc_ax, loss_ax, lr_ax = fig.axes
+    acc_ax, _, lr_ax = fig.axes
     [legend] = fig.legends
     box = legend.get_window_extent(renderer)
     assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)

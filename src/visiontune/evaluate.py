@@ -19,7 +19,6 @@ import json
 import os
 from pathlib import Path
 
-
 from visiontune import figures, inference, metrics, outputs, tta
 from visiontune.config import UserError
 from visiontune.data.layouts import ImageSet, discover

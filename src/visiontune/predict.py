@@ -21,6 +21,7 @@ from visiontune.data.decode import IMAGE_EXTENSIONS
 from visiontune.data.pipeline import UNREADABLE
 from visiontune.inference import InferenceConfig, LoadedModel, unreadable_reasons
 
+
 @dataclass(frozen=True)
 class Inputs:
     paths: list[str]
