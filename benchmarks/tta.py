@@ -1,8 +1,9 @@
 """What ``--tta flip`` and ``--tta flip+crop`` change: accuracy, log loss and calibration of one run's val split.
 
 One short training (resnet18 from scratch at 16 px, random flips and crops, one
-epoch: at 64 px this synthetic set is learnt perfectly in an epoch, leaving TTA
-nothing to change; at 16 px the model is good but not perfect), then
+epoch: at 64 px this synthetic set is learnt perfectly and confidently in an
+epoch, leaving TTA nothing to change; at 16 px every val image is still right,
+but less confidently, so TTA can move the log loss and the calibration), then
 ``visiontune evaluate`` on the run's validation split three times: without TTA,
 with ``flip`` and with ``flip+crop``. The figures are differences against the
 no-TTA row of the same command, on the same model and images. Data: the

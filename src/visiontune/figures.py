@@ -56,7 +56,7 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
         return
     cols = min(4, len(items))
     rows = max(1, -(-len(items) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.6 * rows + 0.4), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, it in zip(axes.flat, items):
@@ -68,5 +68,5 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
         ax.set_title(f"true: {short(classes[it['true']], 20)}\npredicted: {short(classes[it['predicted']], 20)} "
                      f"({it['probability']:.2f})\nloss {it['loss']:.2f}", fontsize=8)
     fig.suptitle("Top losses: the most confidently wrong images")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # keep the titles clear of the heading
     save_figure(path, fig)

@@ -145,7 +145,10 @@ def history_figure(history: list[dict]):
     for ax in axes:
         ax.axvline(best["epoch"], color="tab:red", linestyle=":", linewidth=1)
         ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        if len(epochs) <= 15:  # every epoch a tick (a one-epoch run would otherwise get fractional ones)
+            ax.set_xticks(epochs)
+        else:
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     legend = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}  # one per label
     fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))  # room below the panels for the legend
