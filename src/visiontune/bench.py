@@ -16,6 +16,7 @@ guessing a cause. The results go to ``bench.md`` (the blog's table),
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def plan(cfg: TrainConfig, strategies: list[str], nproc: int, same: str) -> list
 
 
 def load_per_core() -> float:
-    return os.getloadavg()[0] / (os.cpu_count() or 1)
+    return os.getloadavg()[0] / available_cores()
 
 
 def run_one(row: dict, train_argv: list[str], out_dir: Path, repeat: int = 0) -> dict:
