@@ -54,6 +54,14 @@ def test_bench_png_is_a_png(bench_dir):
         assert im.format == "PNG" and im.size[0] > 300
 
 
+def test_the_bench_and_each_of_its_runs_get_a_page_with_the_table(bench_dir):
+    rows = json.loads((bench_dir / "bench.json").read_text())["rows"]
+    for page in (bench_dir / "report.html", bench_dir / "single" / "report.html", bench_dir / "ddp" / "report.html"):
+        html = page.read_text()
+        assert "<h2>Benchmark</h2>" in html
+        assert f">{rows[0]['images_per_s']:.4f}</td>" in html and f">{rows[2]['images_per_s']:.4f}</td>" in html
+
+
 def test_per_device_plan_reproduces_the_blogs_setting():
     from visiontune.bench import plan
     from visiontune.config import TrainConfig

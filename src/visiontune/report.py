@@ -128,12 +128,22 @@ def _bench(bench: dict) -> str:
     return "".join(out) + "</table>"
 
 
+def _bench_of(run: Path) -> tuple[Path | None, dict | None]:
+    """The bench folder's own ``bench.json``, or the parent's when this run is one of its rows."""
+    own = _read(run / "bench.json")
+    if isinstance(own, dict):
+        return run / "bench.json", own
+    parent = _read(run.parent / "bench.json")
+    mine = isinstance(parent, dict) and any(
+        Path(r.get("run_dir", "")).resolve() == run.resolve() for r in parent.get("rows", []) if r.get("run_dir"))
+    return (run.parent / "bench.json", parent) if mine else (None, None)
+
+
 def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
     """The page's HTML for ``run_dir`` (``eval_json`` defaults to ``RUN/eval.json``)."""
     run = Path(run_dir)
     config, summary = _read(run / "config.json"), _read(run / "summary.json")
-    bench_file = next((p for p in (run / "bench.json", run.parent / "bench.json") if p.is_file()), None)
-    bench = _read(bench_file) if bench_file else None
+    bench_file, bench = _bench_of(run)
     if config is None and bench is None:
         raise UserError(f"{run} is not a visiontune run folder (no config.json) nor a bench folder (no bench.json)")
     eval_path = Path(eval_json) if eval_json else run / "eval.json"
