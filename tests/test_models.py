@@ -52,10 +52,38 @@ def test_state_dict_file_round_trip(tmp_path):
     assert torch.equal(load_state_file(str(tmp_path / "w.safetensors"))["fc.weight"], src.fc.weight)
 
 
-def test_mismatched_weights_file_is_a_user_error(tmp_path):
-    torch.save(build_model("resnet18", 4, "none").state_dict(), tmp_path / "w.pth")
-    with pytest.raises(UserError, match="does not fit"):
+def test_head_of_another_size_is_reinitialised_and_named(tmp_path, capsys):
+    src = build_model("resnet18", 4, "none")
+    torch.save(src.state_dict(), tmp_path / "w.pth")
+    torch.manual_seed(7)
+    loaded = build_model("resnet18", 2, str(tmp_path / "w.pth"))
+    torch.manual_seed(7)
+    fresh = build_model("resnet18", 2, "none")
+    for k, v in loaded.state_dict().items():  # the body is the file's, the head a fresh one of 2 classes
+        assert torch.equal(v, fresh.state_dict()[k] if k.startswith("fc.") else src.state_dict()[k]), k
+    assert "left out: fc.bias, fc.weight" in capsys.readouterr().out
+    with pytest.raises(UserError, match="head is for other classes"):  # inference: the head must fit
+        build_model("resnet18", 2, str(tmp_path / "w.pth"), head_may_differ=False)
+
+
+def test_mismatch_outside_the_head_is_a_user_error(tmp_path):
+    state = build_model("resnet18", 4, "none").state_dict()
+    state["layer1.0.conv1.weight"] = state["layer1.0.conv1.weight"][:32]
+    torch.save(state, tmp_path / "w.pth")
+    with pytest.raises(UserError, match=r"does not fit this model: 1 key\(s\) differ, e.g. layer1.0.conv1.weight"):
         build_model("resnet18", 2, str(tmp_path / "w.pth"))
+    torch.save(build_model("resnet34", 2, "none").state_dict(), tmp_path / "other.pth")
+    with pytest.raises(UserError, match="same --model"):
+        build_model("resnet18", 2, str(tmp_path / "other.pth"))
+
+
+def test_broken_and_non_state_dict_files_are_user_errors(tmp_path):
+    (tmp_path / "cut.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    with pytest.raises(UserError, match="cannot load weights from .*cut.safetensors safely"):
+        build_model("resnet18", 2, str(tmp_path / "cut.safetensors"))
+    torch.save({"epoch": 3}, tmp_path / "meta.pth")
+    with pytest.raises(UserError, match="not a state_dict"):
+        build_model("resnet18", 2, str(tmp_path / "meta.pth"))
 
 
 @pytest.mark.parametrize("name,weights,msg", [

@@ -116,6 +116,11 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
     got = torch.tensor([[float(r[2]), float(r[3])] for r in rows[1:]])
     assert torch.allclose(got, ref, atol=TOL, rtol=0)
     assert [r[1] for r in rows[1:]] == [("cat", "dog")[int(i)] for i in ref.argmax(1)]
+    # The same model from best.safetensors alone: it says what model, classes, size and normalisation it needs.
+    out3 = tmp_path / "pred3.csv"
+    assert main(["predict", "--weights", str(run / "best.safetensors"), "--data", str(listing), "--out", str(out3),
+                 "--no-progress", "--batch-size", "3"]) == 0
+    assert out3.read_bytes() == out.read_bytes()
     # The same model from its .pth (read with weights_only=True) and flags instead of the run folder.
     out2 = tmp_path / "pred2.csv"
     assert main(["predict", "--weights", str(run / "best.pth"), "--model", "resnet18", "--classes", "cat,dog",
@@ -169,7 +174,13 @@ def test_mixed_precision_bf16_stays_close(run, sample_data, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--data", "{test}"], "give --run RUN_DIR"),
     (["--run", "{run}", "--weights", "{run}/best.pth", "--data", "{test}"], "not both"),
-    (["--weights", "{run}/best.pth", "--data", "{test}"], "--weights needs --model"),
+    (["--weights", "{run}/best.pth", "--data", "{test}"], "give --model NAME and --classes a,b"),
+    (["--weights", "{run}/best.safetensors", "--image-size", "64", "--data", "{test}"],
+     "--image-size 64 contradicts {run}/best.safetensors, which says image size 32"),
+    (["--weights", "{run}/best.safetensors", "--classes", "dog,cat", "--data", "{test}"],
+     "--classes dog,cat contradicts {run}/best.safetensors, which says classes cat,dog"),
+    (["--weights", "{run}/best.safetensors", "--model", "resnet34", "--data", "{test}"],
+     "--model resnet34 contradicts {run}/best.safetensors, which says model resnet18"),
     (["--run", "{run}", "--data", "{empty}"], "no images"),
     (["--run", "{run}", "--data", "{test}", "--clip", "0.5"], "--clip must be in"),
     (["--run", "{empty}", "--data", "{test}"], "not a visiontune run folder"),
@@ -180,7 +191,7 @@ def test_bad_input_is_one_line_exit_2(run, sample_data, tmp_path, capsys, argv, 
     out = tmp_path / "out.csv"
     assert main(["predict", *(a.format(**fill) for a in argv), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    assert message.format(**fill) in err and err.count("\n") == 1
     assert not out.exists()
 
 

@@ -25,8 +25,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Check what can be checked before any worker starts: one error line, not N.
     discover(cfg.data)
     strategy.check(cfg)
-    if cfg.model not in models.model_names():
-        raise UserError(f"unknown model {cfg.model!r}; see `visiontune models`")
+    models.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
         models.ensure_weights(cfg.model, cfg.weights)
         return launch.relaunch(cfg, argv)
@@ -56,7 +55,10 @@ def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.models import model_names
 
-    print("\n".join(model_names()))
+    names = model_names(args.source, args.filter)
+    if not names:
+        raise UserError(f"no {args.source} model name contains {args.filter!r}")
+    print("\n".join(names))
     return 0
 
 
@@ -98,20 +100,18 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _inference(args: argparse.Namespace):
-    """The model (``--run RUN_DIR`` or ``--weights FILE --model NAME --classes a,b``) and how to run it."""
-    from visiontune.inference import InferenceConfig, load_run, load_weights
+    """The model (``--run RUN_DIR`` or ``--weights FILE``, self-describing or with ``--model NAME --classes
+    a,b``) and how to run it."""
+    from visiontune.inference import InferenceConfig, load_model
 
-    if getattr(args, "weights", None) is None:
-        if not args.run:
-            raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE --model NAME --classes a,b")
-        loaded = load_run(args.run)
-    elif args.run:
+    weights = getattr(args, "weights", None)
+    if weights is None and not args.run:
+        raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE")
+    if weights and args.run:
         raise UserError("give --run RUN_DIR or --weights FILE, not both")
-    elif not args.model or not args.classes:
-        raise UserError("--weights needs --model NAME and --classes a,b (the class names in training order)")
-    else:
-        loaded = load_weights(args.weights, args.model, [c.strip() for c in args.classes.split(",")],
-                              args.image_size)
+    classes = [c.strip() for c in args.classes.split(",")] if getattr(args, "classes", None) else None
+    loaded = load_model(args.run, weights, model=getattr(args, "model", None), classes=classes,
+                        image_size=getattr(args, "image_size", None))
     return loaded, InferenceConfig(args.batch_size or loaded.batch_size, args.mixed_precision, args.progress)
 
 
@@ -156,18 +156,19 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.data.pipeline import MEAN, STD
-    from visiontune.export import export
-    from visiontune.inference import load_run
+    from visiontune.export import SUFFIX, check_format, export
+    from visiontune.inference import load_model
 
-    run = load_run(args.run)
-    classes = run.classes
-    out = args.out or f"{args.run.rstrip('/')}/best.{'onnx' if args.format == 'onnx' else 'torchscript.pt'}"
-    diff = export(run.model, run.image_size, args.format, out)
-    s = run.image_size
+    check_format(args.format)
+    loaded = load_model(args.run)
+    info = loaded.info
+    out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
+    diff = export(loaded.model, info, args.format, out)
+    s = info.image_size
     print(f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
-          f"with mean {MEAN} std {STD}; output [N, {len(classes)}] logits for {', '.join(classes)}; "
-          f"checked against the eager model, max difference {diff:.1e}")
+          f"with mean {info.mean} std {info.std}; output [N, {len(info.classes)}] logits for "
+          f"{', '.join(info.classes)}; checked against the eager model, max difference {diff:.1e}; "
+          f"the file carries this description under the metadata key 'visiontune'")
     return 0
 
 
@@ -188,10 +189,10 @@ def _add_inference_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="visiontune", description="Fine-tune torchvision image classifiers "
+    parser = OneLineParser(prog="visiontune", description="Fine-tune torchvision and timm image classifiers "
                                      "on a folder of images, on one CPU or many GPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="fine-tune a torchvision classifier")
+    p = sub.add_parser("train", help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
     add_train_flags(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
@@ -202,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-class", type=positive, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sample_data)
-    p = sub.add_parser("models", help="list the model names --model accepts")
+    p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
+    p.add_argument("--source", choices=("torchvision", "timm", "all"), default="torchvision")
+    p.add_argument("--filter", default="", help="only names containing this text (any case)")
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
     p.add_argument("data")
@@ -219,10 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
     p.add_argument("--run", help="a training run folder")
-    p.add_argument("--weights", help="instead of --run: a .safetensors/.pth state_dict (needs --model, --classes)")
-    p.add_argument("--model", help="with --weights: the torchvision model name")
+    p.add_argument("--weights", help="instead of --run: a visiontune .safetensors file (it says what it is), "
+                   "or a .pth/.safetensors state_dict with --model and --classes")
+    p.add_argument("--model", help="with --weights: the model name (checked against the file's own)")
     p.add_argument("--classes", help="with --weights: class names in training order, comma-separated")
-    p.add_argument("--image-size", type=int, default=224, help="with --weights: input size (default 224)")
+    p.add_argument("--image-size", type=int, help="with --weights: input size (default: the file's, "
+                   "else the model's pretrained size)")
     p.add_argument("--data", required=True, help="a folder of images, Kaggle's test/, or a file listing paths")
     p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
     p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
@@ -237,10 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-losses", type=int, default=16, help="misclassified images in top_losses.png/.csv")
     _add_inference_flags(p)
     p.set_defaults(func=cmd_evaluate)
-    p = sub.add_parser("export", help="export a run's best model to ONNX or TorchScript")
+    p = sub.add_parser("export", help="export a run's best model to ONNX or a torch.export .pt2 archive")
     p.add_argument("--run", required=True, help="a training run folder")
-    p.add_argument("--format", choices=("onnx", "torchscript"), required=True)
-    p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.torchscript.pt)")
+    p.add_argument("--format", required=True, help="onnx or pt2 (torch.export; TorchScript's successor)")
+    p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.pt2)")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
     p.add_argument("run", help="a training run folder (or a bench folder)")

@@ -46,11 +46,14 @@ class TrainConfig:
     data: str = _setting("", "data folder (Kaggle layout, train.csv manifest, or class subfolders)")
     output_dir: str | None = _setting(None, "run folder (default runs/<UTC timestamp>)")
     # model
-    model: str = _setting("vgg16", "torchvision classifier name; see `visiontune models`")
-    weights: str = _setting("DEFAULT", "DEFAULT, a torchvision weights name, none, or a .pth/.safetensors path")
+    model: str = _setting("vgg16", "torchvision name, timm/NAME or hf-hub:ORG/NAME; see `visiontune models`")
+    weights: str = _setting("DEFAULT", "DEFAULT (pretrained), none, a torchvision weights name, or a "
+                                       ".pth/.safetensors path (a head of another shape is re-initialised)")
+    init_from: str | None = _setting(None, "start from an earlier run's best model (its --model and "
+                                           "--image-size unless given; a new head when the classes differ)")
     freeze_backbone: bool = _setting(False, "train only the new head")
     # data
-    image_size: int = _setting(224, "square input size in pixels")
+    image_size: int | None = _setting(None, "square input size in pixels (default: the model's pretrained size)")
     augment: bool = _setting(False, "random-resized-crop and horizontal flip for training")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
     seed: int = _setting(42, "seed of the split, the sampler and the head's init")
@@ -111,7 +114,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if not cfg.data:
         raise UserError("no data folder given: pass --data DIR (try `visiontune sample-data DIR`)")
     for name in POSITIVE:
-        if getattr(cfg, name) < 1:
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)}")
     for name, allowed in choices().items():
         if getattr(cfg, name) not in allowed:
@@ -131,6 +134,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--timing-warmup must be >= 0, got {cfg.timing_warmup}")
     if cfg.save_every_steps < 0 or cfg.max_restarts < 0:
         raise UserError("--save-every-steps and --max-restarts must be >= 0")
+    if cfg.init_from and cfg.weights != "DEFAULT":
+        raise UserError(f"give --weights {cfg.weights} or --init-from {cfg.init_from}, not both")
     if not 0.0 <= cfg.max_bad_fraction <= 1.0:
         raise UserError(f"--max-bad-fraction must be between 0 and 1, got {cfg.max_bad_fraction}")
     return cfg

@@ -1,12 +1,17 @@
-"""``visiontune export``: a run's best model as ONNX or TorchScript, checked before it is written.
+"""``visiontune export``: a run's best model as ONNX or a ``torch.export`` archive, checked before it is written.
 
-The exported graph takes what ``DeviceNormalize`` produces -- a float32 batch
-``[N, 3, S, S]`` of normalised images, any N -- and returns the logits. Before
-the file is written, the exported model is run (onnxruntime for ONNX,
-``torch.jit.load`` for TorchScript) on a batch of a size it was not traced
-with, and its outputs must match the eager model's within ``TOLERANCE``; so a
-file on disk is one that works. ONNX needs the optional extra
-``visiontune[onnx]``.
+Both formats go through ``torch.export`` (the exporter torch 2.14 supports;
+``torch.jit.trace`` is deprecated there): ONNX with
+``torch.onnx.export(dynamo=True)`` (onnxscript), and ``.pt2`` -- the successor
+of TorchScript -- with ``torch.export.save``; load it with
+``torch.export.load(path).module()``. The graph takes what ``DeviceNormalize``
+produces -- a float32 batch ``[N, 3, S, S]`` of normalised images, any N -- and
+returns the logits. The run's description (model, classes, size, mean/std) is
+stored in the file: ONNX ``metadata_props`` and the ``.pt2`` extra file
+``visiontune.json``, each under the key ``visiontune``. Before the file is
+written, it is run (onnxruntime, or the loaded ``.pt2``) on a batch of a size it
+was not exported with, and its outputs must match the eager model's within
+``TOLERANCE``; so a file on disk is one that works.
 """
 from __future__ import annotations
 
@@ -18,17 +23,28 @@ from torch import nn
 
 from visiontune import outputs
 from visiontune.config import UserError
+from visiontune.runinfo import KEY, RunInfo
 
-FORMATS = ("onnx", "torchscript")
+FORMATS = ("onnx", "pt2")
+SUFFIX = {"onnx": ".onnx", "pt2": ".pt2"}
 TOLERANCE = 1e-4
 
 
-def _onnx_bytes(model: nn.Module, example: torch.Tensor) -> bytes:
-    buf = io.BytesIO()
-    # The TorchScript-based exporter: the torch.export one needs onnxscript, which the extra does not pull in.
-    torch.onnx.export(model, (example,), buf, dynamo=False, input_names=["images"], output_names=["logits"],
-                      dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
-    return buf.getvalue()
+def _exported(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
+    batch = torch.export.Dim("batch", min=1)
+    return torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+
+
+def _onnx_bytes(model: nn.Module, example: torch.Tensor, info: RunInfo) -> bytes:
+    import onnx
+
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.onnx.export(model, (example,), dynamo=True, verbose=False, input_names=["images"],
+                                output_names=["logits"], dynamic_shapes=({0: batch},))
+    proto = program.model_proto
+    for key, value in info.metadata().items():
+        proto.metadata_props.add(key=key, value=value)
+    return onnx.ModelProto.SerializeToString(proto)
 
 
 def _onnx_run(data: bytes, x: torch.Tensor) -> torch.Tensor:
@@ -38,38 +54,47 @@ def _onnx_run(data: bytes, x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(session.run(["logits"], {"images": x.numpy()})[0])
 
 
-def _torchscript_bytes(model: nn.Module, example: torch.Tensor) -> bytes:
+def _pt2_bytes(model: nn.Module, example: torch.Tensor, info: RunInfo) -> bytes:
     buf = io.BytesIO()
-    torch.jit.save(torch.jit.trace(model, example, check_trace=False), buf)
+    torch.export.save(_exported(model, example), buf, extra_files={f"{KEY}.json": info.metadata()[KEY]})
     return buf.getvalue()
 
 
-def _torchscript_run(data: bytes, x: torch.Tensor) -> torch.Tensor:
-    return torch.jit.load(io.BytesIO(data), map_location="cpu")(x)
+def _pt2_run(data: bytes, x: torch.Tensor) -> torch.Tensor:
+    return torch.export.load(io.BytesIO(data)).module()(x)
 
 
 def require_onnx() -> None:
     try:
         import onnx  # noqa: F401  (torch.onnx.export needs it)
         import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401  (the dynamo exporter's graph builder)
     except ImportError:
         raise UserError("ONNX export needs the onnx extra: pip install 'visiontune[onnx]'") from None
 
 
-def export(model: nn.Module, image_size: int, fmt: str, out: str) -> float:
-    """Write ``model`` to ``out`` in ``fmt``; return the largest |exported - eager| seen in the check."""
+def check_format(fmt: str) -> None:
+    if fmt == "torchscript":
+        raise UserError("TorchScript is deprecated in torch 2.14 (torch.jit); use --format pt2 "
+                        "(torch.export; load with torch.export.load(PATH).module()) or --format onnx")
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "onnx":
         require_onnx()
+
+
+def export(model: nn.Module, info: RunInfo, fmt: str, out: str) -> float:
+    """Write ``model`` to ``out`` in ``fmt``; return the largest |exported - eager| seen in the check."""
+    check_format(fmt)
     model = model.float().eval().cpu()
+    size = info.image_size
     gen = torch.Generator().manual_seed(0)
-    example = torch.randn(2, 3, image_size, image_size, generator=gen)
-    check = torch.randn(3, 3, image_size, image_size, generator=gen)  # another batch size: it must be dynamic
-    build, run = (_onnx_bytes, _onnx_run) if fmt == "onnx" else (_torchscript_bytes, _torchscript_run)
+    example = torch.randn(2, 3, size, size, generator=gen)
+    check = torch.randn(3, 3, size, size, generator=gen)  # another batch size: it must be dynamic
+    build, run = (_onnx_bytes, _onnx_run) if fmt == "onnx" else (_pt2_bytes, _pt2_run)
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporters' deprecation and tracer notes are not the user's to fix
-        data = build(model, example)
+        warnings.simplefilter("ignore")  # the exporters' notes are not the user's to fix
+        data = build(model, example, info)
         diff = (run(data, check) - model(check)).abs().max().item()
     if not diff <= TOLERANCE:
         raise RuntimeError(f"the exported {fmt} model differs from the eager one by {diff:.2e} "

@@ -80,6 +80,7 @@ class EpochOutputs:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     history: list[dict]
+    model_metadata: dict[str, str] = field(default_factory=dict)  # the run's description, inside best.safetensors
     per_epoch: int = 1  # batches per epoch and process: trackers get an epoch's figures at its last step
 
     def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
@@ -94,7 +95,7 @@ class EpochOutputs:
         if acc.is_main_process:
             if is_best:
                 unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped))
+                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped), metadata=self.model_metadata)
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)

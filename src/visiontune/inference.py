@@ -1,8 +1,9 @@
 """What ``predict`` and ``evaluate`` share: a trained model loaded, and one forward pass over files.
 
-A run folder loads without unpickling anything: ``best.safetensors`` (or a
-``.pth`` read with ``weights_only=True``), ``config.json`` for the model name
-and image size, ``classes.json`` for the class names. Images go through
+A run folder or a weights file loads without unpickling anything:
+``best.safetensors`` (or a ``.pth`` read with ``weights_only=True``), and the
+run's description (``runinfo``: model, classes, image size, mean/std) from
+``config.json`` or from the file's own metadata. Images go through
 training's own code -- ``read_image`` and ``resize_uint8`` in the loader,
 ``DeviceNormalize`` on the device -- and the forward pass is
 ``engine.evaluate``'s, so with N processes Accelerate shards the files and
@@ -12,7 +13,6 @@ the sharding and the order stay the same.
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,23 +22,32 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from visiontune import engine
+from visiontune import engine, runinfo
 from visiontune.config import TrainConfig, UserError, load_config_file
 from visiontune.data.decode import BadImage, read_image
-from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, ImageDataset, make_loader
-from visiontune.models import build_model
+from visiontune.data.pipeline import MEAN, STD, UNREADABLE, DeviceNormalize, ImageDataset, make_loader
+from visiontune.models import WEIGHT_SUFFIXES, build_model, get_spec
+from visiontune.runinfo import RunInfo
 from visiontune.strategy import decode_threads, loader_workers, make_accelerator
-
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     model: nn.Module  # eval mode, on the CPU
-    name: str
-    image_size: int
-    classes: list[str]
+    info: RunInfo  # what it is and how it must be fed: name, classes, image size, mean/std
     batch_size: int  # the run's per-process batch: the default for inference
+
+    @property
+    def name(self) -> str:
+        return self.info.model
+
+    @property
+    def image_size(self) -> int:
+        return self.info.image_size
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.info.classes)
 
 
 @dataclass(frozen=True)
@@ -60,34 +69,37 @@ def _check_classes(classes, where: str) -> list[str]:
     return classes
 
 
-def load_run(run_dir: str) -> LoadedModel:
-    """The run's best model, its name, image size and batch, and its class names."""
-    run = Path(run_dir)
-    for name in ("config.json", "classes.json"):
-        if not (run / name).is_file():
-            raise UserError(f"{run_dir} is not a visiontune run folder ({name} is missing)")
-    cfg = TrainConfig(**load_config_file(str(run / "config.json")))
-    try:
-        classes = json.loads((run / "classes.json").read_text())
-    except ValueError as e:
-        raise UserError(f"cannot parse {run / 'classes.json'}: {e}") from None
-    _check_classes(classes, str(run / "classes.json"))
-    weights = next((run / f"best{s}" for s in (".safetensors", ".pth") if (run / f"best{s}").is_file()), None)
-    if weights is None:
-        raise UserError(f"{run_dir} has no best.safetensors or best.pth: did its training finish an epoch?")
-    model = build_model(cfg.model, len(classes), str(weights)).eval()
-    return LoadedModel(model, cfg.model, cfg.image_size, classes, cfg.batch_size)
-
-
-def load_weights(weights: str, model: str, classes: list[str], image_size: int) -> LoadedModel:
-    """``--weights FILE --model NAME --classes a,b``: a state_dict saved outside a run folder."""
-    if Path(weights).suffix not in WEIGHT_SUFFIXES:
-        raise UserError(f"--weights must be a {'/'.join(WEIGHT_SUFFIXES)} file, got {weights!r}")
-    _check_classes(classes, "--classes")
-    if image_size < 1:
+def _describe(weights: str, model: str | None, classes: list[str] | None, image_size: int | None) -> RunInfo:
+    """A file that does not describe itself, described by the flags (and the model's pretrained size)."""
+    if not model or not classes:
+        raise UserError(f"{weights} does not say what it is (a .pth, or saved outside visiontune): "
+                        "give --model NAME and --classes a,b (the class names in training order)")
+    if image_size is not None and image_size < 1:
         raise UserError(f"--image-size must be a positive integer, got {image_size}")
-    return LoadedModel(build_model(model, len(classes), weights).eval(), model, image_size, classes,
-                       TrainConfig.batch_size)
+    spec = get_spec(model)
+    return runinfo.describe(model, spec.source, _check_classes(classes, "--classes"),
+                            image_size or spec.preprocess.size, MEAN, STD, spec.preprocess.interpolation)
+
+
+def load_model(run: str | None = None, weights: str | None = None, *, model: str | None = None,
+               classes: list[str] | None = None, image_size: int | None = None) -> LoadedModel:
+    """A run's best model, or a weights file's, with its description.
+
+    A file made by visiontune describes itself (``best.safetensors`` metadata); ``model``, ``classes``
+    and ``image_size`` are then only checked against it. A file that does not needs ``model`` and ``classes``.
+    """
+    batch = TrainConfig.batch_size
+    if run:
+        info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
+        batch = TrainConfig(**load_config_file(f"{run}/config.json")).batch_size
+    else:
+        if Path(weights).suffix not in WEIGHT_SUFFIXES:
+            raise UserError(f"--weights must be a {'/'.join(WEIGHT_SUFFIXES)} file, got {weights!r}")
+        path, where = weights, weights
+        info = runinfo.read_file(weights) or _describe(weights, model, classes, image_size)
+    runinfo.reconcile(info, where, model=model, classes=tuple(classes) if classes else None, image_size=image_size)
+    net = build_model(info.model, len(info.classes), path, head_may_differ=False).eval()
+    return LoadedModel(net, info, batch)
 
 
 def start(icfg: InferenceConfig) -> Accelerator:
@@ -106,7 +118,8 @@ def forward(accelerator: Accelerator, loaded: LoadedModel, icfg: InferenceConfig
     model = accelerator.prepare_model(loaded.model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
     kept: list = []
-    engine.evaluate(accelerator, model, loader, DeviceNormalize(accelerator.device), progress=icfg.progress,
+    engine.evaluate(accelerator, model, loader, DeviceNormalize(accelerator.device, False, loaded.info.mean, loaded.info.std),
+                    progress=icfg.progress,
                     desc=desc, keep=kept)
     return torch.cat([lg for lg, _ in kept]).cpu(), torch.cat([lb for _, lb in kept]).cpu()
 

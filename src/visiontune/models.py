@@ -1,17 +1,22 @@
-"""Build any torchvision classifier with a new head for the data set's classes.
+"""One ``ModelSpec`` per model source: torchvision, timm and the Hugging Face Hub (through timm).
 
-The model is built with its 1000-class ImageNet head (so pretrained weights
-load unchanged), then the last 1000-way layer -- a Linear everywhere except
-SqueezeNet's 1x1 Conv2d -- is replaced by a fresh one for ``num_classes``.
-GoogLeNet and Inception are built without auxiliary heads so every model
-returns a plain logits tensor. Weights: ``DEFAULT``, a torchvision weights
-name, ``none``, or a local ``.pth`` (read with ``weights_only=True``) or
-``.safetensors`` state_dict of the plain model.
+``--model NAME`` is a torchvision classifier, ``timm/NAME[.TAG]`` any name
+``timm.list_models()`` knows, or ``hf-hub:ORG/NAME`` a timm model on the Hub.
+A spec says how to build the model with a head for ``num_classes`` (timm sizes
+it itself through ``create_model(num_classes=K)``; torchvision's 1000-way layer
+is swapped), which modules are that head (timm's ``get_classifier()`` and
+``pretrained_cfg['classifier']``), and the preprocessing its pretrained weights
+expect (size, mean/std, interpolation: timm's pretrained config, torchvision's
+``weights.transforms()``). Local weights (``--weights PATH``) load everything
+that fits; a head of another shape is re-initialised and named, any other
+mismatch is an error. Nothing is unpickled: safetensors or ``weights_only``.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
-import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,16 +24,116 @@ import torchvision
 from torch import nn
 
 from visiontune.config import UserError
+from visiontune.statedict import load_fitting, load_state_file
 
 IMAGENET_CLASSES = 1000
+SOURCES = ("torchvision", "timm", "hf-hub")
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
 
 
-def model_names() -> list[str]:
+@dataclass(frozen=True)
+class Preprocess:
+    """What the model's pretrained weights were trained with."""
+    size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str  # torchvision InterpolationMode value: bilinear, bicubic, ...
+    crop_pct: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str    # as given to --model
+    source: str  # torchvision | timm | hf-hub
+    arch: str    # the source's own name
+    preprocess: Preprocess
+
+
+def is_weights_file(weights: str) -> bool:
+    return Path(weights).suffix in WEIGHT_SUFFIXES
+
+
+def _hub_error(name: str, e: Exception) -> UserError:
+    from huggingface_hub import constants
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(e, RepositoryNotFoundError):
+        return UserError(f"no model {name!r} on the Hugging Face Hub (or it is private); check the name "
+                         f"at https://huggingface.co/{name.split(':', 1)[-1].lstrip('/')}")
+    todo = ("copy that cache from a machine that has it" if name.startswith("hf-hub:")
+            else "pass --weights none / --weights PATH")  # a Hub model needs its config.json even untrained
+    return UserError(f"cannot fetch {name} ({e.__class__.__name__}): offline or not in the Hugging Face cache "
+                     f"{constants.HF_HUB_CACHE} (HF_HOME) nor torch hub's {torch.hub.get_dir()}; run once with "
+                     f"network access to fill the cache, or {todo}")
+
+
+@contextlib.contextmanager
+def _hub_quiet():
+    """The hub client logs each retry; the one line that matters is ours."""
+    from huggingface_hub.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _timm_preprocess(cfg: dict) -> Preprocess:
+    from timm.data import resolve_data_config
+
+    data = resolve_data_config(pretrained_cfg=cfg)
+    return Preprocess(int(data["input_size"][-1]), tuple(data["mean"]), tuple(data["std"]),
+                      str(data["interpolation"]), float(data["crop_pct"]))
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The spec of ``--model NAME``, or a ``UserError`` saying where the names are."""
+    if name.startswith("hf-hub:"):
+        from timm.models import _hub
+
+        try:
+            with _hub_quiet():
+                cfg = _hub.load_model_config_from_hf(name[len("hf-hub:"):])[0]
+        except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
+            raise _hub_error(name, e) from None
+        return ModelSpec(name, "hf-hub", name, _timm_preprocess(cfg))
+    if name.startswith("timm/"):
+        import timm
+        from timm.models import get_pretrained_cfg
+
+        arch = name[len("timm/"):]
+        if not timm.is_model(arch):
+            raise UserError(f"unknown timm model {arch!r}; see `visiontune models --source timm --filter TEXT`")
+        try:
+            cfg = get_pretrained_cfg(arch)
+        except RuntimeError as e:  # an unknown pretrained tag
+            raise UserError(f"{name}: {e}") from None
+        return ModelSpec(name, "timm", arch, _timm_preprocess(cfg.to_dict() if cfg else {}))
+    if name not in torchvision_names():
+        raise UserError(f"unknown model {name!r}; see `visiontune models` (timm models: timm/NAME, "
+                        "Hub models: hf-hub:ORG/NAME)")
+    t = torchvision.models.get_model_weights(name).DEFAULT.transforms()
+    return ModelSpec(name, "torchvision", name, Preprocess(
+        t.crop_size[0], tuple(t.mean), tuple(t.std), t.interpolation.value, t.crop_size[0] / t.resize_size[0]))
+
+
+def torchvision_names() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 
 
-def _resolve_weights(name: str, weights: str):
-    if weights.lower() == "none" or Path(weights).suffix in (".pth", ".pt", ".safetensors"):
+def model_names(source: str = "torchvision", text: str = "") -> list[str]:
+    """Names ``--model`` accepts from ``source`` (torchvision, timm or all) that contain ``text``."""
+    import timm
+
+    found = (torchvision_names() if source in ("torchvision", "all") else []) + (
+        [f"timm/{n}" for n in timm.list_models()] if source in ("timm", "all") else [])
+    return [n for n in found if text.lower() in n.lower()]
+
+
+def _torchvision_weights(name: str, weights: str):
+    if weights.lower() == "none" or is_weights_file(weights):
         return None
     enum = torchvision.models.get_model_weights(name)
     if weights == "DEFAULT":
@@ -41,46 +146,61 @@ def _resolve_weights(name: str, weights: str):
                         "or a path to a .pth/.safetensors file") from None
 
 
-def _head(model: nn.Module) -> tuple[nn.Module, str]:
-    """The last layer producing the 1000 ImageNet logits, and its dotted name."""
-    found = None
-    for qual, mod in model.named_modules():
-        if (isinstance(mod, nn.Linear) and mod.out_features == IMAGENET_CLASSES) or (
-                isinstance(mod, nn.Conv2d) and mod.out_channels == IMAGENET_CLASSES):
-            found = (mod, qual)
-    if found is None:
-        raise RuntimeError("no 1000-way classification layer found")
-    return found
-
-
 def replace_head(model: nn.Module, num_classes: int) -> str:
-    """Swap the ImageNet head for a new ``num_classes`` one; return its name."""
-    old, qual = _head(model)
+    """Swap torchvision's last 1000-way layer (Linear; SqueezeNet's 1x1 Conv2d) for a new one; its name."""
+    qual = [q for q, m in model.named_modules() if (isinstance(m, nn.Linear) and m.out_features == IMAGENET_CLASSES)
+            or (isinstance(m, nn.Conv2d) and m.out_channels == IMAGENET_CLASSES)][-1]
+    old = model.get_submodule(qual)
     parent_name, _, attr = qual.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
     if isinstance(old, nn.Linear):
         new = nn.Linear(old.in_features, num_classes, device=old.weight.device)
     else:
         new = nn.Conv2d(old.in_channels, num_classes, kernel_size=old.kernel_size, device=old.weight.device)
-    setattr(parent, attr, new)
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
     if hasattr(model, "num_classes"):
         model.num_classes = num_classes
     return qual
 
 
-def load_state_file(path: str) -> dict[str, torch.Tensor]:
-    """Read a state_dict without unpickling arbitrary objects."""
-    if not Path(path).is_file():
-        raise UserError(f"weights file not found: {path}")
+def head_names(model: nn.Module) -> list[str]:
+    """The classifier's module names, as the library names them."""
+    if hasattr(model, "get_classifier"):  # timm: get_classifier(), plus pretrained_cfg's (distilled models have two)
+        modules = dict(model.named_modules())
+        listed = (getattr(model, "pretrained_cfg", None) or {}).get("classifier") or ()
+        found = {n for n, m in modules.items() if m is model.get_classifier()}
+        return sorted(found | {n for n in ([listed] if isinstance(listed, str) else listed) if n in modules})
+    return [model.__dict__["_visiontune_head"]]
+
+
+def _build_torchvision(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
+    resolved = _torchvision_weights(spec.arch, weights)
+    builder = torchvision.models.get_model_builder(spec.arch)
+    kwargs = {"aux_logits": False} if "aux_logits" in inspect.signature(builder).parameters else {}
+    if spec.arch in ("googlenet", "inception_v3") and resolved is None:
+        kwargs["init_weights"] = True  # silences a torchvision warning; same as its default
     try:
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-            return load_file(path)
-        with warnings.catch_warnings():  # torch's advice to retry unsafely must not reach the user
-            warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle refusals, truncation, wrong format: all user errors here
-        raise UserError(f"cannot load weights from {path} safely: {str(e).splitlines()[0]}") from None
+        model = builder(weights=resolved, **kwargs)
+    except OSError as e:  # urllib's URLError and socket failures are OSErrors
+        raise _download_error(resolved, e) from None
+    model.__dict__["_visiontune_head"] = replace_head(model, num_classes)  # plain attribute, not a module
+    return model
+
+
+def _build_timm(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
+    import timm
+
+    if weights not in ("DEFAULT", "none") and not is_weights_file(weights):
+        raise UserError(f"--weights for {spec.name} is DEFAULT, none or a .safetensors/.pth path; "
+                        f"a pretrained tag goes in the name: --model {spec.name}.TAG")
+    try:
+        with _hub_quiet():
+            return timm.create_model(spec.arch, pretrained=weights == "DEFAULT", num_classes=num_classes)
+    except OSError as e:  # timm fetches through huggingface_hub (or torch hub): all OSErrors
+        raise _hub_error(spec.name, e) from None
+
+
+BUILDERS: dict[str, Callable[[ModelSpec, int, str], nn.Module]] = {
+    "torchvision": _build_torchvision, "timm": _build_timm, "hf-hub": _build_timm}
 
 
 def _download_error(weights, e: Exception) -> UserError:
@@ -90,37 +210,29 @@ def _download_error(weights, e: Exception) -> UserError:
                      f"put the file at {cache}, or pass --weights none or --weights PATH")
 
 
-def build_model(name: str, num_classes: int, weights: str = "DEFAULT", freeze_backbone: bool = False) -> nn.Module:
-    """A torchvision classifier with a fresh ``num_classes`` head."""
-    if name not in model_names():
-        raise UserError(f"unknown model {name!r}; see `visiontune models` for the {len(model_names())} names")
-    resolved = _resolve_weights(name, weights)
-    builder = torchvision.models.get_model_builder(name)
-    kwargs = {"aux_logits": False} if "aux_logits" in inspect.signature(builder).parameters else {}
-    if name in ("googlenet", "inception_v3") and resolved is None:
-        kwargs["init_weights"] = True  # silences a torchvision warning; same as its default
-    try:
-        model = builder(weights=resolved, **kwargs)
-    except OSError as e:  # urllib's URLError and socket failures are OSErrors
-        if resolved is None:
-            raise
-        raise _download_error(resolved, e) from None
-    head = replace_head(model, num_classes)
-    if resolved is None and weights.lower() != "none":
-        try:
-            model.load_state_dict(load_state_file(weights))
-        except RuntimeError as e:  # missing/unexpected keys or shape mismatches
-            raise UserError(f"{weights} does not fit {name} with {num_classes} classes: "
-                            f"{str(e).splitlines()[1].strip()}") from None
+def train_head_only(model: nn.Module) -> None:
+    """Train only the head."""
+    heads = tuple(h + "." for h in head_names(model))
+    for pname, p in model.named_parameters():
+        p.requires_grad = pname.startswith(heads)
+
+
+def build_model(name: str, num_classes: int, weights: str = "DEFAULT", freeze_backbone: bool = False, *,
+                head_may_differ: bool = True, say: Callable[[str], None] = print) -> nn.Module:
+    """``name`` with a fresh ``num_classes`` head; ``weights`` DEFAULT, none, a torchvision name or a file."""
+    spec = get_spec(name)
+    model = BUILDERS[spec.source](spec, num_classes, "none" if is_weights_file(weights) else weights)
+    if is_weights_file(weights):
+        load_fitting(model, load_state_file(weights), weights, head_names(model), head_may_differ, say)
     if freeze_backbone:
-        for pname, p in model.named_parameters():
-            p.requires_grad = pname.startswith(head + ".")
+        train_head_only(model)
     return model
 
 
 def ensure_weights(name: str, weights: str) -> None:
     """Download torchvision weights into the hub cache now, once, before workers start."""
-    resolved = _resolve_weights(name, weights)
+    spec = get_spec(name)  # an unknown or unreachable name: one error line here, not one per worker
+    resolved = _torchvision_weights(spec.arch, weights) if spec.source == "torchvision" else None
     if resolved is None:
         return
     target = Path(torch.hub.get_dir()) / "checkpoints" / Path(resolved.url).name

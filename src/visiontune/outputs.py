@@ -93,14 +93,15 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
 
 
-def save_model(run_dir: str | os.PathLike, state: dict[str, torch.Tensor], stem: str = "best") -> None:
-    """``<stem>.pth`` (loads with weights_only=True) and ``<stem>.safetensors``."""
+def save_model(run_dir: str | os.PathLike, state: dict[str, torch.Tensor], stem: str = "best",
+               metadata: dict[str, str] | None = None) -> None:
+    """``<stem>.pth`` (loads with weights_only=True) and ``<stem>.safetensors`` (carrying ``metadata``)."""
     from safetensors.torch import save as st_save
 
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write(Path(run_dir) / f"{stem}.pth", buf.getvalue())
-    atomic_write(Path(run_dir) / f"{stem}.safetensors", st_save(state))
+    atomic_write(Path(run_dir) / f"{stem}.safetensors", st_save(state, metadata=metadata))
 
 
 def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:

@@ -16,17 +16,17 @@ import time
 import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, engine, faults, outputs
+from visiontune import checkpoint, engine, faults, outputs, runinfo
 from visiontune.hooks import CheckpointPolicy, Checkpointer, EpochOutputs, RunHooks
 from visiontune.steplog import StepLog
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
-from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
+from visiontune.data.pipeline import MEAN, STD, DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
 from visiontune.launch import default_output_dir
-from visiontune.models import build_model
+from visiontune.models import build_model, get_spec
 from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
 
 
@@ -138,10 +138,10 @@ def _announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Spl
 
 
 def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split_rec: dict, bad: list,
-                   run_dir: str) -> None:
+                   run_dir: str, info: runinfo.RunInfo) -> None:
     """The run folder's records (main process), and the trackers, which write into it."""
     record = {"config": cfg.to_dict(), "setup": setup.__dict__, "versions": outputs.versions(),
-              "data": {"root": images.root, "layout": images.layout}}
+              "data": {"root": images.root, "layout": images.layout}, "model": info.to_dict()}
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/config.json", record)
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
@@ -156,12 +156,13 @@ def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split
 
 
 def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, scheduler, per_epoch: int,
-           identity: dict, resumed, stop: faults.StopSignals) -> RunHooks:
+           identity: dict, resumed, stop: faults.StopSignals, info: runinfo.RunInfo) -> RunHooks:
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
     steps = StepLog(accelerator, optimizer, per_epoch) if cfg.log_with else None
     return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
-                    EpochOutputs(accelerator, run_dir, model, optimizer, history, per_epoch), stop, cfg.epochs, steps)
+                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(), per_epoch),
+                    stop, cfg.epochs, steps)
 
 
 def _start(accelerator, resumed) -> engine.StartAt:
@@ -195,6 +196,8 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
+    spec = get_spec(cfg.model)
+    cfg = cfg.replace(image_size=cfg.image_size or spec.preprocess.size)  # recorded resolved in config.json
     faults.join_restarted_group(cfg.timeout)
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
     setup = describe(cfg, accelerator)
@@ -203,8 +206,12 @@ def train(cfg: TrainConfig) -> dict:
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
     set_seed(cfg.seed, device_specific=True)
+    weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
     with accelerator.local_main_process_first():  # a weights download happens once per machine
-        model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
+        model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
+    mean, std = MEAN, STD  # what the images are normalised with, recorded below for every later command
+    info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std,
+                            spec.preprocess.interpolation)
     images, bad = _screen(accelerator, cfg, images, run_dir)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
     split_rec = split_record(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
@@ -221,13 +228,13 @@ def train(cfg: TrainConfig) -> dict:
                 "global_batch": setup.global_batch}
     resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
     _announce(accelerator, cfg, setup, images, split, run_dir)
-    _write_records(accelerator, cfg, setup, images, split_rec, bad, run_dir)
+    _write_records(accelerator, cfg, setup, images, split_rec, bad, run_dir, info)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
     with faults.StopSignals(accelerator) as stop:
         hooks = _hooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), identity,
-                       resumed, stop)
+                       resumed, stop, info)
         opts = engine.LoopOptions(cfg.epochs, cfg.on_nan, cfg.progress, cfg.timing_warmup,
                                   on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
         engine.fit(accelerator, model, optimizer, scheduler, train_loader, val_loader,
-                   DeviceNormalize(accelerator.device, cfg.channels_last), opts, _start(accelerator, resumed))
+                   DeviceNormalize(accelerator.device, cfg.channels_last, mean, std), opts, _start(accelerator, resumed))
     return _finish(accelerator, run_dir, since, hooks.history, split, images, setup)

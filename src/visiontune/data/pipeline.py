@@ -150,10 +150,11 @@ def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int, nu
 class DeviceNormalize(torch.nn.Module):
     """uint8 NCHW on the device -> normalised float, optionally channels-last."""
 
-    def __init__(self, device: torch.device, channels_last: bool = False):
+    def __init__(self, device: torch.device, channels_last: bool = False, mean: Sequence[float] = MEAN,
+                 std: Sequence[float] = STD):
         super().__init__()
-        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
-        self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+        self.mean = torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,141 @@
+"""timm models through the whole command line, and runs that start from earlier weights.
+
+Three timm families (a convnet, a transformer, a model whose classifier is not
+``fc``) train at 32 px with ``--weights none``; their ``best.safetensors`` then
+drives ``predict`` on its own (the file says model, classes, size and
+normalisation), and the predictions are compared with a forward pass computed
+here with timm and the textbook preprocessing. The exported file is run back
+and compared with the same reference. Then a run continues an earlier one on
+new data (same classes: every weight carries over; new classes: the body does,
+the head is new and named), and a local ImageNet-headed checkpoint starts a run.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file, save_file
+from trained import one_thread, preprocess  # noqa: F401  (one_thread: autouse)
+
+from visiontune.cli import main
+from visiontune.runinfo import read_file
+
+TINY = ["--image-size", "32", "--no-progress", "--num-workers", "0", "--epochs", "1",
+        "--batch-size", "8"]
+TOL = 1e-4
+
+
+def _train(data: Path, out: Path, *extra: str) -> Path:
+    assert main(["train", "--data", str(data), "--output-dir", str(out), *TINY, *extra]) == 0
+    return out
+
+
+@torch.no_grad()
+def _reference(run: Path, arch: str, classes: int, x: torch.Tensor) -> torch.Tensor:
+    model = timm.create_model(arch, num_classes=classes)
+    model.load_state_dict(load_file(str(run / "best.safetensors")))
+    return model.eval()(x)
+
+
+@pytest.mark.parametrize("arch,fmt", [("test_convnext", "onnx"), ("test_vit", "pt2"), ("test_efficientnet", "pt2")])
+def test_timm_family_trains_predicts_from_its_file_alone_and_exports(arch, fmt, small_data, tmp_path):
+    run = _train(small_data, tmp_path / "run", "--model", f"timm/{arch}", "--weights", "none")
+    described = json.loads((run / "config.json").read_text())["model"]
+    assert described["model"] == f"timm/{arch}" and described["source"] == "timm"
+    assert described["classes"] == ["cat", "dog"] and described["image_size"] == 32
+    assert read_file(str(run / "best.safetensors")).to_dict() == described
+    files = sorted((small_data / "train").iterdir())[::7]
+    x = preprocess(files, 32)
+    eager = _reference(run, arch, 2, x)
+
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--weights", str(run / "best.safetensors"), "--data", str(small_data / "train"),
+                 "--out", str(out), "--no-progress"]) == 0
+    rows = {r["path"]: r for r in csv.DictReader(out.open())}
+    got = torch.tensor([[float(rows[str(f)]["prob_cat"]), float(rows[str(f)]["prob_dog"])] for f in files])
+    assert torch.allclose(got, eager.softmax(1), atol=TOL, rtol=0)
+
+    exported = tmp_path / f"model.{fmt}"
+    assert main(["export", "--run", str(run), "--format", fmt, "--out", str(exported)]) == 0
+    if fmt == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+        back = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+    else:
+        back = torch.export.load(str(exported)).module()(x)
+    assert (back - eager).abs().max().item() <= TOL
+
+
+@pytest.fixture(scope="module")
+def earlier(small_data, tmp_path_factory) -> Path:
+    """A finished timm/test_vit run (LayerNorm only: frozen weights stay bit-exact while the head trains)."""
+    return _train(small_data, tmp_path_factory.mktemp("earlier") / "run", "--model", "timm/test_vit", "--weights",
+                  "none")
+
+
+def _three_classes(small_data: Path, root: Path) -> Path:
+    """New data in the class-folder layout: a, b, c."""
+    files = sorted((small_data / "train").iterdir())
+    for i, f in enumerate(files):
+        (root / "abc"[i % 3]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, root / "abc"[i % 3] / f.name)
+    return root
+
+
+def test_init_from_same_classes_carries_every_weight(earlier, small_data, tmp_path, capsys):
+    new_data = tmp_path / "more"
+    shutil.copytree(small_data, new_data)  # "new" data with the same classes
+    capsys.readouterr()
+    # No --model, no --image-size: the earlier run's. A vanishing lr keeps the head where it was.
+    run = _train(new_data, tmp_path / "run", "--init-from", str(earlier), "--freeze-backbone", "--lr", "1e-12")
+    assert "left out" not in capsys.readouterr().out
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["model"]["model"] == "timm/test_vit" and cfg["model"]["image_size"] == 32
+    before, after = load_file(str(earlier / "best.safetensors")), load_file(str(run / "best.safetensors"))
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.allclose(before[k], after[k], atol=1e-8, rtol=0), k
+
+
+def test_init_from_new_classes_keeps_the_body_and_names_the_new_head(earlier, small_data, tmp_path, capsys):
+    data = _three_classes(small_data, tmp_path / "abc")
+    capsys.readouterr()
+    run = _train(data, tmp_path / "run", "--init-from", str(earlier), "--freeze-backbone")
+    said = capsys.readouterr().out
+    assert f"{earlier}/best.safetensors: its head does not fit these classes; re-initialised, " \
+           "left out: head.bias, head.weight" in said and said.count("left out") == 1
+    before, after = load_file(str(earlier / "best.safetensors")), load_file(str(run / "best.safetensors"))
+    assert after["head.weight"].shape == (3, before["head.weight"].shape[1])
+    for k in before:
+        if not k.startswith("head."):
+            assert torch.equal(before[k], after[k]), k  # frozen, so exactly the earlier run's
+    assert read_file(str(run / "best.safetensors")).classes == ("a", "b", "c")
+
+
+def test_imagenet_headed_local_checkpoint_starts_a_run(small_data, tmp_path, capsys):
+    ckpt = tmp_path / "imagenet.safetensors"
+    save_file(timm.create_model("test_efficientnet", num_classes=1000).state_dict(), str(ckpt))
+    run = _train(small_data, tmp_path / "run", "--model", "timm/test_efficientnet", "--weights", str(ckpt))
+    assert "left out: classifier.bias, classifier.weight" in capsys.readouterr().out
+    assert load_file(str(run / "best.safetensors"))["classifier.weight"].shape[0] == 2
+
+
+@pytest.mark.parametrize("make,msg", [
+    (lambda p: p.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":"), "cannot load weights from"),
+    (lambda p: save_file(timm.create_model("test_vit", num_classes=2).state_dict(), str(p)),
+     "does not fit this model"),  # another architecture's weights
+])
+def test_broken_or_foreign_checkpoint_is_one_line(make, msg, small_data, tmp_path, capsys):
+    ckpt = tmp_path / "w.safetensors"
+    make(ckpt)
+    code = main(["train", "--data", str(small_data), "--output-dir", str(tmp_path / "run"), *TINY,
+                 "--model", "timm/test_convnext", "--weights", str(ckpt)])
+    err = capsys.readouterr().err
+    assert code == 2 and msg in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run" / "config.json").exists()
