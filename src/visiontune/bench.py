@@ -212,17 +212,11 @@ def bench(cfg: TrainConfig, train_argv: list[str], strategies: list[str], nproc:
     if repeats < 1:
         raise UserError(f"--repeats must be a positive integer, got {repeats}")
     out = Path(out_dir)
-<<<<<<< HEAD
-    info = {"model": cfg.model, "image_size": cfg.image_size, "epochs": cfg.epochs, "same": same,
-            "timing_warmup": cfg.timing_warmup, "repeats": repeats, "load_per_core": load_per_core(),
-            "machine": machine()}
+    info = {"model": cfg.model, "image_size": cfg.image_size or get_spec(cfg.model).preprocess.size,
+            "epochs": cfg.epochs, "same": same, "timing_warmup": cfg.timing_warmup, "repeats": repeats,
+            "load_per_core": load_per_core(), "machine": machine()}
     rows = compare(measure(plan(cfg, strategies, nproc, same), train_argv, out, repeats), info["load_per_core"])
     info["load_note"] = load_line(rows, info)
-=======
-    rows = compare([r if "skipped" in r else run_one(r, train_argv, out) for r in plan(cfg, strategies, nproc, same)])
-    info = {"model": cfg.model, "image_size": cfg.image_size or get_spec(cfg.model).preprocess.size, "epochs": cfg.epochs, "same": same,
-            "timing_warmup": cfg.timing_warmup, "machine": machine()}
->>>>>>> main
     write_json(out / "bench.json", {**info, "rows": rows})
     atomic_write(out / "bench.md", table(rows, info))
     chart(out / "bench.png", rows)
