@@ -68,7 +68,7 @@ def measure(args, mode: str) -> list[dict]:
     results, opts = [], LoopOptions(epochs=1, progress=False)
     for source in ("synthetic", "cache"):
         def epoch(steps: int):
-            if source == "synthetic":
+            if source == "synthetic":  # noqa: B023 -- epoch() is called within this iteration only
                 return train_one_epoch(accelerator, model, [(x, y)] * steps, optimizer, None, normalize, opts)
             loader.set_epoch(len(results))
             return train_one_epoch(accelerator, model, loader, optimizer, None, normalize, opts)

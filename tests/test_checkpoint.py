@@ -4,10 +4,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 
 import pytest
-import torch
+from safetensors.torch import load_file
 
 from trainrun import (assert_same_weights, checkpoints, env_for, final_weights, run, start, train_argv,
                       wait_for)
@@ -101,14 +102,24 @@ def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_
     assert not list((out / "checkpoints").glob(".tmp-*"))  # the leftover was cleared when rewritten
 
 
+def _finished_args(small_data, out) -> list[str]:
+    return train_argv(small_data, out, "--save-every-steps", "4", "--epochs", "1")[3:]
+
+
+@pytest.fixture(scope="module")
+def _finished(tmp_path_factory, small_data):
+    """Trained once per module: a one-epoch run with checkpoints after steps 4 and 8 (the epoch end)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert cli.main(_finished_args(small_data, out)) == 0
+    return out
+
+
 @pytest.fixture
-def finished_run(tmp_path, small_data, monkeypatch):
-    """A one-epoch run with checkpoints after steps 4 and 8 (the epoch end)."""
+def finished_run(_finished, tmp_path, small_data, monkeypatch):
+    """A copy of that run for one test to damage or resume (checkpoints record no absolute paths)."""
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    out = tmp_path / "run"
-    args = train_argv(small_data, out, "--save-every-steps", "4", "--epochs", "1")[3:]
-    assert cli.main(args) == 0
-    return out, args
+    out = shutil.copytree(_finished, tmp_path / "run")
+    return out, _finished_args(small_data, out)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garble record", "remove file"])
@@ -187,5 +198,9 @@ def test_checkpoint_record_holds_position_history_and_split(finished_run):
     assert meta["history"] == []
     end = checkpoint.verify(str(out / "checkpoints" / "e0001-b0000000"))
     assert end["history"] == json.loads((out / "history.json").read_text())
-    weights = torch.load(out / "best.pth", weights_only=True)
+    # One numbering (README): epochs count from 0, as printed ("Epoch 0/0"); a folder names where
+    # training goes on, so the end of epoch 0 is e0001-b0000000, the start of epoch 1.
+    assert [h["epoch"] for h in end["history"]] == [0] and (end["epoch"], end["batch"]) == (1, 0)
+    weights = load_file(str(out / "best.safetensors"))
     assert set(weights) == set(final_weights(out, epochs=1))
+    assert not (out / "best.pth").exists()  # opt-in (--save-pth)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from sklearn import metrics as skm
-from trained import independent_eval, one_thread, reference_probs, train_run  # noqa: F401  (one_thread: autouse)
+from trained import independent_eval, one_thread, reference_probs  # noqa: F401  (one_thread: autouse)
 
 from visiontune.cli import main
 
@@ -18,8 +18,8 @@ CLASSES = ["cat", "dog"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, sample_data) -> Path:
-    return train_run(tmp_path_factory.mktemp("evaluate") / "run", sample_data)
+def run(trained_run) -> Path:
+    return trained_run  # one training for the predict, evaluate and export tests (read-only)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,8 @@ def test_top_losses_are_the_wrong_images_with_the_highest_loss(run, labelled, re
     assert (report[1].parent / "top_losses.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, capsys):
+def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, tmp_path, capsys):
+    run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))  # shared: copy
     assert main(["evaluate", "--run", str(run), "--data", str(sample_data), "--no-progress"]) == 0
     got = json.loads((run / "eval.json").read_text())
     split = json.loads((run / "split.json").read_text())

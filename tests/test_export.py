@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from trained import one_thread, preprocess, reference_model, train_run  # noqa: F401  (one_thread: autouse)
 
+from trained import one_thread, preprocess, reference_model  # noqa: F401  (one_thread: autouse)
 from visiontune.cli import main
 
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, sample_data) -> Path:
-    return train_run(tmp_path_factory.mktemp("export") / "run", sample_data)
+def run(trained_run) -> Path:
+    return trained_run  # one training for the predict, evaluate and export tests (read-only)
 
 
 @pytest.fixture(scope="module")

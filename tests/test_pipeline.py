@@ -10,11 +10,9 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from conftest import FAST, PYTHON, ROOT
-from visiontune.cli import main
-from visiontune.data.pipeline import MEAN, STD
+from conftest import PYTHON, ROOT
 from visiontune.data.decode import read_image, resize_uint8
-from visiontune.data.pipeline import DeviceNormalize
+from visiontune.data.pipeline import MEAN, STD, DeviceNormalize
 from visiontune.models import build_model, load_state_file
 from visiontune.strategy import enable_gpu_speedups
 
@@ -27,10 +25,8 @@ def blog_pipeline(size: int) -> transforms.Compose:
                                transforms.Normalize(mean=list(MEAN), std=list(STD))])
 
 
-def test_trained_model_predicts_the_same_through_both_pipelines(sample_data, tmp_path):
-    run = tmp_path / "run"
-    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "2", "--batch-size", "16", "--lr", "0.01",
-                 "--num-workers", "0", "--output-dir", str(run)]) == 0
+def test_trained_model_predicts_the_same_through_both_pipelines(sample_data, trained_run):
+    run = trained_run  # 2 epochs of resnet18 at 32 px
     classes = json.loads((run / "classes.json").read_text())
     model = build_model("resnet18", len(classes), "none")
     model.load_state_dict(load_state_file(str(run / "best.safetensors")))

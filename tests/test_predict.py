@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
 
-from trained import one_thread, reference_probs, train_run  # noqa: F401  (one_thread: autouse fixture)
+from trained import one_thread, reference_probs  # noqa: F401  (one_thread: autouse fixture)
 from visiontune.cli import main
 
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, sample_data) -> Path:
-    return train_run(tmp_path_factory.mktemp("predict") / "run", sample_data)
+def run(trained_run) -> Path:
+    return trained_run  # one training for the predict, evaluate and export tests (read-only)
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +122,16 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
     assert main(["predict", "--weights", str(run / "best.safetensors"), "--data", str(listing), "--out", str(out3),
                  "--no-progress", "--batch-size", "3"]) == 0
     assert out3.read_bytes() == out.read_bytes()
-    # The same model from its .pth (read with weights_only=True) and flags instead of the run folder.
-    out2 = tmp_path / "pred2.csv"
-    assert main(["predict", "--weights", str(run / "best.pth"), "--model", "resnet18", "--classes", "cat,dog",
-                 "--image-size", "32", "--data", str(listing), "--out", str(out2), "--no-progress",
-                 "--batch-size", "3"]) == 0
-    assert out2.read_bytes() == out.read_bytes()
+    # The same model from a state_dict file and flags instead of the run folder: the run's safetensors
+    # and a .pth of it (read with weights_only=True; runs write one only with --save-pth).
+    pth = tmp_path / "best.pth"
+    torch.save(load_file(str(run / "best.safetensors")), pth)
+    for weights in (run / "best.safetensors", pth):
+        out2 = tmp_path / f"pred-{weights.suffix[1:]}.csv"
+        assert main(["predict", "--weights", str(weights), "--model", "resnet18", "--classes", "cat,dog",
+                     "--image-size", "32", "--data", str(listing), "--out", str(out2), "--no-progress",
+                     "--batch-size", "3"]) == 0
+        assert out2.read_bytes() == out.read_bytes()
 
 
 class _Payload:
@@ -184,6 +189,8 @@ def test_mixed_precision_bf16_stays_close(run, sample_data, tmp_path):
     (["--run", "{run}", "--data", "{empty}"], "no images"),
     (["--run", "{run}", "--data", "{test}", "--clip", "0.5"], "--clip must be in"),
     (["--run", "{empty}", "--data", "{test}"], "not a visiontune run folder"),
+    pytest.param(["--run", "{run}", "--data", "{test}", "--mixed-precision", "fp16"], "use --mixed-precision bf16",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused on a CPU only")),
 ])
 def test_bad_input_is_one_line_exit_2(run, sample_data, tmp_path, capsys, argv, message):
     (tmp_path / "empty").mkdir()

@@ -10,17 +10,17 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from trained import one_thread, train_run  # noqa: F401  (one_thread: autouse fixture)
+from trained import one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 from visiontune.cli import main
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, sample_data) -> Path:
-    """A trained run, evaluated (which refreshes its report) on class folders where a few images sit in the
-    wrong folder, so that there are top losses to show."""
+def run(tmp_path_factory, sample_data, trained_run) -> Path:
+    """A copy of the shared trained run, evaluated (which refreshes its report) on class folders where a few
+    images sit in the wrong folder, so that there are top losses to show."""
     tmp = tmp_path_factory.mktemp("report")
-    out = train_run(tmp / "run", sample_data)
+    out = Path(shutil.copytree(trained_run, tmp / "run", ignore=shutil.ignore_patterns("checkpoints")))
     cats, dogs = (sorted((sample_data / "train").glob(f"{c}.*.jpg")) for c in ("cat", "dog"))
     for folder, files in (("cat", cats[:8] + dogs[:3]), ("dog", dogs[10:18] + cats[10:12])):
         (tmp / "pets" / folder).mkdir(parents=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+from safetensors.torch import load_file
 
 from conftest import FAST, PYTHON, _worker_env
 from trained import independent_eval
@@ -203,8 +204,8 @@ def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path)
     steps = [[h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())]
              for d in ("ddp", "one")]
     assert steps == [[4], [4]]
-    a = torch.load(tmp_path / "ddp" / "best.pth", weights_only=True)  # one epoch: best is the final model
-    b = torch.load(tmp_path / "one" / "best.pth", weights_only=True)
+    a = load_file(str(tmp_path / "ddp" / "best.safetensors"))  # one epoch: best is the final model
+    b = load_file(str(tmp_path / "one" / "best.safetensors"))
     assert a.keys() == b.keys()
     worst = max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in a)
     assert worst < 1e-5
@@ -216,7 +217,7 @@ def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, ca
                  "--strategy", "dp", "--output-dir", str(out)]) == 0
     notices = [line for line in capsys.readouterr().out.splitlines() if "DataParallel" in line]
     assert len(notices) == 1 and "gives no parallelism here" in notices[0]
-    state = torch.load(out / "best.pth", weights_only=True)
+    state = load_file(str(out / "best.safetensors"))
     assert not any(k.startswith("module.") for k in state)
     torchvision.models.get_model("resnet18", num_classes=2).load_state_dict(state)  # strict: every key fits
     summary = json.loads((out / "summary.json").read_text())

@@ -2,38 +2,41 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
+import io
 import json
 import math
+import re
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+import torchvision
 from PIL import Image
+from safetensors.torch import load_file
 
 from conftest import FAST
 from trained import independent_eval
-from visiontune import TrainConfig, train
+from visiontune import TrainConfig, train, trainer
 from visiontune.cli import main
 
 
 @pytest.fixture(scope="module")
-def run(sample_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "r"
-    code = main(["train", "--data", str(sample_data), *FAST, "--epochs", "2", "--batch-size", "16",
-                 "--lr", "0.02", "--output-dir", str(out)])
-    assert code == 0
-    return out
+def run(trained_run):
+    return trained_run  # 2 epochs, batch 16, lr 0.02 (read-only)
 
 
 def test_every_output_exists_and_loads(run):
-    for name in ["best.pth", "best.safetensors", "classes.json", "config.json", "split.json", "history.json",
+    for name in ["best.safetensors", "classes.json", "config.json", "split.json", "history.json",
                  "metrics.csv", "training_results.png", "summary.json"]:
         assert (run / name).is_file(), name
+    assert not (run / "best.pth").exists()  # the same tensors twice only with --save-pth
     assert json.loads((run / "classes.json").read_text()) == ["cat", "dog"]
-    state = torch.load(run / "best.pth", weights_only=True)
+    state = load_file(str(run / "best.safetensors"))
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state)
-    from safetensors.torch import load_file
-    st = load_file(str(run / "best.safetensors"))
-    assert st.keys() == state.keys() and all(torch.equal(st[k], state[k]) for k in state)
+    torchvision.models.get_model("resnet18", num_classes=2).load_state_dict(state)  # strict: every key fits
     with Image.open(run / "training_results.png") as im:
         assert im.format == "PNG" and im.size[0] > 400
     rows = list(csv.DictReader(open(run / "metrics.csv")))
@@ -56,41 +59,79 @@ def test_best_model_reproduces_recorded_val_accuracy_and_learns(run, sample_data
     assert summary["strategy"] == "single" and summary["world_size"] == 1 and summary["global_batch"] == 16
 
 
-def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, sample_data, tmp_path):
-    summary = train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", image_size=32,
-                                epochs=1, batch_size=16, output_dir=str(tmp_path / "again"), progress=False))
+@dataclass
+class Logged:
+    summary: dict
+    out: str  # stdout
+    err: str  # stderr
+    run_dir: Path
+
+
+@pytest.fixture(scope="module")
+def logged(sample_data, tmp_path_factory) -> Logged:
+    """One epoch through the Python API with progress on, stderr not a terminal (a line every step),
+    the tensorboard tracker when it is installed, and --save-pth."""
+    out, err, run_dir = io.StringIO(), io.StringIO(), tmp_path_factory.mktemp("logged") / "r"
+    tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
+        mp.setenv("VISIONTUNE_PROGRESS_SECONDS", "0")
+        summary = train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", image_size=32,
+                                    epochs=1, batch_size=16, output_dir=str(run_dir), log_with=tracker,
+                                    save_pth=True))
+    return Logged(summary, out.getvalue(), err.getvalue(), run_dir)
+
+
+def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, logged):
     first = json.loads((run / "split.json").read_text())
-    second = json.loads((tmp_path / "again" / "split.json").read_text())
+    second = json.loads((logged.run_dir / "split.json").read_text())
     assert first["sha256"] == second["sha256"] and first["val"] == second["val"]
-    assert summary == json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert logged.summary == json.loads((logged.run_dir / "summary.json").read_text())
 
 
-def test_epoch_lines_in_the_reference_format(sample_data, tmp_path, capsys):
-    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "32",
-                 "--output-dir", str(tmp_path / "r")]) == 0
-    out = capsys.readouterr().out
-    assert "Epoch 0/0\n----------\n" in out and "global batch 32" in out
-    import re
+def test_save_pth_writes_the_same_tensors_for_torch_load(logged):
+    pth = torch.load(logged.run_dir / "best.pth", weights_only=True)
+    st = load_file(str(logged.run_dir / "best.safetensors"))
+    assert pth.keys() == st.keys() and all(torch.equal(pth[k], st[k]) for k in st)
+
+
+def test_epoch_lines_in_the_reference_format(logged):
+    out = logged.out
+    assert "Epoch 0/0\n----------\n" in out and "global batch 16" in out
     assert re.search(r"^train Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^val Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^Training complete in \d+m \d+s$", out, re.M)
     assert re.search(r"^Best val Acc: \d\.\d{6}$", out, re.M)
 
 
-def test_config_file_then_flags(sample_data, tmp_path):
+def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(logged):
+    out, err = logged.out, logged.err
+    assert "\r" not in err  # no carriage-return redraws in a log file
+    train = [line for line in err.splitlines() if line.startswith("train")]
+    # 96 images in batches of 16: a line after each of the 6 steps (every 0 s), none before the first.
+    assert [re.search(r" (\d)/6 ", line).group(1) for line in train] == list("123456")
+    # The last line's running numbers are the epoch's final ones, not those of an earlier step.
+    loss, acc = re.search(r"^train Loss: (\S+) Acc: (\S+)$", out, re.M).groups()
+    assert f"acc={acc}," in train[-1] and f"loss={loss}]" in train[-1]
+    assert len([line for line in err.splitlines() if line.startswith("val")]) == 2  # 24 images, batch 16
+
+
+def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
+    # What `train` is handed; no training is needed to see it (train's own config.json: `run`).
+    given = []
+    monkeypatch.setattr(trainer, "train", given.append)
     toml = tmp_path / "run.toml"
     toml.write_text('model = "resnet18"\nweights = "none"\nimage_size = 32\nepochs = 1\nbatch_size = 32\n'
                     'lr = 0.05\nprogress = false\n')
-    out = tmp_path / "r"
-    assert main(["train", "--data", str(sample_data), "--config", str(toml), "--lr", "0.02",
-                 "--output-dir", str(out)]) == 0
-    cfg = json.loads((out / "config.json").read_text())["config"]
-    assert (cfg["model"], cfg["epochs"], cfg["batch_size"], cfg["lr"]) == ("resnet18", 1, 32, 0.02)
-    # An earlier run's config.json works as --config too.
-    out2 = tmp_path / "r2"
-    assert main(["train", "--data", str(sample_data), "--config", str(out / "config.json"),
-                 "--output-dir", str(out2)]) == 0
-    assert json.loads((out2 / "config.json").read_text())["config"]["lr"] == 0.02
+    assert main(["train", "--data", str(sample_data), "--config", str(toml), "--lr", "0.02"]) == 0
+    cfg = given[-1]
+    assert (cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.image_size) == ("resnet18", 1, 32, 0.02, 32)
+    # An earlier run's config.json works as --config too, and holds what that run was given.
+    written = json.loads((run / "config.json").read_text())["config"]
+    assert (written["epochs"], written["batch_size"], written["lr"]) == (2, 16, 0.02)
+    assert main(["train", "--data", str(sample_data), "--config", str(run / "config.json"),
+                 "--output-dir", str(tmp_path / "r2")]) == 0
+    assert given[-1] == TrainConfig(**{**written, "output_dir": str(tmp_path / "r2")})
+    assert not (tmp_path / "r2").exists()
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -111,25 +152,22 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path,
     assert not (tmp_path / "r").exists()
 
 
-def test_tensorboard_tracker_logs_the_metrics_and_every_steps_loss_and_lr(sample_data, tmp_path):
+def test_tensorboard_tracker_logs_the_metrics_and_every_steps_loss_and_lr(logged):
     pytest.importorskip("tensorboard")
-    out = tmp_path / "r"
-    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "32",
-                 "--lr", "0.1", "--lr-schedule", "cosine", "--log-with", "tensorboard", "--output-dir", str(out)]) == 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = list(out.rglob("events.out.tfevents.*"))
+
+    events = list(logged.run_dir.rglob("events.out.tfevents.*"))
     assert events
     acc = EventAccumulator(str(events[0].parent)).Reload()
-    hist = json.loads((out / "history.json").read_text())
-    # 96 train images / 32 = 3 steps; the epoch's figures are logged at its last step.
+    hist = json.loads((logged.run_dir / "history.json").read_text())
+    # 96 train images / 16 = 6 steps; the epoch's figures are logged at its last step.
     [val] = acc.Scalars("val/accuracy")
-    assert val.step == 3 and val.value == pytest.approx(hist[0]["val"]["accuracy"])
+    assert val.step == 6 and val.value == pytest.approx(hist[0]["val"]["accuracy"])
     losses, lrs = acc.Scalars("train/step_loss"), acc.Scalars("train/lr")
-    assert [s.step for s in losses] == [s.step for s in lrs] == [1, 2, 3]
+    assert [s.step for s in losses] == [s.step for s in lrs] == [1, 2, 3, 4, 5, 6]
     # Full batches: the epoch's loss is the mean of its steps' losses.
-    assert sum(s.value for s in losses) / 3 == pytest.approx(hist[0]["train"]["loss"], rel=1e-5)
-    # The lr each step used: cosine over T_max = 3 steps, stepped after each.
-    assert [s.value for s in lrs] == pytest.approx([0.1 * (1 + math.cos(math.pi * s / 3)) / 2 for s in range(3)])
+    assert sum(s.value for s in losses) / 6 == pytest.approx(hist[0]["train"]["loss"], rel=1e-5)
+    assert [s.value for s in lrs] == pytest.approx([1e-3] * 6)
 
 
 def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data, tmp_path):

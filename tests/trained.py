@@ -1,11 +1,11 @@
 """A trained run folder and an independent forward pass, shared by the predict/evaluate/export tests.
 
-``train_run`` trains one epoch of resnet18 at 32 px (``FAST``) through the CLI.
+``train_run`` trains two epochs of resnet18 at 32 px (``FAST``, lr 0.02) through the CLI.
 ``reference_probs`` recomputes the model's class probabilities without any
 visiontune code: a plain torchvision resnet18 loaded from ``best.safetensors``,
 torchvision's decoder and resize, and the blog's normalisation written out
 here, so a preprocessing or loading mistake in visiontune shows up as a
-difference. ``independent_eval`` scores a run's ``best.pth`` over its recorded
+difference. ``independent_eval`` scores a run's ``best.safetensors`` over its recorded
 validation files the same way, for comparison with the metrics the run reports.
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ def train_run(out: Path, data: Path) -> Path:
     # One thread: on a shared 2-core machine two threads contend and run several times slower.
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(strategy, "cpu_budget", lambda: 1)
-        rc = main(["train", "--data", str(data), "--output-dir", str(out), "--epochs", "1", "--batch-size", "16",
-                   "--num-workers", "0", *FAST])
+        rc = main(["train", "--data", str(data), "--output-dir", str(out), "--epochs", "2", "--batch-size", "16",
+                   "--lr", "0.02", "--num-workers", "0", *FAST])
     assert rc == 0
     return out
 
@@ -62,11 +62,11 @@ def reference_probs(run: Path, paths: list[Path | str]) -> torch.Tensor:
 
 @torch.no_grad()
 def independent_eval(run: Path, data_root: Path) -> tuple[float, float, int]:
-    """(mean loss, accuracy, images) of ``run/best.pth`` over the val files of ``split.json``."""
+    """(mean loss, accuracy, images) of ``run/best.safetensors`` over the val files of ``split.json``."""
     cfg = json.loads((run / "config.json").read_text())["config"]
     classes = json.loads((run / "classes.json").read_text())
     model = torchvision.models.get_model(cfg["model"], num_classes=len(classes))
-    model.load_state_dict(torch.load(run / "best.pth", weights_only=True))
+    model.load_state_dict(load_file(str(run / "best.safetensors")))
     files = json.loads((run / "split.json").read_text())["val"]
     logits = model.eval()(preprocess([data_root / f for f in files], cfg["image_size"]))
     y = torch.tensor([classes.index(Path(f).name.split(".")[0]) for f in files])  # Kaggle names: cat.12.jpg

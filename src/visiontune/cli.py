@@ -44,8 +44,9 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.sample_data import make_sample_data
+    from visiontune.sample_data import clear_folder, make_sample_data
 
+    clear_folder(args.dir, args.force)
     info = make_sample_data(args.dir, per_class=args.per_class, seed=args.seed)
     print(f"visiontune: wrote a SYNTHETIC data set to {args.dir}: {info['train']} labelled images "
           f"({', '.join(info['classes'])}) in train/, {info['test']} in test/")
@@ -202,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.add_argument("--per-class", type=positive, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace the data set in a folder that is not empty")
     p.set_defaults(func=cmd_sample_data)
     p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
     p.add_argument("--source", choices=("torchvision", "timm", "all"), default="torchvision")

@@ -88,6 +88,7 @@ class TrainConfig:
     # checkpoints and logging
     save_every_steps: int = _setting(0, "also checkpoint every N optimizer steps (0: at epoch ends only)")
     keep_last: int = _setting(2, "checkpoints to keep")
+    save_pth: bool = _setting(False, "also write best.pth beside best.safetensors (the same tensors)")
     resume: str | None = _setting(None, "a run folder to continue, or auto")
     log_with: str | None = _setting(None, "an Accelerate tracker: tensorboard, wandb, mlflow, ...")
     progress: bool = _setting(True, "progress bars")

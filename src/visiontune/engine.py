@@ -2,14 +2,17 @@
 
 Metrics accumulate as device tensors (``Totals``) and are reduced across
 processes once per phase, so the hot loop never waits on the GPU for a number
-(the progress bar reads them every ``POSTFIX_EVERY`` steps only). Training
-counts exactly the samples it trained on (full batches: the loader drops the
-ragged tail); evaluation counts every validation sample exactly once, because
-``gather_for_metrics`` drops the duplicates Accelerate pads the last batch with.
+(the progress bar reads them once per redraw, at most every ``REDRAW_SECONDS``).
+Training counts exactly the samples it trained on (full batches: the loader
+drops the ragged tail); evaluation counts every validation sample exactly once,
+because ``gather_for_metrics`` drops the duplicates Accelerate pads the last
+batch with.
 """
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -22,7 +25,11 @@ from tqdm.auto import tqdm
 from visiontune.data.pipeline import UNREADABLE
 from visiontune.faults import RunStopped
 
-POSTFIX_EVERY = 10
+# A terminal's bar redraws every REDRAW_SECONDS; without a terminal a line is printed every
+# LOG_EVERY_SECONDS ($VISIONTUNE_PROGRESS_SECONDS). The running loss/accuracy is read from the
+# device just before each redraw (one sync), so what is shown is never older than the redraw.
+REDRAW_SECONDS = 0.5
+LOG_EVERY_SECONDS = 30.0
 
 # criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that
 # ``backward`` is called on (0, not NaN, for a batch without any). ``labels`` holds class indices,
@@ -157,9 +164,25 @@ class LoopOptions:
     on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None
 
 
+class _LogLines(tqdm):
+    """tqdm's status as a plain line every ``mininterval`` seconds, for logs (Slurm, CI) where
+    carriage-return redraws pile up; nothing at the start and nothing left at the end."""
+
+    def display(self, msg=None, pos=None):
+        if msg is not None or not self.n:  # msg="" is tqdm clearing the bar on close: nothing to clear
+            return False
+        self.fp.write(self.__str__() + "\n")
+        self.fp.flush()
+        return True
+
+
 def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
-    return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
-                disable=not (progress and accelerator.is_main_process))
+    disable = not (progress and accelerator.is_main_process)
+    if getattr(sys.stderr, "isatty", lambda: False)():
+        return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, mininterval=REDRAW_SECONDS, disable=disable)
+    every = float(os.environ.get("VISIONTUNE_PROGRESS_SECONDS", LOG_EVERY_SECONDS))
+    return _LogLines(loader, desc=desc, leave=False, mininterval=every, miniters=1, disable=disable,
+                     bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
 
 
 def _grads_finite(model: torch.nn.Module) -> bool:
@@ -208,10 +231,10 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
         if opts.on_nan == "skip":  # keep the epoch's loss finite; the skipped images are not counted
             n, loss = n * torch.isfinite(loss), loss.nan_to_num(0.0, 0.0, 0.0)
         totals.add(loss, (logits.argmax(1) == labels).sum().double() * (n > 0), n, steady)
-        if step % POSTFIX_EVERY == 0 and not bar.disable:
-            count = max(totals.images, 1)
-            bar.set_postfix(loss=f"{totals.loss_sum / count:.4f}", acc=f"{totals.correct / count:.4f}",
-                            img_s=f"{totals.images / (time.perf_counter() - clock.start):.0f}")
+        if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:  # tqdm's clock: it redraws next
+            loss_sum, correct, images = totals.values.tolist()[:3]  # one sync
+            bar.set_postfix(loss=f"{loss_sum / max(images, 1):.4f}", acc=f"{correct / max(images, 1):.4f}",
+                            img_s=f"{images / (time.perf_counter() - clock.start):.0f}", refresh=False)
         if opts.on_step is not None:
             opts.on_step(epoch, step + 1, totals)
         clock.step_done()

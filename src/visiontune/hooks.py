@@ -81,6 +81,7 @@ class EpochOutputs:
     optimizer: torch.optim.Optimizer
     history: list[dict]
     model_metadata: dict[str, str] = field(default_factory=dict)  # the run's description, inside best.safetensors
+    save_pth: bool = False  # also best.pth (--save-pth)
     per_epoch: int = 1  # batches per epoch and process: trackers get an epoch's figures at its last step
 
     def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
@@ -95,7 +96,8 @@ class EpochOutputs:
         if acc.is_main_process:
             if is_best:
                 unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped), metadata=self.model_metadata)
+                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped), metadata=self.model_metadata,
+                                   pth=self.save_pth)
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)

@@ -94,14 +94,16 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_model(run_dir: str | os.PathLike, state: dict[str, torch.Tensor], stem: str = "best",
-               metadata: dict[str, str] | None = None) -> None:
-    """``<stem>.pth`` (loads with weights_only=True) and ``<stem>.safetensors`` (carrying ``metadata``)."""
+               metadata: dict[str, str] | None = None, pth: bool = False) -> None:
+    """``<stem>.safetensors`` (carrying ``metadata``), and with ``pth`` the same tensors as ``<stem>.pth``
+    (loads with weights_only=True)."""
     from safetensors.torch import save as st_save
 
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    atomic_write(Path(run_dir) / f"{stem}.pth", buf.getvalue())
     atomic_write(Path(run_dir) / f"{stem}.safetensors", st_save(state, metadata=metadata))
+    if pth:  # opt-in: a second copy of every tensor (about 0.5 GB for VGG16)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        atomic_write(Path(run_dir) / f"{stem}.pth", buf.getvalue())
 
 
 def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from visiontune.config import UserError
 from visiontune.host import available_cores
 
 CLASSES = ("cat", "dog")
@@ -59,6 +61,26 @@ def _write(path: Path, label: str, seed_key: list[int]) -> None:
     buf = io.BytesIO()
     Image.fromarray(_picture(label, np.random.default_rng(seed_key))).save(buf, "JPEG", quality=_QUALITY)
     path.write_bytes(buf.getvalue())
+
+
+# What sample-data (and `visiontune prepare`) write: --force removes these and nothing else.
+WRITTEN = ("train", "test", "train.csv")
+
+
+def clear_folder(out_dir: str | os.PathLike, force: bool) -> None:
+    """Refuse a folder that already holds files (old images would sit beside the new ones) unless
+    ``force``, which removes the data set there first."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file; give a folder to write the data set into")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
+        raise UserError(f"{out} is not empty; choose an empty or new folder, or pass --force to replace the "
+                        "data set there")
+    for name in WRITTEN:
+        target = out / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
 
 
 def make_sample_data(

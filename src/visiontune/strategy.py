@@ -9,6 +9,7 @@ processes, and loader workers come out of that budget.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,7 +17,7 @@ from datetime import timedelta
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, gather_object
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, LoggerType, gather_object
 from torch import nn
 
 from visiontune.config import TrainConfig, UserError
@@ -66,8 +67,22 @@ def enable_gpu_speedups() -> None:
     torch.backends.cudnn.benchmark = True
 
 
+def check_runnable(cfg: TrainConfig) -> None:
+    """Refuse settings that would quietly do something else here: fp16 on a CPU, a missing tracker."""
+    if cfg.mixed_precision == "fp16" and not torch.cuda.is_available():
+        # Accelerate would train in fp32 on a CPU while config.json said fp16.
+        raise UserError("--mixed-precision fp16 needs a GPU (on a CPU it would train in fp32); "
+                        "use --mixed-precision bf16 or no")
+    trackers = {t.value for t in LoggerType} - {"all"}  # their values are also their module names
+    if cfg.log_with in trackers and importlib.util.find_spec(cfg.log_with) is None:
+        # Accelerate leaves out trackers it cannot import, so the run would log nothing.
+        extra = "'visiontune[tensorboard]'" if cfg.log_with == "tensorboard" else cfg.log_with
+        raise UserError(f"--log-with {cfg.log_with}: {cfg.log_with} is not installed; pip install {extra}")
+
+
 def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accelerator:
     """Create the run's only Accelerator, then set this process's thread budget."""
+    check_runnable(cfg)
     if not torch.distributed.is_initialized():
         # Accelerate keeps one state per process; a second run in the same process
         # (the Python API, a notebook) may ask for other settings.
@@ -94,6 +109,7 @@ def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accele
 
 def check(cfg: TrainConfig) -> None:
     """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
+    check_runnable(cfg)
     if cfg.sync_batchnorm and effective_strategy(cfg) == "ddp" and not torch.cuda.is_available():
         raise UserError("--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
                         "drop the flag (each process then normalises its own batch)")

@@ -161,8 +161,8 @@ def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, schedu
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
     steps = StepLog(accelerator, optimizer, per_epoch) if cfg.log_with else None
     return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
-                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(), per_epoch),
-                    stop, cfg.epochs, steps)
+                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(),
+                                 cfg.save_pth, per_epoch), stop, cfg.epochs, steps)
 
 
 def _start(accelerator, resumed) -> engine.StartAt:
