@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FAST
 from PIL import Image
 
+from conftest import FAST
 from visiontune.cli import main
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from sklearn import metrics as skm
-from trained import independent_eval, one_thread, reference_probs  # noqa: F401  (one_thread: autouse)
 
+from trained import independent_eval, one_thread, reference_probs  # noqa: F401  (one_thread: autouse)
 from visiontune.cli import main
 
 CLASSES = ["cat", "dog"]

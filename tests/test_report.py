@@ -10,8 +10,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from trained import one_thread  # noqa: F401  (one_thread: autouse fixture)
 
+from trained import one_thread  # noqa: F401  (one_thread: autouse fixture)
 from visiontune.cli import main
 
 

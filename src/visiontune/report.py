@@ -86,7 +86,8 @@ def _evaluation(folder: Path, ev: dict) -> str:
     top = f"top-{ev['top_k']} accuracy" if ev.get("top_k") else None
     overall = [("images", "images"), ("accuracy", "accuracy"), ("balanced accuracy", "balanced_accuracy"),
                (top, "top_k_accuracy"), ("log loss", "log_loss"), (f"ECE ({ev['ece_bins']} bins)", "ece")]
-    avgs = [(f"{kind} {m}", ("averages", kind, m)) for kind in ("macro", "weighted") for m in ("precision", "recall", "f1")]
+    avgs = [(f"{kind} {m}", ("averages", kind, m))
+            for kind in ("macro", "weighted") for m in ("precision", "recall", "f1")]
     out = [(f"<p>Scored: {html.escape(ev['scored'])}; test-time augmentation: {html.escape(ev['tta'])}; "
             f"data {html.escape(ev['data'])}.</p>"),
            _rows([(label, _num("eval", ev, k)) for label, k in overall if label]

@@ -17,18 +17,17 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import checkpoint, engine, faults, outputs, runinfo
-from visiontune.hooks import CheckpointPolicy, Checkpointer, EpochOutputs, RunHooks
-from visiontune.steplog import StepLog
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.cache import CachedDataset, open_or_build
-from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.check import bad_fraction_error, scan, scan_cache_path, write_report
+from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.pipeline import MEAN, STD, DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_record
+from visiontune.hooks import Checkpointer, CheckpointPolicy, EpochOutputs, RunHooks
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model, get_spec
+from visiontune.steplog import StepLog
 from visiontune.strategy import cpu_budget, decode_threads, describe, loader_workers, make_accelerator, prepare
-
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
 
