@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from visiontune import checkpoint, engine, faults, outputs
 from visiontune.config import TrainConfig
 from visiontune.engine import PhaseResult, Totals
+from visiontune.steplog import StepLog
 
 
 @dataclass(frozen=True)
@@ -81,13 +82,15 @@ class EpochOutputs:
     history: list[dict]
     model_metadata: dict[str, str] = field(default_factory=dict)  # the run's description, inside best.safetensors
     save_pth: bool = False  # also best.pth (--save-pth)
+    per_epoch: int = 1  # batches per epoch and process: trackers get an epoch's figures at its last step
 
     def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
         acc, history = self.accelerator, self.history
         history.append({"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(),
                         "val": va.as_dict()})
-        acc.log({f"{p}/{k}": v for p, r in (("train", tr), ("val", va)) for k, v in r.as_dict().items()},
-                step=epoch)
+        # At the epoch's last step, so that per-step (StepLog) and per-epoch values share one rising axis.
+        acc.log({"epoch": epoch, **{f"{p}/{k}": v for p, r in (("train", tr), ("val", va))
+                                    for k, v in r.as_dict().items()}}, step=(epoch + 1) * self.per_epoch)
         is_best = outputs.best_epoch(history)["epoch"] == epoch
         acc.wait_for_everyone()
         if acc.is_main_process:
@@ -106,6 +109,7 @@ class RunHooks:
     outputs: EpochOutputs
     stop: faults.StopSignals
     epochs: int
+    steps: StepLog | None = None  # per-step loss and lr for the trackers (--log-with)
     history: list[dict] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +117,8 @@ class RunHooks:
 
     def on_step(self, epoch: int, batch: int, totals: Totals) -> None:
         policy = self.checkpointer.policy
+        if self.steps:
+            self.steps.record(epoch, batch, totals.values)
         if not policy.at_step_boundary(batch):
             return
         signum = self.stop.agreed()
@@ -120,6 +126,8 @@ class RunHooks:
             self.checkpointer.mid_epoch(epoch, batch, totals, signum)
 
     def on_epoch_end(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
+        if self.steps:
+            self.steps.flush()
         self.outputs.record(epoch, tr, va)
         path = self.checkpointer.save(epoch + 1, 0)
         signum = self.stop.agreed()

@@ -28,8 +28,8 @@ from visiontune.data.pipeline import MEAN, STD, DeviceNormalize, ImageDataset, m
 from visiontune.data.split import Split, make_split, split_summary, write_split
 from visiontune.hooks import Checkpointer, CheckpointPolicy, EpochOutputs, RunHooks
 from visiontune.models import build_model, check_input, get_spec
+from visiontune.steplog import StepLog
 from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
-
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
 
@@ -137,9 +137,10 @@ def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, schedu
            identity: dict, resumed, stop: faults.StopSignals, info: runinfo.RunInfo) -> RunHooks:
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
+    steps = StepLog(accelerator, optimizer, per_epoch) if cfg.log_with else None
     return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
                     EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(),
-                                 cfg.save_pth), stop, cfg.epochs)
+                                 cfg.save_pth, per_epoch), stop, cfg.epochs, steps)
 
 
 def _start(accelerator, resumed) -> engine.StartAt:
@@ -161,7 +162,9 @@ def _finish(accelerator, run_dir: str, since: float, history: list[dict], split:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/summary.json", summary)
-        print(f"visiontune: outputs in {run_dir}")
+        from visiontune import report
+
+        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
     accelerator.end_training()
     return summary
 
