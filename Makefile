@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/visiontune sample-data $(DEMO_DATA) --per-class 200 --force
+	rm -rf $(DEMO_RUN)  # the demo starts afresh each time (a run folder with checkpoints is never overwritten)
 	$(BIN)/visiontune train --data $(DEMO_DATA) --model resnet18 --weights none \
 		--image-size 64 --epochs 3 --batch-size 16 --lr 0.01 --output-dir $(DEMO_RUN)
 

@@ -33,6 +33,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         from visiontune.data.jobdata import shared_listing
 
         models.ensure_weights(cfg.model, cfg.weights)
+        if cfg.output_dir is None:  # fixed here, so that every worker writes the same folder
+            cfg = cfg.replace(output_dir=launch.run_folder(cfg))
+            argv = [*argv, "--output-dir", cfg.output_dir]
         # One machine: this process outlives any worker restart, so it holds the run folder's lock.
         with runlock.hold_for_workers(cfg.output_dir if cfg.nnodes == 1 else None), shared_listing(images, cfg.data):
             return launch.relaunch(cfg, argv)

@@ -37,7 +37,7 @@ LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed a
 def _run_dir(accelerator, cfg: TrainConfig) -> str:
     # The main process picks the folder (a timestamp) and every process uses it.
     # ``--resume RUN_DIR`` goes on writing into RUN_DIR unless --output-dir says otherwise.
-    choice = [cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else launch.default_output_dir())]
+    choice = [launch.run_folder(cfg)]
     broadcast_object_list(choice) if accelerator.num_processes > 1 else None
     return choice[0]
 
