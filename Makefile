@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := demo-data
 DEMO_RUN := runs/demo
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint bench browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,15 +16,20 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/visiontune sample-data $(DEMO_DATA) --per-class 200 --force
+	rm -rf $(DEMO_RUN)  # the demo starts afresh each time (a run folder with checkpoints is never overwritten)
 	$(BIN)/visiontune train --data $(DEMO_DATA) --model resnet18 --weights none \
 		--image-size 64 --epochs 3 --batch-size 16 --lr 0.01 --output-dir $(DEMO_RUN)
 
-test: $(STAMP)
+# Headless Chromium for the report.html test (tests marked `browser`), from Debian's packages when missing.
+browser:
+	command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q --durations=15 tests
 
-# The unmarked tier: no multi-process and no slow tests (markers set by tests/conftest.py).
+# The unmarked tier: no multi-process, slow or browser tests (markers set by tests/conftest.py).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 -m "not slow and not distributed" tests
+	$(BIN)/python -m pytest -q --durations=15 -m "not slow and not distributed and not browser" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -54,6 +54,14 @@ def test_bench_png_is_a_png(bench_dir):
         assert im.format == "PNG" and im.size[0] > 300
 
 
+def test_the_bench_and_each_of_its_runs_get_a_page_with_the_table(bench_dir):
+    rows = json.loads((bench_dir / "bench.json").read_text())["rows"]
+    for page in (bench_dir / "report.html", bench_dir / "single" / "report.html", bench_dir / "ddp" / "report.html"):
+        html = page.read_text()
+        assert "<h2>Benchmark</h2>" in html
+        assert f">{rows[0]['images_per_s']:.4f}</td>" in html and f">{rows[2]['images_per_s']:.4f}</td>" in html
+
+
 def test_per_device_plan_reproduces_the_blogs_setting():
     from visiontune.bench import plan
     from visiontune.config import TrainConfig
@@ -66,3 +74,63 @@ def test_unknown_strategy_is_a_user_error(sample_data, capsys, tmp_path):
     assert main(["bench", "--data", str(sample_data), "--strategies", "single,fsdp",
                  "--output-dir", str(tmp_path / "b")]) == 2
     assert "unknown strategy fsdp" in capsys.readouterr().err
+
+
+def _row(strategy, speed, stall=0.0, devices=1):
+    return {"strategy": strategy, "devices": devices, "processes": devices, "per_process_batch": 8,
+            "global_batch": 16, "images_per_s": speed, "data_stall": stall, "epoch_seconds": 1.0, "lr": 0.1,
+            "train_loss": 0.5, "train_accuracy": 0.5, "val_loss": 0.5, "val_accuracy": 0.5, "load_per_core": 0.1}
+
+
+@pytest.mark.parametrize("base_stall, spread, start_load, note", [
+    (0.0, None, 0.1, "not explained by data stall (0%); rerun with --repeats 3"),
+    (0.3, None, 0.1, "the baseline waited for its input 30% of the time (0% here)"),
+    (0.3, 0.25, 0.1, "noisy machine: images/s of single varied by 25% across 3 repeats"),
+    (0.0, None, 0.9, "noisy machine: load average 0.90 per core before the benchmark started"),
+])
+def test_a_super_linear_speedup_is_explained_only_by_what_was_measured(base_stall, spread, start_load, note):
+    from visiontune.bench import compare
+
+    base = {**_row("single", 100.0, base_stall), "spread": spread, "repeats": 3}
+    rows = compare([base, _row("ddp", 250.0, devices=2)], start_load)
+    assert rows[1]["speedup"] == pytest.approx(2.5)
+    assert rows[1]["note"].startswith("speedup above the device count") and note in rows[1]["note"]
+    if base_stall == 0.0:
+        assert "waiting" not in rows[1]["note"] and "waited" not in rows[1]["note"]
+
+
+def test_repeats_interleave_and_report_the_median_run_and_its_spread(monkeypatch, tmp_path):
+    from visiontune import bench
+    from visiontune.config import TrainConfig
+
+    speeds = {"single": iter([100.0, 80.0, 120.0]), "ddp": iter([150.0, 160.0, 155.0])}
+    calls = []
+
+    def fake_run_one(row, argv, out, repeat=0):
+        calls.append((row["strategy"], repeat))
+        return {**_row(row["strategy"], next(speeds[row["strategy"]]), devices=row["devices"]),
+                **{k: row[k] for k in ("processes", "per_process_batch", "global_batch")}, "repeat": repeat}
+
+    monkeypatch.setattr(bench, "run_one", fake_run_one)
+    monkeypatch.setattr(bench, "load_per_core", lambda: 0.05)
+    rows = bench.bench(TrainConfig(data="x", batch_size=8), [], ["single", "dp", "ddp"], 2, "global",
+                       str(tmp_path), repeats=3)
+    assert calls == [("single", 0), ("ddp", 0), ("single", 1), ("ddp", 1), ("single", 2), ("ddp", 2)]
+    single, dp, ddp = rows
+    assert "skipped" in dp
+    assert (single["images_per_s"], single["repeat"], single["images_per_s_runs"]) == (100.0, 0, [100.0, 80.0, 120.0])
+    assert single["spread"] == pytest.approx(0.4) and ddp["spread"] == pytest.approx(10 / 155)
+    assert single["note"] == "noisy machine: images/s of single varied by 40% across 3 repeats"
+    assert ddp["speedup"] == pytest.approx(1.55) and "noisy machine" in ddp["note"]
+    md = (tmp_path / "bench.md").read_text()
+    assert "| 100.0 ±20% |" in md and "Repeats per strategy: 3" in md and "at the start: 0.05" in md
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["repeats"] == 3 and saved["rows"][0]["images_per_s_runs"] == [100.0, 80.0, 120.0]
+    page = (tmp_path / "report.html").read_text()  # the bench's own page shows the same rows
+    assert '<td data-src="bench" data-path="[&quot;rows&quot;, 0, &quot;images_per_s&quot;]">100.0000</td>' in page
+    assert "noisy machine: images/s of single varied by 40%" in page
+
+
+def test_repeats_must_be_positive(sample_data, capsys, tmp_path):
+    assert main(["bench", "--data", str(sample_data), "--repeats", "0", "--output-dir", str(tmp_path / "b")]) == 2
+    assert "--repeats must be a positive integer" in capsys.readouterr().err

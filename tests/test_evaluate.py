@@ -1,5 +1,6 @@
 """visiontune evaluate: the numbers equal a hand computation from an independent forward pass,
---nproc 2 gives exactly the same numbers, unreadable files are left out and listed."""
+--nproc 2 gives exactly the same numbers, unreadable files are left out and listed, the run's own
+data is scored on its validation split by default, and the top losses are the worst images."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from sklearn import metrics as skm
 
-from trained import one_thread, reference_probs  # noqa: F401  (one_thread: autouse fixture)
+from trained import independent_eval, one_thread, reference_probs  # noqa: F401  (one_thread: autouse)
 from visiontune.cli import main
 
 CLASSES = ["cat", "dog"]
@@ -72,6 +74,10 @@ def test_numbers_equal_a_hand_computation(run, labelled, report):
         assert got["per_class"][name]["precision"] == pytest.approx(want["precision"][c], abs=1e-12)
         assert got["per_class"][name]["recall"] == pytest.approx(want["recall"][c], abs=1e-12)
         assert got["per_class"][name]["support"] == labels.count(c)
+    assert got["split"] == "all" and got["own_data"] is False and got["scored"].startswith("all 23 images")
+    preds = [0 if p0 > p1 else 1 for p0, p1 in reference_probs(run, paths).tolist()]
+    assert got["balanced_accuracy"] == pytest.approx(skm.balanced_accuracy_score(labels, preds), abs=1e-12)
+    assert got["averages"]["macro"]["f1"] == pytest.approx(skm.f1_score(labels, preds, average="macro"), abs=1e-12)
     [skipped] = got["skipped"]
     assert skipped["path"] == str(root / "Dog" / "zz_broken.jpg") and "JPEG" in skipped["reason"]
     assert (out.parent / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -85,9 +91,53 @@ def test_table_printed(run, labelled, tmp_path, capsys):
     (tn, fp), (fn, tp) = hand_metrics(run, paths, labels)["confusion_matrix"]
     lines = captured.out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("confusion matrix"))
+    # Counts with the share of the true class beside them: cat has 13 images, dog 10 readable ones.
     assert [line.split() for line in lines[at + 1:at + 4]] == [
-        ["cat", "dog"], ["cat", str(tn), str(fp)], ["dog", str(fn), str(tp)]]
+        ["0", "1"], ["0", "cat", str(tn), f"({tn / 13:.0%})", str(fp), f"({fp / 13:.0%})"],
+        ["1", "dog", str(fn), f"({fn / 10:.0%})", str(tp), f"({tp / 10:.0%})"]]
+    assert "scored all 23 images (not the run's own data)" in captured.out
     assert "zz_broken.jpg" in captured.err
+
+
+def test_top_losses_are_the_wrong_images_with_the_highest_loss(run, labelled, report):
+    import csv
+    import math
+
+    _, paths, labels = labelled
+    probs = reference_probs(run, paths).tolist()
+    wrong = [(-math.log(p[t]), str(path), p) for path, t, p in zip(paths, labels, probs) if p[t] < 0.5]
+    want = sorted(wrong, reverse=True)[:16]
+    with open(report[1].parent / "top_losses.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["path"] for r in rows] == [w[1] for w in want]
+    for r, (loss, _, p) in zip(rows, want):
+        assert float(r["loss"]) == pytest.approx(loss, abs=1e-4)
+        assert float(r["probability"]) == pytest.approx(max(p), abs=1e-4) and r["true"] != r["predicted"]
+    assert (report[1].parent / "top_losses.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, tmp_path, capsys):
+    run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))  # shared: copy
+    assert main(["evaluate", "--run", str(run), "--data", str(sample_data), "--no-progress"]) == 0
+    got = json.loads((run / "eval.json").read_text())
+    split = json.loads((run / "split.json").read_text())
+    loss, accuracy, n = independent_eval(run, sample_data)
+    assert (got["split"], got["own_data"], got["images"]) == ("val", True, n) and n == len(split["val"])
+    assert got["accuracy"] == pytest.approx(accuracy, abs=1e-12) and got["log_loss"] == pytest.approx(loss, abs=1e-5)
+    assert f"scored the run's validation split: {n} of 120 images" in capsys.readouterr().out
+    assert "Scored: the run&#x27;s validation split" in (run / "report.html").read_text()  # refreshed
+    assert main(["evaluate", "--run", str(run), "--data", str(sample_data), "--no-progress", "--split", "train",
+                 "--out", str(run / "train-eval.json")]) == 0
+    assert json.loads((run / "train-eval.json").read_text())["images"] == len(split["train"])
+
+
+def test_split_on_other_data_is_a_user_error(run, labelled, tmp_path, capsys):
+    out = tmp_path / "e.json"
+    assert main(["evaluate", "--run", str(run), "--data", str(labelled[0]), "--split", "val", "--out", str(out),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--split val needs the run's own data" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
 
 
 def test_two_processes_give_exactly_the_same_numbers(run, labelled, report, tmp_path, worker_env, monkeypatch):
@@ -106,6 +156,7 @@ def test_classes_must_match_the_run(run, tmp_path, sample_data, capsys):
     for name in ("cat", "fox"):
         (tmp_path / "data" / name).mkdir(parents=True)
         shutil.copy(next((sample_data / "train").glob("cat.*.jpg")), tmp_path / "data" / name / "a.jpg")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir())
     assert main(["evaluate", "--run", str(run), "--data", str(tmp_path / "data"), "--no-progress"]) == 2
     assert "['cat', 'fox'] but the model was trained on ['cat', 'dog']" in capsys.readouterr().err
-    assert not (run / "eval.json").exists()
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir()) == before  # nothing written

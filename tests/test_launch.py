@@ -47,3 +47,25 @@ def test_needs_launcher(monkeypatch, changes, env, expected):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert needs_launcher(TrainConfig(data="d", **changes)) is expected
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["--resume", "RESUMED"], "RESUMED"),  # a resumed ddp run goes on writing the folder it resumes
+    (["--output-dir", "CHOSEN"], "CHOSEN"),
+    ([], None),  # a new timestamped folder, the same for every worker
+])
+def test_the_launcher_hands_every_worker_one_run_folder(sample_data, tmp_path, monkeypatch, extra, expected):
+    from visiontune import cli, launch
+
+    seen = {}
+    monkeypatch.setattr(launch, "relaunch", lambda cfg, argv, command="train": seen.update(cfg=cfg, argv=argv) or 0)
+    monkeypatch.chdir(tmp_path)
+    extra = [str(tmp_path / e) if e.isupper() else e for e in extra]
+    assert cli.main(["train", "--data", str(sample_data), "--model", "resnet18", "--weights", "none",
+                     "--strategy", "ddp", "--nproc", "2", *extra]) == 0
+    folder = seen["argv"][seen["argv"].index("--output-dir") + 1]
+    assert folder == seen["cfg"].output_dir
+    if expected:
+        assert folder == str(tmp_path / expected)
+    else:
+        assert folder.startswith("runs/") and len(folder) > len("runs/")

@@ -40,6 +40,27 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
     assert target.read_text() == "old" and os.listdir(target.parent) == ["f.json"]
 
 
+def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data(tmp_path):
+    import matplotlib.pyplot as plt
+
+    history = [{**_row(e, acc, loss), "lr": lr} for e, acc, loss, lr in
+               ((0, 0.6, 0.9, 0.01), (1, 0.9, 0.4, 0.008), (2, 0.8, 0.5, 0.002))]
+    fig = outputs.history_figure(history)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    acc_ax, _, lr_ax = fig.axes
+    [legend] = fig.legends
+    box = legend.get_window_extent(renderer)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+    assert "best epoch (1): val accuracy 0.9000" in [t.get_text() for t in legend.get_texts()]
+    star = next(line for line in acc_ax.get_lines() if line.get_marker() == "*")
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([1], [0.9])
+    assert [list(line.get_ydata()) for line in lr_ax.get_lines() if line.get_marker() == "o"] == [[0.01, 0.008, 0.002]]
+    plt.close(fig)
+    outputs.plot_history(tmp_path / "c.png", history)
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_atomic_files_respect_the_umask(tmp_path):
     old = os.umask(0o022)
     try:

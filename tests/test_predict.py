@@ -200,3 +200,19 @@ def test_bad_input_is_one_line_exit_2(run, sample_data, tmp_path, capsys, argv, 
     err = capsys.readouterr().err
     assert message.format(**fill) in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_tta_flip_is_the_mean_of_the_plain_and_mirrored_passes(run, sample_data, tmp_path):
+    from trained import preprocess, reference_model
+
+    files = sorted((sample_data / "train").glob("*.jpg"))[::10]
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--run", str(run), "--data", str(sample_data / "train"), "--out", str(out),
+                 "--tta", "flip", "--no-progress"]) == 0
+    rows = {r["path"]: [float(r["prob_cat"]), float(r["prob_dog"])] for r in csv.DictReader(out.open())}
+    with torch.no_grad():
+        x, model = preprocess(files), reference_model(run)
+        want = (model(x).softmax(1) + model(x.flip(-1)).softmax(1)) / 2
+    got = torch.tensor([rows[str(f)] for f in files])
+    assert torch.allclose(got, want, atol=TOL)
+    assert not torch.allclose(got, reference_probs(run, files), atol=1e-3)  # the flip changed something

@@ -152,7 +152,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path,
     assert not (tmp_path / "r").exists()
 
 
-def test_tensorboard_tracker_logs_the_metrics(logged):
+def test_tensorboard_tracker_logs_the_metrics_and_every_steps_loss_and_lr(logged):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -160,7 +160,14 @@ def test_tensorboard_tracker_logs_the_metrics(logged):
     assert events
     acc = EventAccumulator(str(events[0].parent)).Reload()
     hist = json.loads((logged.run_dir / "history.json").read_text())
-    assert acc.Scalars("val/accuracy")[0].value == pytest.approx(hist[0]["val"]["accuracy"])
+    # 96 train images / 16 = 6 steps; the epoch's figures are logged at its last step.
+    [val] = acc.Scalars("val/accuracy")
+    assert val.step == 6 and val.value == pytest.approx(hist[0]["val"]["accuracy"])
+    losses, lrs = acc.Scalars("train/step_loss"), acc.Scalars("train/lr")
+    assert [s.step for s in losses] == [s.step for s in lrs] == [1, 2, 3, 4, 5, 6]
+    # Full batches: the epoch's loss is the mean of its steps' losses.
+    assert sum(s.value for s in losses) / 6 == pytest.approx(hist[0]["train"]["loss"], rel=1e-5)
+    assert [s.value for s in lrs] == pytest.approx([1e-3] * 6)
 
 
 def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data, tmp_path):

@@ -33,6 +33,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         from visiontune.data.jobdata import shared_listing
 
         models.ensure_weights(cfg.model, cfg.weights)
+        if cfg.output_dir is None:  # fixed here, so that every worker writes the same folder
+            cfg = cfg.replace(output_dir=launch.run_folder(cfg))
+            argv = [*argv, "--output-dir", cfg.output_dir]
         # One machine: this process outlives any worker restart, so it holds the run folder's lock.
         with runlock.hold_for_workers(cfg.output_dir if cfg.nnodes == 1 else None), shared_listing(images, cfg.data):
             return launch.relaunch(cfg, argv)
@@ -107,13 +110,13 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     discover(cfg.data)
     # Each strategy re-runs `visiontune train` with these flags; bench's own are
     # dropped and the per-strategy ones are appended (argparse: the last wins).
-    train_argv = launch.without_flags(argv, ("--strategies", "--same", "--output-dir"))
+    train_argv = launch.without_flags(argv, ("--strategies", "--same", "--output-dir", "--repeats"))
     if "epochs" not in vars(args):
         train_argv += ["--epochs", "1"]
         cfg = cfg.replace(epochs=1)
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)
     bench(cfg, train_argv, [s.strip() for s in args.strategies.split(",") if s.strip()],
-          cfg.nproc or launch.default_nproc(), args.same, out)
+          cfg.nproc or launch.default_nproc(), args.same, out, args.repeats)
     return 0
 
 
@@ -159,7 +162,7 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     check_clip(args.clip)
     writable_file(args.out, "--out")  # before the forward pass, not after it
     return _in_processes(args, argv, "predict", skipped_path(args.out).exists,
-                         lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip))
+                         lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta))
 
 
 def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
@@ -171,7 +174,8 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     loaded, icfg = _inference(args)
     out = args.out or str(Path(args.run) / "eval.json")
     return _in_processes(args, argv, "evaluate", lambda: json.loads(Path(out).read_text())["skipped"],
-                         lambda: evaluate(loaded, icfg, args.data, out))
+                         lambda: evaluate(loaded, icfg, args.data, out, run_dir=args.run, split=args.split,
+                                          tta_mode=args.tta, top_n=args.top_losses))
 
 
 def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
@@ -203,11 +207,20 @@ def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.report import write
+
+    print(f"visiontune: wrote {write(args.run)}")
+    return 0
+
+
 def _add_inference_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive, help="images per batch PER PROCESS (default: the run's)")
     p.add_argument("--mixed-precision", choices=choices()["mixed_precision"], default="no")
     p.add_argument("--nproc", type=positive, default=1, help="processes (DDP-style sharding; same output)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
+    p.add_argument("--tta", choices=("none", "flip", "flip+crop"), default="none",
+                   help="test-time augmentation: average the probabilities of mirrored (and centre-cropped) views")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default="single,dp,ddp", help="comma-separated (default single,dp,ddp)")
     p.add_argument("--same", default="global", choices=("global", "per-device"),
                    help="keep the global batch (default) or the per-device batch equal across strategies")
+    p.add_argument("--repeats", type=int, default=1, help="train each strategy N times, interleaved; report the "
+                   "median run and the spread")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("slurm", help="write a Slurm batch script for `visiontune train` (requeued on preemption)")
     add_train_flags(p)
@@ -266,10 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
     _add_inference_flags(p)
     p.set_defaults(func=cmd_predict)
-    p = sub.add_parser("evaluate", help="accuracy, log loss, precision/recall, confusion matrix on labelled data")
+    p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
-    p.add_argument("--out", help="JSON report (default RUN/eval.json; confusion_matrix.png goes beside it)")
+    p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
+    p.add_argument("--split", choices=("val", "train", "all"),
+                   help="with the run's own data: which images to score (default val); other data is scored whole")
+    p.add_argument("--top-losses", type=int, default=16, help="misclassified images in top_losses.png/.csv")
     _add_inference_flags(p)
     p.set_defaults(func=cmd_evaluate)
     p = sub.add_parser("export", help="export a run's best model to ONNX or a torch.export .pt2 archive")
@@ -277,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True, help="onnx or pt2 (torch.export; TorchScript's successor)")
     p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.pt2)")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
+    p.add_argument("run", help="a training run folder (or a bench folder)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -23,6 +23,7 @@ from accelerate import Accelerator
 from visiontune import checkpoint, engine, faults, outputs, recipe
 from visiontune.config import TrainConfig
 from visiontune.engine import PhaseResult, Totals
+from visiontune.steplog import StepLog
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class EpochOutputs:
     history: list[dict]
     model_metadata: dict[str, str] = field(default_factory=dict)  # the run's description, inside best.safetensors
     save_pth: bool = False  # also best.pth (--save-pth)
+    per_epoch: int = 1  # batches per epoch and process: trackers get an epoch's figures at its last step
     best_metric: str = "accuracy"
     ema: torch.nn.Module | None = None  # the EMA model, evaluated after each epoch beside the raw one
     evaluate: Callable[[torch.nn.Module], PhaseResult] | None = None
@@ -98,8 +100,9 @@ class EpochOutputs:
             acc.print(f"val (EMA) Loss: {ve.loss:.4f} Acc: {ve.accuracy:.4f}\n")
             row["val_ema"] = ve.as_dict()
         history.append(row)
-        acc.log({f"{p}/{k}": v for p in ("train", "val", "val_ema") if p in row for k, v in row[p].items()},
-                step=epoch)
+        # At the epoch's last step, so that per-step (StepLog) and per-epoch values share one rising axis.
+        acc.log({"epoch": epoch, **{f"{p}/{k}": v for p in ("train", "val", "val_ema") if p in row
+                                    for k, v in row[p].items()}}, step=(epoch + 1) * self.per_epoch)
         best, which = recipe.best(history, self.best_metric)
         acc.wait_for_everyone()
         if acc.is_main_process:
@@ -123,6 +126,7 @@ class RunHooks:
     outputs: EpochOutputs
     stop: faults.StopSignals
     epochs: int
+    steps: StepLog | None = None  # per-step loss and lr for the trackers (--log-with)
     early_stop: int = 0  # epochs without a better best metric before stopping (0: never)
     history: list[dict] = field(init=False)
 
@@ -131,6 +135,8 @@ class RunHooks:
 
     def on_step(self, epoch: int, batch: int, totals: Totals) -> None:
         policy = self.checkpointer.policy
+        if self.steps:
+            self.steps.record(epoch, batch, totals.values)
         if not policy.at_step_boundary(batch):
             return
         signum = self.stop.agreed()
@@ -138,6 +144,8 @@ class RunHooks:
             self.checkpointer.mid_epoch(epoch, batch, totals, signum)
 
     def on_epoch_end(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
+        if self.steps:
+            self.steps.flush()
         best = self.outputs.record(epoch, tr, va)
         path = self.checkpointer.save(epoch + 1, 0)
         signum = self.stop.agreed()

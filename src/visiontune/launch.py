@@ -99,6 +99,11 @@ def default_nproc() -> int:
     return torch.cuda.device_count() or 2
 
 
+def run_folder(cfg: TrainConfig) -> str:
+    """The folder a run writes: --output-dir, else the run --resume names, else a new timestamped one."""
+    return cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else default_output_dir())
+
+
 def default_output_dir() -> str:
     return os.path.join("runs", datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
 
@@ -251,8 +256,7 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
 
     from visiontune.strategy import cpu_budget
 
-    torchrun_args = launcher_argv(cfg, argv if command != "train" or cfg.output_dir
-                                  else [*argv, "--output-dir", default_output_dir()], command)
+    torchrun_args = launcher_argv(cfg, argv, command)
     # Each worker takes cores / processes threads (strategy.cpu_budget); tell
     # OpenMP the same before the workers start so nothing oversubscribes.
     nproc = int(torchrun_args[0].split("=")[1])

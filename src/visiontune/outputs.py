@@ -116,22 +116,43 @@ def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
 
 
 def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
-    """Accuracy and loss curves, train against val, as in the reference job."""
+    """``training_results.png``: the figure of ``history_figure``."""
+    save_figure(path, history_figure(history))
+
+
+def history_figure(history: list[dict]):
+    """Accuracy and loss, train against val, and the learning rate; the best epoch marked.
+
+    The legend sits below the panels, never over a curve; the best epoch (``best_epoch``) is a
+    dotted line with its val points starred, so the curve and the saved model can be matched.
+    """
     import matplotlib.ticker
 
     plt = pyplot()
     epochs = [row["epoch"] for row in history]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, key, title, where in ((axes[0], "accuracy", "Accuracy", "lower right"),
-                                  (axes[1], "loss", "Loss", "upper right")):
+    best = best_epoch(history)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    for ax, key, title in ((axes[0], "accuracy", "Accuracy"), (axes[1], "loss", "Loss")):
         for phase, label in (("train", "Training"), ("val", "Validation")):
-            ax.plot(epochs, [row[phase][key] for row in history], marker="o", label=f"{label} {title}")
+            ax.plot(epochs, [row[phase][key] for row in history], marker="o", label=label)
+        ax.plot([best["epoch"]], [best["val"][key]], marker="*", markersize=16, color="tab:red", linestyle="none",
+                label=f"best epoch ({best['epoch']}): val accuracy {best['val']['accuracy']:.4f}")
         ax.set_title(f"Training and Validation {title}")
+    lrs = [(row["epoch"], row["lr"]) for row in history if "lr" in row]
+    axes[2].plot([e for e, _ in lrs], [lr for _, lr in lrs], marker="o", color="tab:gray", label="learning rate")
+    axes[2].set_title("Learning rate (at the end of each epoch)")
+    axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    for ax in axes:
+        ax.axvline(best["epoch"], color="tab:red", linestyle=":", linewidth=1)
         ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.legend(loc=where)
-    fig.tight_layout()
-    save_figure(path, fig)
+        if len(epochs) <= 15:  # every epoch a tick (a one-epoch run would otherwise get fractional ones)
+            ax.set_xticks(epochs)
+        else:
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    legend = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}  # one per label
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # room below the panels for the legend
+    return fig
 
 
 def best_epoch(history: list[dict]) -> dict:

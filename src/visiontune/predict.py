@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from visiontune import inference, outputs
+from visiontune import inference, outputs, tta
 from visiontune.config import UserError
 from visiontune.data.decode import IMAGE_EXTENSIONS
 from visiontune.data.pipeline import UNREADABLE
 from visiontune.inference import InferenceConfig, LoadedModel, unreadable_reasons
+
 
 @dataclass(frozen=True)
 class Inputs:
@@ -87,12 +88,14 @@ def skipped_path(out: str) -> Path:
     return Path(f"{out}.skipped.txt")
 
 
-def predict(loaded: LoadedModel, icfg: InferenceConfig, inputs: Inputs, out: str, clip: float = 0.0) -> int:
+def predict(loaded: LoadedModel, icfg: InferenceConfig, inputs: Inputs, out: str, clip: float = 0.0,
+            tta_mode: str = "none") -> int:
     """Write ``out`` (and ``out.skipped.txt`` when files were unreadable); return how many were skipped."""
     check_clip(clip)
     classes = loaded.classes
     accelerator = inference.start(icfg)
-    logits, labels = inference.forward(accelerator, loaded, icfg, inputs.paths, [0] * len(inputs.paths), "predict")
+    logits, labels = inference.forward(accelerator, tta.wrap_loaded(loaded, tta_mode), icfg, inputs.paths,
+                                       [0] * len(inputs.paths), "predict")
     readable = labels != UNREADABLE
     skipped = []
     if accelerator.is_main_process:

@@ -29,8 +29,8 @@ from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_summary, write_split
 from visiontune.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
 from visiontune.models import build_model, check_input, get_spec
+from visiontune.steplog import StepLog
 from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
-
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
 
@@ -38,7 +38,7 @@ LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed a
 def _run_dir(accelerator, cfg: TrainConfig) -> str:
     # The main process picks the folder (a timestamp) and every process uses it.
     # ``--resume RUN_DIR`` goes on writing into RUN_DIR unless --output-dir says otherwise.
-    choice = [cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else launch.default_output_dir())]
+    choice = [launch.run_folder(cfg)]
     broadcast_object_list(choice) if accelerator.num_processes > 1 else None
     return choice[0]
 
@@ -135,10 +135,12 @@ def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, schedu
            identity: dict, resumed, stop: faults.StopSignals, info: runinfo.RunInfo, evaluate_ema) -> RunHooks:
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
+    steps = StepLog(accelerator, optimizer, per_epoch) if cfg.log_with else None
     ema = scheduler.ema.module if scheduler.ema else None
     return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
                     EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(), cfg.save_pth,
-                                 cfg.best_metric, ema, evaluate_ema), stop, cfg.epochs, cfg.early_stop)
+                                 per_epoch, cfg.best_metric, ema, evaluate_ema), stop, cfg.epochs, steps,
+                    cfg.early_stop)
 
 
 def _start(accelerator, resumed) -> engine.StartAt:
@@ -160,7 +162,9 @@ def _finish(accelerator, run_dir: str, since: float, history: list[dict], split:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/summary.json", summary)
-        print(f"visiontune: outputs in {run_dir}")
+        from visiontune import report
+
+        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
     accelerator.end_training()
     return summary
 

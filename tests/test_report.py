@@ -1,0 +1,130 @@
+"""report.html: self-contained, rebuilt by `visiontune report`, and checked in a real headless Chromium
+(marked ``browser``; `make test` installs Chromium, the rest of the suite never needs it)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from trained import one_thread  # noqa: F401  (one_thread: autouse fixture)
+from visiontune.cli import main
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, sample_data, trained_run) -> Path:
+    """A copy of the shared trained run, evaluated (which refreshes its report) on class folders where a few
+    images sit in the wrong folder, so that there are top losses to show."""
+    tmp = tmp_path_factory.mktemp("report")
+    out = Path(shutil.copytree(trained_run, tmp / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    cats, dogs = (sorted((sample_data / "train").glob(f"{c}.*.jpg")) for c in ("cat", "dog"))
+    for folder, files in (("cat", cats[:8] + dogs[:3]), ("dog", dogs[10:18] + cats[10:12])):
+        (tmp / "pets" / folder).mkdir(parents=True)
+        for f in files:
+            shutil.copy(f, tmp / "pets" / folder / f.name)
+    assert main(["evaluate", "--run", str(out), "--data", str(tmp / "pets"), "--no-progress", "--top-losses", "4"]) == 0
+    return out
+
+
+def shown(v) -> str:
+    """How the page must show a JSON value: 4 decimals for floats."""
+    return "-" if v is None else str(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else f"{v:.4f}"
+
+
+class Cells(HTMLParser):
+    """(source, path, text) of every cell that says which JSON value it shows; the <img> sources."""
+
+    def __init__(self):
+        super().__init__()
+        self.cells, self.images, self._open = [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "data-src" in a:
+            self._open = [a["data-src"], json.loads(a["data-path"]), ""]
+        if tag == "img":
+            self.images.append(a["src"])
+
+    def handle_data(self, data):
+        if self._open:
+            self._open[2] += data
+
+    def handle_endtag(self, tag):
+        if self._open and tag == "td":
+            self.cells.append(tuple(self._open))
+            self._open = None
+
+
+def parse(page: str) -> Cells:
+    cells = Cells()
+    cells.feed(page)
+    return cells
+
+
+def value(data, path):
+    for key in path:
+        data = data[key]
+    return data
+
+
+def test_the_page_is_self_contained_and_rebuilt_the_same(run, capsys):
+    page = (run / "report.html").read_text()
+    cells = parse(page)
+    assert len(cells.images) == 3 and all(s.startswith("data:image/png;base64,") for s in cells.images)
+    assert not re.search(r"(?<![\w-])(src|href)\s*=\s*[\"'](?!data:)", page) and "<script" not in page
+    (run / "report.html").unlink()
+    assert main(["report", str(run)]) == 0
+    assert (run / "report.html").read_text() == page
+    assert f"wrote {run / 'report.html'}" in capsys.readouterr().out
+
+
+def test_report_of_a_folder_that_is_no_run_is_a_user_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "is not a visiontune run folder" in capsys.readouterr().err
+    assert not (tmp_path / "report.html").exists()
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.fail("the browser test needs Chromium: `make browser` (Debian: apt-get install chromium)")
+
+
+# Appended to a copy of the page: after the load event, record how many images there are and how
+# many failed to decode, where --dump-dom can see it.
+CHECK = """<script>window.addEventListener("load", () => {
+  const bad = [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).length;
+  document.body.setAttribute("data-images", document.images.length);
+  document.body.setAttribute("data-broken", bad);
+});</script>"""
+
+
+@pytest.mark.browser
+def test_the_page_in_a_headless_browser(run, tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text((run / "report.html").read_text().replace("</body>", CHECK + "</body>"))
+    done = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
+                           "--host-resolver-rules=MAP * ~NOTFOUND",  # any network request would fail loudly
+                           "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+                          check=False, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []
+    assert re.search(r'data-images="3"', done.stdout) and re.search(r'data-broken="0"', done.stdout)
+    sources = {"summary": json.loads((run / "summary.json").read_text()),
+               "eval": json.loads((run / "eval.json").read_text())}
+    cells = parse(done.stdout).cells
+    for src, path, text in cells:
+        assert text == shown(value(sources[src], path)), (src, path)
+    ev = sources["eval"]
+    checked = {(src, tuple(path)) for src, path, _ in cells}
+    for name in ev["classes"]:
+        assert ("eval", ("per_class", name, "f1")) in checked
+    assert {("eval", ("accuracy",)), ("eval", ("ece",)), ("eval", ("averages", "macro", "f1")),
+            ("summary", ("best_val_accuracy",)), ("eval", ("top_losses", 0, "loss"))} <= checked
