@@ -27,6 +27,7 @@ DISTRIBUTED = {
     "test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch",
     "test_killing_the_launcher_with_sigkill_leaves_no_worker",
     "test_a_run_folder_that_is_not_shared_stops_before_training",
+    "test_ddp_with_the_new_options_matches_one_process",
     "uninterrupted",  # the fault-injection matrix's reference runs (single and ddp)
     "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
 }
@@ -43,6 +44,9 @@ SLOW = {
     "test_cosine_schedule_steps_per_optimizer_step_with_accumulation",
     "test_gpu_script_says_there_is_no_gpu_and_exits_0",
     "test_gpu_benchmark_code_runs_tiny_on_a_cpu",
+    "test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact",
+    "test_ema_best_pick_early_stop_and_the_recorded_recipe",
+    "test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum",
     "test_too_little_free_space_stops_before_writing",
     "test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint",
     "test_a_real_full_disk_while_writing",

@@ -6,6 +6,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
+from visiontune.data.augment import EpochIndex, sample_augment
 from visiontune.data.pipeline import MEAN, STD
 from visiontune.data.layouts import discover
 from torch.utils.data import default_collate
@@ -41,13 +42,14 @@ def test_dataset_matches_the_blogs_pipeline_after_normalisation(sample_data):
         assert (ours - ref).abs().mean() < 0.02
 
 
-def test_augment_is_random_and_train_only(sample_data):
+def test_augment_is_random_per_epoch_and_index_and_train_only(sample_data):
     images = discover(str(sample_data))
-    aug = ImageDataset(images.paths[:1], [0], image_size=32, augment=True)
+    aug = ImageDataset(images.paths[:1], [0], image_size=32, augment=sample_augment("flip-crop", 32, seed=0))
     plain = ImageDataset(images.paths[:1], [0], image_size=32)
-    outs = [aug[0][0] for _ in range(5)]
+    outs = [aug[EpochIndex(0, e)][0] for e in range(5)]
     assert all(o.shape == (3, 32, 32) and o.dtype == torch.uint8 for o in outs)
     assert any(not torch.equal(outs[0], o) for o in outs[1:])
+    assert torch.equal(aug[EpochIndex(0, 0)][0], outs[0])  # the same epoch and index: the same draws
     assert torch.equal(plain[0][0], plain[0][0])
 
 
@@ -111,11 +113,11 @@ def test_a_batch_decoded_by_threads_equals_one_image_at_a_time(tmp_path, sample_
 
 
 def test_threaded_augmentation_repeats_under_the_same_seed(tmp_path, sample_data):
-    serial, order = _batch_with_a_broken_file(tmp_path, sample_data, augment=True)
-    threaded, _ = _batch_with_a_broken_file(tmp_path, sample_data, augment=True, threads=2)
-    torch.manual_seed(3)
+    serial, order = _batch_with_a_broken_file(tmp_path, sample_data, augment=sample_augment("flip-crop", 24, seed=3))
+    threaded, _ = _batch_with_a_broken_file(tmp_path, sample_data, augment=sample_augment("flip-crop", 24, seed=3),
+                                            threads=2)
+    order = [EpochIndex(i, 1) for i in order]
     a = threaded.__getitems__(order)
-    torch.manual_seed(3)
     b = [serial[i] for i in order]
     assert all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))
 

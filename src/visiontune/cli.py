@@ -45,6 +45,15 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_lr_find(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.lrfind import lr_find
+
+    cfg = config_from_args(args)
+    found = lr_find(cfg, start=args.start_lr, end=args.end_lr, steps=args.steps)
+    print(f"visiontune: suggested lr {found['suggested_lr']:.2g} (loss against lr: {found['dir']}/lr_find.png)")
+    return 0
+
+
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.layouts import write_kaggle_manifest
 
@@ -221,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
     add_train_flags(p)
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("lr-find", help="a short exponential lr sweep: loss-vs-lr PNG and a suggested lr")
+    add_train_flags(p)
+    p.add_argument("--steps", type=positive, default=100, help="batches in the sweep (default 100)")
+    p.add_argument("--start-lr", type=float, default=1e-7, help="first lr (default 1e-7)")
+    p.add_argument("--end-lr", type=float, default=10.0, help="last lr (default 10)")
+    p.set_defaults(func=cmd_lr_find)
     p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
     p.add_argument("data")
     p.set_defaults(func=cmd_prepare)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -54,20 +55,42 @@ class TrainConfig:
     freeze_backbone: bool = _setting(False, "train only the new head")
     # data
     image_size: int | None = _setting(None, "square input size in pixels (default: the model's pretrained size)")
-    augment: bool = _setting(False, "random-resized-crop and horizontal flip for training")
+    augment: Literal["none", "flip-crop", "trivial", "randaugment"] | None = _setting(
+        None, "none, flip-crop (also plain --augment), trivial or randaugment (default: the recipe's)")
+    random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
+    mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see README")
+    cutmix: float | None = _setting(None, "cutmix alpha (0: off); with --mixup each pair uses one of them")
+    normalize: Literal["weights", "data", "blog"] | None = _setting(
+        None, "weights (the pretrained weights' mean/std), data (the train split's) or blog (the reference constants)")
+    mean: str | None = _setting(None, "per-channel mean R,G,B in [0, 1] (default: from --normalize; recorded)")
+    std: str | None = _setting(None, "per-channel std R,G,B (default: from --normalize; recorded)")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
     seed: int = _setting(42, "seed of the split, the sampler and the head's init")
     num_workers: int | None = _setting(None, "loader worker processes per process, or auto (default: "
                                              "cores - 1 with a GPU, none on a CPU, where threads decode)")
     cache: str | None = _setting(None, "decode once into a memory-mapped uint8 cache: a folder or auto")
     max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
-    # optimisation
+    # optimisation (settings left None come from --recipe; see recipe.py)
+    recipe: Literal["blog", "modern"] = _setting("blog", "blog (the reference job, unchanged) or modern (AdamW, "
+                                                 "warm-up + cosine, label smoothing, TrivialAugment, EMA); flags win")
     epochs: int = _setting(2, "epochs")
     batch_size: int = _setting(50, "batch size PER PROCESS, as in the reference job")
-    lr: float = _setting(1e-3, "learning rate")
+    optimizer: Literal["sgd", "adamw"] | None = _setting(None, "sgd or adamw (AdamW: no weight decay on norms "
+                                                               "and biases)")
+    lr: float | None = _setting(None, "learning rate")
     momentum: float = _setting(0.9, "SGD momentum")
-    weight_decay: float = _setting(0.0, "SGD weight decay")
-    lr_schedule: Literal["none", "cosine"] = _setting("none", "none or cosine, stepped per optimizer step")
+    weight_decay: float | None = _setting(None, "weight decay")
+    lr_schedule: Literal["none", "cosine", "linear", "step"] | None = _setting(
+        None, "none, cosine, linear or step, stepped per optimizer step")
+    warmup_epochs: float | None = _setting(None, "linear lr warm-up, in epochs (fractions allowed)")
+    warmup_steps: int = _setting(0, "linear lr warm-up in optimizer steps (wins over --warmup-epochs)")
+    label_smoothing: float | None = _setting(None, "label smoothing of the training loss")
+    ema: float | None = _setting(None, "decay of an EMA of the weights, evaluated each epoch (0: off)")
+    freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
+    backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")
+    early_stop: int = _setting(0, "stop after this many epochs without a better --best-metric (0: off)")
+    best_metric: Literal["accuracy", "loss"] = _setting("accuracy", "accuracy or loss: what picks the best epoch "
+                                                                   "(and EMA or raw weights)")
     grad_accum: int = _setting(1, "gradient accumulation steps")
     scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")
     reference_batch: int = _setting(50, "the batch --lr was tuned for")
@@ -104,9 +127,22 @@ class TrainConfig:
 
 
 def choices(cls: type = TrainConfig) -> dict[str, tuple[str, ...]]:
-    """The allowed values of each ``Literal[...]`` field (argparse ``choices`` and ``validate`` use them)."""
-    return {name: get_args(hint) for name, hint in get_type_hints(cls).items()
-            if getattr(hint, "__origin__", None) is Literal}
+    """The allowed values of each ``Literal[...]`` field, optional ones too (argparse ``choices`` and
+    ``validate`` use them; an optional one is None only until its recipe fills it in)."""
+    found = {}
+    for name, hint in get_type_hints(cls).items():
+        options = [hint, *get_args(hint)] if getattr(hint, "__origin__", None) is not Literal else [hint]
+        literal = next((h for h in options if getattr(h, "__origin__", None) is Literal), None)
+        if literal is not None:
+            found[name] = get_args(literal)
+    return found
+
+
+# (low, high, high included): ranges of the recipe's numbers.
+RANGES = {"weight_decay": (0, math.inf, False), "warmup_epochs": (0, math.inf, False),
+          "warmup_steps": (0, math.inf, False), "label_smoothing": (0, 1, False), "random_erasing": (0, 1, True),
+          "mixup": (0, math.inf, False), "cutmix": (0, math.inf, False), "ema": (0, 1, False),
+          "freeze_epochs": (0, math.inf, False), "early_stop": (0, math.inf, False)}
 
 
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
@@ -136,8 +172,21 @@ def check_types(values: dict[str, Any], where: str) -> None:
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Return ``cfg`` unchanged if it is usable, else raise ``UserError``."""
+    """``cfg`` with its recipe's settings filled in, if it is usable; else raise ``UserError``."""
+    from visiontune.recipe import resolve  # the presets live there, with the rest of the recipe
+
+    if isinstance(cfg.augment, bool):  # `augment = true` from before the named augmentations: flip-crop
+        cfg = cfg.replace(augment="flip-crop" if cfg.augment else "none")
     check_types(cfg.to_dict(), "settings")
+    if cfg.recipe not in choices()["recipe"]:
+        raise UserError(f"--recipe must be one of {', '.join(choices()['recipe'])}, got {cfg.recipe!r}")
+    cfg = resolve(cfg)
+    for name, (low, high, closed) in RANGES.items():
+        v = getattr(cfg, name)
+        if not (low <= v <= high if closed else low <= v < high):
+            raise UserError(f"--{name.replace('_', '-')} must be in [{low}, {high}{']' if closed else ')'}, got {v}")
+    if cfg.backbone_lr_mult <= 0:
+        raise UserError(f"--backbone-lr-mult must be positive, got {cfg.backbone_lr_mult}")
     if not cfg.data:
         raise UserError("no data folder given: pass --data DIR (try `visiontune sample-data DIR`)")
     for name in POSITIVE:

@@ -160,6 +160,10 @@ class LoopOptions:
     progress: bool = True
     timing_warmup: int = 5
     criterion: Criterion | None = None  # None: ``readable_cross_entropy``
+    # mix(inputs, labels, epoch, step) -> (inputs, soft targets [B, classes]): mixup/cutmix. The
+    # criterion then gets the soft targets (all-zero rows: unreadable samples), and the accuracy
+    # counts a prediction as right when it names the class with the largest share of the target.
+    mix: Callable[[torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
     on_step: OnStep | None = None
     on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None
 
@@ -220,8 +224,12 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
     for step, (images, labels) in enumerate(bar, start=start_step):
         steady = clock.batch_ready()
         with accelerator.accumulate(model):
-            logits = model(prepare_input(images))
-            loss = criterion(logits, labels)
+            inputs, targets = prepare_input(images), labels
+            if opts.mix is not None:
+                inputs, targets = opts.mix(inputs, labels, epoch, step)
+                labels = torch.where(targets.sum(1) > 0, targets.argmax(1), UNREADABLE)
+            logits = model(inputs)
+            loss = criterion(logits, targets)
             accelerator.backward(loss)
             if _optimizer_step(accelerator, model, optimizer, scheduler, opts.on_nan):
                 # Counted on the main process only: every process skips the same steps, and the

@@ -35,7 +35,7 @@ def _workers(text: str) -> int | None:
 
 
 # How a TrainConfig field's annotation is parsed from the command line (bool fields are --x/--no-x).
-_PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": float}
+_PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": float, "float | None": float}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -57,6 +57,12 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
             continue
         if f.default not in (None, ""):
             help_text += f" (default {f.default})"
+        if f.name == "augment":  # plain --augment keeps its old meaning, flip-crop
+            p.add_argument(flag, nargs="?", const="flip-crop", choices=allowed[f.name], default=argparse.SUPPRESS,
+                           help=help_text)
+            p.add_argument("--no-augment", dest="augment", action="store_const", const="none",
+                           default=argparse.SUPPRESS, help="no augmentation")
+            continue
         if f.name in allowed:
             p.add_argument(flag, choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text)
             continue

@@ -5,19 +5,22 @@ each validation. ``CheckpointPolicy`` decides when a step is a checkpoint (every
 ``--save-every-steps`` optimizer steps, an epoch end, a stop signal that every
 process agreed on at the same optimizer step); ``Checkpointer`` writes one with
 the run's identity and raises ``RunStopped`` when a signal asked for it; and
-``EpochOutputs`` writes the run folder's history, metrics, curves and best model.
+``EpochOutputs`` evaluates the EMA weights when there are some, and writes the run
+folder's history, metrics, curves and best model (raw or EMA, as ``--best-metric``
+picks); ``--early-stop`` then ends the run through ``EarlyStop``.
 The stop signals themselves are owned by the caller (``with StopSignals(...)``).
 Every process calls every method: the collectives inside (reduce, the stop
 agreement, ``save_state``) run everywhere, and only the main process writes.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from accelerate import Accelerator
 
-from visiontune import checkpoint, engine, faults, outputs
+from visiontune import checkpoint, engine, faults, outputs, recipe
 from visiontune.config import TrainConfig
 from visiontune.engine import PhaseResult, Totals
 from visiontune.steplog import StepLog
@@ -53,7 +56,8 @@ class Checkpointer:
     history: list[dict]  # shared with EpochOutputs: the epochs so far
 
     def save(self, epoch: int, batch: int, totals: Totals | None = None) -> str:
-        best = outputs.best_epoch(self.history)["val"] if self.history else None
+        row, which = recipe.best(self.history, self.cfg.best_metric) if self.history else ({}, "")
+        best = row.get(which)
         meta = {**self.identity, "world_size": self.accelerator.num_processes, "history": self.history,
                 "best_val": best, "optimizer_steps": self.policy.optimizer_steps(epoch, batch),
                 "partial_totals": totals.to_list() if totals is not None else None, "config": self.cfg.to_dict()}
@@ -83,24 +87,37 @@ class EpochOutputs:
     model_metadata: dict[str, str] = field(default_factory=dict)  # the run's description, inside best.safetensors
     save_pth: bool = False  # also best.pth (--save-pth)
     per_epoch: int = 1  # batches per epoch and process: trackers get an epoch's figures at its last step
+    best_metric: str = "accuracy"
+    ema: torch.nn.Module | None = None  # the EMA model, evaluated after each epoch beside the raw one
+    evaluate: Callable[[torch.nn.Module], PhaseResult] | None = None
 
-    def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
+    def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> int:
+        """Record the epoch and save the best model; return the best epoch so far."""
         acc, history = self.accelerator, self.history
-        history.append({"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(),
-                        "val": va.as_dict()})
+        row = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(), "val": va.as_dict()}
+        if self.ema is not None:
+            ve = self.evaluate(self.ema)
+            acc.print(f"val (EMA) Loss: {ve.loss:.4f} Acc: {ve.accuracy:.4f}\n")
+            row["val_ema"] = ve.as_dict()
+        history.append(row)
         # At the epoch's last step, so that per-step (StepLog) and per-epoch values share one rising axis.
-        acc.log({"epoch": epoch, **{f"{p}/{k}": v for p, r in (("train", tr), ("val", va))
-                                    for k, v in r.as_dict().items()}}, step=(epoch + 1) * self.per_epoch)
-        is_best = outputs.best_epoch(history)["epoch"] == epoch
+        acc.log({"epoch": epoch, **{f"{p}/{k}": v for p in ("train", "val", "val_ema") if p in row
+                                    for k, v in row[p].items()}}, step=(epoch + 1) * self.per_epoch)
+        best, which = recipe.best(history, self.best_metric)
         acc.wait_for_everyone()
         if acc.is_main_process:
-            if is_best:
-                unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-                outputs.save_model(self.run_dir, outputs.plain_state_dict(unwrapped), metadata=self.model_metadata,
+            if best["epoch"] == epoch:  # best.* holds the weights the best metric picked: EMA or raw
+                chosen = self.ema if which == "val_ema" else acc.unwrap_model(self.model, keep_torch_compile=False)
+                outputs.save_model(self.run_dir, outputs.plain_state_dict(chosen), metadata=self.model_metadata,
                                    pth=self.save_pth)
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)
+        return best["epoch"]
+
+
+class EarlyStop(Exception):
+    """``--early-stop``: the best metric stopped improving; the run ends normally after this epoch."""
 
 
 @dataclass
@@ -110,6 +127,7 @@ class RunHooks:
     stop: faults.StopSignals
     epochs: int
     steps: StepLog | None = None  # per-step loss and lr for the trackers (--log-with)
+    early_stop: int = 0  # epochs without a better best metric before stopping (0: never)
     history: list[dict] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -128,8 +146,12 @@ class RunHooks:
     def on_epoch_end(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
         if self.steps:
             self.steps.flush()
-        self.outputs.record(epoch, tr, va)
+        best = self.outputs.record(epoch, tr, va)
         path = self.checkpointer.save(epoch + 1, 0)
         signum = self.stop.agreed()
         if signum and epoch + 1 < self.epochs:
             raise self.checkpointer.stopped(signum, path)
+        if self.early_stop and epoch - best >= self.early_stop and epoch + 1 < self.epochs:
+            self.outputs.accelerator.print(f"visiontune: early stop: no better val {self.outputs.best_metric} "
+                                           f"for {self.early_stop} epoch(s)")
+            raise EarlyStop(epoch)

@@ -16,17 +16,18 @@ import time
 import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, elastic, engine, faults, launch, outputs, runinfo, runlock
+from visiontune import checkpoint, elastic, engine, faults, launch, outputs, recipe, runinfo, runlock
 from visiontune.config import TrainConfig, UserError, validate
+from visiontune.data.augment import BatchMix, sample_augment
 from visiontune.data.cache import CachedDataset
 from visiontune.data.check import write_report
 from visiontune.data.jobdata import JobData
 from visiontune.data.jobdata import listed
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
-from visiontune.data.pipeline import MEAN, STD, DeviceNormalize, ImageDataset, make_loader
+from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_summary, write_split
-from visiontune.hooks import Checkpointer, CheckpointPolicy, EpochOutputs, RunHooks
+from visiontune.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
 from visiontune.models import build_model, check_input, get_spec
 from visiontune.steplog import StepLog
 from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
@@ -51,16 +52,9 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
                         f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data")
 
 
-def _optimizer_and_schedule(model, cfg: TrainConfig, lr: float, steps: int):
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, steps)) if cfg.lr_schedule == "cosine" \
-        else None
-    return opt, sched
-
-
 def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
-    """Train and val loaders over the split: from the cache when asked for, else from the files."""
+    """The config with its normalisation measured if needed, and the train and val loaders over the
+    split: from the cache when asked for, else from the files."""
     images = data.images
     if data.cache:
         def subset(idx, augment):
@@ -71,9 +65,13 @@ def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
                                 augment, failures_csv=os.path.join(run_dir, LOAD_FAILURES),
                                 threads=decode_threads(cfg))
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
-    return tuple(make_loader(subset(idx, train and cfg.augment), cfg.batch_size, train=train, seed=cfg.seed,
-                             num_workers=workers, pin_memory=pin)
-                 for idx, train in ((split.train, True), (split.val, False)))
+    augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing)
+    if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
+        mean, std = recipe.data_stats(subset(split.train, None), seed=cfg.seed)
+        cfg = cfg.replace(mean=mean, std=std)
+    return cfg, *(make_loader(subset(idx, augment if train else None), cfg.batch_size, train=train, seed=cfg.seed,
+                              num_workers=workers, pin_memory=pin)
+                  for idx, train in ((split.train, True), (split.val, False)))
 
 
 def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
@@ -92,17 +90,17 @@ def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
     return found
 
 
-def _results(history: list[dict]) -> dict:
+def _results(history: list[dict], metric: str) -> dict:
     """The summary's figures: the best epoch, and train images/s over the steady steps of every epoch."""
-    best = outputs.best_epoch(history)
+    best, which = recipe.best(history, metric)
     steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds",
                                                                "data_wait_seconds")}
     if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
         steady = {"steady_images": sum(r["train"]["images"] for r in history),
                   "steady_seconds": sum(r["train"]["seconds"] for r in history), "data_wait_seconds": 0.0}
     seconds = steady["steady_seconds"]
-    return {"best_val_accuracy": best["val"]["accuracy"], "best_val_loss": best["val"]["loss"],
-            "best_epoch": best["epoch"], "epochs": len(history),
+    return {"best_val_accuracy": best[which]["accuracy"], "best_val_loss": best[which]["loss"],
+            "best_epoch": best["epoch"], "best_weights": "ema" if which == "val_ema" else "raw", "epochs": len(history),
             "train_images_per_s": steady["steady_images"] / seconds if seconds else 0.0,
             "data_wait_fraction": steady["data_wait_seconds"] / seconds if seconds else 0.0, **steady,
             "val_images_counted": history[-1]["val"]["images"]}
@@ -134,13 +132,15 @@ def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split
 
 
 def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, scheduler, per_epoch: int,
-           identity: dict, resumed, stop: faults.StopSignals, info: runinfo.RunInfo) -> RunHooks:
+           identity: dict, resumed, stop: faults.StopSignals, info: runinfo.RunInfo, evaluate_ema) -> RunHooks:
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
     steps = StepLog(accelerator, optimizer, per_epoch) if cfg.log_with else None
+    ema = scheduler.ema.module if scheduler.ema else None
     return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
-                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(),
-                                 cfg.save_pth, per_epoch), stop, cfg.epochs, steps)
+                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(), cfg.save_pth,
+                                 per_epoch, cfg.best_metric, ema, evaluate_ema), stop, cfg.epochs, steps,
+                    cfg.early_stop)
 
 
 def _start(accelerator, resumed) -> engine.StartAt:
@@ -152,9 +152,9 @@ def _start(accelerator, resumed) -> engine.StartAt:
 
 
 def _finish(accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet,
-            setup) -> dict:
+            setup, metric: str) -> dict:
     elapsed = time.time() - since
-    summary = {"run_dir": run_dir, "total_seconds": round(elapsed, 3), **_results(history),
+    summary = {"run_dir": run_dir, "total_seconds": round(elapsed, 3), **_results(history, metric),
                "val_split_size": len(split.val), "train_split_size": len(split.train), "classes": images.classes,
                **setup.__dict__}
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
@@ -176,7 +176,7 @@ def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
 
 
 def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack) -> dict:
-    validate(cfg)
+    cfg = validate(cfg)
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
@@ -201,20 +201,22 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
     images, bad = data.images, data.bad
-    mean, std = MEAN, STD  # what the images are normalised with, recorded below for every later command
-    info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std,
-                            spec.preprocess.interpolation)
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
     split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
     _same_split_everywhere(accelerator, split_rec)
     if len(split.train) < setup.per_process_batch * setup.world_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
                         f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
-    train_loader, val_loader = _loaders(cfg, data, split, run_dir)
-    steps = cfg.epochs * (len(train_loader) // (setup.world_size * cfg.grad_accum))
-    optimizer, scheduler = _optimizer_and_schedule(model, cfg, setup.lr, steps)
+    cfg, train_loader, val_loader = _loaders(cfg, data, split, run_dir)
+    mean, std = recipe.mean_std(cfg)  # what the images are normalised with, recorded for every later command
+    info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std,
+                            spec.preprocess.interpolation)
+    per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
+    # scheduler: recipe.Stepper, the lr schedule and the EMA, stepped after every optimizer step.
+    optimizer, scheduler = recipe.optimization(cfg, model, len(images.classes), setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
                                                           train_loader, val_loader)
+    scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
     identity = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
                 "global_batch": setup.global_batch, "batch_samples": setup.per_process_batch * setup.world_size,
                 "grad_accum": cfg.grad_accum}
@@ -224,11 +226,20 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     if accelerator.is_main_process:
         elastic.record_world(run_dir, setup, cfg, resumed)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
-    with faults.StopSignals(accelerator) as stop:
+    normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
+
+    def evaluate_ema(ema_model):  # evaluated as the raw model is (its forward carries no autocast)
+        with accelerator.autocast():
+            return engine.evaluate(accelerator, ema_model, val_loader, normalize, progress=cfg.progress,
+                                   desc="val ema")
+    mix = BatchMix(len(images.classes), cfg.mixup, cfg.cutmix, cfg.seed, accelerator.process_index,
+                   accelerator.num_processes) if cfg.mixup or cfg.cutmix else None
+    with faults.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
         hooks = _hooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), identity,
-                       resumed, stop, info)
+                       resumed, stop, info, evaluate_ema)
         opts = engine.LoopOptions(cfg.epochs, cfg.on_nan, cfg.progress, cfg.timing_warmup,
+                                  criterion=recipe.criterion(cfg), mix=mix,
                                   on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
-        engine.fit(accelerator, model, optimizer, scheduler, train_loader, val_loader,
-                   DeviceNormalize(accelerator.device, cfg.channels_last, mean, std), opts, _start(accelerator, resumed))
-    return _finish(accelerator, run_dir, since, hooks.history, split, images, setup)
+        engine.fit(accelerator, model, optimizer, scheduler, train_loader, val_loader, normalize, opts,
+                   _start(accelerator, resumed))
+    return _finish(accelerator, run_dir, since, hooks.history, split, images, setup, cfg.best_metric)

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 import torchvision
 from torch.utils.data import Dataset
-from torchvision.transforms import v2
 
 from visiontune.config import UserError
 from visiontune.data.check import bounded_map, file_keys
@@ -140,10 +139,10 @@ class CachedDataset(Dataset):
     array), and after each read the pages are unmapped from this process again.
     """
 
-    def __init__(self, cache: ImageCache, indices: Sequence[int], labels: Sequence[int], augment: bool = False):
+    def __init__(self, cache: ImageCache, indices: Sequence[int], labels: Sequence[int], augment=None):
+        # augment: a data.augment.SampleAugment, called with (image, index) to seed its draws
         self.cache, self.indices, self.labels = cache, list(indices), list(labels)
-        self.augment = v2.Compose([v2.RandomResizedCrop(cache.image_size, antialias=True),
-                                   v2.RandomHorizontalFlip()]) if augment else None
+        self.augment = augment
         self._map: mmap.mmap | None = None
 
     def __len__(self) -> int:
@@ -178,5 +177,5 @@ class CachedDataset(Dataset):
                 out.append((torch.zeros(3, s, s, dtype=torch.uint8), UNREADABLE))
                 continue
             img = img.permute(2, 0, 1)  # rows are HWC; the view is CHW as everywhere else
-            out.append((self.augment(img) if self.augment is not None else img, self.labels[i]))
+            out.append((self.augment(img, i) if self.augment is not None else img, self.labels[i]))
         return out

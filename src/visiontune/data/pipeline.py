@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
-from torchvision.transforms import v2
 
+from visiontune.data.augment import EpochIndex, SampleAugment
 from visiontune.data.decode import try_read
 
 # The blog's normalisation statistics, measured on Dogs vs Cats.
@@ -42,15 +42,15 @@ class ImageDataset(Dataset):
     its files are decoded and resized by a thread pool (libjpeg-turbo and the
     resize release the GIL), which is how a CPU-only run decodes without loader
     processes competing with the model for the cores. Augmentation then runs in
-    the calling thread, in batch order, so its random draws stay reproducible.
+    the calling thread (``SampleAugment`` seeds each sample's draws itself).
     """
 
-    def __init__(self, paths: Sequence[str], labels: Sequence[int], image_size: int, augment: bool = False,
-                 report: bool = True, failures_csv: str | None = None, threads: int = 1):
+    def __init__(self, paths: Sequence[str], labels: Sequence[int], image_size: int,
+                 augment: SampleAugment | None = None, report: bool = True, failures_csv: str | None = None,
+                 threads: int = 1):
         self.paths, self.labels, self.size, self.report = list(paths), list(labels), image_size, report
         self.failures_csv = failures_csv  # where files that fail at load time are recorded
-        self.augment = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True),
-                                   v2.RandomHorizontalFlip()]) if augment else None
+        self.augment = augment
         self.threads = threads
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owner pid, pool)
 
@@ -62,7 +62,7 @@ class ImageDataset(Dataset):
 
     def _decode(self, i: int) -> torch.Tensor | str:
         # Full size when augmenting: the random crop comes before the resize.
-        return try_read(self.paths[i], None if self.augment else self.size)
+        return try_read(self.paths[i], None if self.augment and self.augment.resizes else self.size)
 
     def _finish(self, i: int, img: torch.Tensor | str):
         if isinstance(img, str):
@@ -71,7 +71,7 @@ class ImageDataset(Dataset):
             if self.failures_csv:
                 _record_failure(self.failures_csv, self.paths[i], img)
             return torch.zeros(3, self.size, self.size, dtype=torch.uint8), UNREADABLE
-        return (self.augment(img) if self.augment else img), self.labels[i]
+        return (self.augment(img, i) if self.augment else img), self.labels[i]
 
     def __getitem__(self, i: int):
         return self._finish(i, self._decode(i))
@@ -100,6 +100,9 @@ def _record_failure(csv_path: str, path: str, problem: str) -> None:
 class EpochSampler(Sampler[int]):
     """A permutation of ``range(n)`` that depends only on (seed, epoch).
 
+    Its indices are ``EpochIndex`` ints: they tell the dataset the epoch, from which
+    (with the index) augmentation seeds its draws, in this process or a loader worker.
+
     ``loader_generator`` is the DataLoader's own generator, reseeded each epoch: the
     loader draws its workers' base seed from it (instead of from the global RNG) when
     an epoch's iterator starts, so a run resumed mid-epoch gets the same worker seeds
@@ -117,7 +120,7 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
+        return iter([EpochIndex(i, self.epoch) for i in torch.randperm(self.n, generator=g).tolist()])
 
     def __len__(self) -> int:
         return self.n

@@ -1,0 +1,129 @@
+"""Training augmentation whose randomness is a function of (seed, epoch, position), never of history.
+
+transforms.v2 draws from torch's global CPU generator. If augmentation simply
+drew from it, the draws would depend on how many batches a loader had read
+ahead, on which loader worker decoded a batch, and on everything else that used
+the generator: a resumed run could not repeat them. So each sample is augmented
+with the global generator seeded from (seed, epoch, sample index) and restored
+afterwards, and each mixup/cutmix pair from (seed, epoch, position of the pair
+in the epoch's global batch order). The sampler tells the dataset the epoch by
+handing out ``EpochIndex`` ints. Resume with or without loader workers, on any
+number of processes, then repeats every draw bit for bit, by construction.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torchvision.transforms import v2
+
+AUGMENTS = ("none", "flip-crop", "trivial", "randaugment")
+# The presets other than flip-crop crop mildly: at full strength (area down to 8%) a small image
+# loses the object (measured on 32 px digits: 0.84 accuracy against 0.98 without cropping).
+MILD_CROP = (0.35, 1.0)
+
+
+class EpochIndex(int):
+    """A dataset index that also carries the epoch it was drawn for (it pickles to loader workers)."""
+
+    epoch: int
+
+    def __new__(cls, index: int, epoch: int) -> EpochIndex:  # noqa: PYI034 (typing.Self needs 3.11)
+        obj = super().__new__(cls, index)
+        obj.epoch = epoch
+        return obj
+
+    def __reduce__(self):
+        return EpochIndex, (int(self), self.epoch)
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed that changes unpredictably with every part (neighbouring seeds give unrelated streams)."""
+    digest = hashlib.blake2b(",".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Torch's global CPU generator seeded with ``seed`` inside the block and restored after it.
+
+    Only the CPU generator: ``torch.manual_seed`` would also reseed every CUDA generator.
+    """
+    state = torch.get_rng_state()
+    torch.default_generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
+
+
+def _pipeline(augment: str, size: int, random_erasing: float) -> list:
+    if augment == "flip-crop":  # the original --augment, unchanged
+        steps = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
+    elif augment in ("trivial", "randaugment"):
+        policy = v2.TrivialAugmentWide() if augment == "trivial" else v2.RandAugment()
+        steps = [v2.RandomResizedCrop(size, scale=MILD_CROP, antialias=True), v2.RandomHorizontalFlip(), policy]
+    else:
+        steps = []
+    if random_erasing > 0:
+        steps.append(v2.RandomErasing(p=random_erasing))
+    return steps
+
+
+class SampleAugment:
+    """uint8 [3,H,W] -> uint8 [3,S,S] for one training sample, repeatable per (seed, epoch, index).
+
+    ``resizes`` says whether the pipeline itself brings the image to size (a random crop does),
+    so the dataset may hand it the decoded image at full size.
+    """
+
+    def __init__(self, augment: str, size: int, seed: int, random_erasing: float = 0.0):
+        self.transform, self.seed = v2.Compose(_pipeline(augment, size, random_erasing)), seed
+        self.resizes = augment != "none"
+
+    def __call__(self, img: torch.Tensor, index: int) -> torch.Tensor:
+        with seeded(derive_seed(self.seed, getattr(index, "epoch", 0), int(index))):
+            return self.transform(img)
+
+
+def sample_augment(augment: str, size: int, seed: int, random_erasing: float = 0.0) -> SampleAugment | None:
+    """The training transform, or None when nothing random is asked for."""
+    if augment == "none" and random_erasing <= 0:
+        return None
+    return SampleAugment(augment, size, seed, random_erasing)
+
+
+class BatchMix:
+    """Mixup / CutMix on a normalised batch on the device, labels -> soft targets [B, classes].
+
+    Samples are mixed in neighbouring pairs (0 with 1, 2 with 3, ...), each pair with its own
+    draw seeded from (seed, epoch, the pair's position in the epoch): a global batch then mixes
+    alike whether one process reads it or N read a part each (each part has an even size).
+    Unreadable samples get an all-zero target, so they add nothing to the loss.
+    """
+
+    def __init__(self, num_classes: int, mixup: float, cutmix: float, seed: int, rank: int = 0,
+                 world_size: int = 1):
+        kinds = ([v2.MixUp(alpha=mixup, num_classes=num_classes)] if mixup > 0 else []) + \
+                ([v2.CutMix(alpha=cutmix, num_classes=num_classes)] if cutmix > 0 else [])
+        # With both, each pair uses one of them (as timm and torchvision's reference do).
+        self.mix = v2.RandomChoice(kinds) if len(kinds) > 1 else kinds[0]
+        self.num_classes, self.seed, self.rank, self.world = num_classes, seed, rank, world_size
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int):
+        valid = labels >= 0
+        # v2 one-hot encodes the labels itself; an unreadable one stands in as class 0, zeroed below.
+        safe = labels.clamp(min=0)
+        batch = images.shape[0]
+        first = (step * self.world + self.rank) * batch  # this batch's first position in the epoch
+        out_x, out_y = [], []
+        for j in range(0, batch, 2):
+            with seeded(derive_seed(self.seed, epoch, first + j, 1)):
+                x, y = self.mix(images[j:j + 2], safe[j:j + 2])
+            out_x.append(x)
+            out_y.append(y)
+        targets = torch.cat(out_y) * valid.unsqueeze(1)
+        return torch.cat(out_x), targets
+

@@ -1,0 +1,285 @@
+"""Recipes: presets resolved into settings, and the optimizer, schedule, loss and EMA they ask for.
+
+``--recipe blog`` is the reference job (SGD lr 1e-3 momentum 0.9, constant lr,
+no augmentation, the blog's normalisation). ``--recipe modern`` is what won on
+real images (see benchmarks/recipe.py): AdamW with decoupled weight decay
+(none on norms and biases), one warm-up epoch then cosine decay, label
+smoothing, TrivialAugment with a mild crop, an EMA of the weights. A preset only
+fills the settings left unset (None): a flag or config file value always wins,
+and the resolved config records every value. Nothing else in visiontune knows
+the presets. Every per-step rule here counts optimizer steps, so a resume,
+which restores that count, repeats it exactly.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from visiontune.data.pipeline import MEAN, STD
+from visiontune.ema import EMA
+
+PRESETS: dict[str, dict] = {
+    "blog": {"optimizer": "sgd", "lr": 1e-3, "weight_decay": 0.0, "lr_schedule": "none", "warmup_epochs": 0.0,
+             "label_smoothing": 0.0, "augment": "none", "random_erasing": 0.0, "mixup": 0.0, "cutmix": 0.0,
+             "ema": 0.0, "normalize": "blog"},
+    "modern": {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.05, "lr_schedule": "cosine",
+               "warmup_epochs": 1.0, "label_smoothing": 0.1, "augment": "trivial", "random_erasing": 0.0,
+               "mixup": 0.0, "cutmix": 0.0, "ema": 0.99, "normalize": None},  # normalize: see _normalize
+}
+STEP_MILESTONES, STEP_GAMMA = (0.5, 0.75), 0.1  # --lr-schedule step: x0.1 at half and three quarters
+
+
+def _normalize(cfg) -> str:
+    # Pretrained weights see inputs normalised as in their own training; a model trained from
+    # scratch (or from a file without metadata) is best served by the data's own statistics.
+    named = cfg.weights.lower() != "none" and Path(cfg.weights).suffix not in (".pth", ".pt", ".safetensors")
+    return "weights" if named else "data"
+
+
+def resolve(cfg):
+    """``cfg`` with every setting the preset governs filled in (explicit values kept)."""
+    from visiontune.config import UserError
+
+    if cfg.recipe not in PRESETS:
+        raise UserError(f"--recipe must be one of {', '.join(PRESETS)}, got {cfg.recipe!r}")
+    changes = {k: v for k, v in PRESETS[cfg.recipe].items() if getattr(cfg, k) is None}
+    if "normalize" in changes and changes["normalize"] is None:
+        changes["normalize"] = _normalize(cfg)
+    augment = changes.get("augment", cfg.augment)
+    if isinstance(augment, bool):  # the old boolean --augment / `augment = true` in a config file
+        changes["augment"] = "flip-crop" if augment else "none"
+    cfg = cfg.replace(**changes) if changes else cfg
+    if (cfg.mean is None) != (cfg.std is None):
+        raise UserError("give --mean and --std together (or neither, to take them from --normalize)")
+    if cfg.mean is None and cfg.normalize != "data":  # data: the trainer measures the train split
+        mean, std = _weights_stats(cfg) if cfg.normalize == "weights" else (MEAN, STD)
+        cfg = cfg.replace(mean=stats_text(mean), std=stats_text(std))
+    mean_std(cfg)  # refuses malformed values now, not after the data is read
+    return cfg
+
+
+def stats_text(values) -> str:
+    return ",".join(f"{float(v):.6g}" for v in values)
+
+
+def mean_std(cfg) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The run's normalisation (the reference constants for runs that predate --normalize)."""
+    from visiontune.config import UserError
+
+    if cfg.mean is None:
+        return MEAN, STD
+    try:
+        mean, std = (tuple(float(x) for x in text.split(",")) for text in (cfg.mean, cfg.std))
+    except ValueError:
+        mean = std = ()
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise UserError(f"--mean/--std must be three numbers each, std positive: got {cfg.mean!r}, {cfg.std!r}")
+    return mean, std
+
+
+def _weights_stats(cfg) -> tuple:
+    from visiontune.config import UserError
+    from visiontune.models import get_spec
+
+    if _normalize(cfg) != "weights":
+        raise UserError(f"--normalize weights needs named pretrained weights (--weights {cfg.weights} has no "
+                        "metadata); use --normalize data or blog")
+    preprocess = get_spec(cfg.model).preprocess  # timm's pretrained_cfg, torchvision's weights.transforms()
+    return preprocess.mean, preprocess.std
+
+
+def data_stats(dataset, limit: int = 2000, seed: int = 0) -> tuple[str, str]:
+    """Per-channel mean and std (as --mean/--std text) of up to ``limit`` images of ``dataset``, seeded."""
+    from torch.utils.data import DataLoader, Subset
+
+    pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].tolist()
+    total = torch.zeros(2, 3, dtype=torch.float64)
+    n = 0
+    for images, labels in DataLoader(Subset(dataset, pick), batch_size=64):
+        x = images[labels >= 0].double().div_(255)  # unreadable images are black stand-ins: left out
+        total += torch.stack([x.sum((0, 2, 3)), x.square().sum((0, 2, 3))])
+        n += x.numel() // 3
+    mean = total[0] / max(n, 1)
+    std = (total[1] / max(n, 1) - mean.square()).clamp_min(1e-12).sqrt()
+    return stats_text(mean.tolist()), stats_text(std.tolist())
+
+
+def head_prefix(model: nn.Module, num_classes: int) -> str:
+    """The dotted name of the classification head: the last layer producing ``num_classes`` outputs."""
+    found = [q for q, m in model.named_modules()
+             if (isinstance(m, nn.Linear) and m.out_features == num_classes)
+             or (isinstance(m, nn.Conv2d) and m.out_channels == num_classes)]
+    return found[-1] if found else ""
+
+
+def _in_head(name: str, head: str) -> bool:
+    return bool(head) and (name == head or name.startswith(head + "."))
+
+
+def build_optimizer(model: nn.Module, cfg, lr: float, head: str) -> torch.optim.Optimizer:
+    """SGD or AdamW over the trainable parameters, in groups by (head or backbone) x (decay or not).
+
+    AdamW decays no norm weights and biases (the 1-d tensors), as timm and torchvision's
+    references do; SGD decays everything, as the reference job does. The backbone's lr is
+    ``lr * backbone_lr_mult``. One group when nothing differs, as the reference job has.
+    """
+    groups: dict[tuple[float, float], list] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        mult = 1.0 if _in_head(name, head) else cfg.backbone_lr_mult
+        decay = 0.0 if cfg.optimizer == "adamw" and p.ndim <= 1 else cfg.weight_decay
+        groups.setdefault((lr * mult, decay), []).append(p)
+    params = [{"params": ps, "lr": g_lr, "weight_decay": wd} for (g_lr, wd), ps in groups.items()]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def warmup_steps(cfg, steps_per_epoch: int) -> int:
+    return cfg.warmup_steps or round(cfg.warmup_epochs * steps_per_epoch)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """The lr multiplier before optimizer step ``step`` (0-based) of ``total``.
+
+    Warm-up rises linearly to 1 over ``warmup`` steps ((step + 1) / warmup, so the first step
+    already learns); then ``schedule`` runs over the remaining steps.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+    if schedule == "linear":
+        return max(0.0, 1 - t)
+    if schedule == "step":
+        return STEP_GAMMA ** sum(t >= m for m in STEP_MILESTONES)
+    return 1.0
+
+
+class Stepper:
+    """What follows every optimizer step: the lr schedule and the EMA update.
+
+    The engine calls ``step()`` where it would step an lr scheduler, and the checkpoint
+    saves ``state_dict()`` (plain tensors and numbers) in the scheduler's place. Its step
+    count also says whether the head-only phase of ``--freeze-epochs`` is still on.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int):
+        total, warm, schedule = cfg.epochs * steps_per_epoch, warmup_steps(cfg, steps_per_epoch), cfg.lr_schedule
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, total, warm, schedule))
+        self.ema_decay, self.ema = cfg.ema, None
+        self.freeze_steps = cfg.freeze_epochs * steps_per_epoch
+
+    def attach_ema(self, model: nn.Module) -> None:
+        """Start the EMA from ``model`` (the unwrapped model, on its device), if ``--ema`` asks for one."""
+        if self.ema_decay:
+            self.ema = EMA(model, self.ema_decay)
+
+    @property
+    def steps(self) -> int:
+        return self.scheduler.last_epoch
+
+    @property
+    def frozen(self) -> bool:
+        return self.steps < self.freeze_steps
+
+    def step(self) -> None:
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update()
+
+    def state_dict(self) -> dict:
+        return {"scheduler": self.scheduler.state_dict(),
+                "ema": self.ema.state_dict() if self.ema is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "scheduler" not in state:  # a checkpoint written before recipes: a plain scheduler's state
+            state = {"scheduler": state, "ema": None}
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None and state["ema"] is not None:
+            self.ema.load_state_dict(state["ema"])
+
+
+def freeze_backbone_during(model: nn.Module, head: str, optimizer: torch.optim.Optimizer,
+                           frozen: Callable[[], bool]) -> None:
+    """Hold everything but the head still while ``frozen()``: no updates, BatchNorm statistics fixed.
+
+    The parameters keep ``requires_grad`` (DDP needs the same set every step): a step pre-hook
+    drops their gradients, so the optimizer leaves them and their state untouched. The
+    backbone's norm layers run in eval mode, so their running statistics do not move either.
+    """
+    backbone = [p for n, p in model.named_parameters() if not _in_head(n, head)]
+
+    def drop_grads(*_):
+        if frozen():
+            for p in backbone:
+                p.grad = None
+    optimizer.register_step_pre_hook(drop_grads)
+    keep_norms_still(model, head, frozen)
+
+
+def keep_norms_still(model: nn.Module, head: str, frozen: Callable[[], bool]) -> None:
+    """Batch norms outside the head run in eval mode whenever ``frozen()`` (the engine sets train mode)."""
+    def to_eval(module, _args):
+        if frozen() and module.training:
+            module.train(False)
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and not _in_head(name, head):
+            m.register_forward_pre_hook(to_eval)
+
+
+def per_sample_loss(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Per-sample loss for hard labels (UNREADABLE ignored: 0) or soft [B, K] targets (zero rows: 0)."""
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if targets.is_floating_point():
+            per = F.cross_entropy(logits.float(), targets, reduction="none", label_smoothing=label_smoothing)
+            return per * (targets.sum(1) > 0)
+        return F.cross_entropy(logits, targets, reduction="none", label_smoothing=label_smoothing)
+    return loss
+
+
+def criterion(cfg) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The training loss: the mean over readable samples (engine's contract), or None for the reference
+    job's own cross entropy when neither label smoothing nor mixed labels change it."""
+    if not (cfg.label_smoothing or cfg.mixup or cfg.cutmix):
+        return None
+    per_sample = per_sample_loss(cfg.label_smoothing)
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        readable = targets.sum(1) > 0 if targets.is_floating_point() else targets >= 0
+        return per_sample(logits, targets).sum() / readable.sum().clamp(min=1)
+    return loss
+
+
+def best(history: list[dict], metric: str = "accuracy") -> tuple[dict, str]:
+    """The best (epoch row, "val" or "val_ema") by ``metric``; ties: the other metric, then earlier."""
+    def key(item):
+        r = item[0][item[1]]
+        main = r["accuracy"] if metric == "accuracy" else -r["loss"]
+        other = -r["loss"] if metric == "accuracy" else r["accuracy"]
+        return main, other, -item[0]["epoch"], item[1] == "val"
+    return max(((row, w) for row in history for w in ("val", "val_ema") if w in row), key=key)
+
+
+def optimization(cfg, model: nn.Module, num_classes: int, lr: float,
+                 steps_per_epoch: int) -> tuple[torch.optim.Optimizer, Stepper]:
+    """The optimizer and its ``Stepper`` for the plain model, with the freezing ``cfg`` asks for.
+
+    Call before the model is wrapped; attach the EMA with ``Stepper.attach_ema`` after.
+    """
+    head = head_prefix(model, num_classes)
+    optimizer = build_optimizer(model, cfg, lr, head)
+    stepper = Stepper(optimizer, cfg, steps_per_epoch)
+    if cfg.freeze_backbone:  # the backbone never trains: its norms never update their statistics either
+        keep_norms_still(model, head, lambda: True)
+    elif cfg.freeze_epochs:
+        freeze_backbone_during(model, head, optimizer, lambda: stepper.frozen)
+    return optimizer, stepper

@@ -1,0 +1,246 @@
+"""Recipes: presets resolve as documented, and each setting changes what it should."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from visiontune import recipe
+from visiontune.config import TrainConfig, UserError, validate
+from visiontune.ema import EMA
+
+
+def _cfg(**kw) -> TrainConfig:
+    return validate(TrainConfig(data="d", **kw))
+
+
+def test_presets_fill_only_what_was_not_given_and_keep_the_old_augment_flag():
+    blog = _cfg()
+    assert (blog.optimizer, blog.lr, blog.weight_decay, blog.lr_schedule, blog.augment, blog.ema,
+            blog.normalize) == ("sgd", 1e-3, 0.0, "none", "none", 0.0, "blog")
+    modern = _cfg(recipe="modern", lr=3e-3, ema=0.0)
+    assert (modern.optimizer, modern.lr, modern.lr_schedule, modern.warmup_epochs, modern.label_smoothing,
+            modern.augment, modern.ema) == ("adamw", 3e-3, "cosine", 1.0, 0.1, "trivial", 0.0)
+    assert modern.normalize == "weights" and _cfg(recipe="modern", weights="none").normalize == "data"
+    assert _cfg(augment=True).augment == "flip-crop" and _cfg(augment=False).augment == "none"
+    with pytest.raises(UserError, match="--recipe must be one of blog, modern"):
+        _cfg(recipe="fancy")
+    with pytest.raises(UserError, match="--label-smoothing must be in"):
+        _cfg(label_smoothing=1.0)
+
+
+def test_the_cli_takes_plain_augment_and_named_ones():
+    from visiontune.cli import build_parser, config_from_args
+
+    def parse(*flags):
+        return config_from_args(build_parser().parse_args(["train", "--data", "d", *flags]))
+    assert parse("--augment").augment == "flip-crop"
+    assert parse("--augment", "randaugment", "--epochs", "3").augment == "randaugment"
+    assert parse("--recipe", "modern", "--no-augment").augment == "none"
+
+
+class Tiny(nn.Module):
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                      nn.Flatten())
+        self.fc = nn.Linear(4, classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x))
+
+
+def test_adamw_leaves_norms_and_biases_undecayed_and_the_backbone_gets_its_multiplier():
+    model = Tiny()
+    opt, _ = recipe.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 3, 1e-3, 10)
+    assert type(opt) is torch.optim.AdamW
+    groups = {(g["initial_lr"], g["weight_decay"]): {id(p) for p in g["params"]} for g in opt.param_groups}
+    named = {id(p): n for n, p in model.named_parameters()}
+    by_group = {k: sorted(named[i] for i in v) for k, v in groups.items()}
+    assert by_group == {(1e-4, 0.05): ["features.0.weight"],
+                        (1e-4, 0.0): ["features.0.bias", "features.1.bias", "features.1.weight"],
+                        (1e-3, 0.05): ["fc.weight"], (1e-3, 0.0): ["fc.bias"]}
+    sgd, _ = recipe.optimization(_cfg(), Tiny(), 3, 1e-3, 10)  # the reference job: one group, SGD
+    assert type(sgd) is torch.optim.SGD and len(sgd.param_groups) == 1
+    assert sgd.param_groups[0]["momentum"] == 0.9 and len(sgd.param_groups[0]["params"]) == 6
+
+
+@pytest.mark.parametrize("schedule,expected", [
+    # 2 epochs of 5 steps, warm-up 0.4 epoch = 2 steps; then 8 steps of the schedule
+    ("cosine", lambda s: 0.5 * (1 + math.cos(math.pi * (s - 2) / 8))),
+    ("linear", lambda s: 1 - (s - 2) / 8),
+    ("step", lambda s: 1.0 if s < 6 else 0.1 if s < 8 else 0.01),
+    ("none", lambda s: 1.0),
+])
+def test_the_lr_of_each_step_follows_warm_up_then_the_schedule(schedule, expected):
+    model = Tiny()
+    cfg = _cfg(recipe="modern", lr_schedule=schedule, warmup_epochs=0.4, epochs=2)
+    opt, stepper = recipe.optimization(cfg, model, 3, 0.01, 5)
+    seen = []
+    for _ in range(10):
+        seen.append(opt.param_groups[0]["lr"])  # the lr this optimizer step uses
+        opt.step()
+        stepper.step()
+    hand = [0.01 * (s + 1) / 2 if s < 2 else 0.01 * expected(s) for s in range(10)]
+    assert seen == pytest.approx(hand, rel=1e-12, abs=1e-15)
+    assert _cfg(recipe="modern", warmup_steps=3).warmup_steps == 3
+    assert recipe.warmup_steps(_cfg(recipe="modern", warmup_steps=3), 5) == 3
+
+
+def test_ema_is_the_hand_computed_average_and_restores_exactly():
+    model = Tiny()
+    ema = EMA(model, 0.9)
+    hand = None
+    for _ in range(4):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+            model.features[1].running_mean.add_(1.0)
+        ema.update()
+        now = {k: v.clone().float() for k, v in model.state_dict().items()}
+        hand = now if hand is None else {k: 0.9 * hand[k] + 0.1 * now[k] for k in now}
+    got = ema.module.state_dict()
+    for k, v in hand.items():
+        if not k.endswith("num_batches_tracked"):
+            assert torch.allclose(got[k].float(), v, atol=1e-6), k
+    again = EMA(Tiny(), 0.9)
+    again.load_state_dict(ema.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), ema.state_dict().values()))
+
+
+def _step(model, opt, stepper):
+    model.train()
+    loss = model(torch.randn(4, 3, 8, 8)).logsumexp(1).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    stepper.step()
+
+
+def test_freeze_epochs_hold_the_backbone_and_its_batchnorm_still_then_release_them():
+    model = Tiny()
+    opt, stepper = recipe.optimization(_cfg(freeze_epochs=1, lr=0.1), model, 3, 0.1, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for _ in range(2):  # the first epoch: 2 steps, head only
+        _step(model, opt, stepper)
+    after = model.state_dict()
+    for k, value in before.items():
+        same = torch.equal(value, after[k])
+        assert same != k.startswith("fc."), k  # the backbone (weights and BN statistics) unchanged; head trained
+    _step(model, opt, stepper)  # the second epoch: everything trains
+    assert not torch.equal(model.features[0].weight, before["features.0.weight"])
+    assert not torch.equal(model.features[1].running_mean, before["features.1.running_mean"])
+
+
+def test_freeze_backbone_keeps_batchnorm_statistics_fixed():
+    model = Tiny()
+    for n, p in model.named_parameters():
+        p.requires_grad = n.startswith("fc.")
+    opt, stepper = recipe.optimization(_cfg(freeze_backbone=True, lr=0.1), model, 3, 0.1, 2)
+    stats = model.features[1].running_mean.clone(), model.features[1].running_var.clone()
+    for _ in range(3):
+        _step(model, opt, stepper)
+    assert torch.equal(model.features[1].running_mean, stats[0]) and torch.equal(model.features[1].running_var,
+                                                                                stats[1])
+
+
+def test_soft_targets_give_the_mixed_cross_entropy_and_unreadable_rows_none():
+    logits = torch.randn(3, 4)
+    targets = torch.tensor([[0.7, 0.3, 0, 0], [0, 0, 0, 0], [0, 0, 0.4, 0.6]])
+    got = recipe.per_sample_loss(0.0)(logits, targets)
+    logp = logits.log_softmax(1)
+    hand = -(targets * logp).sum(1)
+    assert torch.allclose(got, hand) and got[1] == 0
+    smooth = recipe.per_sample_loss(0.1)(logits, torch.tensor([2, -100, 1]))
+    hand2 = -(0.9 * logp[0, 2] + 0.1 * logp[0].mean())
+    assert torch.allclose(smooth[0], hand2) and smooth[1] == 0
+
+
+def test_best_picks_ema_or_raw_by_the_chosen_metric():
+    history = [{"epoch": 0, "val": {"accuracy": 0.8, "loss": 0.5}, "val_ema": {"accuracy": 0.9, "loss": 0.6}},
+               {"epoch": 1, "val": {"accuracy": 0.85, "loss": 0.4}}]
+    assert (recipe.best(history)[0]["epoch"], recipe.best(history)[1]) == (0, "val_ema")
+    assert (recipe.best(history, "loss")[0]["epoch"], recipe.best(history, "loss")[1]) == (1, "val")
+
+
+def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, monkeypatch):
+    import json
+
+    from safetensors.torch import load_file
+
+    from conftest import FAST
+    from visiontune import cli, engine
+
+    # Scripted validation: raw 0.5, 0.6, 0.55...; EMA 0.4, 0.7, 0.5...: the EMA of epoch 1 is best,
+    # and with patience 2 the run stops after epoch 3 of 6.
+    script = {"val": [0.5, 0.6, 0.55, 0.55, 0.55, 0.55], "val ema": [0.4, 0.7, 0.5, 0.5, 0.5, 0.5]}
+    calls = {"val": 0, "val ema": 0}
+
+    def scripted(accelerator, model, loader, prepare_input, *, progress=True, desc="val", keep=None):
+        acc = script[desc][calls[desc]]
+        calls[desc] += 1
+        return engine.PhaseResult(loss=1 - acc, accuracy=acc, images=8, seconds=0.1)
+    monkeypatch.setattr(engine, "evaluate", scripted)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--data", str(small_data), *FAST, "--batch-size", "8", "--epochs", "6",
+                     "--recipe", "modern", "--ema", "0.9", "--early-stop", "2", "--keep-last", "10",
+                     "--num-workers", "0", "--output-dir", str(out)]) == 0
+    history = json.loads((out / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [0, 1, 2, 3]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["best_epoch"], summary["best_weights"], summary["best_val_accuracy"]) == (1, "ema", 0.7)
+    ema = torch.load(out / "checkpoints" / "e0002-b0000000" / "lr_scheduler.pt", weights_only=True)["ema"]
+    best = load_file(str(out / "best.safetensors"))
+    assert best.keys() and all(torch.equal(best[k], ema["module." + k]) for k in best)
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["recipe"], config["optimizer"], config["lr_schedule"], config["label_smoothing"],
+            config["augment"], config["ema"], config["normalize"]) == ("modern", "adamw", "cosine", 0.1, "trivial",
+                                                                      0.9, "data")
+
+
+def test_normalize_modes_resolve_to_recorded_statistics():
+    from visiontune.config import MEAN, STD
+
+    assert recipe.mean_std(_cfg()) == (MEAN, STD)
+    w = _cfg(model="resnet18", weights="DEFAULT", normalize="weights")  # torchvision's metadata, no download
+    assert recipe.mean_std(w) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert _cfg(normalize="data").mean is None  # measured by the trainer on the train split
+    assert recipe.mean_std(_cfg(mean="0.1,0.2,0.3", std="1,1,1")) == ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0))
+    with pytest.raises(UserError, match="needs named pretrained weights"):
+        _cfg(weights="none", normalize="weights")
+    with pytest.raises(UserError, match="three numbers"):
+        _cfg(mean="0.1,0.2", std="1,1,1")
+
+
+def test_data_statistics_are_those_of_the_pixels():
+    images = torch.randint(0, 256, (10, 3, 4, 4), dtype=torch.uint8)
+    dataset = [(img, 0) for img in images] + [(torch.zeros(3, 4, 4, dtype=torch.uint8), -100)]
+    mean, std = recipe.data_stats(dataset)
+    x = images.double() / 255
+    assert mean == recipe.stats_text(x.mean((0, 2, 3)).tolist())
+    assert std == recipe.stats_text(x.std((0, 2, 3), unbiased=False).tolist())
+
+
+def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp_path, small_data, capsys):
+    import json
+
+    from PIL import Image
+
+    from conftest import FAST
+    from visiontune import cli
+
+    out = tmp_path / "lrf"
+    assert cli.main(["lr-find", "--data", str(small_data), *FAST, "--batch-size", "8", "--num-workers", "0",
+                     "--steps", "12", "--start-lr", "1e-4", "--end-lr", "1", "--output-dir", str(out)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    rec = json.loads((out / "lr_find.json").read_text())
+    lrs = rec["lrs"]
+    assert lrs[0] == pytest.approx(1e-4)
+    assert all(b / a == pytest.approx(10 ** (4 / 11)) for a, b in itertools.pairwise(lrs))
+    assert rec["suggested_lr"] == pytest.approx(lrs[rec["losses"].index(min(rec["losses"]))] / 10)
+    assert line.startswith(f"visiontune: suggested lr {rec['suggested_lr']:.2g}")
+    with Image.open(out / "lr_find.png") as im:
+        assert im.format == "PNG"
