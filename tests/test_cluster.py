@@ -183,8 +183,14 @@ def test_an_elastic_world_keeps_the_global_batch_of_max_nodes_or_is_refused(monk
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(UserError, match="the global batch is 8, set by --nnodes 1:4 at 4 nodes; 3 processes"):
         elastic.keep_global_batch(cfg)
-    # A checkpoint's batch index counts batches of its world: 3 steps of 2 processes are 6 of one.
-    assert elastic.position({"batch": 3, "world_size": 2}, 1) == 6
+    # A checkpoint's position is kept in samples: 3 batches of 2 processes are 6 batches of one
+    # process accumulating 2 (the same global batch of 4 at --batch-size 2).
+    from visiontune.checkpoint import Checkpoint, compatible
+
+    same = {"split_sha256": "s", "model": "m", "num_classes": 2, "global_batch": 4}
+    saved = Checkpoint("runs/x/checkpoints/e0000-b0000003", {**same, "epoch": 0, "batch": 3, "world_size": 2,
+                                                             "samples": 12, "config": {"batch_size": 2}})
+    assert compatible(saved, {**same, "batch_samples": 2, "grad_accum": 2}).batch == 6
 
 
 def test_several_slurm_tasks_without_ddp_are_refused(monkeypatch):

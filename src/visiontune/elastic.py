@@ -80,11 +80,6 @@ def keep_global_batch(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(grad_accum=accum)
 
 
-def position(meta: dict, world: int) -> int:
-    """The checkpoint's batch index, in batches of this world (same per-process batch, same samples done)."""
-    return meta["batch"] * meta.get("world_size", world) // world
-
-
 def record_world(run_dir: str, setup, cfg: TrainConfig, resumed) -> dict:
     """Append this start of the workers to ``RUN/world.jsonl`` (main process only); return the entry."""
     entry = {"restart": launch.restart_count(), "world_size": setup.world_size, "grad_accum": cfg.grad_accum,

@@ -147,8 +147,9 @@ def _start(accelerator, resumed) -> engine.StartAt:
     if resumed is None:
         return engine.StartAt()
     totals = engine.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
-    # In batches of this world: an elastic job may come back with another number of processes.
-    return engine.StartAt(resumed.epoch, elastic.position(resumed.meta, accelerator.num_processes), totals)
+    # checkpoint.compatible already put the position in this run's batches (it is kept in samples), so an
+    # elastic job back with another number of processes, or another batch split, starts at the same sample.
+    return engine.StartAt(resumed.epoch, resumed.batch, totals)
 
 
 def _finish(accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet,
