@@ -37,7 +37,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             cfg = cfg.replace(output_dir=launch.run_folder(cfg))
             argv = [*argv, "--output-dir", cfg.output_dir]
         # One machine: this process outlives any worker restart, so it holds the run folder's lock.
-        with runlock.hold_for_workers(cfg.output_dir if cfg.nnodes == 1 else None), shared_listing(images, cfg.data):
+        one_machine = launch.node_range(launch.plan(cfg).nnodes) == (1, 1)
+        with runlock.hold_for_workers(cfg.output_dir if one_machine else None), shared_listing(images, cfg.data):
             return launch.relaunch(cfg, argv)
     from visiontune.trainer import train
 
