@@ -150,7 +150,7 @@ def test_check_train_and_evaluate_use_the_nested_rule_and_report_counts(tmp_path
                  "--no-progress", "--epochs", "1", "--batch-size", "4", "--output-dir", str(run)]) == 0
     assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
     assert json.loads((run / "classes.json").read_text()) == ["bird", "cat", "dog"]
-    main(["evaluate", "--run", str(run), "--data", str(data), "--no-progress"])
+    main(["evaluate", "--run", str(run), "--data", str(data), "--split", "all", "--no-progress"])
     report = json.loads((run / "eval.json").read_text())
     assert report["images"] == 17 and {k: v["support"] for k, v in report["per_class"].items()} == \
         {"bird": 7, "cat": 4, "dog": 6}
