@@ -51,7 +51,7 @@ def test_out_of_range_numbers_are_refused(tmp_path, small_data, capsys, no_scan,
 
 @pytest.mark.parametrize("text,says", [
     ('epochs = "2"', "epochs = '2' is not of type int"),
-    ('augment = "no"', "augment = 'no' is not of type bool"),
+    ('channels_last = "no"', "channels_last = 'no' is not of type bool"),
     ("lr = true", "lr = True is not of type float"),
 ])
 def test_config_values_of_the_wrong_type_are_refused(tmp_path, small_data, capsys, text, says):

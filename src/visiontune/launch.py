@@ -268,7 +268,7 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
         ENV.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # The agent already passes SIGTERM and SIGINT on to the workers (which checkpoint and stop);
     # make SIGUSR1 take the same path instead of killing the agent alone.
-    signal.signal(signal.SIGUSR1, _terminate_process_handler)
+    old_usr1 = signal.signal(signal.SIGUSR1, _terminate_process_handler)
     try:
         run(get_args_parser().parse_args(torchrun_args))
     except SignalException as e:
@@ -281,4 +281,9 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
         print(f"visiontune: worker rank {rank_} failed with exit code {failure.exitcode} "
               f"(its output is above); the job stopped", file=sys.stderr)
         return code
+    finally:
+        # Called from the Python API the process lives on: workers it starts later, through another
+        # launcher, must not take it for their launcher and kill themselves.
+        ENV.pop(LAUNCHER_PID, None)
+        signal.signal(signal.SIGUSR1, old_usr1)
     return 0
