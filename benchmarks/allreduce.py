@@ -1,4 +1,5 @@
 """Under torchrun: seconds per gloo all-reduce of a model's gradients (prints JSON on rank 0)."""
+
 import json
 import sys
 import time

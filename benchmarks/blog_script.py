@@ -8,6 +8,7 @@ precisely. It reads the Kaggle layout, splits 80/20 with ``random_split``,
 loads with ``num_workers=mp.cpu_count()``, trains and validates each epoch,
 keeps the best weights, saves them and draws the plot, as the blog does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,13 +51,18 @@ n_samples = len(train_dataset)
 train_size = int(n_samples * 0.8)
 train_dataset, val_dataset = torch.utils.data.random_split(train_dataset, [train_size, n_samples - train_size])
 datasets = {"train": train_dataset, "val": val_dataset}
-dataloaders = {x: torch.utils.data.DataLoader(datasets[x], batch_size=args.batch_size, shuffle=True, pin_memory=True,
-                                              num_workers=mp.cpu_count()) for x in ["train", "val"]}
+dataloaders = {
+    x: torch.utils.data.DataLoader(
+        datasets[x], batch_size=args.batch_size, shuffle=True, pin_memory=True, num_workers=mp.cpu_count()
+    )
+    for x in ["train", "val"]
+}
 model = build_model(args.model, 2, "none")
 optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 criterion = nn.CrossEntropyLoss()
 model, optimizer, dataloaders["train"], dataloaders["val"] = accelerator.prepare(
-    model, optimizer, dataloaders["train"], dataloaders["val"])
+    model, optimizer, dataloaders["train"], dataloaders["val"]
+)
 
 since = time.time()
 history = {"accuracy": [], "val_accuracy": [], "loss": [], "val_loss": []}

@@ -7,6 +7,7 @@ alike, and takes the median of the repeats. ``BlogDataset`` is the reference
 job's ``DogCatDataset`` with its transform: PIL open, ``Resize((s, s))``,
 ``ToTensor``, ``Normalize`` with the blog's statistics.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ REPEATS = int(os.environ.get("VT_BENCH_REPEATS", "5"))
 
 
 def blog_transform(size: int) -> transforms.Compose:
-    return transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor(),
-                               transforms.Normalize(mean=BLOG_MEAN, std=BLOG_STD)])
+    return transforms.Compose(
+        [transforms.Resize((size, size)), transforms.ToTensor(), transforms.Normalize(mean=BLOG_MEAN, std=BLOG_STD)]
+    )
 
 
 class BlogDataset(Dataset):
@@ -73,8 +75,7 @@ def interleave(candidates: dict[str, Callable[[], float]], repeats: int = REPEAT
             value = fn()
             if r >= warmup:
                 samples[name].append(value)
-    return {name: {"median": statistics.median(v), "samples": [round(x, 4) for x in v]}
-            for name, v in samples.items()}
+    return {name: {"median": statistics.median(v), "samples": [round(x, 4) for x in v]} for name, v in samples.items()}
 
 
 def timed(fn: Callable[[], int]) -> float:
@@ -94,9 +95,14 @@ def machine() -> dict:
     except OSError:
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-            "torch": torch.__version__, "load_average_at_end": load,
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_average_at_end": load,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def write_result(name: str, result: dict) -> Path:

@@ -11,6 +11,7 @@ with one loader worker process instead (``--num-workers 1``, the way the blog
 decodes), and with a warm ``--cache`` (built once beforehand; the build time is
 reported).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,19 @@ COMMON = ["--model", MODEL, "--image-size", str(SIZE), "--batch-size", str(BATCH
 def blog(data, rec) -> float:
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        run([sys.executable, str(ROOT / "benchmarks" / "blog_script.py"), "--data", str(data), "--out", out,
-             *COMMON, "--lr", "0.01"])
+        run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "blog_script.py"),
+                "--data",
+                str(data),
+                "--out",
+                out,
+                *COMMON,
+                "--lr",
+                "0.01",
+            ]
+        )
         wall = time.perf_counter() - t0
         with open(os.path.join(out, "timing.json")) as f:
             t = json.load(f)
@@ -40,8 +52,25 @@ def blog(data, rec) -> float:
 def visiontune(data, rec, name, extra=()) -> float:
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        run([sys.executable, "-m", "visiontune", "train", "--data", str(data), "--output-dir", out, *COMMON,
-             "--weights", "none", "--lr", "0.01", "--no-progress", *extra])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "visiontune",
+                "train",
+                "--data",
+                str(data),
+                "--output-dir",
+                out,
+                *COMMON,
+                "--weights",
+                "none",
+                "--lr",
+                "0.01",
+                "--no-progress",
+                *extra,
+            ]
+        )
         wall = time.perf_counter() - t0
         with open(os.path.join(out, "history.json")) as f:
             h = json.load(f)[0]
@@ -53,20 +82,41 @@ def main() -> None:
     data = sample_data(PER_CLASS)
     cache = ["--cache", str(WORK / "cache")]
     t0 = time.perf_counter()
-    run([sys.executable, "-c", "import sys; from visiontune.data.cache import open_or_build; "
-         "from visiontune.data.layouts import discover; "
-         f"open_or_build(sys.argv[1], discover(sys.argv[2]).paths, {SIZE})", cache[1], str(data)])
+    run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from visiontune.data.cache import open_or_build; "
+            "from visiontune.data.layouts import discover; "
+            f"open_or_build(sys.argv[1], discover(sys.argv[2]).paths, {SIZE})",
+            cache[1],
+            str(data),
+        ]
+    )
     cache_build = time.perf_counter() - t0
     rec = {"blog": [], "visiontune": [], "visiontune_1worker": [], "visiontune_cache": []}
-    interleave({"blog": lambda: blog(data, rec), "visiontune": lambda: visiontune(data, rec, "visiontune"),
-                "visiontune_1worker": lambda: visiontune(data, rec, "visiontune_1worker", ["--num-workers", "1"]),
-                "visiontune_cache": lambda: visiontune(data, rec, "visiontune_cache", cache)})
+    interleave(
+        {
+            "blog": lambda: blog(data, rec),
+            "visiontune": lambda: visiontune(data, rec, "visiontune"),
+            "visiontune_1worker": lambda: visiontune(data, rec, "visiontune_1worker", ["--num-workers", "1"]),
+            "visiontune_cache": lambda: visiontune(data, rec, "visiontune_cache", cache),
+        }
+    )
     med = {k: {m: sorted(r[m] for r in v[1:])[len(v[1:]) // 2] for m in ("wall", "epoch")} for k, v in rec.items()}
-    ratios = {f"{k}_vs_blog_{m}": med["blog"][m] / med[k][m] for k in ("visiontune", "visiontune_1worker", "visiontune_cache")
-              for m in ("epoch", "wall")}
-    out = {"what": f"one epoch, {2 * PER_CLASS} JPEGs (80/20 split), {MODEL} {SIZE} px, batch {BATCH}",
-           "median_seconds": med, "runs": rec, "ratios": ratios, "cache_build_seconds": cache_build,
-           "target": 1.5}
+    ratios = {
+        f"{k}_vs_blog_{m}": med["blog"][m] / med[k][m]
+        for k in ("visiontune", "visiontune_1worker", "visiontune_cache")
+        for m in ("epoch", "wall")
+    }
+    out = {
+        "what": f"one epoch, {2 * PER_CLASS} JPEGs (80/20 split), {MODEL} {SIZE} px, batch {BATCH}",
+        "median_seconds": med,
+        "runs": rec,
+        "ratios": ratios,
+        "cache_build_seconds": cache_build,
+        "target": 1.5,
+    }
     print("e2e: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     write_result("e2e", out)
 

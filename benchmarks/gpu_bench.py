@@ -10,6 +10,7 @@ per 224 px image (3x the 31 GFLOP forward pass), so images/s x 93 GFLOP over the
 GPU's dense peak (a small table below, by name) is the share of peak reached.
 ``--smoke`` runs the same code tiny on a CPU, for the test suite.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 GFLOP_PER_IMAGE = 93.0
 # Dense tensor-core peaks, TFLOP/s: (bf16, tf32). SXM parts; PCIe cards are lower.
-PEAKS = {"H200": (989.0, 494.7), "H100": (989.0, 494.7), "A100": (312.0, 156.0), "L40S": (362.0, 183.0),
-         "L4": (121.0, 60.0), "A10": (125.0, 62.5)}
-MODES = {"fp32": ("no", False, False), "bf16": ("bf16", False, False),
-         "bf16-channels-last": ("bf16", True, False), "bf16-channels-last-compile": ("bf16", True, True)}
+PEAKS = {
+    "H200": (989.0, 494.7),
+    "H100": (989.0, 494.7),
+    "A100": (312.0, 156.0),
+    "L40S": (362.0, 183.0),
+    "L4": (121.0, 60.0),
+    "A10": (125.0, 62.5),
+}
+MODES = {
+    "fp32": ("no", False, False),
+    "bf16": ("bf16", False, False),
+    "bf16-channels-last": ("bf16", True, False),
+    "bf16-channels-last-compile": ("bf16", True, True),
+}
 
 
 def peak_tflops(gpu: str, mode: str) -> float | None:
@@ -49,16 +60,29 @@ def measure(args, mode: str) -> list[dict]:
     from visiontune.strategy import loader_workers, make_accelerator, prepare
 
     precision, channels_last, compile_ = MODES[mode]
-    cfg = TrainConfig(data=args.data, model=args.model, weights="none", image_size=args.image_size,
-                      batch_size=args.batch, mixed_precision=precision, channels_last=channels_last,
-                      compile=compile_, progress=False)
+    cfg = TrainConfig(
+        data=args.data,
+        model=args.model,
+        weights="none",
+        image_size=args.image_size,
+        batch_size=args.batch,
+        mixed_precision=precision,
+        channels_last=channels_last,
+        compile=compile_,
+        progress=False,
+    )
     accelerator = make_accelerator(cfg)
     device = accelerator.device
     images = discover(args.data)
     cache = open_or_build(args.cache, images.paths, args.image_size)
-    loader = make_loader(CachedDataset(cache, range(len(images)), images.labels), args.batch, train=True, seed=0,
-                         num_workers=args.workers if args.workers >= 0 else loader_workers(cfg),
-                         pin_memory=device.type == "cuda")
+    loader = make_loader(
+        CachedDataset(cache, range(len(images)), images.labels),
+        args.batch,
+        train=True,
+        seed=0,
+        num_workers=args.workers if args.workers >= 0 else loader_workers(cfg),
+        pin_memory=device.type == "cuda",
+    )
     model = build_model(args.model, 2, "none")
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     model, optimizer, (loader,) = prepare(accelerator, cfg, model, optimizer, loader)
@@ -67,6 +91,7 @@ def measure(args, mode: str) -> list[dict]:
     y = torch.randint(0, 2, (args.batch,), device=device)
     results, opts = [], LoopOptions(epochs=1, progress=False)
     for source in ("synthetic", "cache"):
+
         def epoch(steps: int):
             if source == "synthetic":  # noqa: B023 -- epoch() is called within this iteration only
                 return train_one_epoch(accelerator, model, [(x, y)] * steps, optimizer, None, normalize, opts)
@@ -80,9 +105,17 @@ def measure(args, mode: str) -> list[dict]:
         ips = r.images_per_s
         peak = peak_tflops(args.gpu, mode)
         tflops = ips * GFLOP_PER_IMAGE / 1000 * (args.image_size / 224) ** 2
-        results.append({"mode": mode, "source": source, "images_per_s": round(ips, 1), "images": r.images,
-                        "achieved_tflops": round(tflops, 1),
-                        "share_of_peak": round(tflops / peak, 3) if peak else None, "peak_tflops": peak})
+        results.append(
+            {
+                "mode": mode,
+                "source": source,
+                "images_per_s": round(ips, 1),
+                "images": r.images,
+                "achieved_tflops": round(tflops, 1),
+                "share_of_peak": round(tflops / peak, 3) if peak else None,
+                "peak_tflops": peak,
+            }
+        )
         share = f"{tflops / peak:.1%} of {peak:g} TFLOP/s peak" if peak else "peak unknown for this GPU"
         print(f"{mode:28s} {source:9s} {ips:8.1f} img/s  {tflops:6.1f} TFLOP/s  {share}", flush=True)
     return results
@@ -97,8 +130,9 @@ def prepare_data(args) -> None:
         make_sample_data(args.data, per_class=args.images // 2, test_count=0, seed=0)
     t0 = time.perf_counter()
     open_or_build(args.cache, discover(args.data).paths, args.image_size)
-    print(f"cache of {args.images} images at {args.image_size} px ready in {time.perf_counter() - t0:.1f} s",
-          flush=True)
+    print(
+        f"cache of {args.images} images at {args.image_size} px ready in {time.perf_counter() - t0:.1f} s", flush=True
+    )
 
 
 def main() -> int:
@@ -135,9 +169,21 @@ def main() -> int:
         print("\n".join(ln for ln in done.stdout.splitlines() if not ln.startswith("RESULT ")), flush=True)
         rows += json.loads(found[-1][7:]) if found else [{"mode": mode, "error": f"exit code {done.returncode}"}]
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({
-            "gpu": args.gpu, "model": args.model, "image_size": args.image_size, "batch": args.batch,
-            "gflop_per_image_at_224": GFLOP_PER_IMAGE, "torch": torch.__version__, "results": rows}, indent=2) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "gpu": args.gpu,
+                    "model": args.model,
+                    "image_size": args.image_size,
+                    "batch": args.batch,
+                    "gflop_per_image_at_224": GFLOP_PER_IMAGE,
+                    "torch": torch.__version__,
+                    "results": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     print(f"wrote {args.out}")
     return 0
 

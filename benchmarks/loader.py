@@ -8,6 +8,7 @@ uint8 and are normalised on the device, inside the model step; the
 (``DeviceNormalize`` on the CPU), as a CPU-only run does, to end where the
 blog's loader ends: normalised floats.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,25 +39,33 @@ def main() -> None:
     labels = [int(os.path.basename(p).startswith("dog")) for p in paths]
     cache = open_or_build(str(WORK / "cache"), paths, SIZE)
     normalize = DeviceNormalize(torch.device("cpu"))
-    blog = DataLoader(BlogDataset(paths, SIZE), batch_size=BATCH, shuffle=True, num_workers=1,
-                      persistent_workers=True)
+    blog = DataLoader(BlogDataset(paths, SIZE), batch_size=BATCH, shuffle=True, num_workers=1, persistent_workers=True)
     ours = make_loader(ImageDataset(paths, labels, SIZE), BATCH, train=True, seed=0, num_workers=1, pin_memory=False)
-    cached = make_loader(CachedDataset(cache, range(len(paths)), labels), BATCH, train=True, seed=0, num_workers=1,
-                         pin_memory=False)
-    res = interleave({"blog_pil": lambda: timed(lambda: drain(blog)),
-                      "visiontune": lambda: timed(lambda: drain(ours)),
-                      "visiontune_cache": lambda: timed(lambda: drain(cached)),
-                      "visiontune_cpu_normalize": lambda: timed(lambda: drain(ours, normalize)),
-                      "visiontune_cache_cpu_normalize": lambda: timed(lambda: drain(cached, normalize))})
+    cached = make_loader(
+        CachedDataset(cache, range(len(paths)), labels), BATCH, train=True, seed=0, num_workers=1, pin_memory=False
+    )
+    res = interleave(
+        {
+            "blog_pil": lambda: timed(lambda: drain(blog)),
+            "visiontune": lambda: timed(lambda: drain(ours)),
+            "visiontune_cache": lambda: timed(lambda: drain(cached)),
+            "visiontune_cpu_normalize": lambda: timed(lambda: drain(ours, normalize)),
+            "visiontune_cache_cpu_normalize": lambda: timed(lambda: drain(cached, normalize)),
+        }
+    )
     base = res["blog_pil"]["median"]
-    out = {"what": f"loader images/s, {len(paths)} JPEGs 300-500 px -> {SIZE} px, batch {BATCH}, 1 worker each; "
-                   "visiontune's batches are uint8 (normalised on the device); the *_cpu_normalize rows also "
-                   "normalise them in the consuming process, as a CPU-only run does",
-           "images_per_s": res,
-           **{f"ratio_{k}_vs_blog": res[k]["median"] / base for k in res if k != "blog_pil"},
-           "targets": {"ratio_visiontune_vs_blog": 2.5, "ratio_visiontune_cache_vs_blog": 10.0}}
-    print("loader: blog {:.0f} img/s; ".format(base) + ", ".join(
-        f"{k} {res[k]['median']:.0f} ({res[k]['median'] / base:.2f}x)" for k in res if k != "blog_pil"))
+    out = {
+        "what": f"loader images/s, {len(paths)} JPEGs 300-500 px -> {SIZE} px, batch {BATCH}, 1 worker each; "
+        "visiontune's batches are uint8 (normalised on the device); the *_cpu_normalize rows also "
+        "normalise them in the consuming process, as a CPU-only run does",
+        "images_per_s": res,
+        **{f"ratio_{k}_vs_blog": res[k]["median"] / base for k in res if k != "blog_pil"},
+        "targets": {"ratio_visiontune_vs_blog": 2.5, "ratio_visiontune_cache_vs_blog": 10.0},
+    }
+    print(
+        f"loader: blog {base:.0f} img/s; "
+        + ", ".join(f"{k} {res[k]['median']:.0f} ({res[k]['median'] / base:.2f}x)" for k in res if k != "blog_pil")
+    )
     write_result("loader", out)
 
 

@@ -8,6 +8,7 @@ workers. Each repeat is a fresh 2-epoch run; the figure is the second epoch's
 training images/s (the first carries one-off warm-up), as ``train_one_epoch``
 times it and as the hand loop times the same span.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,7 @@ def hand_rate(images: torch.Tensor, labels: torch.Tensor, seed: int = 42) -> flo
         perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))
         start, n = time.perf_counter(), 0
         for i in range(0, len(perm) - BATCH + 1, BATCH):
-            idx = perm[i:i + BATCH]
+            idx = perm[i : i + BATCH]
             loss = F.cross_entropy(model(normalize(images[idx])), labels[idx])
             loss.backward()
             opt.step()
@@ -64,8 +65,18 @@ def hand_rate(images: torch.Tensor, labels: torch.Tensor, seed: int = 42) -> flo
 def main() -> None:
     data = sample_data(PER_CLASS)
     cache_dir = str(WORK / "cache")
-    cfg = TrainConfig(data=str(data), model=MODEL, weights="none", image_size=SIZE, epochs=2, batch_size=BATCH,
-                      lr=LR, num_workers=0, cache=cache_dir, progress=False)
+    cfg = TrainConfig(
+        data=str(data),
+        model=MODEL,
+        weights="none",
+        image_size=SIZE,
+        epochs=2,
+        batch_size=BATCH,
+        lr=LR,
+        num_workers=0,
+        cache=cache_dir,
+        progress=False,
+    )
     images_set = discover(str(data))
     split = make_split(len(images_set), cfg.val_fraction, cfg.seed)
     cache = open_or_build(cache_dir, images_set.paths, SIZE)
@@ -77,14 +88,19 @@ def main() -> None:
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     threads = cpu_budget()  # what make_accelerator gives visiontune (1 here); the hand loop gets the same
     torch.set_num_threads(threads)
-    res = interleave({"hand_loop": lambda: hand_rate(images, labels),
-                      "visiontune": lambda: visiontune_rate(cfg)})
+    res = interleave({"hand_loop": lambda: hand_rate(images, labels), "visiontune": lambda: visiontune_rate(cfg)})
     ratio = res["visiontune"]["median"] / res["hand_loop"]["median"]
-    out = {"what": f"train images/s, 2nd epoch, {MODEL} {SIZE} px, batch {BATCH}, {threads} threads, "
-                   f"{len(labels)} train images", "images_per_s": res,
-           "ratio_visiontune_vs_hand_loop": ratio, "target": 0.97}
-    print(f"overhead: hand loop {res['hand_loop']['median']:.1f} img/s, visiontune "
-          f"{res['visiontune']['median']:.1f} img/s, ratio {ratio:.3f}")
+    out = {
+        "what": f"train images/s, 2nd epoch, {MODEL} {SIZE} px, batch {BATCH}, {threads} threads, "
+        f"{len(labels)} train images",
+        "images_per_s": res,
+        "ratio_visiontune_vs_hand_loop": ratio,
+        "target": 0.97,
+    }
+    print(
+        f"overhead: hand loop {res['hand_loop']['median']:.1f} img/s, visiontune "
+        f"{res['visiontune']['median']:.1f} img/s, ratio {ratio:.3f}"
+    )
     write_result("overhead", out)
 
 

@@ -12,6 +12,7 @@ about half the accuracy). Reported: best validation accuracy over the epochs,
 and wall seconds per epoch (whole command / epochs, start-up included, the
 same threads for every tool).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,23 @@ from pathlib import Path
 from common import WORK, python_env, run, write_result
 
 MODEL, SIZE, BATCH = "resnet18", 32, 32
-TIMM_RECIPE = ["--opt", "adamw", "--lr", "1e-3", "--weight-decay", "0.05", "--sched", "cosine",
-               "--warmup-epochs", "1", "--smoothing", "0.1", "--scale", "0.35", "1"]
+TIMM_RECIPE = [
+    "--opt",
+    "adamw",
+    "--lr",
+    "1e-3",
+    "--weight-decay",
+    "0.05",
+    "--sched",
+    "cosine",
+    "--warmup-epochs",
+    "1",
+    "--smoothing",
+    "0.1",
+    "--scale",
+    "0.35",
+    "1",
+]
 
 
 def digits(out: Path) -> Path:
@@ -71,24 +87,76 @@ def timm_folders(data: Path, out: Path) -> tuple[Path, int]:
 
 
 def visiontune(data: Path, recipe: str, epochs: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "visiontune", "train", "--data", str(data), "--model", MODEL, "--weights", "none",
-           "--image-size", str(SIZE), "--batch-size", str(BATCH), "--epochs", str(epochs), "--recipe", recipe,
-           "--no-progress", "--output-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "visiontune",
+        "train",
+        "--data",
+        str(data),
+        "--model",
+        MODEL,
+        "--weights",
+        "none",
+        "--image-size",
+        str(SIZE),
+        "--batch-size",
+        str(BATCH),
+        "--epochs",
+        str(epochs),
+        "--recipe",
+        recipe,
+        "--no-progress",
+        "--output-dir",
+        str(out),
+    ]
     start = time.perf_counter()
     run(cmd)
     seconds = time.perf_counter() - start
     summary = json.loads((out / "summary.json").read_text())
-    return {"accuracy": summary["best_val_accuracy"], "seconds_per_epoch": seconds / epochs,
-            "best_weights": summary.get("best_weights", "raw")}
+    return {
+        "accuracy": summary["best_val_accuracy"],
+        "seconds_per_epoch": seconds / epochs,
+        "best_weights": summary.get("best_weights", "raw"),
+    }
 
 
 def timm(train_py: Path, data: Path, epochs: int, out: Path) -> dict:
     root, classes = timm_folders(data, out / "data")
-    cmd = [sys.executable, str(train_py), "--data-dir", str(root), "--train-split", "train",
-           "--val-split", "validation", "--model", MODEL, "--num-classes", str(classes),
-           "--input-size", "3", str(SIZE), str(SIZE), "-b", str(BATCH), "--epochs", str(epochs),
-           "--workers", "0", "--device", "cpu", "--no-prefetcher", "--output", str(out / "out"),
-           "--experiment", "run", "--checkpoint-hist", "1", *TIMM_RECIPE]
+    cmd = [
+        sys.executable,
+        str(train_py),
+        "--data-dir",
+        str(root),
+        "--train-split",
+        "train",
+        "--val-split",
+        "validation",
+        "--model",
+        MODEL,
+        "--num-classes",
+        str(classes),
+        "--input-size",
+        "3",
+        str(SIZE),
+        str(SIZE),
+        "-b",
+        str(BATCH),
+        "--epochs",
+        str(epochs),
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--no-prefetcher",
+        "--output",
+        str(out / "out"),
+        "--experiment",
+        "run",
+        "--checkpoint-hist",
+        "1",
+        *TIMM_RECIPE,
+    ]
     start = time.perf_counter()
     run(cmd, cwd=str(train_py.parent))
     seconds = time.perf_counter() - start
@@ -116,9 +184,17 @@ def main() -> None:
         for tool, r in row.items():
             print(f"{name:9s} {tool:7s} acc {r['accuracy']:.3f}  {r['seconds_per_epoch']:.1f} s/epoch", flush=True)
     argv = ["PATH" if a == args.timm_train else a for a in sys.argv[1:]]  # no local paths in the record
-    write_result("recipe", {"model": MODEL, "image_size": SIZE, "batch": BATCH, "results": results,
-                            "timm_recipe": " ".join(TIMM_RECIPE) if args.timm_train else None,
-                            "command": " ".join(["python benchmarks/recipe.py", *argv])})
+    write_result(
+        "recipe",
+        {
+            "model": MODEL,
+            "image_size": SIZE,
+            "batch": BATCH,
+            "results": results,
+            "timm_recipe": " ".join(TIMM_RECIPE) if args.timm_train else None,
+            "command": " ".join(["python benchmarks/recipe.py", *argv]),
+        },
+    )
 
 
 if __name__ == "__main__":

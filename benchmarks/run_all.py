@@ -1,4 +1,5 @@
 """``make bench``: every CPU benchmark, each in its own process, then the README table from the JSON results."""
+
 from __future__ import annotations
 
 import os

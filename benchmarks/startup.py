@@ -12,6 +12,7 @@ cache: every file is decoded), "warm" the same run again. A last row counts the
 decodes of a first ``--cache`` run over real JPEGs (``sample_data``): one per file.
 ``VT_STARTUP_SIZES`` (e.g. ``25000,250000``) picks the sizes.
 """
+
 from __future__ import annotations
 
 import io
@@ -29,9 +30,22 @@ from common import RESULTS, ROOT, WORK, python_env, sample_data, write_result
 
 SIZES = [int(s) for s in os.environ.get("VT_STARTUP_SIZES", "25000,250000,1280000").split(",")]
 CLASSES, SOURCES = 1000, 64
-TRAIN = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--batch-size", "32",
-         "--epochs", "1", "--no-progress", "--num-workers", "0"]
-HOOK = '''
+TRAIN = [
+    "--model",
+    "squeezenet1_1",
+    "--weights",
+    "none",
+    "--image-size",
+    "32",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "1",
+    "--no-progress",
+    "--num-workers",
+    "0",
+]
+HOOK = """
 import os, time
 if os.environ.get("VT_STARTUP_MARK"):
     import visiontune.engine as engine
@@ -53,9 +67,11 @@ if os.environ.get("VT_STARTUP_MARK"):
         decode.read_image = read_image
         import visiontune.data.check as check
         check.read_image = read_image
-'''
-WRAP = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-        "r = resource.getrusage(resource.RUSAGE_CHILDREN); print('PEAK', r.ru_maxrss, r.ru_utime + r.ru_stime, code)")
+"""
+WRAP = (
+    "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+    "r = resource.getrusage(resource.RUSAGE_CHILDREN); print('PEAK', r.ru_maxrss, r.ru_utime + r.ru_stime, code)"
+)
 # The run before this work, for a before/after ratio at the sizes it can do in reasonable time.
 BASELINE = os.environ.get("VT_STARTUP_BASELINE", "57c6fe3")
 BASELINE_MAX = int(os.environ.get("VT_STARTUP_BASELINE_MAX", "250000"))
@@ -97,35 +113,67 @@ def baseline_src() -> str | None:
 
 def import_rss() -> int:
     """Peak RSS (MiB) of a process that only imports the trainer: the floor under every run's figure."""
-    done = subprocess.run([sys.executable, "-c", WRAP, sys.executable, "-c", "import visiontune.trainer"],
-                          env=python_env(), capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", WRAP, sys.executable, "-c", "import visiontune.trainer"],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return round(int(done.stdout.split()[1]) / 1024)
 
 
-def start_up(data: str, extra: list[str], cache_dir: str, hooks: str, count_decodes: bool = False,
-             src: str | None = None) -> dict:
+def start_up(
+    data: str, extra: list[str], cache_dir: str, hooks: str, count_decodes: bool = False, src: str | None = None
+) -> dict:
     mark = WORK / "startup-mark"
     for p in (mark, WORK / "startup-mark.decodes"):
         p.unlink(missing_ok=True)
     env = python_env()
-    env.update(PYTHONPATH=os.pathsep.join([hooks, src or env["PYTHONPATH"]]), VT_STARTUP_MARK=str(mark),
-               VISIONTUNE_CACHE_DIR=cache_dir, OMP_NUM_THREADS="1")
+    env.update(
+        PYTHONPATH=os.pathsep.join([hooks, src or env["PYTHONPATH"]]),
+        VT_STARTUP_MARK=str(mark),
+        VISIONTUNE_CACHE_DIR=cache_dir,
+        OMP_NUM_THREADS="1",
+    )
     if count_decodes:
         env["VT_STARTUP_COUNT_DECODES"] = "1"
     out = WORK / "startup-run"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.time()
-    done = subprocess.run([sys.executable, "-c", WRAP, sys.executable, "-m", "visiontune", "train", "--data", data,
-                           *TRAIN, "--output-dir", str(out), *extra], env=env, capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WRAP,
+            sys.executable,
+            "-m",
+            "visiontune",
+            "train",
+            "--data",
+            data,
+            *TRAIN,
+            "--output-dir",
+            str(out),
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     peak, cpu, code = done.stdout.strip().splitlines()[-1].split()[1:]
     if code != "0" or not mark.exists():
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
         raise SystemExit(f"start-up run failed ({code})")
     first_step = max(float(t) for t in mark.read_text().split())  # the step starts when every process is there
     decodes = len((WORK / "startup-mark.decodes").read_text()) if count_decodes else None
-    return {"seconds": round(first_step - t0, 2), "cpu_seconds": round(float(cpu), 1),
-            "peak_rss_mib": round(int(peak) / 1024), "decodes": decodes}
+    return {
+        "seconds": round(first_step - t0, 2),
+        "cpu_seconds": round(float(cpu), 1),
+        "peak_rss_mib": round(int(peak) / 1024),
+        "decodes": decodes,
+    }
 
 
 def main() -> None:
@@ -150,13 +198,22 @@ def main() -> None:
     real = sample_data(1000)  # 2,000 real JPEGs, 300-500 px
     cache = WORK / "startup-image-cache"
     shutil.rmtree(cache, ignore_errors=True)
-    first_cache = start_up(str(real), ["--cache", str(cache), "--image-size", "64"], str(WORK / "startup-sc"),
-                           str(hooks), count_decodes=True)
+    first_cache = start_up(
+        str(real),
+        ["--cache", str(cache), "--image-size", "64"],
+        str(WORK / "startup-sc"),
+        str(hooks),
+        count_decodes=True,
+    )
     first_cache["files"] = 2000
     print(f"startup: first --cache run: {first_cache}", flush=True)
-    result = {"what": "seconds from the command's start to the first training step, CPU seconds of the whole job, "
-                      "and peak RSS of its largest process, squeezenet1_1 32 px", "rows": rows,
-              "import_only_rss_mib": floor, "first_cache_run": first_cache}
+    result = {
+        "what": "seconds from the command's start to the first training step, CPU seconds of the whole job, "
+        "and peak RSS of its largest process, squeezenet1_1 32 px",
+        "rows": rows,
+        "import_only_rss_mib": floor,
+        "first_cache_run": first_cache,
+    }
     write_result("startup", result)
     (RESULTS / "startup.md").write_text(table(result) + "\n")
     print(table(result))
@@ -171,17 +228,27 @@ def table(result: dict) -> str:
     for mode in dict.fromkeys(r["mode"] for r in rows):
         for temp in ("cold", "warm"):
             got = {r["files"]: r for r in rows if r["mode"] == mode and r["start"] == temp}
-            cells = [f"{got[n]['seconds']:.1f} s ({got[n]['cpu_seconds']:.1f} s CPU), {got[n]['peak_rss_mib']:,} MiB"
-                     if n in got else "" for n in sizes]
-            growth = [f"{got[b]['seconds'] / got[a]['seconds']:.1f}x "
-                      f"({got[b]['cpu_seconds'] / got[a]['cpu_seconds']:.1f}x CPU)"
-                      if a in got and b in got else "" for a, b in pairwise(sizes)]
+            cells = [
+                f"{got[n]['seconds']:.1f} s ({got[n]['cpu_seconds']:.1f} s CPU), {got[n]['peak_rss_mib']:,} MiB"
+                if n in got
+                else ""
+                for n in sizes
+            ]
+            growth = [
+                f"{got[b]['seconds'] / got[a]['seconds']:.1f}x "
+                f"({got[b]['cpu_seconds'] / got[a]['cpu_seconds']:.1f}x CPU)"
+                if a in got and b in got
+                else ""
+                for a, b in pairwise(sizes)
+            ]
             lines.append(f"| {mode}, {temp} | " + " | ".join(cells + growth) + " |")
-    lines.append(f"\nSeconds: from the command's start to the first training step (wall; CPU: user + system of every "
-                 f"process of the job). MiB: peak RSS of the job's largest process; a process that only imports "
-                 f"the trainer peaks at {result['import_only_rss_mib']:,} MiB. First `--cache` run over "
-                 f"{first_cache['files']:,} real JPEGs: {first_cache['decodes']:,} decodes "
-                 f"({first_cache['decodes'] / first_cache['files']:.2f} per file).")
+    lines.append(
+        f"\nSeconds: from the command's start to the first training step (wall; CPU: user + system of every "
+        f"process of the job). MiB: peak RSS of the job's largest process; a process that only imports "
+        f"the trainer peaks at {result['import_only_rss_mib']:,} MiB. First `--cache` run over "
+        f"{first_cache['files']:,} real JPEGs: {first_cache['decodes']:,} decodes "
+        f"({first_cache['decodes'] / first_cache['files']:.2f} per file)."
+    )
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
 """The README's benchmark table, built from ``benchmarks/results/*.json``."""
+
 from __future__ import annotations
 
 import json
@@ -18,64 +19,100 @@ def _best(ips: dict, a: str, b: str) -> str:
 
 def rows() -> list[tuple[str, ...]]:
     out = []
-    if (r := _load("loader")):
+    if r := _load("loader"):
         ips = r["images_per_s"]
         b = ips["blog_pil"]["median"]
-        for key, label, target in (("visiontune", "visiontune", ">= 2.5x"),
-                                   ("visiontune_cache", "visiontune `--cache`", ">= 10x"),
-                                   ("visiontune_cpu_normalize", "visiontune + normalise on CPU", ""),
-                                   ("visiontune_cache_cpu_normalize", "`--cache` + normalise on CPU", "")):
+        for key, label, target in (
+            ("visiontune", "visiontune", ">= 2.5x"),
+            ("visiontune_cache", "visiontune `--cache`", ">= 10x"),
+            ("visiontune_cpu_normalize", "visiontune + normalise on CPU", ""),
+            ("visiontune_cache_cpu_normalize", "`--cache` + normalise on CPU", ""),
+        ):
             if key not in ips:
                 continue
-            out.append((f"Loader 224 px, 1 worker: {label} / blog PIL pipeline",
-                        f"{ips[key]['median']:.0f} / {b:.0f} img/s", f"{ips[key]['median'] / b:.2f}x",
-                        _best(ips, key, "blog_pil") + "x", target))
-    if (r := _load("overhead")):
+            out.append(
+                (
+                    f"Loader 224 px, 1 worker: {label} / blog PIL pipeline",
+                    f"{ips[key]['median']:.0f} / {b:.0f} img/s",
+                    f"{ips[key]['median'] / b:.2f}x",
+                    _best(ips, key, "blog_pil") + "x",
+                    target,
+                )
+            )
+    if r := _load("overhead"):
         ips = r["images_per_s"]
-        out.append(("Trainer overhead: `visiontune train` / hand-written loop (resnet18 32 px, 1 thread)",
-                     f"{ips['visiontune']['median']:.1f} / {ips['hand_loop']['median']:.1f} img/s",
-                     f"{r['ratio_visiontune_vs_hand_loop']:.3f}", _best(ips, "visiontune", "hand_loop"),
-                     ">= 0.97"))
-    if (r := _load("e2e")):
+        out.append(
+            (
+                "Trainer overhead: `visiontune train` / hand-written loop (resnet18 32 px, 1 thread)",
+                f"{ips['visiontune']['median']:.1f} / {ips['hand_loop']['median']:.1f} img/s",
+                f"{r['ratio_visiontune_vs_hand_loop']:.3f}",
+                _best(ips, "visiontune", "hand_loop"),
+                ">= 0.97",
+            )
+        )
+    if r := _load("e2e"):
         m, q = r["median_seconds"], r["ratios"]
         best = {k: min(x["epoch"] for x in v[1:]) for k, v in r["runs"].items()}  # [0] is the warm-up
-        for key, label in (("visiontune", "`visiontune train` (shufflenet_v2_x0_5 64 px)"),
-                           ("visiontune_1worker", "`visiontune train --num-workers 1`"),
-                           ("visiontune_cache", "`visiontune train --cache` (warm)")):
+        for key, label in (
+            ("visiontune", "`visiontune train` (shufflenet_v2_x0_5 64 px)"),
+            ("visiontune_1worker", "`visiontune train --num-workers 1`"),
+            ("visiontune_cache", "`visiontune train --cache` (warm)"),
+        ):
             if key not in m:
                 continue
-            out.append((f"One epoch, blog script / {label}",
-                        f"{m['blog']['epoch']:.1f} / {m[key]['epoch']:.1f} s "
-                        f"(wall {m['blog']['wall']:.1f} / {m[key]['wall']:.1f} s)",
-                        f"{q[key + '_vs_blog_epoch']:.2f}x (wall {q[key + '_vs_blog_wall']:.2f}x)",
-                        f"{best['blog'] / best[key]:.2f}x", ">= 1.5x" if key != "visiontune_1worker" else ""))
-    if (r := _load("ddp")):
+            out.append(
+                (
+                    f"One epoch, blog script / {label}",
+                    f"{m['blog']['epoch']:.1f} / {m[key]['epoch']:.1f} s "
+                    f"(wall {m['blog']['wall']:.1f} / {m[key]['wall']:.1f} s)",
+                    f"{q[key + '_vs_blog_epoch']:.2f}x (wall {q[key + '_vs_blog_wall']:.2f}x)",
+                    f"{best['blog'] / best[key]:.2f}x",
+                    ">= 1.5x" if key != "visiontune_1worker" else "",
+                )
+            )
+    if r := _load("ddp"):
         ips = r["images_per_s"]
-        out.append(("CPU DDP 2 proc x 1 thread / 1 proc x 2 threads (resnet18 32 px, global batch 32)",
-                     f"{ips['ddp_2x1']['median']:.1f} / {ips['single_1x2']['median']:.1f} img/s",
-                     f"{r['ratio_ddp_2x1_vs_single_1x2']:.2f}", _best(ips, "ddp_2x1", "single_1x2"),
-                     f"all-reduce {r['allreduce_share_of_ddp_step']:.0%} of a step"))
-    if (r := _load("rss")):
+        out.append(
+            (
+                "CPU DDP 2 proc x 1 thread / 1 proc x 2 threads (resnet18 32 px, global batch 32)",
+                f"{ips['ddp_2x1']['median']:.1f} / {ips['single_1x2']['median']:.1f} img/s",
+                f"{r['ratio_ddp_2x1_vs_single_1x2']:.2f}",
+                _best(ips, "ddp_2x1", "single_1x2"),
+                f"all-reduce {r['allreduce_share_of_ddp_step']:.0%} of a step",
+            )
+        )
+    if r := _load("rss"):
         g, f = r["growth_small_to_large_mib"], r["cache_file_growth_mib"]
         for w, who in (("0", "main process, no loader workers (CPU default)"), ("1", "main / loader worker")):
             if f"cache, {w} workers" not in g:
                 continue
-            show = (lambda d: f"{d['main_mib']:+.0f}") if w == "0" else \
-                (lambda d: f"{d['main_mib']:+.0f} / {d['largest_worker_mib']:+.0f}")
-            out.append((f"Peak RSS growth, 600 -> 2,400 images, {who}",
-                        f"cache: {show(g[f'cache, {w} workers'])} MiB; "
-                        f"no cache: {show(g[f'no cache, {w} workers'])} MiB",
-                        f"cache file +{f:.0f} MiB", "", "flat"))
+            show = (
+                (lambda d: f"{d['main_mib']:+.0f}")
+                if w == "0"
+                else (lambda d: f"{d['main_mib']:+.0f} / {d['largest_worker_mib']:+.0f}")
+            )
+            out.append(
+                (
+                    f"Peak RSS growth, 600 -> 2,400 images, {who}",
+                    f"cache: {show(g[f'cache, {w} workers'])} MiB; no cache: {show(g[f'no cache, {w} workers'])} MiB",
+                    f"cache file +{f:.0f} MiB",
+                    "",
+                    "flat",
+                )
+            )
     return out
 
 
 def write_table() -> str:
     m = next((r["machine"] for n in ("loader", "overhead", "e2e", "ddp", "rss") if (r := _load(n))), {})
-    lines = [f"Measured on {m.get('cores', '?')} cores of {m.get('cpu', '?')}, torch {m.get('torch', '?')}, "
-             "no GPU; a machine shared with other work (load average at the end: "
-             f"{', '.join(f'{x:.1f}' for x in m.get('load_average_at_end') or [])}). Medians of 5 interleaved repeats.",
-             "", "| Benchmark | Measured (medians) | Ratio of medians | Ratio of best runs | Target |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"Measured on {m.get('cores', '?')} cores of {m.get('cpu', '?')}, torch {m.get('torch', '?')}, "
+        "no GPU; a machine shared with other work (load average at the end: "
+        f"{', '.join(f'{x:.1f}' for x in m.get('load_average_at_end') or [])}). Medians of 5 interleaved repeats.",
+        "",
+        "| Benchmark | Measured (medians) | Ratio of medians | Ratio of best runs | Target |",
+        "|---|---|---|---|---|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows()]
     text = "\n".join(lines) + "\n"
     (RESULTS / "table.md").write_text(text)

@@ -9,6 +9,7 @@ with ``flip`` and with ``flip+crop``. The figures are differences against the
 no-TTA row of the same command, on the same model and images. Data: the
 synthetic Kaggle-layout set (``VT_TTA_PER_CLASS`` images per class, default 300).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,22 @@ from common import WORK, run, sample_data, write_result
 
 PER_CLASS = int(os.environ.get("VT_TTA_PER_CLASS", "300"))
 SIZE = os.environ.get("VT_TTA_SIZE", "16")
-TRAIN = ["--model", "resnet18", "--weights", "none", "--image-size", SIZE, "--epochs", "1", "--batch-size", "32",
-         "--lr", "0.01", "--augment", "--no-progress"]
+TRAIN = [
+    "--model",
+    "resnet18",
+    "--weights",
+    "none",
+    "--image-size",
+    SIZE,
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--lr",
+    "0.01",
+    "--augment",
+    "--no-progress",
+]
 
 
 def main() -> None:
@@ -33,8 +48,23 @@ def main() -> None:
     for mode in ("none", "flip", "flip+crop"):
         out = run_dir / f"eval-{mode}.json"
         start = time.perf_counter()
-        run([sys.executable, "-m", "visiontune", "evaluate", "--run", str(run_dir), "--data", str(data),
-             "--out", str(out), "--tta", mode, "--no-progress"])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "visiontune",
+                "evaluate",
+                "--run",
+                str(run_dir),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--tta",
+                mode,
+                "--no-progress",
+            ]
+        )
         ev = json.loads(out.read_text())
         rows[mode] = {k: ev[k] for k in ("images", "accuracy", "log_loss", "ece", "balanced_accuracy")}
         rows[mode]["seconds"] = time.perf_counter() - start
@@ -42,8 +72,10 @@ def main() -> None:
     print(f"{'tta':<10} {'images':>6} {'accuracy':>9} {'change':>8} {'log loss':>9} {'change':>8} {'ECE':>7} {'s':>6}")
     for mode, r in rows.items():
         r["accuracy_change"], r["log_loss_change"] = r["accuracy"] - base["accuracy"], r["log_loss"] - base["log_loss"]
-        print(f"{mode:<10} {r['images']:>6} {r['accuracy']:>9.4f} {r['accuracy_change']:>+8.4f} {r['log_loss']:>9.4f} "
-              f"{r['log_loss_change']:>+8.4f} {r['ece']:>7.4f} {r['seconds']:>6.1f}")
+        print(
+            f"{mode:<10} {r['images']:>6} {r['accuracy']:>9.4f} {r['accuracy_change']:>+8.4f} {r['log_loss']:>9.4f} "
+            f"{r['log_loss_change']:>+8.4f} {r['ece']:>7.4f} {r['seconds']:>6.1f}"
+        )
     write_result("tta", {"per_class": PER_CLASS, "image_size": int(SIZE), "train": TRAIN, "rows": rows})
 
 

@@ -39,9 +39,7 @@ def natural_ish(w: int = W, h: int = H, seed: int = 0) -> np.ndarray:
     """A uint8 [h, w, 3] picture with smooth gradients and mild noise, like a photo at low res."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
-    img = np.stack(
-        [128 + 100 * np.sin(x / 7.0), 128 + 100 * np.cos(y / 5.0), 128 + 80 * np.sin((x + y) / 9.0)], -1
-    )
+    img = np.stack([128 + 100 * np.sin(x / 7.0), 128 + 100 * np.cos(y / 5.0), 128 + 80 * np.sin((x + y) / 9.0)], -1)
     img += rng.normal(0, 10, img.shape)
     return np.clip(img, 0, 255).astype(np.uint8)
 

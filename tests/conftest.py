@@ -1,4 +1,5 @@
 """Shared fixtures: tiny data sets made in tmp folders, and the CLI in-process."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # (directly or through another fixture); whatever is left is the fast tier, `make test-fast`.
 DISTRIBUTED = {
     "test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once",
-    "jobs", "ddp_baseline", "bench_dir",  # fixtures
+    "jobs",
+    "ddp_baseline",
+    "bench_dir",  # fixtures
     "test_ddp_with_batch_b_matches_one_process_with_batch_2b",
     "test_two_ddp_processes_share_one_cache_built_once",
     "test_two_processes_write_the_same_bytes",
@@ -33,8 +36,12 @@ DISTRIBUTED = {
 }
 SLOW = {
     "test_check_train_and_evaluate_use_the_nested_rule_and_report_counts",
-    "test_single_process_job_lists_the_data_once", "test_first_cached_run_decodes_each_file_exactly_once",
-    "trained_run", "baseline_run", "logged", "_finished",  # fixtures that train
+    "test_single_process_job_lists_the_data_once",
+    "test_first_cached_run_decodes_each_file_exactly_once",
+    "trained_run",
+    "baseline_run",
+    "logged",
+    "_finished",  # fixtures that train
     "test_run_skips_exactly_the_bad_files_and_trains_on_odd_modes",
     "test_kill_while_writing_a_checkpoint_leaves_a_resumable_run",
     "test_signal_finishes_the_step_checkpoints_it_and_exits",
@@ -62,6 +69,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         for marker, listed in (("distributed", DISTRIBUTED), ("slow", SLOW)):
             if names & listed:
                 item.add_marker(marker)
+
+
 # Small runs: every test trains at this size so the suite stays fast on 2 cores.
 FAST = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--no-progress"]
 
@@ -115,11 +124,18 @@ def baseline_run(tmp_path_factory, small_data) -> Path:
     from trainrun import env_for, train_argv
 
     tmp = tmp_path_factory.mktemp("baseline")
-    env = env_for({**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-                   "OMP_NUM_THREADS": "1"}, tmp)
+    env = env_for(
+        {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1",
+        },
+        tmp,
+    )
     out = tmp / "run"
-    done = subprocess.run(train_argv(small_data, out, "--save-every-steps", "3"), env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        train_argv(small_data, out, "--save-every-steps", "3"), env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     return out
 

@@ -1,4 +1,5 @@
 """Augmentation: draws are a function of (seed, epoch, index), so resumes repeat them exactly."""
+
 from __future__ import annotations
 
 import pickle
@@ -23,8 +24,11 @@ def test_sample_draws_depend_on_seed_epoch_and_index_only():
     state = torch.get_rng_state()
     aug(img, EpochIndex(4, 1))
     assert torch.equal(torch.get_rng_state(), state)  # ... nor do the draws change the global generator
-    others = [aug(img, EpochIndex(3, 2)), aug(img, EpochIndex(4, 1)),
-              sample_augment("trivial", 32, seed=6, random_erasing=0.5)(img, EpochIndex(3, 1))]
+    others = [
+        aug(img, EpochIndex(3, 2)),
+        aug(img, EpochIndex(4, 1)),
+        sample_augment("trivial", 32, seed=6, random_erasing=0.5)(img, EpochIndex(3, 1)),
+    ]
     assert all(o.shape == (3, 32, 32) and o.dtype == torch.uint8 for o in others)
     assert all(not torch.equal(o, a) for o in others)
     assert sample_augment("none", 32, seed=5) is None
@@ -54,18 +58,45 @@ def test_mix_gives_soft_labels_that_split_one_global_batch_like_ddp_parts():
     lam = ts[0, 0]  # pair (0, 1): labels 0 and 1 mixed with the same weight for images and labels
     assert torch.allclose(ts[0], lam * _onehot(y[0:1])[0] + (1 - lam) * _onehot(y[1:2])[0])
     # Two processes reading a half each (per-process batch 4, the step's parts rank 0 and 1) mix alike.
-    parts = [BatchMix(3, 0.4, 1.0, seed=7, rank=r, world_size=2)(x[4 * r:4 * r + 4], y[4 * r:4 * r + 4], 2, 5)
-             for r in range(2)]
+    parts = [
+        BatchMix(3, 0.4, 1.0, seed=7, rank=r, world_size=2)(x[4 * r : 4 * r + 4], y[4 * r : 4 * r + 4], 2, 5)
+        for r in range(2)
+    ]
     assert torch.equal(torch.cat([p[0] for p in parts]), xs) and torch.equal(torch.cat([p[1] for p in parts]), ts)
     assert not torch.equal(whole(x, y, epoch=3, step=5)[0], xs)  # another epoch, other draws
 
 
-@pytest.mark.parametrize("extra", [
-    ["--augment", "--num-workers", "0"],  # the old flag, from files, decoded in this process
-    ["--augment", "trivial", "--random-erasing", "0.5", "--mixup", "0.4", "--cutmix", "1", "--ema", "0.9",
-     "--optimizer", "adamw", "--lr-schedule", "cosine", "--warmup-epochs", "0.5", "--label-smoothing", "0.1",
-     "--num-workers", "1", "--cache", "CACHE"],  # everything random, from the cache, in a loader worker
-], ids=["flip-crop-files-0-workers", "all-options-cache-1-worker"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--augment", "--num-workers", "0"],  # the old flag, from files, decoded in this process
+        [
+            "--augment",
+            "trivial",
+            "--random-erasing",
+            "0.5",
+            "--mixup",
+            "0.4",
+            "--cutmix",
+            "1",
+            "--ema",
+            "0.9",
+            "--optimizer",
+            "adamw",
+            "--lr-schedule",
+            "cosine",
+            "--warmup-epochs",
+            "0.5",
+            "--label-smoothing",
+            "0.1",
+            "--num-workers",
+            "1",
+            "--cache",
+            "CACHE",
+        ],  # everything random, from the cache, in a loader worker
+    ],
+    ids=["flip-crop-files-0-workers", "all-options-cache-1-worker"],
+)
 def test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact(tmp_path, small_data, monkeypatch, extra):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "scan"))
     extra = [str(tmp_path / "cache") if e == "CACHE" else e for e in extra]
@@ -77,8 +108,10 @@ def test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact(tmp_path, s
     assert cli.main([*train_argv(small_data, resumed, *args)[3:], "--resume", "auto"]) == 0
     assert_same_weights(final_weights(resumed), final_weights(full))
     # The EMA and the schedule (saved in the scheduler's place) continued exactly too.
-    a, b = (torch.load(run / "checkpoints" / "e0002-b0000000" / "lr_scheduler.pt", weights_only=True)
-            for run in (full, resumed))
+    a, b = (
+        torch.load(run / "checkpoints" / "e0002-b0000000" / "lr_scheduler.pt", weights_only=True)
+        for run in (full, resumed)
+    )
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == 16
     assert a["scheduler"]["_last_lr"] == b["scheduler"]["_last_lr"]
     if "--ema" in extra:
@@ -96,28 +129,87 @@ def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     make_sample_data(data, per_class=6, test_count=0, seed=1)  # 12 images: 8 train, 2 steps of 4
     env = {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path / "scan")}
     # vit_b_32: no BatchNorm (each process would normalise its own half) and no dropout.
-    common = ["--data", str(data), "--model", "vit_b_32", "--weights", "none", "--image-size", "224",
-              "--no-progress", "--epochs", "1", "--val-fraction", "0.3", "--num-workers", "0",
-              # SGD: AdamW's first step is about lr * sign(gradient), which turns the last-bit differences
-              # of 1 x 2 threads against 2 x 1 thread into visible ones where a gradient is near 0.
-              "--recipe", "modern", "--optimizer", "sgd", "--lr", "0.01", "--warmup-steps", "1",
-              "--augment", "randaugment", "--random-erasing", "0.5",
-              "--mixup", "0.4", "--cutmix", "1", "--ema", "0.5", "--normalize", "data"]
-    ddp = subprocess.Popen([PYTHON, "-m", "visiontune", "train", *common, "--strategy", "ddp", "--nproc", "2",
-                            "--batch-size", "2", "--output-dir", str(tmp_path / "ddp")], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    one = subprocess.run([PYTHON, "-m", "visiontune", "train", *common, "--batch-size", "4", "--output-dir",
-                          str(tmp_path / "one")], env=env, capture_output=True, text=True, check=False)
+    common = [
+        "--data",
+        str(data),
+        "--model",
+        "vit_b_32",
+        "--weights",
+        "none",
+        "--image-size",
+        "224",
+        "--no-progress",
+        "--epochs",
+        "1",
+        "--val-fraction",
+        "0.3",
+        "--num-workers",
+        "0",
+        # SGD: AdamW's first step is about lr * sign(gradient), which turns the last-bit differences
+        # of 1 x 2 threads against 2 x 1 thread into visible ones where a gradient is near 0.
+        "--recipe",
+        "modern",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.01",
+        "--warmup-steps",
+        "1",
+        "--augment",
+        "randaugment",
+        "--random-erasing",
+        "0.5",
+        "--mixup",
+        "0.4",
+        "--cutmix",
+        "1",
+        "--ema",
+        "0.5",
+        "--normalize",
+        "data",
+    ]
+    ddp = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "visiontune",
+            "train",
+            *common,
+            "--strategy",
+            "ddp",
+            "--nproc",
+            "2",
+            "--batch-size",
+            "2",
+            "--output-dir",
+            str(tmp_path / "ddp"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    one = subprocess.run(
+        [PYTHON, "-m", "visiontune", "train", *common, "--batch-size", "4", "--output-dir", str(tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     log = ddp.communicate(timeout=1200)[0]
     assert one.returncode == 0 and ddp.returncode == 0, (one.stderr[-2000:], log[-2000:])
     ckpt = "checkpoints/e0001-b0000000"
     for name in ("model.safetensors", "ema"):
         if name == "ema":
-            a, b = (torch.load(tmp_path / d / ckpt / "lr_scheduler.pt", weights_only=True)["ema"]
-                    for d in ("ddp", "one"))
+            a, b = (
+                torch.load(tmp_path / d / ckpt / "lr_scheduler.pt", weights_only=True)["ema"] for d in ("ddp", "one")
+            )
         else:
             a, b = (load_file(str(tmp_path / d / ckpt / name)) for d in ("ddp", "one"))
         assert a.keys() == b.keys()
-        worst = max(((a[k].double() - b[k].double()).norm() / b[k].double().norm().clamp_min(1e-12)).item()
-                    for k in a if a[k].is_floating_point())
+        worst = max(
+            ((a[k].double() - b[k].double()).norm() / b[k].double().norm().clamp_min(1e-12)).item()
+            for k in a
+            if a[k].is_floating_point()
+        )
         assert worst < 1e-4, (name, worst)

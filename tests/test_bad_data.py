@@ -1,4 +1,5 @@
 """Bad data: train skips exactly the bad files and lists them, stops over the threshold; manifests; pickles."""
+
 from __future__ import annotations
 
 import csv
@@ -58,8 +59,20 @@ def test_run_skips_exactly_the_bad_files_and_trains_on_odd_modes(tmp_path, dirty
     root, injected, odd_files = dirty_data
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
-    args = ["train", "--data", str(root), "--output-dir", str(out), *TINY, "--epochs", "1", "--batch-size", "8",
-            "--max-bad-fraction", "0.06"]
+    args = [
+        "train",
+        "--data",
+        str(root),
+        "--output-dir",
+        str(out),
+        *TINY,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--max-bad-fraction",
+        "0.06",
+    ]
     assert cli.main(args) == 0
     assert set(_report(out / "bad_files.csv")) == set(injected)
     split = json.loads((out / "split.json").read_text())
@@ -117,6 +130,7 @@ def test_file_failing_at_load_time_is_skipped_and_recorded(tmp_path):
 
 # --- manifest CSVs -----------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def manifest_root(tmp_path):
     root = tmp_path / "data"
@@ -127,13 +141,16 @@ def manifest_root(tmp_path):
     return root
 
 
-@pytest.mark.parametrize("rows,expected", [
-    (["a.jpg,cat", "b.jpg,", "c.jpg,dog"], "row 3: expected 'filename,label'"),
-    (["a.jpg,cat", "b.jpg,dog", "missing.jpg,dog"], "row 4: file not found"),
-    (["a.jpg,cat", "b.jpg,dog", "a.jpg,dog"], "row 4: duplicate row for 'a.jpg'"),
-    (["a.jpg,cat", "../outside.jpg,dog"], "row 3: path '../outside.jpg' leaves the image root"),
-    (["a.jpg,cat", "b.jpg,dog", "{outside},cat"], "row 4: path"),
-])
+@pytest.mark.parametrize(
+    "rows,expected",
+    [
+        (["a.jpg,cat", "b.jpg,", "c.jpg,dog"], "row 3: expected 'filename,label'"),
+        (["a.jpg,cat", "b.jpg,dog", "missing.jpg,dog"], "row 4: file not found"),
+        (["a.jpg,cat", "b.jpg,dog", "a.jpg,dog"], "row 4: duplicate row for 'a.jpg'"),
+        (["a.jpg,cat", "../outside.jpg,dog"], "row 3: path '../outside.jpg' leaves the image root"),
+        (["a.jpg,cat", "b.jpg,dog", "{outside},cat"], "row 4: path"),
+    ],
+)
 def test_manifest_errors_name_the_row(manifest_root, capsys, rows, expected):
     outside = str(manifest_root.parent / "outside.jpg")
     (manifest_root / "train.csv").write_text("\n".join(["filename,label", *rows]).format(outside=outside) + "\n")
@@ -150,6 +167,7 @@ def test_escaping_manifest_path_is_rejected_without_touching_it(manifest_root, m
     def is_file(self):
         touched.append(str(self))
         return real_is_file(self)
+
     monkeypatch.setattr(Path, "is_file", is_file)
     assert cli.main(["check", str(manifest_root)]) == 2
     assert "leaves the image root" in capsys.readouterr().err
@@ -157,6 +175,7 @@ def test_escaping_manifest_path_is_rejected_without_touching_it(manifest_root, m
 
 
 # --- weights that run code when unpickled ------------------------------------------------------------------
+
 
 class _Sentinel:
     def __init__(self, path):

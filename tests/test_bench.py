@@ -1,4 +1,5 @@
 """`visiontune bench`: one fresh process per strategy, consistent numbers, the three files."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,22 @@ from visiontune.cli import main
 @pytest.fixture(scope="module")
 def bench_dir(sample_data, tmp_path_factory, worker_env_module):
     out = tmp_path_factory.mktemp("bench")
-    code = main(["bench", "--data", str(sample_data), *FAST, "--batch-size", "8", "--nproc", "2",
-                 "--timing-warmup", "1", "--output-dir", str(out)])
+    code = main(
+        [
+            "bench",
+            "--data",
+            str(sample_data),
+            *FAST,
+            "--batch-size",
+            "8",
+            "--nproc",
+            "2",
+            "--timing-warmup",
+            "1",
+            "--output-dir",
+            str(out),
+        ]
+    )
     assert code == 0
     return out
 
@@ -71,23 +86,41 @@ def test_per_device_plan_reproduces_the_blogs_setting():
 
 
 def test_unknown_strategy_is_a_user_error(sample_data, capsys, tmp_path):
-    assert main(["bench", "--data", str(sample_data), "--strategies", "single,fsdp",
-                 "--output-dir", str(tmp_path / "b")]) == 2
+    assert (
+        main(["bench", "--data", str(sample_data), "--strategies", "single,fsdp", "--output-dir", str(tmp_path / "b")])
+        == 2
+    )
     assert "unknown strategy fsdp" in capsys.readouterr().err
 
 
 def _row(strategy, speed, stall=0.0, devices=1):
-    return {"strategy": strategy, "devices": devices, "processes": devices, "per_process_batch": 8,
-            "global_batch": 16, "images_per_s": speed, "data_stall": stall, "epoch_seconds": 1.0, "lr": 0.1,
-            "train_loss": 0.5, "train_accuracy": 0.5, "val_loss": 0.5, "val_accuracy": 0.5, "load_per_core": 0.1}
+    return {
+        "strategy": strategy,
+        "devices": devices,
+        "processes": devices,
+        "per_process_batch": 8,
+        "global_batch": 16,
+        "images_per_s": speed,
+        "data_stall": stall,
+        "epoch_seconds": 1.0,
+        "lr": 0.1,
+        "train_loss": 0.5,
+        "train_accuracy": 0.5,
+        "val_loss": 0.5,
+        "val_accuracy": 0.5,
+        "load_per_core": 0.1,
+    }
 
 
-@pytest.mark.parametrize("base_stall, spread, start_load, note", [
-    (0.0, None, 0.1, "not explained by data stall (0%); rerun with --repeats 3"),
-    (0.3, None, 0.1, "the baseline waited for its input 30% of the time (0% here)"),
-    (0.3, 0.25, 0.1, "noisy machine: images/s of single varied by 25% across 3 repeats"),
-    (0.0, None, 0.9, "noisy machine: load average 0.90 per core before the benchmark started"),
-])
+@pytest.mark.parametrize(
+    "base_stall, spread, start_load, note",
+    [
+        (0.0, None, 0.1, "not explained by data stall (0%); rerun with --repeats 3"),
+        (0.3, None, 0.1, "the baseline waited for its input 30% of the time (0% here)"),
+        (0.3, 0.25, 0.1, "noisy machine: images/s of single varied by 25% across 3 repeats"),
+        (0.0, None, 0.9, "noisy machine: load average 0.90 per core before the benchmark started"),
+    ],
+)
 def test_a_super_linear_speedup_is_explained_only_by_what_was_measured(base_stall, spread, start_load, note):
     from visiontune.bench import compare
 
@@ -108,13 +141,17 @@ def test_repeats_interleave_and_report_the_median_run_and_its_spread(monkeypatch
 
     def fake_run_one(row, argv, out, repeat=0):
         calls.append((row["strategy"], repeat))
-        return {**_row(row["strategy"], next(speeds[row["strategy"]]), devices=row["devices"]),
-                **{k: row[k] for k in ("processes", "per_process_batch", "global_batch")}, "repeat": repeat}
+        return {
+            **_row(row["strategy"], next(speeds[row["strategy"]]), devices=row["devices"]),
+            **{k: row[k] for k in ("processes", "per_process_batch", "global_batch")},
+            "repeat": repeat,
+        }
 
     monkeypatch.setattr(bench, "run_one", fake_run_one)
     monkeypatch.setattr(bench, "load_per_core", lambda: 0.05)
-    rows = bench.bench(TrainConfig(data="x", batch_size=8), [], ["single", "dp", "ddp"], 2, "global",
-                       str(tmp_path), repeats=3)
+    rows = bench.bench(
+        TrainConfig(data="x", batch_size=8), [], ["single", "dp", "ddp"], 2, "global", str(tmp_path), repeats=3
+    )
     assert calls == [("single", 0), ("ddp", 0), ("single", 1), ("ddp", 1), ("single", 2), ("ddp", 2)]
     single, dp, ddp = rows
     assert "skipped" in dp

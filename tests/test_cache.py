@@ -1,4 +1,5 @@
 """Tests for visiontune.data.cache: exact pixels, rebuilt on change, reused otherwise, one build per job."""
+
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import subprocess
 
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 import visiontune.data.cache as cache_mod
 from conftest import FAST, PYTHON
@@ -16,8 +18,6 @@ from visiontune.cli import main
 from visiontune.data.augment import sample_augment
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.decode import read_image, resize_uint8
-from torch.utils.data import default_collate
-
 from visiontune.data.pipeline import UNREADABLE, ImageDataset
 
 SIZE = 24
@@ -140,9 +140,29 @@ def test_dataset_pickles_without_the_array_and_augments_uint8(files, tmp_path):
 
 def test_two_ddp_processes_share_one_cache_built_once(sample_data, tmp_path, worker_env):
     cache_dir = tmp_path / "cache"
-    cmd = [PYTHON, "-m", "visiontune", "train", "--data", str(sample_data), *FAST, "--epochs", "1",
-           "--batch-size", "16", "--strategy", "ddp", "--nproc", "2", "--num-workers", "0",
-           "--cache", str(cache_dir), "--output-dir", str(tmp_path / "run")]
+    cmd = [
+        PYTHON,
+        "-m",
+        "visiontune",
+        "train",
+        "--data",
+        str(sample_data),
+        *FAST,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--strategy",
+        "ddp",
+        "--nproc",
+        "2",
+        "--num-workers",
+        "0",
+        "--cache",
+        str(cache_dir),
+        "--output-dir",
+        str(tmp_path / "run"),
+    ]
     out = subprocess.run(cmd, env=worker_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("building the image cache") == 1, out.stdout
@@ -172,8 +192,24 @@ def test_unwritable_cache_folder_is_one_clear_error(sample_data, tmp_path, capsy
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     run = tmp_path / "run"
-    code = main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "16",
-                 "--num-workers", "0", "--cache", str(blocker / "cache"), "--output-dir", str(run)])
+    code = main(
+        [
+            "train",
+            "--data",
+            str(sample_data),
+            *FAST,
+            "--epochs",
+            "1",
+            "--batch-size",
+            "16",
+            "--num-workers",
+            "0",
+            "--cache",
+            str(blocker / "cache"),
+            "--output-dir",
+            str(run),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "cannot write the image cache" in err and "Traceback" not in err
     assert not run.exists() or not any(run.iterdir())

@@ -148,6 +148,7 @@ def test_scan_keeps_a_bounded_number_of_files_in_flight(tmp_path, monkeypatch):
     in_flight, peak = [0], [0]
     real = check._check_one
     import threading
+
     lock = threading.Lock()
 
     def counting(path, max_pixels):

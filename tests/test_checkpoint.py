@@ -1,4 +1,5 @@
 """Checkpoints: killed runs resume to the same weights, damaged checkpoints are skipped, mismatches refused."""
+
 from __future__ import annotations
 
 import gc
@@ -26,8 +27,7 @@ from trainrun import (
 from visiontune import checkpoint, cli
 
 
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, small_data, baseline_run,
-                                                                       worker_env):
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, small_data, baseline_run, worker_env):
     env = env_for(worker_env, tmp_path)
     out = tmp_path / "run"
     argv = train_argv(small_data, out, "--save-every-steps", "3")
@@ -60,6 +60,7 @@ def _fail_on_call(n: int):
         calls["n"] += 1
         if calls["n"] == n:
             raise Killed()
+
     return hook
 
 
@@ -74,8 +75,7 @@ KILL_POINTS = {
 
 
 @pytest.mark.parametrize("point", list(KILL_POINTS))
-def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_data, monkeypatch, point,
-                                                                capsys):
+def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_data, monkeypatch, point, capsys):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
     args = train_argv(small_data, out, "--save-every-steps", "2", "--epochs", "1")[3:]
@@ -90,6 +90,7 @@ def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_
             (open(os.path.join(output_dir, "model.safetensors"), "wb")).write(b"\x00" * 100)
             hook()
             return real(self, output_dir, **kw)
+
         monkeypatch.setattr(Accelerator, "save_state", partial_save)
     else:
         real = getattr(checkpoint, what)
@@ -98,6 +99,7 @@ def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_
         def failing(*a, **kw):
             hook()
             return real(*a, **kw)
+
         monkeypatch.setattr(checkpoint, what, failing)
     with pytest.raises(Killed):
         cli.main(args)
@@ -141,7 +143,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, 
         data = (newest / "model.safetensors").read_bytes()
         (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
     elif damage == "garble record":
-        (newest / "visiontune.json").write_text("{\"format\": 1, ")
+        (newest / "visiontune.json").write_text('{"format": 1, ')
     else:
         (newest / "optimizer.bin").unlink()
     capsys.readouterr()
@@ -152,11 +154,14 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, 
     assert checkpoint.verify(str(newest))["epoch"] == 1  # rewritten whole by the resumed run
 
 
-@pytest.mark.parametrize("change,expected", [
-    (["--batch-size", "8"], "the global batch"),
-    (["--model", "squeezenet1_0"], "the model"),
-    (["--seed", "7"], "the data split"),
-])
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        (["--batch-size", "8"], "the global batch"),
+        (["--model", "squeezenet1_0"], "the model"),
+        (["--seed", "7"], "the data split"),
+    ],
+)
 def test_resume_refuses_a_different_batch_model_or_split(finished_run, capsys, change, expected):
     out, args = finished_run
     capsys.readouterr()
@@ -186,8 +191,10 @@ def test_a_checkpoint_file_that_runs_code_is_refused_unrun(finished_run, capsys,
     (newest / "optimizer.bin").write_bytes(pickle.dumps(_Sentinel(str(sentinel))))
     # A forger can also fix the record's hashes: loading must still not unpickle code.
     record = json.loads((newest / "visiontune.json").read_text())
-    record["files"]["optimizer.bin"] = [(newest / "optimizer.bin").stat().st_size,
-                                        checkpoint._sha256(newest / "optimizer.bin")]
+    record["files"]["optimizer.bin"] = [
+        (newest / "optimizer.bin").stat().st_size,
+        checkpoint._sha256(newest / "optimizer.bin"),
+    ]
     (newest / "visiontune.json").write_text(json.dumps(record))
     assert cli.main([*args, "--resume", "auto"]) == 2
     err = capsys.readouterr().err
@@ -236,9 +243,9 @@ def test_resume_into_a_new_output_dir_that_does_not_exist_yet(tmp_path, small_da
     assert (new / "best.safetensors").is_file()
 
 
-def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sample(tmp_path, small_data,
-                                                                                  baseline_run, monkeypatch,
-                                                                                  capsys):
+def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sample(
+    tmp_path, small_data, baseline_run, monkeypatch, capsys
+):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = _copy_checkpoint(baseline_run, "e0001-b0000007", tmp_path / "run")  # 28 of 32 samples of epoch 1
     args = train_argv(small_data, out, "--save-every-steps", "3")[3:]
@@ -251,8 +258,17 @@ def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sampl
 
 
 def test_the_position_is_translated_in_samples_and_refused_off_an_optimizer_step():
-    meta = {"epoch": 0, "batch": 4, "samples": 16, "split_sha256": "s", "model": "m", "num_classes": 2,
-            "global_batch": 8, "world_size": 1, "config": {"batch_size": 4, "grad_accum": 2}}
+    meta = {
+        "epoch": 0,
+        "batch": 4,
+        "samples": 16,
+        "split_sha256": "s",
+        "model": "m",
+        "num_classes": 2,
+        "global_batch": 8,
+        "world_size": 1,
+        "config": {"batch_size": 4, "grad_accum": 2},
+    }
     same = {k: meta[k] for k in ("split_sha256", "model", "num_classes", "global_batch")}
     ckpt = checkpoint.Checkpoint("c", meta)
     assert checkpoint.compatible(ckpt, {**same, "batch_samples": 2, "grad_accum": 4}).batch == 8
@@ -279,16 +295,18 @@ def test_too_little_free_space_stops_before_writing(tmp_path, small_data, monkey
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
     probes = []
-    monkeypatch.setattr(checkpoint, "_free_bytes", lambda folder: probes.append(folder) and 0 or
-                        (10 ** 12 if len(probes) == 1 else 3 * checkpoint.MB))
+    monkeypatch.setattr(
+        checkpoint,
+        "_free_bytes",
+        lambda folder: probes.append(folder) and 0 or (10**12 if len(probes) == 1 else 3 * checkpoint.MB),
+    )
     assert cli.main(train_argv(small_data, out, "--save-every-steps", "2", "--epochs", "1")[3:]) == 2
     line = _no_space_line(capsys, out)
     assert "3 MB are free" in line
     _only_the_first_checkpoint_is_left(out)
 
 
-def test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint(tmp_path, small_data, monkeypatch,
-                                                                           capsys):
+def test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint(tmp_path, small_data, monkeypatch, capsys):
     from accelerate import Accelerator
 
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
@@ -301,6 +319,7 @@ def test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint(tmp_p
             (Path(output_dir) / "model.safetensors").write_bytes(b"\x00" * 1000)
             raise OSError(28, "No space left on device")
         return real(self, output_dir, **kw)
+
     monkeypatch.setattr(Accelerator, "save_state", filling)
     assert cli.main(train_argv(small_data, out, "--save-every-steps", "2", "--epochs", "1")[3:]) == 2
     _no_space_line(capsys, out)
@@ -311,12 +330,15 @@ def test_a_real_full_disk_while_writing(tmp_path, small_data, monkeypatch, capsy
     """On a 9 MB tmpfs: the first checkpoint (about 6 MB) fits, the second runs out of space mid-write."""
     out = tmp_path / "disk"
     out.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9m", "tmpfs", str(out)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9m", "tmpfs", str(out)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here; the monkeypatched full-disk tests above cover the code")
     try:
         monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
-        monkeypatch.setattr(checkpoint, "_free_bytes", lambda folder: 10 ** 12)  # so the write itself fails
+        monkeypatch.setattr(checkpoint, "_free_bytes", lambda folder: 10**12)  # so the write itself fails
         assert cli.main(train_argv(small_data, out, "--save-every-steps", "2", "--epochs", "1")[3:]) == 2
         _no_space_line(capsys, out)
         _only_the_first_checkpoint_is_left(out)
@@ -330,8 +352,10 @@ def test_a_tampered_rng_file_is_refused_not_skipped(finished_run, capsys):
     newest = out / "checkpoints" / "e0001-b0000000"
     (newest / "random_states_0.pkl").write_bytes(pickle.dumps(_Sentinel("/nonexistent/x")))
     record = json.loads((newest / "visiontune.json").read_text())
-    record["files"]["random_states_0.pkl"] = [(newest / "random_states_0.pkl").stat().st_size,
-                                              checkpoint._sha256(newest / "random_states_0.pkl")]
+    record["files"]["random_states_0.pkl"] = [
+        (newest / "random_states_0.pkl").stat().st_size,
+        checkpoint._sha256(newest / "random_states_0.pkl"),
+    ]
     (newest / "visiontune.json").write_text(json.dumps(record))
     capsys.readouterr()
     assert cli.main([*args, "--epochs", "2", "--resume", "auto"]) == 2

@@ -5,6 +5,7 @@ The multi-process tests run real torch.distributed.run with gloo on this one mac
 launcher process with the variables Slurm or an operator would set, pinned to cores of its own (so its
 thread budget is that of a machine of its own), and the nodes meet on 127.0.0.1.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,11 +54,20 @@ def _job_id_for_free_port() -> str:
 
 def _slurm_env(job: str, node: int, nnodes: int, tasks: int = 1, local: int = 0, gpus: int | None = None) -> dict:
     """What Slurm sets in a task of ``srun`` on ``nnodes`` nodes with ``tasks`` per node."""
-    env = {"SLURM_JOB_ID": job, "SLURM_JOB_NAME": "visiontune", "SLURM_JOB_NUM_NODES": str(nnodes),
-           "SLURM_NNODES": str(nnodes), "SLURM_JOB_NODELIST": f"127.0.0.[1-{nnodes}]",
-           "SLURM_NODELIST": f"127.0.0.[1-{nnodes}]", "SLURM_NODEID": str(node), "SLURM_STEP_ID": "0",
-           "SLURM_NTASKS": str(nnodes * tasks), "SLURM_TASKS_PER_NODE": f"{tasks}(x{nnodes})",
-           "SLURM_PROCID": str(node * tasks + local), "SLURM_LOCALID": str(local)}
+    env = {
+        "SLURM_JOB_ID": job,
+        "SLURM_JOB_NAME": "visiontune",
+        "SLURM_JOB_NUM_NODES": str(nnodes),
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_JOB_NODELIST": f"127.0.0.[1-{nnodes}]",
+        "SLURM_NODELIST": f"127.0.0.[1-{nnodes}]",
+        "SLURM_NODEID": str(node),
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": str(nnodes * tasks),
+        "SLURM_TASKS_PER_NODE": f"{tasks}(x{nnodes})",
+        "SLURM_PROCID": str(node * tasks + local),
+        "SLURM_LOCALID": str(local),
+    }
     if gpus is not None:
         env["SLURM_GPUS_ON_NODE"] = str(gpus)
     return env
@@ -66,8 +76,15 @@ def _slurm_env(job: str, node: int, nnodes: int, tasks: int = 1, local: int = 0,
 def _start(argv: list[str], env: dict, log: Path, cores: set[int], cwd: Path | None = None) -> subprocess.Popen:
     with open(log, "w") as f:  # the child keeps its own copy of the descriptor
         # The cores are set before exec so the launcher sizes its thread budget by them (no threads here yet).
-        return subprocess.Popen(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: os.sched_setaffinity(0, cores))  # noqa: PLW1509
+        return subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, cores),
+        )  # noqa: PLW1509
 
 
 def _finish(procs: list[subprocess.Popen], logs: list[Path]) -> list[int]:
@@ -105,12 +122,16 @@ def cluster_reference(tmp_path_factory, small_data, base_env) -> Path:
 
 # --- the allocation, read ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,hosts", [
-    ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
-    ("a[1-2]-ib,login5", ["a1-ib", "a2-ib", "login5"]),
-    ("r[1-2]n[8-9]", ["r1n8", "r1n9", "r2n8", "r2n9"]),
-    ("single", ["single"]),
-])
+
+@pytest.mark.parametrize(
+    "text,hosts",
+    [
+        ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
+        ("a[1-2]-ib,login5", ["a1-ib", "a2-ib", "login5"]),
+        ("r[1-2]n[8-9]", ["r1n8", "r1n9", "r2n8", "r2n9"]),
+        ("single", ["single"]),
+    ],
+)
 def test_hostlists_expand_as_slurm_writes_them(text, hosts):
     assert slurm.expand_hostlist(text) == hosts
 
@@ -125,10 +146,22 @@ def _plan(env: dict, **flags) -> launch.Plan:
 
 
 def test_one_task_per_node_reads_nodes_rank_address_port_and_gpus():
-    p = _plan({**_slurm_env("4711234", node=1, nnodes=2, gpus=4), "SLURM_JOB_NODELIST": "gpu[07-08]",
-               "SLURM_NODELIST": "gpu[07-08]"})
-    assert (p.source, p.nnodes, p.node_rank, p.nproc, p.master_addr, p.master_port, p.join) == \
-        ("Slurm", "2", 1, 4, "gpu07", 16234, None)
+    p = _plan(
+        {
+            **_slurm_env("4711234", node=1, nnodes=2, gpus=4),
+            "SLURM_JOB_NODELIST": "gpu[07-08]",
+            "SLURM_NODELIST": "gpu[07-08]",
+        }
+    )
+    assert (p.source, p.nnodes, p.node_rank, p.nproc, p.master_addr, p.master_port, p.join) == (
+        "Slurm",
+        "2",
+        1,
+        4,
+        "gpu07",
+        16234,
+        None,
+    )
     # Explicit flags win where they contradict nothing.
     p = _plan(_slurm_env("4711234", node=1, nnodes=2, gpus=4), nproc=2, master_port=23456, master_addr="ib0")
     assert (p.nproc, p.master_port, p.master_addr) == (2, 23456, "ib0")
@@ -136,17 +169,27 @@ def test_one_task_per_node_reads_nodes_rank_address_port_and_gpus():
 
 def test_one_task_per_gpu_joins_with_the_ranks_slurm_gave():
     p = _plan(_slurm_env("4711234", node=1, nnodes=2, tasks=4, local=3, gpus=4))
-    assert p.join == {"RANK": "7", "LOCAL_RANK": "3", "GROUP_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
-                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "16234"}
+    assert p.join == {
+        "RANK": "7",
+        "LOCAL_RANK": "3",
+        "GROUP_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "16234",
+    }
 
 
-@pytest.mark.parametrize("flags,env,named", [
-    ({"nnodes": "3"}, _slurm_env("1", node=0, nnodes=2), ["--nnodes 3", "SLURM_NNODES"]),
-    ({"node_rank": 0}, _slurm_env("1", node=1, nnodes=2), ["--node-rank 0", "SLURM_NODEID=1"]),
-    ({"nproc": 8}, _slurm_env("1", node=0, nnodes=2, gpus=4), ["--nproc 8", "4 GPU(s)"]),
-    ({"nproc": 2}, _slurm_env("1", node=0, nnodes=1, tasks=4), ["--nproc 2", "4 task(s)"]),
-    ({"nnodes": "2"}, {"MASTER_ADDR": "h", "WORLD_SIZE": "3", "RANK": "0"}, ["--nnodes 2", "WORLD_SIZE"]),
-])
+@pytest.mark.parametrize(
+    "flags,env,named",
+    [
+        ({"nnodes": "3"}, _slurm_env("1", node=0, nnodes=2), ["--nnodes 3", "SLURM_NNODES"]),
+        ({"node_rank": 0}, _slurm_env("1", node=1, nnodes=2), ["--node-rank 0", "SLURM_NODEID=1"]),
+        ({"nproc": 8}, _slurm_env("1", node=0, nnodes=2, gpus=4), ["--nproc 8", "4 GPU(s)"]),
+        ({"nproc": 2}, _slurm_env("1", node=0, nnodes=1, tasks=4), ["--nproc 2", "4 task(s)"]),
+        ({"nnodes": "2"}, {"MASTER_ADDR": "h", "WORLD_SIZE": "3", "RANK": "0"}, ["--nnodes 2", "WORLD_SIZE"]),
+    ],
+)
 def test_a_flag_that_contradicts_the_cluster_is_an_error_naming_both(flags, env, named):
     with pytest.raises(UserError) as e:
         _plan(env, **flags)
@@ -155,11 +198,24 @@ def test_a_flag_that_contradicts_the_cluster_is_an_error_naming_both(flags, env,
 
 def test_kubernetes_variables_need_no_flags():
     classic = _plan({"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"}, nproc=1)
-    assert (classic.nnodes, classic.node_rank, classic.master_addr, classic.master_port) == \
-        ("3", 2, "job-master-0", 23456)
+    assert (classic.nnodes, classic.node_rank, classic.master_addr, classic.master_port) == (
+        "3",
+        2,
+        "job-master-0",
+        23456,
+    )
     # PyTorchJob with nprocPerNode: WORLD_SIZE counts processes, PET_* are torchrun's own settings.
-    modern = _plan({"MASTER_ADDR": "m", "MASTER_PORT": "1", "WORLD_SIZE": "8", "RANK": "1", "PET_NNODES": "2",
-                    "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "4"})
+    modern = _plan(
+        {
+            "MASTER_ADDR": "m",
+            "MASTER_PORT": "1",
+            "WORLD_SIZE": "8",
+            "RANK": "1",
+            "PET_NNODES": "2",
+            "PET_NODE_RANK": "1",
+            "PET_NPROC_PER_NODE": "4",
+        }
+    )
     assert (modern.source, modern.nnodes, modern.node_rank, modern.nproc) == ("Kubernetes", "2", 1, 4)
 
 
@@ -170,8 +226,12 @@ def test_elastic_nodes_need_the_c10d_rendezvous():
         _plan({}, nnodes="1:2")
     cfg = TrainConfig(data="d", strategy="ddp", nproc=1, nnodes="1:2", rdzv_endpoint="10.0.0.1:29400")
     args = get_args_parser().parse_args(launch.launcher_argv(cfg, ["--data", "d"]))
-    assert (args.rdzv_backend, args.rdzv_endpoint, args.nnodes, args.standalone) == \
-        ("c10d", "10.0.0.1:29400", "1:2", False)
+    assert (args.rdzv_backend, args.rdzv_endpoint, args.nnodes, args.standalone) == (
+        "c10d",
+        "10.0.0.1:29400",
+        "1:2",
+        False,
+    )
 
 
 def test_an_elastic_world_keeps_the_global_batch_of_max_nodes_or_is_refused(monkeypatch):
@@ -188,8 +248,10 @@ def test_an_elastic_world_keeps_the_global_batch_of_max_nodes_or_is_refused(monk
     from visiontune.checkpoint import Checkpoint, compatible
 
     same = {"split_sha256": "s", "model": "m", "num_classes": 2, "global_batch": 4}
-    saved = Checkpoint("runs/x/checkpoints/e0000-b0000003", {**same, "epoch": 0, "batch": 3, "world_size": 2,
-                                                             "samples": 12, "config": {"batch_size": 2}})
+    saved = Checkpoint(
+        "runs/x/checkpoints/e0000-b0000003",
+        {**same, "epoch": 0, "batch": 3, "world_size": 2, "samples": 12, "config": {"batch_size": 2}},
+    )
     assert compatible(saved, {**same, "batch_samples": 2, "grad_accum": 2}).batch == 6
 
 
@@ -203,22 +265,61 @@ def test_several_slurm_tasks_without_ddp_are_refused(monkeypatch):
 
 # --- the batch script -------------------------------------------------------------------------------
 
+
 def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_path, small_data, capsys):
     out = tmp_path / "job.sbatch"
-    assert cli.main(["slurm", "--data", str(small_data), "--model", "resnet18", "--epochs", "3", "--nodes", "2",
-                     "--gpus-per-node", "4", "--time", "4:00:00", "--partition", "gpu", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "slurm",
+                "--data",
+                str(small_data),
+                "--model",
+                "resnet18",
+                "--epochs",
+                "3",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "4",
+                "--time",
+                "4:00:00",
+                "--partition",
+                "gpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = out.read_text()
     assert subprocess.run(["bash", "-n", str(out)], check=False).returncode == 0
     sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", text, re.MULTILINE))
-    assert sbatch == {"job-name": "visiontune", "nodes": "2", "ntasks-per-node": "1", "gpus-per-node": "4",
-                      "cpus-per-task": "16", "time": "4:00:00", "partition": "gpu", "signal": "USR1@120",
-                      "requeue": "", "open-mode": "append", "output": "%x-%j.out"}
+    assert sbatch == {
+        "job-name": "visiontune",
+        "nodes": "2",
+        "ntasks-per-node": "1",
+        "gpus-per-node": "4",
+        "cpus-per-task": "16",
+        "time": "4:00:00",
+        "partition": "gpu",
+        "signal": "USR1@120",
+        "requeue": "",
+        "open-mode": "append",
+        "output": "%x-%j.out",
+    }
     # The srun line is a train command visiontune itself accepts, with --resume auto in a fixed folder.
     words = shlex.split(next(line for line in text.splitlines() if line.startswith("srun ")))
-    train = words[words.index("train") + 1:]
+    train = words[words.index("train") + 1 :]
     cfg = cli.config_from_args(cli.build_parser().parse_args(["train", *train]))
-    assert (cfg.data, cfg.model, cfg.epochs, cfg.strategy, cfg.resume, cfg.output_dir) == \
-        (str(small_data), "resnet18", 3, "ddp", "auto", "runs/slurm-$SLURM_JOB_ID")
+    assert (cfg.data, cfg.model, cfg.epochs, cfg.strategy, cfg.resume, cfg.output_dir) == (
+        str(small_data),
+        "resnet18",
+        3,
+        "ddp",
+        "auto",
+        "runs/slurm-$SLURM_JOB_ID",
+    )
     # Run it with stand-ins for srun and scontrol: exit 138 (stopped by USR1) requeues the job, 0 does not.
     bin_ = tmp_path / "bin"
     bin_.mkdir()
@@ -241,8 +342,10 @@ def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_pat
 
 # --- real processes -----------------------------------------------------------------------------------
 
+
 def test_slurm_two_nodes_preempted_by_usr1_and_run_again_end_like_one_uninterrupted_run(
-        tmp_path, small_data, base_env, cluster_reference):
+    tmp_path, small_data, base_env, cluster_reference
+):
     """One task per node, as the generated script runs: srun starts visiontune on each node, which starts
     the node's process under torch.distributed.run; USR1 to every task, exit 138, the same command again."""
     job, out = _job_id_for_free_port(), tmp_path / "run"
@@ -267,8 +370,10 @@ def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, smal
     job, out = _job_id_for_free_port(), tmp_path / "run"
     argv = [*train_argv(small_data, out), *RUN]
     logs = [tmp_path / f"task{t}.log" for t in (0, 1)]
-    tasks = [_start(argv, {**base_env, **_slurm_env(job, node=0, nnodes=1, tasks=2, local=t, gpus=2)}, logs[t], PAIR)
-             for t in (0, 1)]
+    tasks = [
+        _start(argv, {**base_env, **_slurm_env(job, node=0, nnodes=1, tasks=2, local=t, gpus=2)}, logs[t], PAIR)
+        for t in (0, 1)
+    ]
     time.sleep(2)
     assert all(not psutil.Process(p.pid).children() for p in tasks if p.poll() is None)  # Slurm's processes train
     assert _finish(tasks, logs) == [0, 0]
@@ -278,30 +383,58 @@ def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, smal
 def test_kubernetes_pods_train_as_one_job_without_flags(tmp_path, small_data, base_env, cluster_reference):
     out, port = tmp_path / "run", _free_port(30000, 40000)
     logs = [tmp_path / f"pod{n}.log" for n in (0, 1)]
-    pods = [_start([*train_argv(small_data, out), *RUN], {
-        **base_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(n),
-        "PET_NNODES": "2", "PET_NODE_RANK": str(n), "PET_NPROC_PER_NODE": "1"}, logs[n], {CORES[n % len(CORES)]})
-        for n in (0, 1)]
+    pods = [
+        _start(
+            [*train_argv(small_data, out), *RUN],
+            {
+                **base_env,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "WORLD_SIZE": "2",
+                "RANK": str(n),
+                "PET_NNODES": "2",
+                "PET_NODE_RANK": str(n),
+                "PET_NPROC_PER_NODE": "1",
+            },
+            logs[n],
+            {CORES[n % len(CORES)]},
+        )
+        for n in (0, 1)
+    ]
     assert _finish(pods, logs) == [0, 0]
     assert_same_weights(_weights(out), _weights(cluster_reference))
 
 
 def test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch(
-        tmp_path, small_data, base_env):
+    tmp_path, small_data, base_env
+):
     """c10d rendezvous, --nnodes 1:2. Node B's launcher is killed with SIGKILL after a checkpoint of the
     2-process world: its worker dies with it; node A's worker fails, A restarts it, and the run goes on
     alone with twice the accumulation (same global batch and lr), from the same sample position."""
     out, port = tmp_path / "run", _free_port(40000, 50000)
-    argv = [*train_argv(small_data, out), *RUN, "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--nnodes", "1:2", "--max-restarts", "3"]
+    argv = [
+        *train_argv(small_data, out),
+        *RUN,
+        "--nproc",
+        "1",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--nnodes",
+        "1:2",
+        "--max-restarts",
+        "3",
+    ]
     # torchrun's own settings: A hosts the rendezvous store (it survives), a round waits up to 15 s for late nodes.
     envs = [{**base_env, "PET_RDZV_CONF": f"is_host={host},last_call_timeout=15"} for host in ("true", "false")]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     a, b = (_start(argv, envs[n], logs[n], {CORES[n % len(CORES)]}) for n in (0, 1))
     try:
         end = time.monotonic() + 300
-        while not any(json.loads((c / "visiontune.json").read_text())["world_size"] == 2
-                      for c in checkpoints(out) if (c / "visiontune.json").exists()):
+        while not any(
+            json.loads((c / "visiontune.json").read_text())["world_size"] == 2
+            for c in checkpoints(out)
+            if (c / "visiontune.json").exists()
+        ):
             assert time.monotonic() < end and a.poll() is None, "no checkpoint of the 2-process world"
             time.sleep(0.05)
         b_workers = [p.pid for p in psutil.Process(b.pid).children(recursive=True)]
@@ -325,11 +458,17 @@ def test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same
 
 def test_killing_the_launcher_with_sigkill_leaves_no_worker(tmp_path, small_data, base_env):
     # Long enough that orphaned workers would still be training when the check below ends.
-    proc = _start([*train_argv(small_data, tmp_path / "run"), *RUN, "--nproc", "2", "--epochs", "500"], base_env,
-                  tmp_path / "log", PAIR)
+    proc = _start(
+        [*train_argv(small_data, tmp_path / "run"), *RUN, "--nproc", "2", "--epochs", "500"],
+        base_env,
+        tmp_path / "log",
+        PAIR,
+    )
     launcher, end = psutil.Process(proc.pid), time.monotonic() + 120
-    while len(workers := [p.pid for p in launcher.children(recursive=True)]) < 2 or \
-            not (tmp_path / "run" / "world.jsonl").exists():  # the workers are training
+    while (
+        len(workers := [p.pid for p in launcher.children(recursive=True)]) < 2
+        or not (tmp_path / "run" / "world.jsonl").exists()
+    ):  # the workers are training
         assert time.monotonic() < end and proc.poll() is None
         time.sleep(0.05)
     proc.kill()
@@ -351,8 +490,20 @@ def test_a_run_folder_that_is_not_shared_stops_before_training(tmp_path, small_d
     procs = []
     for n, cwd in enumerate(machines):
         cwd.mkdir()
-        argv = [*train_argv(small_data, Path("run")), *RUN, "--nproc", "1", "--nnodes", "2", "--node-rank", str(n),
-                "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        argv = [
+            *train_argv(small_data, Path("run")),
+            *RUN,
+            "--nproc",
+            "1",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(n),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+        ]
         procs.append(_start(argv, base_env, logs[n], {CORES[n % len(CORES)]}, cwd=cwd))
     assert _finish(procs, logs) == [2, 2]
     text = logs[0].read_text() + logs[1].read_text()

@@ -1,17 +1,16 @@
 """The training-side data pipeline: sampler, dataset, collate, on-device normalisation."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import default_collate
 from torchvision import transforms
 
 from visiontune.data.augment import EpochIndex, sample_augment
-from visiontune.data.pipeline import MEAN, STD
 from visiontune.data.layouts import discover
-from torch.utils.data import default_collate
-
-from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
+from visiontune.data.pipeline import MEAN, STD, UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
 
 
 def test_epoch_sampler_depends_only_on_seed_and_epoch():
@@ -29,8 +28,7 @@ def test_epoch_sampler_depends_only_on_seed_and_epoch():
 def test_dataset_matches_the_blogs_pipeline_after_normalisation(sample_data):
     images = discover(str(sample_data))
     ds = ImageDataset(images.paths[:6], images.labels[:6], image_size=48)
-    blog = transforms.Compose([transforms.Resize((48, 48)), transforms.ToTensor(),
-                               transforms.Normalize(MEAN, STD)])
+    blog = transforms.Compose([transforms.Resize((48, 48)), transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
     norm = DeviceNormalize(torch.device("cpu"))
     for i in range(6):
         img, label = ds[i]
@@ -114,8 +112,9 @@ def test_a_batch_decoded_by_threads_equals_one_image_at_a_time(tmp_path, sample_
 
 def test_threaded_augmentation_repeats_under_the_same_seed(tmp_path, sample_data):
     serial, order = _batch_with_a_broken_file(tmp_path, sample_data, augment=sample_augment("flip-crop", 24, seed=3))
-    threaded, _ = _batch_with_a_broken_file(tmp_path, sample_data, augment=sample_augment("flip-crop", 24, seed=3),
-                                            threads=2)
+    threaded, _ = _batch_with_a_broken_file(
+        tmp_path, sample_data, augment=sample_augment("flip-crop", 24, seed=3), threads=2
+    )
     order = [EpochIndex(i, 1) for i in order]
     a = threaded.__getitems__(order)
     b = [serial[i] for i in order]
@@ -128,8 +127,9 @@ def test_a_forked_loader_worker_decodes_with_its_own_pool(tmp_path, sample_data)
     ds, order = _batch_with_a_broken_file(tmp_path, sample_data, threads=2)
     expected = ds.__getitems__(order)  # the parent's pool now exists; its threads do not survive a fork
     # A worker that used the inherited pool would wait forever; the timeout turns that into a failure.
-    loader = DataLoader(ds, batch_size=len(order), sampler=order, num_workers=1, timeout=30,
-                        multiprocessing_context="fork")
-    (images, labels), = list(loader)
+    loader = DataLoader(
+        ds, batch_size=len(order), sampler=order, num_workers=1, timeout=30, multiprocessing_context="fork"
+    )
+    ((images, labels),) = list(loader)
     assert labels.tolist() == [label for _, label in expected]
     assert torch.equal(images, torch.stack([img for img, _ in expected]))

@@ -3,6 +3,7 @@
 No images, no run folder: each test feeds a few fixed batches to ``train_one_epoch``
 and replays the same arithmetic with plain torch (SGD without momentum: w -= lr * grad).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 from visiontune.data.pipeline import UNREADABLE
-from visiontune.engine import (LoopOptions, NonFiniteLoss, StepClock, Totals, readable_cross_entropy,
-                               train_one_epoch)
+from visiontune.engine import LoopOptions, NonFiniteLoss, StepClock, Totals, readable_cross_entropy, train_one_epoch
 
 LR = 0.1
 
@@ -44,8 +44,9 @@ def _setup(accum: int = 1):
 
 def _run(acc, model, opt, batches, scheduler=None, **opts):
     calls = []
-    o = LoopOptions(epochs=1, progress=False, on_step=lambda e, b, t: calls.append((e, b, t.images)),
-                    **{"timing_warmup": 0, **opts})
+    o = LoopOptions(
+        epochs=1, progress=False, on_step=lambda e, b, t: calls.append((e, b, t.images)), **{"timing_warmup": 0, **opts}
+    )
     return train_one_epoch(acc, model, batches, opt, scheduler, lambda x: x, o, epoch=7), calls
 
 
@@ -108,8 +109,9 @@ def test_nan_skip_leaves_the_step_out_of_weights_and_counts():
     # The loss of the kept batches, at the weights each one saw (batch 2 saw batch 0's step only).
     w1 = _replay(start, [[batches[0]]])
     w2 = _replay(start, [[batches[0]], [batches[2]]])
-    losses = [readable_cross_entropy(x @ w["weight"].T + w["bias"], y).item() * 3
-              for (x, y), w in zip(kept, (start, w1, w2))]
+    losses = [
+        readable_cross_entropy(x @ w["weight"].T + w["bias"], y).item() * 3 for (x, y), w in zip(kept, (start, w1, w2))
+    ]
     assert res.loss == pytest.approx(sum(losses) / 9, rel=1e-6)
 
 
@@ -149,13 +151,17 @@ def test_a_resumed_epoch_adds_to_the_saved_totals():
 
 
 def test_timing_split_leaves_out_the_warmup_and_separates_the_data_wait():
-    ticks = iter([0.0,   # start
-                  1.0,   # step 0 done (warm-up: its 1 s wait is not counted)
-                  3.0,   # step 1 arrives after 2 s of waiting
-                  4.0,   # step 1 done
-                  4.5,   # step 2 arrives
-                  6.0,   # step 2 done
-                  7.0])  # the end
+    ticks = iter(
+        [
+            0.0,  # start
+            1.0,  # step 0 done (warm-up: its 1 s wait is not counted)
+            3.0,  # step 1 arrives after 2 s of waiting
+            4.0,  # step 1 done
+            4.5,  # step 2 arrives
+            6.0,  # step 2 done
+            7.0,
+        ]
+    )  # the end
     clock = StepClock(warmup=1, clock=lambda: next(ticks))
     flags = []
     for _ in range(3):
@@ -178,5 +184,6 @@ def test_criterion_is_what_trains():
     batches = _batches(n=1)
     res, _ = _run(acc, model, opt, batches, criterion=lambda lg, y: F.cross_entropy(lg, y, label_smoothing=0.2))
     x, y = batches[0]
-    assert res.loss == pytest.approx(F.cross_entropy(x @ start["weight"].T + start["bias"], y,
-                                                     label_smoothing=0.2).item(), rel=1e-6)
+    assert res.loss == pytest.approx(
+        F.cross_entropy(x @ start["weight"].T + start["bias"], y, label_smoothing=0.2).item(), rel=1e-6
+    )

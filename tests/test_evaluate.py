@@ -1,6 +1,7 @@
 """visiontune evaluate: the numbers equal a hand computation from an independent forward pass,
 --nproc 2 gives exactly the same numbers, unreadable files are left out and listed, the run's own
 data is scored on its validation split by default, and the top losses are the worst images."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,20 @@ def hand_metrics(run: Path, paths: list[Path], labels: list[int]) -> dict:
 @pytest.fixture(scope="module")
 def report(run, labelled, tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "eval.json"
-    rc = main(["evaluate", "--run", str(run), "--data", str(labelled[0]), "--out", str(out), "--no-progress",
-               "--batch-size", "5"])
+    rc = main(
+        [
+            "evaluate",
+            "--run",
+            str(run),
+            "--data",
+            str(labelled[0]),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--batch-size",
+            "5",
+        ]
+    )
     return rc, out
 
 
@@ -85,16 +98,19 @@ def test_numbers_equal_a_hand_computation(run, labelled, report):
 
 def test_table_printed(run, labelled, tmp_path, capsys):
     _, paths, labels = labelled
-    main(["evaluate", "--run", str(run), "--data", str(labelled[0]), "--out", str(tmp_path / "e.json"),
-          "--no-progress"])
+    main(
+        ["evaluate", "--run", str(run), "--data", str(labelled[0]), "--out", str(tmp_path / "e.json"), "--no-progress"]
+    )
     captured = capsys.readouterr()
     (tn, fp), (fn, tp) = hand_metrics(run, paths, labels)["confusion_matrix"]
     lines = captured.out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("confusion matrix"))
     # Counts with the share of the true class beside them: cat has 13 images, dog 10 readable ones.
-    assert [line.split() for line in lines[at + 1:at + 4]] == [
-        ["0", "1"], ["0", "cat", str(tn), f"({tn / 13:.0%})", str(fp), f"({fp / 13:.0%})"],
-        ["1", "dog", str(fn), f"({fn / 10:.0%})", str(tp), f"({tp / 10:.0%})"]]
+    assert [line.split() for line in lines[at + 1 : at + 4]] == [
+        ["0", "1"],
+        ["0", "cat", str(tn), f"({tn / 13:.0%})", str(fp), f"({fp / 13:.0%})"],
+        ["1", "dog", str(fn), f"({fn / 10:.0%})", str(tp), f"({tp / 10:.0%})"],
+    ]
     assert "scored all 23 images (not the run's own data)" in captured.out
     assert "zz_broken.jpg" in captured.err
 
@@ -126,15 +142,45 @@ def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, t
     assert got["accuracy"] == pytest.approx(accuracy, abs=1e-12) and got["log_loss"] == pytest.approx(loss, abs=1e-5)
     assert f"scored the run's validation split: {n} of 120 images" in capsys.readouterr().out
     assert "Scored: the run&#x27;s validation split" in (run / "report.html").read_text()  # refreshed
-    assert main(["evaluate", "--run", str(run), "--data", str(sample_data), "--no-progress", "--split", "train",
-                 "--out", str(run / "train-eval.json")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--run",
+                str(run),
+                "--data",
+                str(sample_data),
+                "--no-progress",
+                "--split",
+                "train",
+                "--out",
+                str(run / "train-eval.json"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((run / "train-eval.json").read_text())["images"] == len(split["train"])
 
 
 def test_split_on_other_data_is_a_user_error(run, labelled, tmp_path, capsys):
     out = tmp_path / "e.json"
-    assert main(["evaluate", "--run", str(run), "--data", str(labelled[0]), "--split", "val", "--out", str(out),
-                 "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "evaluate",
+                "--run",
+                str(run),
+                "--data",
+                str(labelled[0]),
+                "--split",
+                "val",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--split val needs the run's own data" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
@@ -144,8 +190,22 @@ def test_two_processes_give_exactly_the_same_numbers(run, labelled, report, tmp_
     monkeypatch.setenv("PYTHONPATH", worker_env["PYTHONPATH"])
     out = tmp_path / "eval.json"
     # 24 files in batches of 5 per process: the last round is ragged and padded by Accelerate.
-    rc = main(["evaluate", "--run", str(run), "--data", str(labelled[0]), "--out", str(out), "--no-progress",
-               "--batch-size", "5", "--nproc", "2"])
+    rc = main(
+        [
+            "evaluate",
+            "--run",
+            str(run),
+            "--data",
+            str(labelled[0]),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--batch-size",
+            "5",
+            "--nproc",
+            "2",
+        ]
+    )
     assert rc == 1
     single, multi = json.loads(report[1].read_text()), json.loads(out.read_text())
     assert multi.pop("world_size") == 2 and single.pop("world_size") == 1

@@ -1,6 +1,7 @@
 """visiontune export: ONNX and torch.export .pt2 files that take normalised images of any batch size,
 give the eager model's logits within 1e-4 when run back with onnxruntime / torch.export.load, and carry
 the run's description."""
+
 from __future__ import annotations
 
 import json

@@ -8,6 +8,7 @@ must equal the uninterrupted run's. The uninterrupted runs are shared by the 0- 
 where the samples come from must not change the numbers either. 16 train images at 32 px, 4 steps an
 epoch, 2 epochs.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,21 @@ from visiontune import checkpoint, runlock
 from visiontune.sample_data import make_sample_data
 
 STEPS_PER_EPOCH, EPOCHS = 4, 2
-RUN = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--no-progress", "--timeout", "60",
-       "--epochs", str(EPOCHS), "--save-every-steps", "1"]
+RUN = [
+    "--model",
+    "squeezenet1_1",
+    "--weights",
+    "none",
+    "--image-size",
+    "32",
+    "--no-progress",
+    "--timeout",
+    "60",
+    "--epochs",
+    str(EPOCHS),
+    "--save-every-steps",
+    "1",
+]
 STRATEGY = {"single": ["--batch-size", "4"], "ddp": ["--strategy", "ddp", "--nproc", "2", "--batch-size", "2"]}
 CASES = [(aug, strategy, workers) for aug in ("plain", "augment") for strategy in STRATEGY for workers in (0, 1)]
 
@@ -37,8 +51,21 @@ def matrix_data(tmp_path_factory):
 
 
 def _argv(data, out, aug: str, strategy: str, workers: int) -> list[str]:
-    return [PYTHON, "-m", "visiontune", "train", "--data", str(data), "--output-dir", str(out), *RUN,
-            *STRATEGY[strategy], "--num-workers", str(workers), *(["--augment"] if aug == "augment" else [])]
+    return [
+        PYTHON,
+        "-m",
+        "visiontune",
+        "train",
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        *RUN,
+        *STRATEGY[strategy],
+        "--num-workers",
+        str(workers),
+        *(["--augment"] if aug == "augment" else []),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +80,7 @@ def uninterrupted(tmp_path_factory, matrix_data, worker_env_module):
             assert result.returncode == 0, result.stderr[-3000:]
             done[aug, strategy] = _final(tmp / "run")
         return done[aug, strategy]
+
     return get
 
 
@@ -73,13 +101,15 @@ def _tensors(ckpt) -> dict[str, torch.Tensor]:
         elif isinstance(obj, (list, tuple)):
             for i, v in enumerate(obj):
                 walk(f"{prefix}.{i}", v)
+
     walk("optimizer", torch.load(ckpt / "optimizer.bin", map_location="cpu", weights_only=True)["state"])
     return flat
 
 
 @pytest.mark.parametrize("aug,strategy,workers", CASES, ids=[f"{a}-{s}-{w}w" for a, s, w in CASES])
-def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors(tmp_path, matrix_data, worker_env,
-                                                                          uninterrupted, aug, strategy, workers):
+def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors(
+    tmp_path, matrix_data, worker_env, uninterrupted, aug, strategy, workers
+):
     reference = uninterrupted(aug, strategy)
     env = env_for(worker_env, tmp_path)
     out = tmp_path / "run"

@@ -1,4 +1,5 @@
 """Faults: signals stop at a checkpoint, dead DDP workers restart or end the job, non-finite losses."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,17 @@ import torch
 from safetensors.torch import load_file
 
 import visiontune.engine as engine
-from trainrun import (assert_same_weights, checkpoints, env_for, final_weights, pids_alive, run, start,
-                      train_argv, wait_for)
+from trainrun import (
+    assert_same_weights,
+    checkpoints,
+    env_for,
+    final_weights,
+    pids_alive,
+    run,
+    start,
+    train_argv,
+    wait_for,
+)
 from visiontune import checkpoint, cli
 
 
@@ -25,6 +35,7 @@ def _on_train_call(monkeypatch, n: int, action) -> None:
         loss = real(logits, labels)
         calls["n"] += 1
         return action(loss) if calls["n"] == n else loss
+
     monkeypatch.setattr(engine, "readable_cross_entropy", wrapped)
 
 
@@ -33,14 +44,16 @@ def _args(small_data, out, *extra):
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGUSR1, 138)])
-def test_signal_finishes_the_step_checkpoints_it_and_exits(tmp_path, small_data, baseline_run, monkeypatch, capsys,
-                                                           sig, code):
+def test_signal_finishes_the_step_checkpoints_it_and_exits(
+    tmp_path, small_data, baseline_run, monkeypatch, capsys, sig, code
+):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
 
     def send(loss):
         os.kill(os.getpid(), sig)  # arrives during step 3 (batch index 2), like a scheduler's signal
         return loss
+
     _on_train_call(monkeypatch, 3, send)
     assert cli.main(_args(small_data, out, "--save-every-steps", "100")) == code
     err = capsys.readouterr().err
@@ -115,8 +128,9 @@ def _worker(launcher: psutil.Process, rank: int) -> psutil.Process:
     raise AssertionError(f"no worker with rank {rank}")
 
 
-def test_killed_worker_with_a_restart_resumes_and_finishes_with_the_same_weights(tmp_path, small_data,
-                                                                                 ddp_baseline, worker_env):
+def test_killed_worker_with_a_restart_resumes_and_finishes_with_the_same_weights(
+    tmp_path, small_data, ddp_baseline, worker_env
+):
     env = env_for(worker_env, tmp_path)
     out = tmp_path / "run"
     proc = start([*train_argv(small_data, out), *DDP, "--max-restarts", "1"], env, tmp_path / "run.log")
@@ -127,8 +141,9 @@ def test_killed_worker_with_a_restart_resumes_and_finishes_with_the_same_weights
     assert_same_weights(final_weights(out), final_weights(ddp_baseline))
 
 
-def test_killed_worker_without_restarts_ends_every_process_then_resume_matches(tmp_path, small_data,
-                                                                               ddp_baseline, worker_env):
+def test_killed_worker_without_restarts_ends_every_process_then_resume_matches(
+    tmp_path, small_data, ddp_baseline, worker_env
+):
     env = env_for(worker_env, tmp_path)
     out = tmp_path / "run"
     argv = [*train_argv(small_data, out), *DDP]

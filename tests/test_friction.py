@@ -1,5 +1,6 @@
 """Flags that used to do something other than what they said: fp16 on a CPU, a tracker that is not
 installed, sample data written over an earlier data set. Each is one line and exit code 2 now."""
+
 from __future__ import annotations
 
 import sys
@@ -23,21 +24,26 @@ def _one_error_line(capsys) -> str:
 def test_fp16_on_a_cpu_is_refused_with_bf16_suggested(sample_data, tmp_path, capsys):
     # (predict and evaluate refuse it too: test_predict's bad-input cases)
     out = tmp_path / "r"
-    assert main(["train", "--data", str(sample_data), *FAST, "--mixed-precision", "fp16",
-                 "--output-dir", str(out)]) == 2
+    assert (
+        main(["train", "--data", str(sample_data), *FAST, "--mixed-precision", "fp16", "--output-dir", str(out)]) == 2
+    )
     assert "--mixed-precision fp16 needs a GPU" in (line := _one_error_line(capsys)) and "bf16" in line
     assert not out.exists()
     with pytest.raises(UserError, match="bf16"):  # the Python API too
-        train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", mixed_precision="fp16",
-                          output_dir=str(out)))
+        train(
+            TrainConfig(
+                data=str(sample_data), model="resnet18", weights="none", mixed_precision="fp16", output_dir=str(out)
+            )
+        )
     assert not out.exists()
 
 
 def test_log_with_a_tracker_that_is_not_installed_names_the_extra(sample_data, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # makes `import tensorboard` fail
     out = tmp_path / "r"
-    assert main(["train", "--data", str(sample_data), *FAST, "--log-with", "tensorboard",
-                 "--output-dir", str(out)]) == 2
+    assert (
+        main(["train", "--data", str(sample_data), *FAST, "--log-with", "tensorboard", "--output-dir", str(out)]) == 2
+    )
     assert "pip install 'visiontune[tensorboard]'" in _one_error_line(capsys)
     assert not out.exists()
 

@@ -1,4 +1,5 @@
 """visiontune's hand-over to torch.distributed.run: what the elastic agent and the workers are given."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,24 @@ from torch.distributed.run import get_args_parser
 from visiontune.config import TrainConfig
 from visiontune.launch import launcher_argv, needs_launcher, without_flags
 
-ARGV = ["--data", "d", "--nproc", "1", "--batch-size", "5", "--nnodes=2", "--node-rank", "1",
-        "--master-addr", "10.0.0.1", "--master-port=29999", "--max-restarts", "0", "--strategy", "ddp"]
+ARGV = [
+    "--data",
+    "d",
+    "--nproc",
+    "1",
+    "--batch-size",
+    "5",
+    "--nnodes=2",
+    "--node-rank",
+    "1",
+    "--master-addr",
+    "10.0.0.1",
+    "--master-port=29999",
+    "--max-restarts",
+    "0",
+    "--strategy",
+    "ddp",
+]
 
 
 def test_without_flags_drops_both_spellings_and_their_values():
@@ -17,11 +34,17 @@ def test_without_flags_drops_both_spellings_and_their_values():
 
 
 def test_torchrun_reads_a_two_machine_command_as_meant():
-    cfg = TrainConfig(data="d", strategy="ddp", nproc=1, nnodes=2, node_rank=1, master_addr="10.0.0.1",
-                      master_port=29999)
+    cfg = TrainConfig(
+        data="d", strategy="ddp", nproc=1, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29999
+    )
     args = get_args_parser().parse_args(launcher_argv(cfg, ARGV))
-    assert (args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port) == \
-        ("1", "2", 1, "10.0.0.1", 29999)
+    assert (args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port) == (
+        "1",
+        "2",
+        1,
+        "10.0.0.1",
+        29999,
+    )
     assert not args.standalone and args.module and args.training_script == "visiontune"
     # The workers get the flags as typed: torchrun alone would reject `--nproc` as an ambiguous
     # abbreviation of its `--nproc-per-node`.
@@ -33,14 +56,17 @@ def test_one_machine_rendezvous_on_a_free_port():
     assert args.standalone and args.nproc_per_node == "3" and args.nnodes == "1"
 
 
-@pytest.mark.parametrize("changes,env,expected", [
-    ({"strategy": "ddp", "nproc": 2}, {}, True),
-    ({"strategy": "ddp", "nproc": 1, "nnodes": 2}, {}, True),
-    ({"strategy": "ddp", "nproc": 1}, {}, False),
-    ({"strategy": "single"}, {}, False),
-    ({"strategy": "ddp", "nproc": 2}, {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}, False),  # already launched
-    ({"strategy": "ddp"}, {"LOCAL_RANK": "0", "WORLD_SIZE": "1"}, False),  # `torchrun --nproc-per-node 1`
-])
+@pytest.mark.parametrize(
+    "changes,env,expected",
+    [
+        ({"strategy": "ddp", "nproc": 2}, {}, True),
+        ({"strategy": "ddp", "nproc": 1, "nnodes": 2}, {}, True),
+        ({"strategy": "ddp", "nproc": 1}, {}, False),
+        ({"strategy": "single"}, {}, False),
+        ({"strategy": "ddp", "nproc": 2}, {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}, False),  # already launched
+        ({"strategy": "ddp"}, {"LOCAL_RANK": "0", "WORLD_SIZE": "1"}, False),  # `torchrun --nproc-per-node 1`
+    ],
+)
 def test_needs_launcher(monkeypatch, changes, env, expected):
     for k in ("LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
@@ -49,11 +75,14 @@ def test_needs_launcher(monkeypatch, changes, env, expected):
     assert needs_launcher(TrainConfig(data="d", **changes)) is expected
 
 
-@pytest.mark.parametrize("extra,expected", [
-    (["--resume", "RESUMED"], "RESUMED"),  # a resumed ddp run goes on writing the folder it resumes
-    (["--output-dir", "CHOSEN"], "CHOSEN"),
-    ([], None),  # a new timestamped folder, the same for every worker
-])
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        (["--resume", "RESUMED"], "RESUMED"),  # a resumed ddp run goes on writing the folder it resumes
+        (["--output-dir", "CHOSEN"], "CHOSEN"),
+        ([], None),  # a new timestamped folder, the same for every worker
+    ],
+)
 def test_the_launcher_hands_every_worker_one_run_folder(sample_data, tmp_path, monkeypatch, extra, expected):
     from visiontune import cli, launch
 
@@ -61,8 +90,25 @@ def test_the_launcher_hands_every_worker_one_run_folder(sample_data, tmp_path, m
     monkeypatch.setattr(launch, "relaunch", lambda cfg, argv, command="train": seen.update(cfg=cfg, argv=argv) or 0)
     monkeypatch.chdir(tmp_path)
     extra = [str(tmp_path / e) if e.isupper() else e for e in extra]
-    assert cli.main(["train", "--data", str(sample_data), "--model", "resnet18", "--weights", "none",
-                     "--strategy", "ddp", "--nproc", "2", *extra]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--data",
+                str(sample_data),
+                "--model",
+                "resnet18",
+                "--weights",
+                "none",
+                "--strategy",
+                "ddp",
+                "--nproc",
+                "2",
+                *extra,
+            ]
+        )
+        == 0
+    )
     folder = seen["argv"][seen["argv"].index("--output-dir") + 1]
     assert folder == seen["cfg"].output_dir
     if expected:

@@ -1,4 +1,5 @@
 """Layout detection, manifests, `prepare`, and the seeded split."""
+
 from __future__ import annotations
 
 import json
@@ -57,13 +58,16 @@ def test_manifest_with_integer_labels(tmp_path):
     assert found.classes == ["0", "1"] and found.labels == [1, 0, 1, 0]
 
 
-@pytest.mark.parametrize("rows,msg", [
-    ("a.jpg,cat\nmissing.jpg,dog\n", "row 3: file not found"),
-    ("a.jpg,cat\na.jpg,dog\n", "row 3: duplicate"),
-    ("a.jpg,cat\n../secret.jpg,dog\n", "row 3: path '../secret.jpg' leaves the image root"),
-    ("a.jpg,cat\n/etc/passwd,dog\n", "row 3: path '/etc/passwd' leaves"),
-    ("a.jpg,cat\nb.jpg,\n", "row 3: expected 'filename,label'"),
-])
+@pytest.mark.parametrize(
+    "rows,msg",
+    [
+        ("a.jpg,cat\nmissing.jpg,dog\n", "row 3: file not found"),
+        ("a.jpg,cat\na.jpg,dog\n", "row 3: duplicate"),
+        ("a.jpg,cat\n../secret.jpg,dog\n", "row 3: path '../secret.jpg' leaves the image root"),
+        ("a.jpg,cat\n/etc/passwd,dog\n", "row 3: path '/etc/passwd' leaves"),
+        ("a.jpg,cat\nb.jpg,\n", "row 3: expected 'filename,label'"),
+    ],
+)
 def test_manifest_row_errors_name_the_row(tmp_path, rows, msg):
     _touch(tmp_path / "train" / "a.jpg")
     _touch(tmp_path / "train" / "b.jpg")
@@ -131,8 +135,9 @@ def test_class_folders_whose_images_are_all_in_subfolders_are_classes(tmp_path):
     found = discover(str(_nested(tmp_path / "data")))
     assert found.classes == ["bird", "cat", "dog"]
     assert found.class_counts() == {"bird": 3, "cat": 4, "dog": 2}
-    assert [found.classes[lab] for lab in found.labels] == [p.split("/")[len(str(tmp_path / "data").split("/"))]
-                                                            for p in found.paths]
+    assert [found.classes[lab] for lab in found.labels] == [
+        p.split("/")[len(str(tmp_path / "data").split("/"))] for p in found.paths
+    ]
     assert "bird 3, cat 4, dog 2" in found.describe()
 
 
@@ -146,14 +151,38 @@ def test_check_train_and_evaluate_use_the_nested_rule_and_report_counts(tmp_path
     assert main(["check", str(data), "--report", str(tmp_path / "bad.csv")]) == 0
     assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
     run = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--model", "squeezenet1_1", "--weights", "none", "--image-size", "32",
-                 "--no-progress", "--epochs", "1", "--batch-size", "4", "--output-dir", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--model",
+                "squeezenet1_1",
+                "--weights",
+                "none",
+                "--image-size",
+                "32",
+                "--no-progress",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "4",
+                "--output-dir",
+                str(run),
+            ]
+        )
+        == 0
+    )
     assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
     assert json.loads((run / "classes.json").read_text()) == ["bird", "cat", "dog"]
     main(["evaluate", "--run", str(run), "--data", str(data), "--split", "all", "--no-progress"])
     report = json.loads((run / "eval.json").read_text())
-    assert report["images"] == 17 and {k: v["support"] for k, v in report["per_class"].items()} == \
-        {"bird": 7, "cat": 4, "dog": 6}
+    assert report["images"] == 17 and {k: v["support"] for k, v in report["per_class"].items()} == {
+        "bird": 7,
+        "cat": 4,
+        "dog": 6,
+    }
     assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
 
 

@@ -1,5 +1,6 @@
 """evaluate's metrics against scikit-learn on hand-chosen logits: a class that is never predicted,
 a class with no images, top-k, calibration, and the top-loss ranking against per-image losses."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,18 +16,18 @@ CLASSES = ["apple", "banana", "cherry (never predicted)", "durian (no images)", 
 # class 3 although 1 is predicted as it. No two logits in a row tie, so every ranking is unambiguous.
 LABELS = [0, 0, 0, 1, 1, 2, 2, 4, 4, 5, 6, 6]
 LOGITS = [
-    [3.0, 1.0, 0.2, -1.0, 0.1, 0.0, -0.5],   # 0 -> 0
-    [2.5, 2.4, 0.1, 0.0, -0.2, 0.3, 0.4],    # 0 -> 0, barely
-    [0.1, 2.0, 1.5, 0.3, 0.0, -1.0, 0.2],    # 0 -> 1
-    [0.0, 4.0, 1.0, 0.5, 0.2, 0.1, -0.3],    # 1 -> 1
-    [0.3, 0.2, 0.1, 2.2, 0.0, -0.1, 1.9],    # 1 -> 3 (a class with no images)
-    [1.0, 0.5, 0.9, 0.0, 0.2, 0.3, 0.1],     # 2 -> 0
-    [0.1, 3.5, 0.2, 0.0, 0.3, -0.2, -0.1],   # 2 -> 1, confidently
-    [0.0, 0.1, 0.2, 0.3, 1.4, 0.5, 0.6],     # 4 -> 4
-    [0.2, 0.1, 0.0, 0.3, 0.4, 2.6, 0.5],     # 4 -> 5
-    [0.1, 0.0, 0.2, 0.3, 0.4, 5.0, 0.5],     # 5 -> 5
-    [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6],     # 6 -> 6, unsure
-    [6.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7],     # 6 -> 0, very confidently
+    [3.0, 1.0, 0.2, -1.0, 0.1, 0.0, -0.5],  # 0 -> 0
+    [2.5, 2.4, 0.1, 0.0, -0.2, 0.3, 0.4],  # 0 -> 0, barely
+    [0.1, 2.0, 1.5, 0.3, 0.0, -1.0, 0.2],  # 0 -> 1
+    [0.0, 4.0, 1.0, 0.5, 0.2, 0.1, -0.3],  # 1 -> 1
+    [0.3, 0.2, 0.1, 2.2, 0.0, -0.1, 1.9],  # 1 -> 3 (a class with no images)
+    [1.0, 0.5, 0.9, 0.0, 0.2, 0.3, 0.1],  # 2 -> 0
+    [0.1, 3.5, 0.2, 0.0, 0.3, -0.2, -0.1],  # 2 -> 1, confidently
+    [0.0, 0.1, 0.2, 0.3, 1.4, 0.5, 0.6],  # 4 -> 4
+    [0.2, 0.1, 0.0, 0.3, 0.4, 2.6, 0.5],  # 4 -> 5
+    [0.1, 0.0, 0.2, 0.3, 0.4, 5.0, 0.5],  # 5 -> 5
+    [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6],  # 6 -> 6, unsure
+    [6.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7],  # 6 -> 0, very confidently
 ]
 
 

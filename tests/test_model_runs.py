@@ -9,6 +9,7 @@ and compared with the same reference. Then a run continues an earlier one on
 new data (same classes: every weight carries over; new classes: the body does,
 the head is new and named), and a local ImageNet-headed checkpoint starts a run.
 """
+
 from __future__ import annotations
 
 import csv
@@ -20,13 +21,12 @@ import pytest
 import timm
 import torch
 from safetensors.torch import load_file, save_file
-from trained import one_thread, preprocess  # noqa: F401  (one_thread: autouse)
 
+from trained import one_thread, preprocess  # noqa: F401  (one_thread: autouse)
 from visiontune.cli import main
 from visiontune.runinfo import read_file
 
-TINY = ["--image-size", "32", "--no-progress", "--num-workers", "0", "--epochs", "1",
-        "--batch-size", "8"]
+TINY = ["--image-size", "32", "--no-progress", "--num-workers", "0", "--epochs", "1", "--batch-size", "8"]
 TOL = 1e-4
 
 
@@ -54,8 +54,21 @@ def test_timm_family_trains_predicts_from_its_file_alone_and_exports(arch, fmt, 
     eager = _reference(run, arch, 2, x)
 
     out = tmp_path / "pred.csv"
-    assert main(["predict", "--weights", str(run / "best.safetensors"), "--data", str(small_data / "train"),
-                 "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--weights",
+                str(run / "best.safetensors"),
+                "--data",
+                str(small_data / "train"),
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = {r["path"]: r for r in csv.DictReader(out.open())}
     got = torch.tensor([[float(rows[str(f)]["prob_cat"]), float(rows[str(f)]["prob_dog"])] for f in files])
     assert torch.allclose(got, eager.softmax(1), atol=TOL, rtol=0)
@@ -75,8 +88,9 @@ def test_timm_family_trains_predicts_from_its_file_alone_and_exports(arch, fmt, 
 @pytest.fixture(scope="module")
 def earlier(small_data, tmp_path_factory) -> Path:
     """A finished timm/test_vit run (LayerNorm only: frozen weights stay bit-exact while the head trains)."""
-    return _train(small_data, tmp_path_factory.mktemp("earlier") / "run", "--model", "timm/test_vit", "--weights",
-                  "none")
+    return _train(
+        small_data, tmp_path_factory.mktemp("earlier") / "run", "--model", "timm/test_vit", "--weights", "none"
+    )
 
 
 def _three_classes(small_data: Path, root: Path) -> Path:
@@ -108,8 +122,12 @@ def test_init_from_new_classes_keeps_the_body_and_names_the_new_head(earlier, sm
     capsys.readouterr()
     run = _train(data, tmp_path / "run", "--init-from", str(earlier), "--freeze-backbone")
     said = capsys.readouterr().out
-    assert f"{earlier}/best.safetensors: its head does not fit these classes; re-initialised, " \
-           "left out: head.bias, head.weight" in said and said.count("left out") == 1
+    assert (
+        f"{earlier}/best.safetensors: its head does not fit these classes; re-initialised, "
+        "left out: head.bias, head.weight"
+        in said
+        and said.count("left out") == 1
+    )
     before, after = load_file(str(earlier / "best.safetensors")), load_file(str(run / "best.safetensors"))
     assert after["head.weight"].shape == (3, before["head.weight"].shape[1])
     for k in before:
@@ -126,16 +144,33 @@ def test_imagenet_headed_local_checkpoint_starts_a_run(small_data, tmp_path, cap
     assert load_file(str(run / "best.safetensors"))["classifier.weight"].shape[0] == 2
 
 
-@pytest.mark.parametrize("make,msg", [
-    (lambda p: p.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":"), "cannot load weights from"),
-    (lambda p: save_file(timm.create_model("test_vit", num_classes=2).state_dict(), str(p)),
-     "does not fit this model"),  # another architecture's weights
-])
+@pytest.mark.parametrize(
+    "make,msg",
+    [
+        (lambda p: p.write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a":'), "cannot load weights from"),
+        (
+            lambda p: save_file(timm.create_model("test_vit", num_classes=2).state_dict(), str(p)),
+            "does not fit this model",
+        ),  # another architecture's weights
+    ],
+)
 def test_broken_or_foreign_checkpoint_is_one_line(make, msg, small_data, tmp_path, capsys):
     ckpt = tmp_path / "w.safetensors"
     make(ckpt)
-    code = main(["train", "--data", str(small_data), "--output-dir", str(tmp_path / "run"), *TINY,
-                 "--model", "timm/test_convnext", "--weights", str(ckpt)])
+    code = main(
+        [
+            "train",
+            "--data",
+            str(small_data),
+            "--output-dir",
+            str(tmp_path / "run"),
+            *TINY,
+            "--model",
+            "timm/test_convnext",
+            "--weights",
+            str(ckpt),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and msg in err and err.count("\n") == 1, err
     assert not (tmp_path / "run" / "config.json").exists()

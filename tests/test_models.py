@@ -1,4 +1,5 @@
 """Every torchvision classifier gets a working head; weights load safely."""
+
 from __future__ import annotations
 
 import contextlib
@@ -48,6 +49,7 @@ def test_state_dict_file_round_trip(tmp_path):
     for k, v in src.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k]), k
     from safetensors.torch import save_file
+
     save_file(src.state_dict(), str(tmp_path / "w.safetensors"))
     assert torch.equal(load_state_file(str(tmp_path / "w.safetensors"))["fc.weight"], src.fc.weight)
 
@@ -78,7 +80,7 @@ def test_mismatch_outside_the_head_is_a_user_error(tmp_path):
 
 
 def test_broken_and_non_state_dict_files_are_user_errors(tmp_path):
-    (tmp_path / "cut.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    (tmp_path / "cut.safetensors").write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a":')
     with pytest.raises(UserError, match="cannot load weights from .*cut.safetensors safely"):
         build_model("resnet18", 2, str(tmp_path / "cut.safetensors"))
     torch.save({"epoch": 3}, tmp_path / "meta.pth")
@@ -86,11 +88,14 @@ def test_broken_and_non_state_dict_files_are_user_errors(tmp_path):
         build_model("resnet18", 2, str(tmp_path / "meta.pth"))
 
 
-@pytest.mark.parametrize("name,weights,msg", [
-    ("notamodel", "none", "unknown model"),
-    ("resnet18", "IMAGENET9K", "unknown weights"),
-    ("resnet18", "/nope/w.pth", "not found"),
-])
+@pytest.mark.parametrize(
+    "name,weights,msg",
+    [
+        ("notamodel", "none", "unknown model"),
+        ("resnet18", "IMAGENET9K", "unknown weights"),
+        ("resnet18", "/nope/w.pth", "not found"),
+    ],
+)
 def test_bad_model_or_weights_names(name, weights, msg):
     with pytest.raises(UserError, match=msg):
         build_model(name, 2, weights)

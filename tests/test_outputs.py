@@ -1,4 +1,5 @@
 """Run-folder writers: the best-epoch rule, metrics.csv, atomic writes."""
+
 from __future__ import annotations
 
 import csv
@@ -25,7 +26,11 @@ def test_metrics_csv_has_a_row_per_epoch_and_phase(tmp_path):
     outputs.write_metrics_csv(path, [_row(0, 0.5, 0.7), _row(1, 0.75, 0.5)])
     rows = list(csv.DictReader(open(path)))
     assert [(r["epoch"], r["phase"], r["accuracy"]) for r in rows] == [
-        ("0", "train", "0.500000"), ("0", "val", "0.500000"), ("1", "train", "0.750000"), ("1", "val", "0.750000")]
+        ("0", "train", "0.500000"),
+        ("0", "val", "0.500000"),
+        ("1", "train", "0.750000"),
+        ("1", "val", "0.750000"),
+    ]
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
@@ -34,6 +39,7 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
 
     def boom(*a):
         raise OSError("disk full")
+
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError):
         outputs.atomic_write(target, "new")
@@ -43,8 +49,10 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
 def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data(tmp_path):
     import matplotlib.pyplot as plt
 
-    history = [{**_row(e, acc, loss), "lr": lr} for e, acc, loss, lr in
-               ((0, 0.6, 0.9, 0.01), (1, 0.9, 0.4, 0.008), (2, 0.8, 0.5, 0.002))]
+    history = [
+        {**_row(e, acc, loss), "lr": lr}
+        for e, acc, loss, lr in ((0, 0.6, 0.9, 0.01), (1, 0.9, 0.4, 0.008), (2, 0.8, 0.5, 0.002))
+    ]
     fig = outputs.history_figure(history)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()

@@ -1,4 +1,5 @@
 """Faithfulness to the blog's PIL pipeline, on-device normalisation, GPU settings and the GPU script."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ SIZE = 32
 
 def blog_pipeline(size: int) -> transforms.Compose:
     """The reference job's transform, applied to a PIL image opened and converted as its dataset does."""
-    return transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor(),
-                               transforms.Normalize(mean=list(MEAN), std=list(STD))])
+    return transforms.Compose(
+        [transforms.Resize((size, size)), transforms.ToTensor(), transforms.Normalize(mean=list(MEAN), std=list(STD))]
+    )
 
 
 def test_trained_model_predicts_the_same_through_both_pipelines(sample_data, trained_run):
@@ -39,8 +41,12 @@ def test_trained_model_predicts_the_same_through_both_pipelines(sample_data, tra
     blog = blog_pipeline(SIZE)
     theirs = torch.stack([blog(Image.open(p).convert("RGB")) for p in paths])
     # The pixel difference, documented in the README: at most one grey level, almost always none.
-    theirs_u8 = torch.stack([transforms.functional.pil_to_tensor(
-        transforms.Resize((SIZE, SIZE))(Image.open(p).convert("RGB"))) for p in paths])
+    theirs_u8 = torch.stack(
+        [
+            transforms.functional.pil_to_tensor(transforms.Resize((SIZE, SIZE))(Image.open(p).convert("RGB")))
+            for p in paths
+        ]
+    )
     diff = (ours_u8.int() - theirs_u8.int()).abs()
     assert diff.max() <= 1 and diff.float().mean() < 0.05
 
@@ -71,14 +77,14 @@ def test_gpu_speedups_allow_tf32_and_cudnn_autotuning():
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
         assert torch.backends.cudnn.benchmark
     finally:
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-         torch.backends.cudnn.benchmark) = saved
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) = saved
 
 
 def test_gpu_script_says_there_is_no_gpu_and_exits_0(worker_env):
     env = {**worker_env, "PYTHON": PYTHON, "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh")], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "no CUDA GPU" in out.stdout
 
@@ -86,9 +92,25 @@ def test_gpu_script_says_there_is_no_gpu_and_exits_0(worker_env):
 def test_gpu_benchmark_code_runs_tiny_on_a_cpu(tmp_path, worker_env):
     """The measuring code gpu.sh runs, at toy size: every source counts the images it trained on."""
     out_json = tmp_path / "gpu.json"
-    res = subprocess.run([PYTHON, str(ROOT / "benchmarks" / "gpu_bench.py"), "--smoke", "--modes", "fp32",
-                          "--workers", "0", "--work", str(tmp_path), "--out", str(out_json)],
-                         env=worker_env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            PYTHON,
+            str(ROOT / "benchmarks" / "gpu_bench.py"),
+            "--smoke",
+            "--modes",
+            "fp32",
+            "--workers",
+            "0",
+            "--work",
+            str(tmp_path),
+            "--out",
+            str(out_json),
+        ],
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(out_json.read_text())["results"]
     assert [(r["mode"], r["source"]) for r in rows] == [("fp32", "synthetic"), ("fp32", "cache")]

@@ -1,5 +1,6 @@
 """visiontune predict: Kaggle submission format, agreement with an independent forward pass,
 input order, --nproc 2 byte-identical, unreadable files reported, loading without unpickling."""
+
 from __future__ import annotations
 
 import csv
@@ -39,8 +40,10 @@ def read_submission(path: Path) -> tuple[list[str], list[int], list[float]]:
 
 def test_kaggle_submission_is_p_dog_in_numeric_id_order(run, sample_data, tmp_path):
     out = tmp_path / "submission.csv"
-    assert main(["predict", "--run", str(run), "--data", str(sample_data / "test"), "--out", str(out),
-                 "--no-progress"]) == 0
+    assert (
+        main(["predict", "--run", str(run), "--data", str(sample_data / "test"), "--out", str(out), "--no-progress"])
+        == 0
+    )
     header, ids, labels = read_submission(out)
     n = len(list((sample_data / "test").iterdir()))
     assert header == ["id", "label"]
@@ -61,8 +64,20 @@ def clip(run, sample_data) -> float:
 @pytest.fixture(scope="module")
 def clipped_single(run, corrupt_test, clip, tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "submission.csv"
-    rc = main(["predict", "--run", str(run), "--data", str(corrupt_test), "--out", str(out), "--clip", str(clip),
-               "--no-progress"])
+    rc = main(
+        [
+            "predict",
+            "--run",
+            str(run),
+            "--data",
+            str(corrupt_test),
+            "--out",
+            str(out),
+            "--clip",
+            str(clip),
+            "--no-progress",
+        ]
+    )
     return rc, out
 
 
@@ -83,19 +98,47 @@ def test_unreadable_image_is_reported_and_the_rest_predicted_and_clipped(run, co
 
 
 def test_unreadable_image_is_named_on_stderr(run, corrupt_test, tmp_path, capsys):
-    assert main(["predict", "--run", str(run), "--data", str(corrupt_test), "--out", str(tmp_path / "s.csv"),
-                 "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "predict",
+                "--run",
+                str(run),
+                "--data",
+                str(corrupt_test),
+                "--out",
+                str(tmp_path / "s.csv"),
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     assert f"{corrupt_test / '7.jpg'}: not an image" in capsys.readouterr().err
 
 
-def test_two_processes_write_the_same_bytes(run, corrupt_test, clip, clipped_single, tmp_path, capfd, worker_env,
-                                            monkeypatch):
+def test_two_processes_write_the_same_bytes(
+    run, corrupt_test, clip, clipped_single, tmp_path, capfd, worker_env, monkeypatch
+):
     monkeypatch.setenv("PYTHONPATH", worker_env["PYTHONPATH"])
     _, single = clipped_single
     out = tmp_path / "submission.csv"
     # The run's batch of 16 over 30 files: the second process's batch is ragged and Accelerate pads it.
-    rc = main(["predict", "--run", str(run), "--data", str(corrupt_test), "--out", str(out), "--clip", str(clip),
-               "--no-progress", "--nproc", "2"])
+    rc = main(
+        [
+            "predict",
+            "--run",
+            str(run),
+            "--data",
+            str(corrupt_test),
+            "--out",
+            str(out),
+            "--clip",
+            str(clip),
+            "--no-progress",
+            "--nproc",
+            "2",
+        ]
+    )
     assert rc == 1  # the skipped file, reported by the launching process
     assert out.read_bytes() == single.read_bytes()
     assert Path(f"{out}.skipped.txt").read_bytes() == Path(f"{single}.skipped.txt").read_bytes()
@@ -108,8 +151,23 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
     listing = tmp_path / "list.txt"
     listing.write_text("# images to classify\n" + "\n".join(map(str, paths)) + "\n\n")
     out = tmp_path / "pred.csv"
-    assert main(["predict", "--run", str(run), "--data", str(listing), "--out", str(out), "--no-progress",
-                 "--batch-size", "3"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--run",
+                str(run),
+                "--data",
+                str(listing),
+                "--out",
+                str(out),
+                "--no-progress",
+                "--batch-size",
+                "3",
+            ]
+        )
+        == 0
+    )
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["path", "prediction", "prob_cat", "prob_dog"]
     assert [r[0] for r in rows[1:]] == [str(p) for p in paths]
@@ -119,8 +177,23 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
     assert [r[1] for r in rows[1:]] == [("cat", "dog")[int(i)] for i in ref.argmax(1)]
     # The same model from best.safetensors alone: it says what model, classes, size and normalisation it needs.
     out3 = tmp_path / "pred3.csv"
-    assert main(["predict", "--weights", str(run / "best.safetensors"), "--data", str(listing), "--out", str(out3),
-                 "--no-progress", "--batch-size", "3"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--weights",
+                str(run / "best.safetensors"),
+                "--data",
+                str(listing),
+                "--out",
+                str(out3),
+                "--no-progress",
+                "--batch-size",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert out3.read_bytes() == out.read_bytes()
     # The same model from a state_dict file and flags instead of the run folder: the run's safetensors
     # and a .pth of it (read with weights_only=True; runs write one only with --save-pth).
@@ -128,9 +201,29 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
     torch.save(load_file(str(run / "best.safetensors")), pth)
     for weights in (run / "best.safetensors", pth):
         out2 = tmp_path / f"pred-{weights.suffix[1:]}.csv"
-        assert main(["predict", "--weights", str(weights), "--model", "resnet18", "--classes", "cat,dog",
-                     "--image-size", "32", "--data", str(listing), "--out", str(out2), "--no-progress",
-                     "--batch-size", "3"]) == 0
+        assert (
+            main(
+                [
+                    "predict",
+                    "--weights",
+                    str(weights),
+                    "--model",
+                    "resnet18",
+                    "--classes",
+                    "cat,dog",
+                    "--image-size",
+                    "32",
+                    "--data",
+                    str(listing),
+                    "--out",
+                    str(out2),
+                    "--no-progress",
+                    "--batch-size",
+                    "3",
+                ]
+            )
+            == 0
+        )
         assert out2.read_bytes() == out.read_bytes()
 
 
@@ -152,13 +245,29 @@ def test_loading_never_unpickles(run, sample_data, tmp_path, capsys):
         pickle.dump({"fc.weight": _Payload(marker)}, f)
     out = tmp_path / "s.csv"
     # The run folder loads from best.safetensors; the poisoned best.pth is never read.
-    assert main(["predict", "--run", str(evil), "--data", str(sample_data / "test"), "--out", str(out),
-                 "--no-progress"]) == 0
+    assert (
+        main(["predict", "--run", str(evil), "--data", str(sample_data / "test"), "--out", str(out), "--no-progress"])
+        == 0
+    )
     (evil / "best.safetensors").unlink()
-    for argv in (["--run", str(evil)],
-                 ["--weights", str(evil / "best.pth"), "--model", "resnet18", "--classes", "cat,dog"]):
-        assert main(["predict", *argv, "--data", str(sample_data / "test"), "--out", str(tmp_path / "x.csv"),
-                     "--no-progress"]) == 2
+    for argv in (
+        ["--run", str(evil)],
+        ["--weights", str(evil / "best.pth"), "--model", "resnet18", "--classes", "cat,dog"],
+    ):
+        assert (
+            main(
+                [
+                    "predict",
+                    *argv,
+                    "--data",
+                    str(sample_data / "test"),
+                    "--out",
+                    str(tmp_path / "x.csv"),
+                    "--no-progress",
+                ]
+            )
+            == 2
+        )
         assert "cannot load weights" in capsys.readouterr().err
     assert not marker.exists() and not (tmp_path / "x.csv").exists()
 
@@ -176,22 +285,34 @@ def test_mixed_precision_bf16_stays_close(run, sample_data, tmp_path):
     assert torch.allclose(p16, p32, atol=0.05) and not torch.equal(p16, p32)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--data", "{test}"], "give --run RUN_DIR"),
-    (["--run", "{run}", "--weights", "{run}/best.pth", "--data", "{test}"], "not both"),
-    (["--weights", "{run}/best.pth", "--data", "{test}"], "give --model NAME and --classes a,b"),
-    (["--weights", "{run}/best.safetensors", "--image-size", "64", "--data", "{test}"],
-     "--image-size 64 contradicts {run}/best.safetensors, which says image size 32"),
-    (["--weights", "{run}/best.safetensors", "--classes", "dog,cat", "--data", "{test}"],
-     "--classes dog,cat contradicts {run}/best.safetensors, which says classes cat,dog"),
-    (["--weights", "{run}/best.safetensors", "--model", "resnet34", "--data", "{test}"],
-     "--model resnet34 contradicts {run}/best.safetensors, which says model resnet18"),
-    (["--run", "{run}", "--data", "{empty}"], "no images"),
-    (["--run", "{run}", "--data", "{test}", "--clip", "0.5"], "--clip must be in"),
-    (["--run", "{empty}", "--data", "{test}"], "not a visiontune run folder"),
-    pytest.param(["--run", "{run}", "--data", "{test}", "--mixed-precision", "fp16"], "use --mixed-precision bf16",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused on a CPU only")),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--data", "{test}"], "give --run RUN_DIR"),
+        (["--run", "{run}", "--weights", "{run}/best.pth", "--data", "{test}"], "not both"),
+        (["--weights", "{run}/best.pth", "--data", "{test}"], "give --model NAME and --classes a,b"),
+        (
+            ["--weights", "{run}/best.safetensors", "--image-size", "64", "--data", "{test}"],
+            "--image-size 64 contradicts {run}/best.safetensors, which says image size 32",
+        ),
+        (
+            ["--weights", "{run}/best.safetensors", "--classes", "dog,cat", "--data", "{test}"],
+            "--classes dog,cat contradicts {run}/best.safetensors, which says classes cat,dog",
+        ),
+        (
+            ["--weights", "{run}/best.safetensors", "--model", "resnet34", "--data", "{test}"],
+            "--model resnet34 contradicts {run}/best.safetensors, which says model resnet18",
+        ),
+        (["--run", "{run}", "--data", "{empty}"], "no images"),
+        (["--run", "{run}", "--data", "{test}", "--clip", "0.5"], "--clip must be in"),
+        (["--run", "{empty}", "--data", "{test}"], "not a visiontune run folder"),
+        pytest.param(
+            ["--run", "{run}", "--data", "{test}", "--mixed-precision", "fp16"],
+            "use --mixed-precision bf16",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused on a CPU only"),
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(run, sample_data, tmp_path, capsys, argv, message):
     (tmp_path / "empty").mkdir()
     fill = {"test": sample_data / "test", "run": run, "empty": tmp_path / "empty"}
@@ -207,8 +328,23 @@ def test_tta_flip_is_the_mean_of_the_plain_and_mirrored_passes(run, sample_data,
 
     files = sorted((sample_data / "train").glob("*.jpg"))[::10]
     out = tmp_path / "p.csv"
-    assert main(["predict", "--run", str(run), "--data", str(sample_data / "train"), "--out", str(out),
-                 "--tta", "flip", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--run",
+                str(run),
+                "--data",
+                str(sample_data / "train"),
+                "--out",
+                str(out),
+                "--tta",
+                "flip",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = {r["path"]: [float(r["prob_cat"]), float(r["prob_dog"])] for r in csv.DictReader(out.open())}
     with torch.no_grad():
         x, model = preprocess(files), reference_model(run)

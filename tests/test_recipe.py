@@ -1,4 +1,5 @@
 """Recipes: presets resolve as documented, and each setting changes what it should."""
+
 from __future__ import annotations
 
 import itertools
@@ -19,11 +20,25 @@ def _cfg(**kw) -> TrainConfig:
 
 def test_presets_fill_only_what_was_not_given_and_keep_the_old_augment_flag():
     blog = _cfg()
-    assert (blog.optimizer, blog.lr, blog.weight_decay, blog.lr_schedule, blog.augment, blog.ema,
-            blog.normalize) == ("sgd", 1e-3, 0.0, "none", "none", 0.0, "blog")
+    assert (blog.optimizer, blog.lr, blog.weight_decay, blog.lr_schedule, blog.augment, blog.ema, blog.normalize) == (
+        "sgd",
+        1e-3,
+        0.0,
+        "none",
+        "none",
+        0.0,
+        "blog",
+    )
     modern = _cfg(recipe="modern", lr=3e-3, ema=0.0)
-    assert (modern.optimizer, modern.lr, modern.lr_schedule, modern.warmup_epochs, modern.label_smoothing,
-            modern.augment, modern.ema) == ("adamw", 3e-3, "cosine", 1.0, 0.1, "trivial", 0.0)
+    assert (
+        modern.optimizer,
+        modern.lr,
+        modern.lr_schedule,
+        modern.warmup_epochs,
+        modern.label_smoothing,
+        modern.augment,
+        modern.ema,
+    ) == ("adamw", 3e-3, "cosine", 1.0, 0.1, "trivial", 0.0)
     assert modern.normalize == "weights" and _cfg(recipe="modern", weights="none").normalize == "data"
     assert _cfg(augment=True).augment == "flip-crop" and _cfg(augment=False).augment == "none"
     with pytest.raises(UserError, match="--recipe must be one of blog, modern"):
@@ -37,6 +52,7 @@ def test_the_cli_takes_plain_augment_and_named_ones():
 
     def parse(*flags):
         return config_from_args(build_parser().parse_args(["train", "--data", "d", *flags]))
+
     assert parse("--augment").augment == "flip-crop"
     assert parse("--augment", "randaugment", "--epochs", "3").augment == "randaugment"
     assert parse("--recipe", "modern", "--no-augment").augment == "none"
@@ -45,8 +61,9 @@ def test_the_cli_takes_plain_augment_and_named_ones():
 class Tiny(nn.Module):
     def __init__(self, classes: int = 3):
         super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                      nn.Flatten())
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+        )
         self.fc = nn.Linear(4, classes)
 
     def forward(self, x):
@@ -60,21 +77,27 @@ def test_adamw_leaves_norms_and_biases_undecayed_and_the_backbone_gets_its_multi
     groups = {(g["initial_lr"], g["weight_decay"]): {id(p) for p in g["params"]} for g in opt.param_groups}
     named = {id(p): n for n, p in model.named_parameters()}
     by_group = {k: sorted(named[i] for i in v) for k, v in groups.items()}
-    assert by_group == {(1e-4, 0.05): ["features.0.weight"],
-                        (1e-4, 0.0): ["features.0.bias", "features.1.bias", "features.1.weight"],
-                        (1e-3, 0.05): ["fc.weight"], (1e-3, 0.0): ["fc.bias"]}
+    assert by_group == {
+        (1e-4, 0.05): ["features.0.weight"],
+        (1e-4, 0.0): ["features.0.bias", "features.1.bias", "features.1.weight"],
+        (1e-3, 0.05): ["fc.weight"],
+        (1e-3, 0.0): ["fc.bias"],
+    }
     sgd, _ = recipe.optimization(_cfg(), Tiny(), 3, 1e-3, 10)  # the reference job: one group, SGD
     assert type(sgd) is torch.optim.SGD and len(sgd.param_groups) == 1
     assert sgd.param_groups[0]["momentum"] == 0.9 and len(sgd.param_groups[0]["params"]) == 6
 
 
-@pytest.mark.parametrize("schedule,expected", [
-    # 2 epochs of 5 steps, warm-up 0.4 epoch = 2 steps; then 8 steps of the schedule
-    ("cosine", lambda s: 0.5 * (1 + math.cos(math.pi * (s - 2) / 8))),
-    ("linear", lambda s: 1 - (s - 2) / 8),
-    ("step", lambda s: 1.0 if s < 6 else 0.1 if s < 8 else 0.01),
-    ("none", lambda s: 1.0),
-])
+@pytest.mark.parametrize(
+    "schedule,expected",
+    [
+        # 2 epochs of 5 steps, warm-up 0.4 epoch = 2 steps; then 8 steps of the schedule
+        ("cosine", lambda s: 0.5 * (1 + math.cos(math.pi * (s - 2) / 8))),
+        ("linear", lambda s: 1 - (s - 2) / 8),
+        ("step", lambda s: 1.0 if s < 6 else 0.1 if s < 8 else 0.01),
+        ("none", lambda s: 1.0),
+    ],
+)
 def test_the_lr_of_each_step_follows_warm_up_then_the_schedule(schedule, expected):
     model = Tiny()
     cfg = _cfg(recipe="modern", lr_schedule=schedule, warmup_epochs=0.4, epochs=2)
@@ -143,8 +166,9 @@ def test_freeze_backbone_keeps_batchnorm_statistics_fixed():
     stats = model.features[1].running_mean.clone(), model.features[1].running_var.clone()
     for _ in range(3):
         _step(model, opt, stepper)
-    assert torch.equal(model.features[1].running_mean, stats[0]) and torch.equal(model.features[1].running_var,
-                                                                                stats[1])
+    assert torch.equal(model.features[1].running_mean, stats[0]) and torch.equal(
+        model.features[1].running_var, stats[1]
+    )
 
 
 def test_soft_targets_give_the_mixed_cross_entropy_and_unreadable_rows_none():
@@ -160,8 +184,10 @@ def test_soft_targets_give_the_mixed_cross_entropy_and_unreadable_rows_none():
 
 
 def test_best_picks_ema_or_raw_by_the_chosen_metric():
-    history = [{"epoch": 0, "val": {"accuracy": 0.8, "loss": 0.5}, "val_ema": {"accuracy": 0.9, "loss": 0.6}},
-               {"epoch": 1, "val": {"accuracy": 0.85, "loss": 0.4}}]
+    history = [
+        {"epoch": 0, "val": {"accuracy": 0.8, "loss": 0.5}, "val_ema": {"accuracy": 0.9, "loss": 0.6}},
+        {"epoch": 1, "val": {"accuracy": 0.85, "loss": 0.4}},
+    ]
     assert (recipe.best(history)[0]["epoch"], recipe.best(history)[1]) == (0, "val_ema")
     assert (recipe.best(history, "loss")[0]["epoch"], recipe.best(history, "loss")[1]) == (1, "val")
 
@@ -183,11 +209,36 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
         acc = script[desc][calls[desc]]
         calls[desc] += 1
         return engine.PhaseResult(loss=1 - acc, accuracy=acc, images=8, seconds=0.1)
+
     monkeypatch.setattr(engine, "evaluate", scripted)
     out = tmp_path / "run"
-    assert cli.main(["train", "--data", str(small_data), *FAST, "--batch-size", "8", "--epochs", "6",
-                     "--recipe", "modern", "--ema", "0.9", "--early-stop", "2", "--keep-last", "10",
-                     "--num-workers", "0", "--output-dir", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--data",
+                str(small_data),
+                *FAST,
+                "--batch-size",
+                "8",
+                "--epochs",
+                "6",
+                "--recipe",
+                "modern",
+                "--ema",
+                "0.9",
+                "--early-stop",
+                "2",
+                "--keep-last",
+                "10",
+                "--num-workers",
+                "0",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     history = json.loads((out / "history.json").read_text())
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
     summary = json.loads((out / "summary.json").read_text())
@@ -196,9 +247,15 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
     best = load_file(str(out / "best.safetensors"))
     assert best.keys() and all(torch.equal(best[k], ema["module." + k]) for k in best)
     config = json.loads((out / "config.json").read_text())["config"]
-    assert (config["recipe"], config["optimizer"], config["lr_schedule"], config["label_smoothing"],
-            config["augment"], config["ema"], config["normalize"]) == ("modern", "adamw", "cosine", 0.1, "trivial",
-                                                                      0.9, "data")
+    assert (
+        config["recipe"],
+        config["optimizer"],
+        config["lr_schedule"],
+        config["label_smoothing"],
+        config["augment"],
+        config["ema"],
+        config["normalize"],
+    ) == ("modern", "adamw", "cosine", 0.1, "trivial", 0.9, "data")
 
 
 def test_normalize_modes_resolve_to_recorded_statistics():
@@ -233,8 +290,29 @@ def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp
     from visiontune import cli
 
     out = tmp_path / "lrf"
-    assert cli.main(["lr-find", "--data", str(small_data), *FAST, "--batch-size", "8", "--num-workers", "0",
-                     "--steps", "12", "--start-lr", "1e-4", "--end-lr", "1", "--output-dir", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "lr-find",
+                "--data",
+                str(small_data),
+                *FAST,
+                "--batch-size",
+                "8",
+                "--num-workers",
+                "0",
+                "--steps",
+                "12",
+                "--start-lr",
+                "1e-4",
+                "--end-lr",
+                "1",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     line = capsys.readouterr().out.strip().splitlines()[-1]
     rec = json.loads((out / "lr_find.json").read_text())
     lrs = rec["lrs"]

@@ -1,5 +1,6 @@
 """report.html: self-contained, rebuilt by `visiontune report`, and checked in a real headless Chromium
 (marked ``browser``; `make test` installs Chromium, the rest of the suite never needs it)."""
+
 from __future__ import annotations
 
 import json
@@ -108,17 +109,34 @@ CHECK = """<script>window.addEventListener("load", () => {
 def test_the_page_in_a_headless_browser(run, tmp_path):
     page = tmp_path / "page.html"
     page.write_text((run / "report.html").read_text().replace("</body>", CHECK + "</body>"))
-    done = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
-                           "--host-resolver-rules=MAP * ~NOTFOUND",  # any network request would fail loudly
-                           "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-                          check=False, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",  # any network request would fail loudly
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
     assert console == []
     assert re.search(r'data-images="3"', done.stdout) and re.search(r'data-broken="0"', done.stdout)
-    sources = {"summary": json.loads((run / "summary.json").read_text()),
-               "eval": json.loads((run / "eval.json").read_text())}
+    sources = {
+        "summary": json.loads((run / "summary.json").read_text()),
+        "eval": json.loads((run / "eval.json").read_text()),
+    }
     cells = parse(done.stdout).cells
     for src, path, text in cells:
         assert text == shown(value(sources[src], path)), (src, path)
@@ -126,5 +144,10 @@ def test_the_page_in_a_headless_browser(run, tmp_path):
     checked = {(src, tuple(path)) for src, path, _ in cells}
     for name in ev["classes"]:
         assert ("eval", ("per_class", name, "f1")) in checked
-    assert {("eval", ("accuracy",)), ("eval", ("ece",)), ("eval", ("averages", "macro", "f1")),
-            ("summary", ("best_val_accuracy",)), ("eval", ("top_losses", 0, "loss"))} <= checked
+    assert {
+        ("eval", ("accuracy",)),
+        ("eval", ("ece",)),
+        ("eval", ("averages", "macro", "f1")),
+        ("summary", ("best_val_accuracy",)),
+        ("eval", ("top_losses", 0, "loss")),
+    } <= checked

@@ -1,4 +1,5 @@
 """The run's self-description: written into safetensors metadata, read back, older runs described, damage named."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The run folder: one run at a time holds it, a crash frees it, and it is made or refused before any work."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,10 @@ from trainrun import TINY
 from visiontune import cli, runlock
 from visiontune.data import jobdata
 
-HOLD = ("import sys, time; from visiontune import runlock\n"
-        "with runlock.hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)")
+HOLD = (
+    "import sys, time; from visiontune import runlock\n"
+    "with runlock.hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)"
+)
 
 
 def _train(data, out, *extra):
@@ -25,8 +28,10 @@ def _train(data, out, *extra):
 @pytest.fixture
 def no_scan(monkeypatch):
     """Fail the test if training gets as far as the bad-file scan."""
+
     def scan(*a, **kw):
         raise AssertionError("the scan ran before the run folder was checked")
+
     monkeypatch.setattr(jobdata, "scan", scan)
 
 
@@ -41,8 +46,7 @@ def test_a_second_run_into_a_held_folder_is_refused_naming_the_holder(tmp_path, 
 
 def test_the_lock_of_a_killed_holder_is_free_at_once(tmp_path, worker_env):
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=worker_env, stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=worker_env, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(cli.UserError, match=f"pid {holder.pid} on host"):
         with runlock.hold(str(out)):
@@ -74,8 +78,9 @@ def _mount_tmpfs(path, options: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    )
 
 
 def test_a_read_only_output_dir_is_refused_before_the_scan(tmp_path, small_data, capsys, no_scan):

@@ -1,5 +1,6 @@
 """Start-up at scale: one listing per job, a scan no collective times out on, one decode per cached file,
 and a split record that round-trips at size with a stable hash."""
+
 from __future__ import annotations
 
 import hashlib
@@ -21,12 +22,25 @@ from visiontune.data.split import (
 )
 from visiontune.sample_data import make_sample_data
 
-TINY = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--no-progress", "--epochs", "1",
-        "--batch-size", "4", "--num-workers", "0"]
+TINY = [
+    "--model",
+    "squeezenet1_1",
+    "--weights",
+    "none",
+    "--image-size",
+    "32",
+    "--no-progress",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "4",
+    "--num-workers",
+    "0",
+]
 
 # Loaded into every Python process of a subprocess job (the launcher and each worker) through PYTHONPATH:
 # counts discover() calls and decodes, and makes each decode slow.
-HOOKS = '''
+HOOKS = """
 import os, threading, time
 if os.environ.get("VT_TEST_LOG"):
     import visiontune.data.check as check
@@ -50,7 +64,7 @@ if os.environ.get("VT_TEST_LOG"):
         return real_check(*args, **kwargs)
 
     layouts.discover, check._check_one = discover, slow_check
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +81,37 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
     log = tmp_path / "calls.log"
     env = _worker_env()
     # 20 files x 0.8 s, one at a time: the scan takes >= 16 s, twice --timeout.
-    env.update(PYTHONPATH=f"{hooks}:{env['PYTHONPATH']}", VT_TEST_LOG=str(log), VT_TEST_DECODE_DELAY="0.8",
-               VISIONTUNE_CACHE_DIR=str(tmp_path / "cache"))
+    env.update(
+        PYTHONPATH=f"{hooks}:{env['PYTHONPATH']}",
+        VT_TEST_LOG=str(log),
+        VT_TEST_DECODE_DELAY="0.8",
+        VISIONTUNE_CACHE_DIR=str(tmp_path / "cache"),
+    )
     out = tmp_path / "run"
-    done = subprocess.run([PYTHON, "-m", "visiontune", "train", "--data", str(data), *TINY, "--strategy", "ddp",
-                           "--nproc", "2", "--timeout", "8", "--output-dir", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "visiontune",
+            "train",
+            "--data",
+            str(data),
+            *TINY,
+            "--strategy",
+            "ddp",
+            "--nproc",
+            "2",
+            "--timeout",
+            "8",
+            "--output-dir",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     calls = Counter(line.split()[0] for line in log.read_text().splitlines())
     assert calls["discover"] == 1, calls  # the command listed the folder; neither worker did
@@ -105,15 +144,45 @@ def test_first_cached_run_decodes_each_file_exactly_once(data, tmp_path, monkeyp
         (data_copy / "train" / f.name).write_bytes(f.read_bytes())
     (data_copy / "train" / "cat.99.jpg").write_bytes(b"not a jpeg")  # a bad file: found by the build
     run = tmp_path / "run"
-    assert main(["train", "--data", str(data_copy), *TINY, "--cache", str(tmp_path / "c"), "--max-bad-fraction", "0.1",
-                 "--output-dir", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data_copy),
+                *TINY,
+                "--cache",
+                str(tmp_path / "c"),
+                "--max-bad-fraction",
+                "0.1",
+                "--output-dir",
+                str(run),
+            ]
+        )
+        == 0
+    )
     files = sorted(str(p) for p in (data_copy / "train").iterdir())
     assert sorted(decoded) == files  # 21 files, 21 decodes
     rows = (run / "bad_files.csv").read_text().splitlines()[1:]
     assert [r.split(",")[0] for r in rows] == [str(data_copy / "train" / "cat.99.jpg")]
     decoded.clear()
-    assert main(["train", "--data", str(data_copy), *TINY, "--cache", str(tmp_path / "c"), "--max-bad-fraction", "0.1",
-                 "--output-dir", str(tmp_path / "again")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data_copy),
+                *TINY,
+                "--cache",
+                str(tmp_path / "c"),
+                "--max-bad-fraction",
+                "0.1",
+                "--output-dir",
+                str(tmp_path / "again"),
+            ]
+        )
+        == 0
+    )
     assert decoded == []  # the warm cache decodes nothing, and still knows the bad file
     assert (tmp_path / "again" / "bad_files.csv").read_text() == (run / "bad_files.csv").read_text()
 
@@ -129,8 +198,10 @@ def test_split_record_round_trips_at_100k_files_with_a_stable_hash(tmp_path):
     assert back == record and back["counts"] == {"train": 80_000, "val": 20_000}
     assert summary == {k: v for k, v in record.items() if k not in ("train", "val")}
     # The hash is the one every earlier release wrote (resume compares it): computed here independently.
-    lists = {"train": [paths[i][len("/data/"):] for i in split.train],
-             "val": [paths[i][len("/data/"):] for i in split.val]}
+    lists = {
+        "train": [paths[i][len("/data/") :] for i in split.train],
+        "val": [paths[i][len("/data/") :] for i in split.val],
+    }
     assert back["sha256"] == hashlib.sha256(json.dumps(lists, sort_keys=True).encode()).hexdigest()
     assert split_record(make_split(n, 0.2, 7), paths, "/data/", 7, 0.2)["sha256"] == back["sha256"]
     raw = (tmp_path / "split.json").read_bytes()
@@ -138,5 +209,6 @@ def test_split_record_round_trips_at_100k_files_with_a_stable_hash(tmp_path):
     record_text = json.dumps(record)
     (tmp_path / "edited.json").write_text(record_text.replace("img_000001", "img_999999"))
     from visiontune.config import UserError
+
     with pytest.raises(UserError, match="do not match its sha256"):
         read_record(str(tmp_path / "edited.json"))

@@ -6,6 +6,7 @@ one-process "machines" on localhost -- and the tests read what each left behind.
 so that nothing divides evenly: 101 val images (batch 5 per process, 2 processes) and 19 train
 images, i.e. 3 full batches of 5 of which the third has no partner on the other rank.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,20 @@ from visiontune.sample_data import make_sample_data
 
 PER_PROCESS, WORLD, TRAIN, VAL = 5, 2, 19, 101
 LR, REFERENCE = 0.01, 5
-RUN = [*FAST, "--epochs", "1", "--batch-size", str(PER_PROCESS), "--val-fraction", "0.84",
-       "--lr", str(LR), "--scale-lr", "--reference-batch", str(REFERENCE)]
+RUN = [
+    *FAST,
+    "--epochs",
+    "1",
+    "--batch-size",
+    str(PER_PROCESS),
+    "--val-fraction",
+    "0.84",
+    "--lr",
+    str(LR),
+    "--scale-lr",
+    "--reference-batch",
+    str(REFERENCE),
+]
 CORES = len(os.sched_getaffinity(0))
 ACCELERATE = [PYTHON, "-m", "accelerate.commands.accelerate_cli"]  # what the `accelerate` command runs
 
@@ -64,8 +77,9 @@ def _run_all(commands: dict[str, tuple[list[str], Path]], logs: Path, timeout: f
     for name, (cmd, cwd) in commands.items():
         cwd.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "w") as log:
-            procs[name] = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+            procs[name] = subprocess.Popen(
+                cmd, cwd=cwd, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
     out = {}
     for name, proc in procs.items():
         try:
@@ -81,28 +95,97 @@ def _run_all(commands: dict[str, tuple[list[str], Path]], logs: Path, timeout: f
 def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
     root = tmp_path_factory.mktemp("launch")
     train = ["train", "--data", str(sample_data), *RUN]
-    node = [PYTHON, "-m", "visiontune", *train, "--strategy", "ddp", "--nnodes", "2", "--nproc", "1",
-            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--output-dir", str(root / "shared")]
+    node = [
+        PYTHON,
+        "-m",
+        "visiontune",
+        *train,
+        "--strategy",
+        "ddp",
+        "--nnodes",
+        "2",
+        "--nproc",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "--output-dir",
+        str(root / "shared"),
+    ]
     commands = {
-        "visiontune": ([PYTHON, "-m", "visiontune", *train, "--strategy", "ddp", "--nproc", str(WORLD),
-                        "--output-dir", str(root / "visiontune")], root),
-        "torchrun": ([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
-                      "-m", "visiontune", *train, "--output-dir", str(root / "torchrun")], root),
+        "visiontune": (
+            [
+                PYTHON,
+                "-m",
+                "visiontune",
+                *train,
+                "--strategy",
+                "ddp",
+                "--nproc",
+                str(WORLD),
+                "--output-dir",
+                str(root / "visiontune"),
+            ],
+            root,
+        ),
+        "torchrun": (
+            [
+                PYTHON,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(WORLD),
+                "-m",
+                "visiontune",
+                *train,
+                "--output-dir",
+                str(root / "torchrun"),
+            ],
+            root,
+        ),
         # `--cpu` would start one process (Accelerate's multi-CPU mode needs mpirun); `--multi_gpu` runs
         # torch.distributed.run, and visiontune's Accelerator(cpu=True) then joins the processes with gloo.
-        "accelerate": ([*ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(WORLD), "--num_machines", "1",
-                        "--mixed_precision", "no", "--dynamo_backend", "no",
-                        "--main_process_port", str(_free_port()), "-m", "visiontune", *train,
-                        "--output-dir", str(root / "accelerate")], root),
+        "accelerate": (
+            [
+                *ACCELERATE,
+                "launch",
+                "--multi_gpu",
+                "--num_processes",
+                str(WORLD),
+                "--num_machines",
+                "1",
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "--main_process_port",
+                str(_free_port()),
+                "-m",
+                "visiontune",
+                *train,
+                "--output-dir",
+                str(root / "accelerate"),
+            ],
+            root,
+        ),
         # Each "machine" has its own working folder, and both the same run folder (as on a shared file
         # system). Machine 1 reads its own copy of the data, at another path (the split must still agree).
         "machine0": ([*node, "--node-rank", "0"], root / "machine0"),
-        "machine1": ([*node, "--node-rank", "1", "--data", str(shutil.copytree(sample_data, root / "copy"))],
-                     root / "machine1"),
+        "machine1": (
+            [*node, "--node-rank", "1", "--data", str(shutil.copytree(sample_data, root / "copy"))],
+            root / "machine1",
+        ),
     }
     done = _run_all(commands, root)
-    dirs = {"visiontune": root / "visiontune", "torchrun": root / "torchrun", "accelerate": root / "accelerate",
-            "machine0": root / "shared", "machine1": root / "machine1"}
+    dirs = {
+        "visiontune": root / "visiontune",
+        "torchrun": root / "torchrun",
+        "accelerate": root / "accelerate",
+        "machine0": root / "shared",
+        "machine1": root / "machine1",
+    }
     return {name: Job(code, log, dirs[name]) for name, (code, log) in done.items()}
 
 
@@ -134,8 +217,13 @@ def test_setup_is_printed_and_recorded(jobs):
     assert job.code == 0, job.log
     assert f"batch {PER_PROCESS} per process, global batch {PER_PROCESS * WORLD}, lr 0.02 " in job.log
     setup, summary = job.read("config.json")["setup"], job.read("summary.json")
-    expected = {"strategy": "ddp", "world_size": WORLD, "per_process_batch": PER_PROCESS,
-                "global_batch": PER_PROCESS * WORLD, "lr": LR * PER_PROCESS * WORLD / REFERENCE}
+    expected = {
+        "strategy": "ddp",
+        "world_size": WORLD,
+        "per_process_batch": PER_PROCESS,
+        "global_batch": PER_PROCESS * WORLD,
+        "lr": LR * PER_PROCESS * WORLD / REFERENCE,
+    }
     for record in (setup, summary):
         assert {k: record[k] for k in expected} == expected
         assert len(record["devices"]) == WORLD and all(d.startswith("cpu") for d in record["devices"])
@@ -182,14 +270,50 @@ def tiny_data(tmp_path_factory) -> Path:
 def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path):
     # ViT has neither BatchNorm (SyncBatchNorm does not run on the CPU) nor dropout, so the two runs
     # must compute the same thing; vit_b_32 is the smallest torchvision model without either.
-    common = ["--data", str(tiny_data), "--model", "vit_b_32", "--weights", "none", "--image-size", "224",
-              "--no-progress", "--epochs", "1", "--val-fraction", "0.3"]
+    common = [
+        "--data",
+        str(tiny_data),
+        "--model",
+        "vit_b_32",
+        "--weights",
+        "none",
+        "--image-size",
+        "224",
+        "--no-progress",
+        "--epochs",
+        "1",
+        "--val-fraction",
+        "0.3",
+    ]
     # DDP asks for its lr through --scale-lr (0.005 x 2 / 1), the single run states it: equal weights
     # then also prove that the scaled lr is the one the optimizer used.
-    ddp = subprocess.Popen([PYTHON, "-m", "visiontune", "train", *common, "--strategy", "ddp", "--nproc", "2",
-                            "--batch-size", "1", "--lr", "0.005", "--scale-lr", "--reference-batch", "1",
-                            "--output-dir", str(tmp_path / "ddp")], env=_env(), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    ddp = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "visiontune",
+            "train",
+            *common,
+            "--strategy",
+            "ddp",
+            "--nproc",
+            "2",
+            "--batch-size",
+            "1",
+            "--lr",
+            "0.005",
+            "--scale-lr",
+            "--reference-batch",
+            "1",
+            "--output-dir",
+            str(tmp_path / "ddp"),
+        ],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:  # the single run trains here meanwhile
         assert main(["train", *common, "--batch-size", "2", "--lr", "0.01", "--output-dir", str(tmp_path / "one")]) == 0
         log = ddp.communicate(timeout=900)[0]
@@ -197,8 +321,9 @@ def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path)
         if ddp.poll() is None:
             os.killpg(ddp.pid, signal.SIGKILL)  # the agent and its workers
     assert ddp.returncode == 0, log
-    steps = [[h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())]
-             for d in ("ddp", "one")]
+    steps = [
+        [h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())] for d in ("ddp", "one")
+    ]
     assert steps == [[4], [4]]
     a = load_file(str(tmp_path / "ddp" / "best.safetensors"))  # one epoch: best is the final model
     b = load_file(str(tmp_path / "one" / "best.safetensors"))
@@ -209,8 +334,25 @@ def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path)
 
 def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, capsys):
     out = tmp_path / "dp"
-    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--batch-size", "16",
-                 "--strategy", "dp", "--output-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(sample_data),
+                *FAST,
+                "--epochs",
+                "1",
+                "--batch-size",
+                "16",
+                "--strategy",
+                "dp",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     notices = [line for line in capsys.readouterr().out.splitlines() if "DataParallel" in line]
     assert len(notices) == 1 and "gives no parallelism here" in notices[0]
     state = load_file(str(out / "best.safetensors"))
@@ -226,8 +368,22 @@ def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, ca
 @pytest.mark.skipif(torch.cuda.is_available(), reason="SyncBatchNorm is refused on CPU-only machines only")
 def test_sync_batchnorm_on_a_cpu_is_one_line_before_any_worker(sample_data, tmp_path, capsys):
     out = tmp_path / "r"
-    assert main(["train", "--data", str(sample_data), *FAST, "--strategy", "ddp", "--sync-batchnorm",
-                 "--output-dir", str(out)]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(sample_data),
+                *FAST,
+                "--strategy",
+                "ddp",
+                "--sync-batchnorm",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--sync-batchnorm needs GPUs" in err[0]
     assert not out.exists()

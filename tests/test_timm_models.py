@@ -1,4 +1,5 @@
 """timm and Hugging Face Hub models: specs, heads by the library's own name, preprocessing, offline errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,7 +21,9 @@ def test_timm_head_is_sized_by_timm_and_found_by_its_name(name, head):
     reference = timm.create_model(name[5:], num_classes=3)
     assert head_names(model) == [head] == [reference.pretrained_cfg["classifier"]]
     assert model.get_classifier() is model.get_submodule(head)
-    assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in reference.state_dict().items()}
+    assert {k: v.shape for k, v in model.state_dict().items()} == {
+        k: v.shape for k, v in reference.state_dict().items()
+    }
     trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
     assert trainable == sorted(f"{head}.{p}" for p, _ in model.get_submodule(head).named_parameters())
     assert model.eval()(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
@@ -31,9 +34,13 @@ def test_preprocessing_comes_from_the_pretrained_config():
 
     p = get_spec("timm/vit_tiny_patch16_224").preprocess
     cfg = resolve_data_config(model=timm.create_model("vit_tiny_patch16_224", pretrained=False))
-    assert (p.size, p.mean, p.std, p.interpolation) == (224, cfg["mean"], cfg["std"], "bicubic") == (
-        cfg["input_size"][-1], (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), cfg["interpolation"])
+    assert (
+        (p.size, p.mean, p.std, p.interpolation)
+        == (224, cfg["mean"], cfg["std"], "bicubic")
+        == (cfg["input_size"][-1], (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), cfg["interpolation"])
+    )
     import torchvision
+
     t = torchvision.models.Inception_V3_Weights.DEFAULT.transforms()
     p = get_spec("inception_v3").preprocess
     assert (p.size, list(p.mean), p.interpolation) == (299, t.mean, "bilinear")
@@ -41,9 +48,14 @@ def test_preprocessing_comes_from_the_pretrained_config():
     assert get_spec("timm/convnext_nano.in12k_ft_in1k").preprocess.size == 224
 
 
-@pytest.mark.parametrize("name,msg", [("timm/not_a_model", "unknown timm model 'not_a_model'"),
-                                      ("timm/convnext_nano.nosuchtag", "Invalid pretrained tag"),
-                                      ("notamodel", "hf-hub:ORG/NAME")])
+@pytest.mark.parametrize(
+    "name,msg",
+    [
+        ("timm/not_a_model", "unknown timm model 'not_a_model'"),
+        ("timm/convnext_nano.nosuchtag", "Invalid pretrained tag"),
+        ("notamodel", "hf-hub:ORG/NAME"),
+    ],
+)
 def test_unknown_names(name, msg):
     with pytest.raises(UserError, match=msg):
         get_spec(name)
@@ -71,8 +83,11 @@ def test_unknown_hub_repository_names_it(monkeypatch):
         raise err
 
     monkeypatch.setattr(_hub, "load_model_config_from_hf", missing)
-    with pytest.raises(UserError, match=r"no model 'hf-hub:someone/nothing' on the Hugging Face Hub.*"
-                                        r"huggingface.co/someone/nothing"):
+    with pytest.raises(
+        UserError,
+        match=r"no model 'hf-hub:someone/nothing' on the Hugging Face Hub.*"
+        r"huggingface.co/someone/nothing",
+    ):
         get_spec("hf-hub:someone/nothing")
 
 
@@ -97,8 +112,19 @@ def test_offline_hub_model_is_one_line_and_exit_2(tmp_path, sample_data, monkeyp
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    rc = main(["train", "--data", str(sample_data), "--output-dir", str(tmp_path / "run"),
-               "--model", "hf-hub:timm/test_vit.r160_in1k", "--weights", "none"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(sample_data),
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--model",
+            "hf-hub:timm/test_vit.r160_in1k",
+            "--weights",
+            "none",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "hf-hub:timm/test_vit.r160_in1k" in err and str(tmp_path / "hf" / "hub") in err

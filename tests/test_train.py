@@ -1,4 +1,5 @@
 """End to end: `visiontune train` in-process on tiny synthetic data."""
+
 from __future__ import annotations
 
 import csv
@@ -29,8 +30,16 @@ def run(trained_run):
 
 
 def test_every_output_exists_and_loads(run):
-    for name in ["best.safetensors", "classes.json", "config.json", "split.json", "history.json",
-                 "metrics.csv", "training_results.png", "summary.json"]:
+    for name in [
+        "best.safetensors",
+        "classes.json",
+        "config.json",
+        "split.json",
+        "history.json",
+        "metrics.csv",
+        "training_results.png",
+        "summary.json",
+    ]:
         assert (run / name).is_file(), name
     assert not (run / "best.pth").exists()  # the same tensors twice only with --save-pth
     assert json.loads((run / "classes.json").read_text()) == ["cat", "dog"]
@@ -75,9 +84,19 @@ def logged(sample_data, tmp_path_factory) -> Logged:
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
     with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
         mp.setenv("VISIONTUNE_PROGRESS_SECONDS", "0")
-        summary = train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", image_size=32,
-                                    epochs=1, batch_size=16, output_dir=str(run_dir), log_with=tracker,
-                                    save_pth=True))
+        summary = train(
+            TrainConfig(
+                data=str(sample_data),
+                model="resnet18",
+                weights="none",
+                image_size=32,
+                epochs=1,
+                batch_size=16,
+                output_dir=str(run_dir),
+                log_with=tracker,
+                save_pth=True,
+            )
+        )
     return Logged(summary, out.getvalue(), err.getvalue(), run_dir)
 
 
@@ -120,30 +139,47 @@ def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
     given = []
     monkeypatch.setattr(trainer, "train", lambda cfg, images=None: given.append(cfg))
     toml = tmp_path / "run.toml"
-    toml.write_text('model = "resnet18"\nweights = "none"\nimage_size = 32\nepochs = 1\nbatch_size = 32\n'
-                    'lr = 0.05\nprogress = false\n')
+    toml.write_text(
+        'model = "resnet18"\nweights = "none"\nimage_size = 32\nepochs = 1\nbatch_size = 32\n'
+        "lr = 0.05\nprogress = false\n"
+    )
     assert main(["train", "--data", str(sample_data), "--config", str(toml), "--lr", "0.02"]) == 0
     cfg = given[-1]
     assert (cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.image_size) == ("resnet18", 1, 32, 0.02, 32)
     # An earlier run's config.json works as --config too, and holds what that run was given.
     written = json.loads((run / "config.json").read_text())["config"]
     assert (written["epochs"], written["batch_size"], written["lr"]) == (2, 16, 0.02)
-    assert main(["train", "--data", str(sample_data), "--config", str(run / "config.json"),
-                 "--output-dir", str(tmp_path / "r2")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(sample_data),
+                "--config",
+                str(run / "config.json"),
+                "--output-dir",
+                str(tmp_path / "r2"),
+            ]
+        )
+        == 0
+    )
     assert given[-1] == TrainConfig(**{**written, "output_dir": str(tmp_path / "r2")})
     assert not (tmp_path / "r2").exists()
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--data", "/nonexistent/x"], "data folder not found"),
-    (["--model", "resnet999"], "unknown model"),
-    (["--weights", "IMAGENET9K"], "unknown weights"),
-    (["--batch-size", "0"], "--batch-size must be a positive integer"),
-    (["--epochs", "-1"], "--epochs must be a positive integer"),
-    (["--val-fraction", "0.999"], "empty"),
-    (["--batch-size", "500"], "fewer than one global batch"),
-    (["--strategy", "fsdp"], "argument --strategy: invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--data", "/nonexistent/x"], "data folder not found"),
+        (["--model", "resnet999"], "unknown model"),
+        (["--weights", "IMAGENET9K"], "unknown weights"),
+        (["--batch-size", "0"], "--batch-size must be a positive integer"),
+        (["--epochs", "-1"], "--epochs must be a positive integer"),
+        (["--val-fraction", "0.999"], "empty"),
+        (["--batch-size", "500"], "fewer than one global batch"),
+        (["--strategy", "fsdp"], "argument --strategy: invalid choice"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path, capsys, args, msg):
     base = ["train", "--data", str(sample_data), *FAST, "--epochs", "1", "--output-dir", str(tmp_path / "r")]
     assert main(base + args) == 2
@@ -172,9 +208,29 @@ def test_tensorboard_tracker_logs_the_metrics_and_every_steps_loss_and_lr(logged
 
 def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data, tmp_path):
     out = tmp_path / "r"
-    assert main(["train", "--data", str(sample_data), *FAST, "--epochs", "2", "--batch-size", "16",
-                 "--grad-accum", "2", "--lr", "0.1", "--lr-schedule", "cosine",
-                 "--output-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(sample_data),
+                *FAST,
+                "--epochs",
+                "2",
+                "--batch-size",
+                "16",
+                "--grad-accum",
+                "2",
+                "--lr",
+                "0.1",
+                "--lr-schedule",
+                "cosine",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     history = json.loads((out / "history.json").read_text())
     # 96 images / 16 = 6 batches = 3 optimizer steps per epoch; T_max = 6 steps.
     assert history[0]["lr"] == pytest.approx(0.1 * (1 + math.cos(math.pi * 3 / 6)) / 2)

@@ -1,4 +1,5 @@
 """Test-time augmentation: the wrapper's output is the log of the mean probability of its views."""
+
 from __future__ import annotations
 
 import pytest

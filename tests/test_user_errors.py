@@ -1,4 +1,5 @@
 """Bad input ends in one line and exit code 2, before any long work; small promises about files kept."""
+
 from __future__ import annotations
 
 import csv
@@ -24,8 +25,10 @@ from visiontune.sample_data import make_sample_data
 @pytest.fixture
 def no_scan(monkeypatch):
     """Fail the test if training gets as far as the bad-file scan."""
+
     def scan(*a, **kw):
         raise AssertionError("the scan ran: the problem was found too late")
+
     monkeypatch.setattr(jobdata, "scan", scan)
 
 
@@ -41,19 +44,27 @@ def _train(data, out, *extra):
     return ["train", "--data", str(data), "--output-dir", str(out), *FAST, *extra]
 
 
-@pytest.mark.parametrize("flag,value,says", [
-    ("--momentum", "-1", "--momentum"), ("--timeout", "0", "--timeout"), ("--weight-decay", "-0.1", "--weight-decay"),
-])
+@pytest.mark.parametrize(
+    "flag,value,says",
+    [
+        ("--momentum", "-1", "--momentum"),
+        ("--timeout", "0", "--timeout"),
+        ("--weight-decay", "-0.1", "--weight-decay"),
+    ],
+)
 def test_out_of_range_numbers_are_refused(tmp_path, small_data, capsys, no_scan, flag, value, says):
     assert cli.main(_train(small_data, tmp_path / "run", flag, value)) == 2
     _one_line(capsys, says)
 
 
-@pytest.mark.parametrize("text,says", [
-    ('epochs = "2"', "epochs = '2' is not of type int"),
-    ('channels_last = "no"', "channels_last = 'no' is not of type bool"),
-    ("lr = true", "lr = True is not of type float"),
-])
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ('epochs = "2"', "epochs = '2' is not of type int"),
+        ('channels_last = "no"', "channels_last = 'no' is not of type bool"),
+        ("lr = true", "lr = True is not of type float"),
+    ],
+)
 def test_config_values_of_the_wrong_type_are_refused(tmp_path, small_data, capsys, text, says):
     (tmp_path / "c.toml").write_text(text + "\n")
     assert cli.main([*_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
@@ -101,8 +112,19 @@ def test_predict_out_under_a_file_is_refused_before_the_forward_pass(tmp_path, s
     from visiontune import inference
 
     monkeypatch.setattr(inference, "forward", lambda *a, **kw: pytest.fail("the forward pass ran"))
-    args = ["predict", "--weights", str(tmp_path / "w.safetensors"), "--model", "squeezenet1_1", "--classes",
-            "cat,dog", "--data", str(small_data / "train"), "--out", str(tmp_path / "file" / "preds.csv")]
+    args = [
+        "predict",
+        "--weights",
+        str(tmp_path / "w.safetensors"),
+        "--model",
+        "squeezenet1_1",
+        "--classes",
+        "cat,dog",
+        "--data",
+        str(small_data / "train"),
+        "--out",
+        str(tmp_path / "file" / "preds.csv"),
+    ]
     assert cli.main(args) == 2
     _one_line(capsys, "--out", "is a file, not a folder")
 
@@ -121,6 +143,7 @@ def test_an_unreadable_class_folder_is_named(tmp_path, capsys, monkeypatch):
             if Path(path) == locked:
                 raise PermissionError(13, "Permission denied", str(path))
             return real(path)
+
         monkeypatch.setattr(os, "scandir", scandir)
     try:
         assert cli.main(["check", str(data)]) == 2
@@ -165,8 +188,9 @@ def test_written_files_respect_the_umask(tmp_path, small_data):
 
 
 def test_a_closed_pipe_ends_quietly(worker_env):
-    proc = subprocess.Popen([sys.executable, "-m", "visiontune", "models"], env=worker_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "visiontune", "models"], env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     proc.stdout.close()  # `| head` that has read enough: every write now fails with EPIPE
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141

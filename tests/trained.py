@@ -8,6 +8,7 @@ here, so a preprocessing or loading mistake in visiontune shows up as a
 difference. ``independent_eval`` scores a run's ``best.safetensors`` over its recorded
 validation files the same way, for comparison with the metrics the run reports.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,24 @@ def train_run(out: Path, data: Path) -> Path:
     # One thread: on a shared 2-core machine two threads contend and run several times slower.
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(strategy, "cpu_budget", lambda: 1)
-        rc = main(["train", "--data", str(data), "--output-dir", str(out), "--epochs", "2", "--batch-size", "16",
-                   "--lr", "0.02", "--num-workers", "0", *FAST])
+        rc = main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--output-dir",
+                str(out),
+                "--epochs",
+                "2",
+                "--batch-size",
+                "16",
+                "--lr",
+                "0.02",
+                "--num-workers",
+                "0",
+                *FAST,
+            ]
+        )
     assert rc == 0
     return out
 

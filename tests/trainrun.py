@@ -5,6 +5,7 @@ Dropout layer, so a resume that failed to restore the RNG state would diverge)
 with deterministic settings: no augmentation, no loader workers. A run's final
 weights are those of its last epoch-end checkpoint, compared with ``torch.equal``.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -17,8 +18,23 @@ import torch
 from safetensors.torch import load_file
 
 PYTHON = sys.executable
-TINY = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--no-progress",
-        "--num-workers", "0", "--batch-size", "4", "--epochs", "2", "--timeout", "60"]
+TINY = [
+    "--model",
+    "squeezenet1_1",
+    "--weights",
+    "none",
+    "--image-size",
+    "32",
+    "--no-progress",
+    "--num-workers",
+    "0",
+    "--batch-size",
+    "4",
+    "--epochs",
+    "2",
+    "--timeout",
+    "60",
+]
 
 
 def train_argv(data: Path, out: Path, *extra: str) -> list[str]:

@@ -3,6 +3,7 @@ on one CPU or many GPUs, with the same command.
 
 Python API: ``visiontune.train(TrainConfig(data=..., ...)) -> summary dict``.
 """
+
 from visiontune.config import TrainConfig, UserError
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """Entry point for ``python -m visiontune``: hands the command line to the CLI."""
+
 import sys
 
 from visiontune.cli import main

@@ -13,6 +13,7 @@ large spread or a loaded machine is reported as "noisy machine", without
 guessing a cause. The results go to ``bench.md`` (the blog's table),
 ``bench.json`` and ``bench.png``.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,13 @@ def machine() -> dict:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    gpus = [{"name": torch.cuda.get_device_name(i),
-             "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
-            for i in range(torch.cuda.device_count())]
+    gpus = [
+        {
+            "name": torch.cuda.get_device_name(i),
+            "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+        }
+        for i in range(torch.cuda.device_count())
+    ]
     return {"cpu": cpu, "cores": available_cores(), "gpus": gpus, **versions()}
 
 
@@ -61,8 +66,15 @@ def plan(cfg: TrainConfig, strategies: list[str], nproc: int, same: str) -> list
             per_process = cfg.batch_size * nproc // procs
         else:  # the blog's setting: batch per device
             per_process = cfg.batch_size * devices // procs
-        rows.append({"strategy": s, "devices": devices, "processes": procs, "per_process_batch": per_process,
-                     "global_batch": per_process * procs})
+        rows.append(
+            {
+                "strategy": s,
+                "devices": devices,
+                "processes": procs,
+                "per_process_batch": per_process,
+                "global_batch": per_process * procs,
+            }
+        )
     return rows
 
 
@@ -74,8 +86,20 @@ def run_one(row: dict, train_argv: list[str], out_dir: Path, repeat: int = 0) ->
     """Train one strategy in a fresh process and read back its summary."""
     run_dir = out_dir / (row["strategy"] + (f".{repeat + 1}" if repeat else ""))
     load = load_per_core()
-    cmd = [sys.executable, "-m", "visiontune", "train", *train_argv, "--strategy", row["strategy"],
-           "--batch-size", str(row["per_process_batch"]), "--output-dir", str(run_dir), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "visiontune",
+        "train",
+        *train_argv,
+        "--strategy",
+        row["strategy"],
+        "--batch-size",
+        str(row["per_process_batch"]),
+        "--output-dir",
+        str(run_dir),
+        "--no-progress",
+    ]
     if row["strategy"] == "ddp":
         cmd += ["--nproc", str(row["processes"])]
     print(f"visiontune bench: {row['strategy']}{f' (repeat {repeat + 1})' if repeat else ''} ...", flush=True)
@@ -86,12 +110,21 @@ def run_one(row: dict, train_argv: list[str], out_dir: Path, repeat: int = 0) ->
     summary = json.loads((run_dir / "summary.json").read_text())
     last = json.loads((run_dir / "history.json").read_text())[-1]
     epoch_seconds = sum(r["train"]["seconds"] for r in json.loads((run_dir / "history.json").read_text()))
-    return {**row, "lr": summary["lr"], "epoch_seconds": epoch_seconds / summary["epochs"],
-            "images_per_s": summary["train_images_per_s"], "steady_images": summary["steady_images"],
-            "steady_seconds": summary["steady_seconds"], "data_stall": summary["data_wait_fraction"],
-            "train_loss": last["train"]["loss"], "train_accuracy": last["train"]["accuracy"],
-            "val_loss": last["val"]["loss"], "val_accuracy": last["val"]["accuracy"], "run_dir": str(run_dir),
-            "load_per_core": load}
+    return {
+        **row,
+        "lr": summary["lr"],
+        "epoch_seconds": epoch_seconds / summary["epochs"],
+        "images_per_s": summary["train_images_per_s"],
+        "steady_images": summary["steady_images"],
+        "steady_seconds": summary["steady_seconds"],
+        "data_stall": summary["data_wait_fraction"],
+        "train_loss": last["train"]["loss"],
+        "train_accuracy": last["train"]["accuracy"],
+        "val_loss": last["val"]["loss"],
+        "val_accuracy": last["val"]["accuracy"],
+        "run_dir": str(run_dir),
+        "load_per_core": load,
+    }
 
 
 def combine(runs: list[dict]) -> dict:
@@ -101,9 +134,12 @@ def combine(runs: list[dict]) -> dict:
         return runs[0]
     row = dict(done[len(done) // 2])
     speeds = [r["images_per_s"] for r in runs if "images_per_s" in r]
-    row.update(repeats=len(speeds), images_per_s_runs=speeds, load_per_core=max(r["load_per_core"] for r in runs),
-               spread=(max(speeds) - min(speeds)) / row["images_per_s"] if len(speeds) > 1 and row["images_per_s"]
-               else None)
+    row.update(
+        repeats=len(speeds),
+        images_per_s_runs=speeds,
+        load_per_core=max(r["load_per_core"] for r in runs),
+        spread=(max(speeds) - min(speeds)) / row["images_per_s"] if len(speeds) > 1 and row["images_per_s"] else None,
+    )
     return row
 
 
@@ -134,11 +170,15 @@ def compare(rows: list[dict], start_load: float = 0.0) -> list[dict]:
             if noisy:
                 r["note"] = f"speedup above the device count; {noisy}"
             elif base["data_stall"] >= STALL and base["data_stall"] > r["data_stall"]:
-                r["note"] = (f"speedup above the device count: the baseline waited for its input "
-                             f"{base['data_stall']:.0%} of the time ({r['data_stall']:.0%} here)")
+                r["note"] = (
+                    f"speedup above the device count: the baseline waited for its input "
+                    f"{base['data_stall']:.0%} of the time ({r['data_stall']:.0%} here)"
+                )
             else:
-                r["note"] = (f"speedup above the device count, not explained by data stall "
-                             f"({base['data_stall']:.0%}); rerun with --repeats 3")
+                r["note"] = (
+                    f"speedup above the device count, not explained by data stall "
+                    f"({base['data_stall']:.0%}); rerun with --repeats 3"
+                )
         elif noisy:
             r["note"] = noisy
     return rows
@@ -155,19 +195,35 @@ def _spread(r: dict) -> str:
 def load_line(rows: list[dict], info: dict) -> str:
     loads = [r["load_per_core"] for r in rows if "load_per_core" in r]
     where = f"; before each run {min(loads):.2f}-{max(loads):.2f}" if loads else ""
-    return (f"Repeats per strategy: {info['repeats']} (the median run is shown; ± is half the range of images/s). "
-            f"Load average per core at the start: {info['load_per_core']:.2f}{where}.")
+    return (
+        f"Repeats per strategy: {info['repeats']} (the median run is shown; ± is half the range of images/s). "
+        f"Load average per core at the start: {info['load_per_core']:.2f}{where}."
+    )
 
 
 def table(rows: list[dict], info: dict) -> str:
-    head = ("| strategy | processes | batch/process | global batch | epoch time (s) | images/s | speedup | "
-            "efficiency | data stall | train loss | train acc | val loss | val acc | note |")
-    lines = [(f"# visiontune bench: {info['model']} at {info['image_size']} px, {info['epochs']} epoch(s), "
-              f"same {info['same']} batch"), "",
-             (f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores, "
-              f"GPUs: {', '.join(g['name'] for g in info['machine']['gpus']) or 'none'}; "
-              f"torch {info['machine']['torch']}, torchvision {info['machine']['torchvision']}, "
-              f"accelerate {info['machine']['accelerate']}"), "", load_line(rows, info), "", head, "|" + "---|" * 14]
+    head = (
+        "| strategy | processes | batch/process | global batch | epoch time (s) | images/s | speedup | "
+        "efficiency | data stall | train loss | train acc | val loss | val acc | note |"
+    )
+    lines = [
+        (
+            f"# visiontune bench: {info['model']} at {info['image_size']} px, {info['epochs']} epoch(s), "
+            f"same {info['same']} batch"
+        ),
+        "",
+        (
+            f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores, "
+            f"GPUs: {', '.join(g['name'] for g in info['machine']['gpus']) or 'none'}; "
+            f"torch {info['machine']['torch']}, torchvision {info['machine']['torchvision']}, "
+            f"accelerate {info['machine']['accelerate']}"
+        ),
+        "",
+        load_line(rows, info),
+        "",
+        head,
+        "|" + "---|" * 14,
+    ]
     for r in rows:
         if "skipped" in r or "failed" in r:
             lines.append(f"| {r['strategy']} | | | | | | | | | | | | | not run: {r.get('skipped') or r['failed']} |")
@@ -176,7 +232,8 @@ def table(rows: list[dict], info: dict) -> str:
             f"| {r['strategy']} | {r['processes']} | {r['per_process_batch']} | {r['global_batch']} | "
             f"{r['epoch_seconds']:.1f} | {r['images_per_s']:.1f}{_spread(r)} | {_fmt(r.get('speedup'), '.2f')}x | "
             f"{_fmt(r.get('efficiency'), '.0%')} | {r['data_stall']:.0%} | {r['train_loss']:.4f} | "
-            f"{r['train_accuracy']:.4f} | {r['val_loss']:.4f} | {r['val_accuracy']:.4f} | {r.get('note', '')} |")
+            f"{r['train_accuracy']:.4f} | {r['val_loss']:.4f} | {r['val_accuracy']:.4f} | {r.get('note', '')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -202,8 +259,15 @@ def measure(plans: list[dict], train_argv: list[str], out: Path, repeats: int) -
     return [combine(runs[i]) if i in runs else r for i, r in enumerate(plans)]
 
 
-def bench(cfg: TrainConfig, train_argv: list[str], strategies: list[str], nproc: int, same: str,
-          out_dir: str, repeats: int = 1) -> list[dict]:
+def bench(
+    cfg: TrainConfig,
+    train_argv: list[str],
+    strategies: list[str],
+    nproc: int,
+    same: str,
+    out_dir: str,
+    repeats: int = 1,
+) -> list[dict]:
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise UserError(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
@@ -212,9 +276,16 @@ def bench(cfg: TrainConfig, train_argv: list[str], strategies: list[str], nproc:
     if repeats < 1:
         raise UserError(f"--repeats must be a positive integer, got {repeats}")
     out = Path(out_dir)
-    info = {"model": cfg.model, "image_size": cfg.image_size or get_spec(cfg.model).preprocess.size,
-            "epochs": cfg.epochs, "same": same, "timing_warmup": cfg.timing_warmup, "repeats": repeats,
-            "load_per_core": load_per_core(), "machine": machine()}
+    info = {
+        "model": cfg.model,
+        "image_size": cfg.image_size or get_spec(cfg.model).preprocess.size,
+        "epochs": cfg.epochs,
+        "same": same,
+        "timing_warmup": cfg.timing_warmup,
+        "repeats": repeats,
+        "load_per_core": load_per_core(),
+        "machine": machine(),
+    }
     rows = compare(measure(plan(cfg, strategies, nproc, same), train_argv, out, repeats), info["load_per_core"])
     info["load_note"] = load_line(rows, info)
     write_json(out / "bench.json", {**info, "rows": rows})

@@ -20,6 +20,7 @@ samples, so a run resumed with the same global batch split differently between
 is read back with ``weights_only=True`` or safetensors; Accelerate's RNG files
 are plain tensors and numpy arrays, and one that does not load is refused.
 """
+
 from __future__ import annotations
 
 import errno
@@ -88,8 +89,9 @@ def listed(run_dir: str) -> list[str]:
     root = Path(run_dir) / SUBDIR
     if not root.is_dir():
         return []
-    found = [(tuple(int(g) for g in m.groups()), p) for p in root.iterdir()
-             if p.is_dir() and (m := _NAME.match(p.name))]
+    found = [
+        (tuple(int(g) for g in m.groups()), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
+    ]
     return [str(p) for _, p in sorted(found, reverse=True)]
 
 
@@ -127,8 +129,10 @@ def latest(run_dir: str, say=print) -> Checkpoint | None:
             say(f"visiontune: falling back to checkpoint {path}")
         return Checkpoint(path, meta)
     if skipped:
-        raise UserError(f"no intact checkpoint in {run_dir}/{SUBDIR} ({len(skipped)} damaged); start over "
-                        f"in a new folder: the same command with --output-dir NEW_DIR and without --resume")
+        raise UserError(
+            f"no intact checkpoint in {run_dir}/{SUBDIR} ({len(skipped)} damaged); start over "
+            f"in a new folder: the same command with --output-dir NEW_DIR and without --resume"
+        )
     return None
 
 
@@ -140,22 +144,30 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
     optimizer step of any split between --batch-size, --grad-accum and processes.
     """
     meta = ckpt.meta
-    what = {"split_sha256": "the data split (split.json sha256)", "model": "the model",
-            "num_classes": "the number of classes", "global_batch": "the global batch"}
+    what = {
+        "split_sha256": "the data split (split.json sha256)",
+        "model": "the model",
+        "num_classes": "the number of classes",
+        "global_batch": "the global batch",
+    }
     for key, label in what.items():
         if meta.get(key) != current[key]:
-            raise UserError(f"cannot resume: {label} differs from the checkpoint's ({meta.get(key)!r} there, "
-                            f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
-                            "x processes, or start a new run")
+            raise UserError(
+                f"cannot resume: {label} differs from the checkpoint's ({meta.get(key)!r} there, "
+                f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
+                "x processes, or start a new run"
+            )
     # Checkpoints written before the position was kept in samples: the batch was in the saving run's units.
     samples = meta.get("samples", meta["batch"] * meta["config"]["batch_size"] * meta.get("world_size", 1))
     batch, rest = divmod(samples, current["batch_samples"])
     if rest or (batch and batch % current["grad_accum"]):
-        raise UserError(f"cannot resume exactly: the checkpoint is {samples} samples into epoch {meta['epoch']}, "
-                        f"which is not an optimizer step of --batch-size {current['batch_samples']} (all processes)"
-                        f" x --grad-accum {current['grad_accum']}; resume with the checkpoint's settings "
-                        f"(--batch-size {meta['config']['batch_size']} --grad-accum {meta['config']['grad_accum']}"
-                        f" on {meta.get('world_size', 1)} process(es))")
+        raise UserError(
+            f"cannot resume exactly: the checkpoint is {samples} samples into epoch {meta['epoch']}, "
+            f"which is not an optimizer step of --batch-size {current['batch_samples']} (all processes)"
+            f" x --grad-accum {current['grad_accum']}; resume with the checkpoint's settings "
+            f"(--batch-size {meta['config']['batch_size']} --grad-accum {meta['config']['grad_accum']}"
+            f" on {meta.get('world_size', 1)} process(es))"
+        )
     return Checkpoint(ckpt.path, {**meta, "batch": batch})
 
 
@@ -180,9 +192,11 @@ def _free_bytes(folder: Path) -> int:
 def _no_space(root: Path, what: str, needed: int, free: int) -> UserError:
     previous = listed(str(root.parent))
     kept = f"{previous[0]} is kept" if previous else "no earlier checkpoint exists"
-    return UserError(f"no space left on the disk of {root} for checkpoint {what}: it needs about "
-                     f"{needed / MB:.0f} MB, {free / MB:.0f} MB are free; {kept}. Free some space "
-                     f"(or move the run folder) and continue with --resume {root.parent}")
+    return UserError(
+        f"no space left on the disk of {root} for checkpoint {what}: it needs about "
+        f"{needed / MB:.0f} MB, {free / MB:.0f} MB are free; {kept}. Free some space "
+        f"(or move the run folder) and continue with --resume {root.parent}"
+    )
 
 
 def _out_of_space(e: BaseException, tmp: Path, needed: int) -> bool:
@@ -197,8 +211,9 @@ def _out_of_space(e: BaseException, tmp: Path, needed: int) -> bool:
     return shutil.disk_usage(tmp.parent).free + written < needed
 
 
-def save(accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any], scheduler=None,
-         keep_last: int = 2) -> str:
+def save(
+    accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any], scheduler=None, keep_last: int = 2
+) -> str:
     """Write a checkpoint from every process (a collective); return its final path."""
     from accelerate.utils import broadcast_object_list
 
@@ -270,8 +285,10 @@ def _check_rng_file(accelerator, ckpt: Checkpoint, say) -> None:
     folder = Path(ckpt.path)
     missing = [r for r in range(accelerator.num_processes) if not (folder / f"random_states_{r}.pkl").is_file()]
     if missing:  # resumed on more processes than saved it: the new ones start from the seed
-        say(f"visiontune: {ckpt.path} has no RNG state for process(es) {', '.join(map(str, missing))}; their "
-            "random draws will differ from the original run's")
+        say(
+            f"visiontune: {ckpt.path} has no RNG state for process(es) {', '.join(map(str, missing))}; their "
+            "random draws will differ from the original run's"
+        )
     rng = folder / f"random_states_{accelerator.process_index}.pkl"
     if accelerator.process_index in missing:
         return
@@ -299,8 +316,10 @@ def find_resume(resume: str | None, run_dir: str, restarted: bool, say=print) ->
     """What ``--resume`` (or an elastic restart) points at; None for a fresh start."""
     if resume is None and not restarted:
         if listed(run_dir):
-            raise UserError(f"{run_dir} already holds checkpoints of a run; to continue it, add --resume auto "
-                            f"(with --output-dir {run_dir}); to start over, give another --output-dir")
+            raise UserError(
+                f"{run_dir} already holds checkpoints of a run; to continue it, add --resume auto "
+                f"(with --output-dir {run_dir}); to start over, give another --output-dir"
+            )
         return None
     source = run_dir if resume in (None, "auto") else resume
     if resume not in (None, "auto") and not Path(source).is_dir():

@@ -5,6 +5,7 @@ the only ones that see argparse. A ``UserError`` from anywhere below, argparse's
 own complaints included, becomes one line on stderr and exit code 2; ``argv``
 is the subcommand's own arguments, for relaunching under torch.distributed.run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,10 @@ def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
 
     clear_folder(args.dir, args.force)
     info = make_sample_data(args.dir, per_class=args.per_class, seed=args.seed)
-    print(f"visiontune: wrote a SYNTHETIC data set to {args.dir}: {info['train']} labelled images "
-          f"({', '.join(info['classes'])}) in train/, {info['test']} in test/")
+    print(
+        f"visiontune: wrote a SYNTHETIC data set to {args.dir}: {info['train']} labelled images "
+        f"({', '.join(info['classes'])}) in train/, {info['test']} in test/"
+    )
     return 0
 
 
@@ -116,8 +119,15 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
         train_argv += ["--epochs", "1"]
         cfg = cfg.replace(epochs=1)
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)
-    bench(cfg, train_argv, [s.strip() for s in args.strategies.split(",") if s.strip()],
-          cfg.nproc or launch.default_nproc(), args.same, out, args.repeats)
+    bench(
+        cfg,
+        train_argv,
+        [s.strip() for s in args.strategies.split(",") if s.strip()],
+        cfg.nproc or launch.default_nproc(),
+        args.same,
+        out,
+        args.repeats,
+    )
     return 0
 
 
@@ -132,8 +142,13 @@ def _inference(args: argparse.Namespace):
     if weights and args.run:
         raise UserError("give --run RUN_DIR or --weights FILE, not both")
     classes = [c.strip() for c in args.classes.split(",")] if getattr(args, "classes", None) else None
-    loaded = load_model(args.run, weights, model=getattr(args, "model", None), classes=classes,
-                        image_size=getattr(args, "image_size", None))
+    loaded = load_model(
+        args.run,
+        weights,
+        model=getattr(args, "model", None),
+        classes=classes,
+        image_size=getattr(args, "image_size", None),
+    )
     return loaded, InferenceConfig(args.batch_size or loaded.batch_size, args.mixed_precision, args.progress)
 
 
@@ -162,8 +177,13 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     inputs = list_inputs(args.data)
     check_clip(args.clip)
     writable_file(args.out, "--out")  # before the forward pass, not after it
-    return _in_processes(args, argv, "predict", skipped_path(args.out).exists,
-                         lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta))
+    return _in_processes(
+        args,
+        argv,
+        "predict",
+        skipped_path(args.out).exists,
+        lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta),
+    )
 
 
 def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
@@ -174,9 +194,15 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
 
     loaded, icfg = _inference(args)
     out = args.out or str(Path(args.run) / "eval.json")
-    return _in_processes(args, argv, "evaluate", lambda: json.loads(Path(out).read_text())["skipped"],
-                         lambda: evaluate(loaded, icfg, args.data, out, run_dir=args.run, split=args.split,
-                                          tta_mode=args.tta, top_n=args.top_losses))
+    return _in_processes(
+        args,
+        argv,
+        "evaluate",
+        lambda: json.loads(Path(out).read_text())["skipped"],
+        lambda: evaluate(
+            loaded, icfg, args.data, out, run_dir=args.run, split=args.split, tta_mode=args.tta, top_n=args.top_losses
+        ),
+    )
 
 
 def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
@@ -189,10 +215,12 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
     diff = export(loaded.model, info, args.format, out)
     s = info.image_size
-    print(f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
-          f"with mean {info.mean} std {info.std}; output [N, {len(info.classes)}] logits for "
-          f"{', '.join(info.classes)}; checked against the eager model, max difference {diff:.1e}; "
-          f"the file carries this description under the metadata key 'visiontune'")
+    print(
+        f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
+        f"with mean {info.mean} std {info.std}; output [N, {len(info.classes)}] logits for "
+        f"{', '.join(info.classes)}; checked against the eager model, max difference {diff:.1e}; "
+        f"the file carries this description under the metadata key 'visiontune'"
+    )
     return 0
 
 
@@ -201,9 +229,16 @@ def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
 
     cfg = config_from_args(args)  # the train flags must make a valid run before a job is queued
     own = tuple(flag for flag, _, _ in slurm.FLAGS) + ("--output-dir", "--strategy")
-    script = slurm.batch_script(launch.without_flags(argv, own), nodes=args.nodes,
-                                gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
-                                cpus_per_task=args.cpus_per_task, job_name=args.job_name, output_dir=cfg.output_dir)
+    script = slurm.batch_script(
+        launch.without_flags(argv, own),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time,
+        partition=args.partition,
+        cpus_per_task=args.cpus_per_task,
+        job_name=args.job_name,
+        output_dir=cfg.output_dir,
+    )
     slurm.write(script, args.out)
     return 0
 
@@ -220,13 +255,19 @@ def _add_inference_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixed-precision", choices=choices()["mixed_precision"], default="no")
     p.add_argument("--nproc", type=positive, default=1, help="processes (DDP-style sharding; same output)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
-    p.add_argument("--tta", choices=("none", "flip", "flip+crop"), default="none",
-                   help="test-time augmentation: average the probabilities of mirrored (and centre-cropped) views")
+    p.add_argument(
+        "--tta",
+        choices=("none", "flip", "flip+crop"),
+        default="none",
+        help="test-time augmentation: average the probabilities of mirrored (and centre-cropped) views",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="visiontune", description="Fine-tune torchvision and timm image classifiers "
-                                     "on a folder of images, on one CPU or many GPUs.")
+    parser = OneLineParser(
+        prog="visiontune",
+        description="Fine-tune torchvision and timm image classifiers on a folder of images, on one CPU or many GPUs.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
     add_train_flags(p)
@@ -258,25 +299,44 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
     add_train_flags(p)
     p.add_argument("--strategies", default="single,dp,ddp", help="comma-separated (default single,dp,ddp)")
-    p.add_argument("--same", default="global", choices=("global", "per-device"),
-                   help="keep the global batch (default) or the per-device batch equal across strategies")
-    p.add_argument("--repeats", type=int, default=1, help="train each strategy N times, interleaved; report the "
-                   "median run and the spread")
+    p.add_argument(
+        "--same",
+        default="global",
+        choices=("global", "per-device"),
+        help="keep the global batch (default) or the per-device batch equal across strategies",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="train each strategy N times, interleaved; report the median run and the spread",
+    )
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("slurm", help="write a Slurm batch script for `visiontune train` (requeued on preemption)")
     add_train_flags(p)
     for flag, kind, help_text in slurm.FLAGS:
-        p.add_argument(flag, type=kind, required=help_text.startswith("required"),
-                       default="visiontune" if flag == "--job-name" else None, help=help_text)
+        p.add_argument(
+            flag,
+            type=kind,
+            required=help_text.startswith("required"),
+            default="visiontune" if flag == "--job-name" else None,
+            help=help_text,
+        )
     p.set_defaults(func=cmd_slurm)
     p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
     p.add_argument("--run", help="a training run folder")
-    p.add_argument("--weights", help="instead of --run: a visiontune .safetensors file (it says what it is), "
-                   "or a .pth/.safetensors state_dict with --model and --classes")
+    p.add_argument(
+        "--weights",
+        help="instead of --run: a visiontune .safetensors file (it says what it is), "
+        "or a .pth/.safetensors state_dict with --model and --classes",
+    )
     p.add_argument("--model", help="with --weights: the model name (checked against the file's own)")
     p.add_argument("--classes", help="with --weights: class names in training order, comma-separated")
-    p.add_argument("--image-size", type=int, help="with --weights: input size (default: the file's, "
-                   "else the model's pretrained size)")
+    p.add_argument(
+        "--image-size",
+        type=int,
+        help="with --weights: input size (default: the file's, else the model's pretrained size)",
+    )
     p.add_argument("--data", required=True, help="a folder of images, Kaggle's test/, or a file listing paths")
     p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
     p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
@@ -286,8 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
     p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
-    p.add_argument("--split", choices=("val", "train", "all"),
-                   help="with the run's own data: which images to score (default val); other data is scored whole")
+    p.add_argument(
+        "--split",
+        choices=("val", "train", "all"),
+        help="with the run's own data: which images to score (default val); other data is scored whole",
+    )
     p.add_argument("--top-losses", type=int, default=16, help="misclassified images in top_losses.png/.csv")
     _add_inference_flags(p)
     p.set_defaults(func=cmd_evaluate)

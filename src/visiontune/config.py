@@ -6,6 +6,7 @@ batch 50 per process, 2 epochs, 80/20 split with seed 42). ``UserError`` is the
 one exception type that means "the user asked for something wrong": the CLI
 prints its message on one line and exits with code 2.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,11 @@ def __getattr__(name: str) -> Any:
     # Moved: RunStopped next to the signals (faults), MEAN/STD to the data pipeline. Old imports work.
     if name == "RunStopped":
         from visiontune.faults import RunStopped
+
         return RunStopped
     if name in ("MEAN", "STD"):
         from visiontune.data import pipeline
+
         return getattr(pipeline, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -48,40 +51,56 @@ class TrainConfig:
     output_dir: str | None = _setting(None, "run folder (default runs/<UTC timestamp>)")
     # model
     model: str = _setting("vgg16", "torchvision name, timm/NAME or hf-hub:ORG/NAME; see `visiontune models`")
-    weights: str = _setting("DEFAULT", "DEFAULT (pretrained), none, a torchvision weights name, or a "
-                                       ".pth/.safetensors path (a head of another shape is re-initialised)")
-    init_from: str | None = _setting(None, "start from an earlier run's best model (its --model and "
-                                           "--image-size unless given; a new head when the classes differ)")
+    weights: str = _setting(
+        "DEFAULT",
+        "DEFAULT (pretrained), none, a torchvision weights name, or a "
+        ".pth/.safetensors path (a head of another shape is re-initialised)",
+    )
+    init_from: str | None = _setting(
+        None,
+        "start from an earlier run's best model (its --model and "
+        "--image-size unless given; a new head when the classes differ)",
+    )
     freeze_backbone: bool = _setting(False, "train only the new head")
     # data
     image_size: int | None = _setting(None, "square input size in pixels (default: the model's pretrained size)")
     augment: Literal["none", "flip-crop", "trivial", "randaugment"] | None = _setting(
-        None, "none, flip-crop (also plain --augment), trivial or randaugment (default: the recipe's)")
+        None, "none, flip-crop (also plain --augment), trivial or randaugment (default: the recipe's)"
+    )
     random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
     mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see README")
     cutmix: float | None = _setting(None, "cutmix alpha (0: off); with --mixup each pair uses one of them")
     normalize: Literal["weights", "data", "blog"] | None = _setting(
-        None, "weights (the pretrained weights' mean/std), data (the train split's) or blog (the reference constants)")
+        None, "weights (the pretrained weights' mean/std), data (the train split's) or blog (the reference constants)"
+    )
     mean: str | None = _setting(None, "per-channel mean R,G,B in [0, 1] (default: from --normalize; recorded)")
     std: str | None = _setting(None, "per-channel std R,G,B (default: from --normalize; recorded)")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
     seed: int = _setting(42, "seed of the split, the sampler and the head's init")
-    num_workers: int | None = _setting(None, "loader worker processes per process, or auto (default: "
-                                             "cores - 1 with a GPU, none on a CPU, where threads decode)")
+    num_workers: int | None = _setting(
+        None,
+        "loader worker processes per process, or auto (default: "
+        "cores - 1 with a GPU, none on a CPU, where threads decode)",
+    )
     cache: str | None = _setting(None, "decode once into a memory-mapped uint8 cache: a folder or auto")
     max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
     # optimisation (settings left None come from --recipe; see recipe.py)
-    recipe: Literal["blog", "modern"] = _setting("blog", "blog (the reference job, unchanged) or modern (AdamW, "
-                                                 "warm-up + cosine, label smoothing, TrivialAugment, EMA); flags win")
+    recipe: Literal["blog", "modern"] = _setting(
+        "blog",
+        "blog (the reference job, unchanged) or modern (AdamW, "
+        "warm-up + cosine, label smoothing, TrivialAugment, EMA); flags win",
+    )
     epochs: int = _setting(2, "epochs")
     batch_size: int = _setting(50, "batch size PER PROCESS, as in the reference job")
-    optimizer: Literal["sgd", "adamw"] | None = _setting(None, "sgd or adamw (AdamW: no weight decay on norms "
-                                                               "and biases)")
+    optimizer: Literal["sgd", "adamw"] | None = _setting(
+        None, "sgd or adamw (AdamW: no weight decay on norms and biases)"
+    )
     lr: float | None = _setting(None, "learning rate")
     momentum: float = _setting(0.9, "SGD momentum")
     weight_decay: float | None = _setting(None, "weight decay")
     lr_schedule: Literal["none", "cosine", "linear", "step"] | None = _setting(
-        None, "none, cosine, linear or step, stepped per optimizer step")
+        None, "none, cosine, linear or step, stepped per optimizer step"
+    )
     warmup_epochs: float | None = _setting(None, "linear lr warm-up, in epochs (fractions allowed)")
     warmup_steps: int = _setting(0, "linear lr warm-up in optimizer steps (wins over --warmup-epochs)")
     label_smoothing: float | None = _setting(None, "label smoothing of the training loss")
@@ -89,8 +108,9 @@ class TrainConfig:
     freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
     backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")
     early_stop: int = _setting(0, "stop after this many epochs without a better --best-metric (0: off)")
-    best_metric: Literal["accuracy", "loss"] = _setting("accuracy", "accuracy or loss: what picks the best epoch "
-                                                                   "(and EMA or raw weights)")
+    best_metric: Literal["accuracy", "loss"] = _setting(
+        "accuracy", "accuracy or loss: what picks the best epoch (and EMA or raw weights)"
+    )
     grad_accum: int = _setting(1, "gradient accumulation steps")
     scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")
     reference_batch: int = _setting(50, "the batch --lr was tuned for")
@@ -119,7 +139,7 @@ class TrainConfig:
     progress: bool = _setting(True, "progress bars")
     timing_warmup: int = _setting(5, "steps per epoch left out of the steady-state images/s")
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,10 +159,18 @@ def choices(cls: type = TrainConfig) -> dict[str, tuple[str, ...]]:
 
 
 # (low, high, high included): ranges of the recipe's numbers.
-RANGES = {"weight_decay": (0, math.inf, False), "warmup_epochs": (0, math.inf, False),
-          "warmup_steps": (0, math.inf, False), "label_smoothing": (0, 1, False), "random_erasing": (0, 1, True),
-          "mixup": (0, math.inf, False), "cutmix": (0, math.inf, False), "ema": (0, 1, False),
-          "freeze_epochs": (0, math.inf, False), "early_stop": (0, math.inf, False)}
+RANGES = {
+    "weight_decay": (0, math.inf, False),
+    "warmup_epochs": (0, math.inf, False),
+    "warmup_steps": (0, math.inf, False),
+    "label_smoothing": (0, 1, False),
+    "random_erasing": (0, 1, True),
+    "mixup": (0, math.inf, False),
+    "cutmix": (0, math.inf, False),
+    "ema": (0, 1, False),
+    "freeze_epochs": (0, math.inf, False),
+    "early_stop": (0, math.inf, False),
+}
 
 
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
@@ -194,8 +222,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)}")
     for name, allowed in choices().items():
         if getattr(cfg, name) not in allowed:
-            raise UserError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, "
-                            f"got {getattr(cfg, name)!r}")
+            raise UserError(
+                f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}"
+            )
     if not 0.0 < cfg.val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1, got {cfg.val_fraction}")
     if cfg.lr <= 0:

@@ -11,6 +11,7 @@ appended to ``RUN/world.jsonl``. The run folder must be one folder for all machi
 (each process writes its RNG state into the checkpoint): a folder that is not shared
 is found before training and stops the run with one line.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,13 @@ def join_restarted_group(timeout_s: float) -> None:
     addr, port = launch.rendezvous()
     store = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
     prefixed = dist.PrefixStore(f"visiontune/attempt_{launch.restart_count()}", store)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=prefixed, timeout=timeout,
-                            rank=launch.rank(), world_size=launch.world_size())
+    dist.init_process_group(
+        "nccl" if torch.cuda.is_available() else "gloo",
+        store=prefixed,
+        timeout=timeout,
+        rank=launch.rank(),
+        world_size=launch.world_size(),
+    )
 
 
 def _resume_source(cfg: TrainConfig) -> str | None:
@@ -74,18 +80,25 @@ def keep_global_batch(cfg: TrainConfig) -> TrainConfig:
         return cfg
     accum, rest = divmod(target, cfg.batch_size * world)
     if rest or accum < 1:
-        raise UserError(f"the global batch is {target}, set by {why}; {world} processes of --batch-size "
-                        f"{cfg.batch_size} cannot make it with gradient accumulation; use a number of nodes that "
-                        "divides it, or start a new run")
+        raise UserError(
+            f"the global batch is {target}, set by {why}; {world} processes of --batch-size "
+            f"{cfg.batch_size} cannot make it with gradient accumulation; use a number of nodes that "
+            "divides it, or start a new run"
+        )
     return cfg.replace(grad_accum=accum)
 
 
 def record_world(run_dir: str, setup, cfg: TrainConfig, resumed) -> dict:
     """Append this start of the workers to ``RUN/world.jsonl`` (main process only); return the entry."""
-    entry = {"restart": launch.restart_count(), "world_size": setup.world_size, "grad_accum": cfg.grad_accum,
-             "global_batch": setup.global_batch, "lr": setup.lr,
-             "resumed_from": resumed.path if resumed else None,
-             "checkpoint_world_size": resumed.meta.get("world_size") if resumed else None}
+    entry = {
+        "restart": launch.restart_count(),
+        "world_size": setup.world_size,
+        "grad_accum": cfg.grad_accum,
+        "global_batch": setup.global_batch,
+        "lr": setup.lr,
+        "resumed_from": resumed.path if resumed else None,
+        "checkpoint_world_size": resumed.meta.get("world_size") if resumed else None,
+    }
     with open(os.path.join(run_dir, WORLD_LOG), "a") as f:
         f.write(json.dumps(entry) + "\n")
     return entry
@@ -111,6 +124,8 @@ def check_shared_folder(accelerator, run_dir: str) -> None:
     blind = [(r, host) for r, host, seen in views if not seen]
     if blind:
         who = ", ".join(f"rank {r} on {host}" for r, host in blind)
-        raise UserError(f"the run folder {run_dir} is not shared: {who} cannot see the files rank 0 writes there; "
-                        "put --output-dir on a file system every machine mounts (each process writes its part "
-                        "of every checkpoint)")
+        raise UserError(
+            f"the run folder {run_dir} is not shared: {who} cannot see the files rank 0 writes there; "
+            "put --output-dir on a file system every machine mounts (each process writes its part "
+            "of every checkpoint)"
+        )

@@ -6,6 +6,7 @@ be evaluated as it is). The first update copies the weights. Its state is plain
 tensors, so checkpoints keep it with ``weights_only`` loading and a resume
 continues the average exactly.
 """
+
 from __future__ import annotations
 
 import torch

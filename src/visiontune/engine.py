@@ -8,6 +8,7 @@ drops the ragged tail); evaluation counts every validation sample exactly once,
 because ``gather_for_metrics`` drops the duplicates Accelerate pads the last
 batch with.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,11 +53,12 @@ class Totals:
     NAMES = ("loss_sum", "correct", "images", "skipped", "steady_images")
 
     def __init__(self, values: torch.Tensor | None = None, device: torch.device | str = "cpu"):
-        self.values = (torch.zeros(len(self.NAMES), dtype=torch.float64) if values is None
-                       else values.detach().clone().double()).to(device)
+        self.values = (
+            torch.zeros(len(self.NAMES), dtype=torch.float64) if values is None else values.detach().clone().double()
+        ).to(device)
 
     @classmethod
-    def from_checkpoint(cls, saved: list[float] | None, is_main_process: bool) -> "Totals":
+    def from_checkpoint(cls, saved: list[float] | None, is_main_process: bool) -> Totals:
         """A resumed epoch's sums. The saved ones are already summed over every process, and
         ``reduce`` sums the processes' totals again at the epoch end, so only the main process
         starts from them; the others start from zero."""
@@ -78,7 +80,7 @@ class Totals:
     def count_skipped(self, n: float) -> None:
         self.values[3] += n
 
-    def reduced(self, accelerator: Accelerator) -> "Totals":
+    def reduced(self, accelerator: Accelerator) -> Totals:
         """Summed over every process (waits for the device's queued work)."""
         return Totals(accelerator.reduce(self.values.clone(), reduction="sum"), self.values.device)
 
@@ -111,8 +113,11 @@ class StepClock:
 
     def split(self) -> dict[str, float]:
         end = self.clock()
-        return {"seconds": end - self.start, "steady_seconds": 0.0 if self.steady_start is None else end - self.steady_start,
-                "data_wait_seconds": self.wait}
+        return {
+            "seconds": end - self.start,
+            "steady_seconds": 0.0 if self.steady_start is None else end - self.steady_start,
+            "data_wait_seconds": self.wait,
+        }
 
 
 @dataclass
@@ -148,6 +153,7 @@ OnStep = Callable[[int, int, Totals], None]  # (epoch, batches done in it, this 
 @dataclass(frozen=True)
 class StartAt:
     """Where a run begins: a resumed run at batch ``batch`` of ``epoch``, with that epoch's sums."""
+
     epoch: int = 0
     batch: int = 0
     totals: Totals | None = None
@@ -185,14 +191,20 @@ def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
     if getattr(sys.stderr, "isatty", lambda: False)():
         return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, mininterval=REDRAW_SECONDS, disable=disable)
     every = float(os.environ.get("VISIONTUNE_PROGRESS_SECONDS", LOG_EVERY_SECONDS))
-    return _LogLines(loader, desc=desc, leave=False, mininterval=every, miniters=1, disable=disable,
-                     bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+    return _LogLines(
+        loader,
+        desc=desc,
+        leave=False,
+        mininterval=every,
+        miniters=1,
+        disable=disable,
+        bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
+    )
 
 
 def _grads_finite(model: torch.nn.Module) -> bool:
     # After the all-reduce every process holds the same gradients, so all decide alike.
-    return bool(torch.stack([torch.isfinite(p.grad).all() for p in model.parameters()
-                             if p.grad is not None]).all())
+    return bool(torch.stack([torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None]).all())
 
 
 def _optimizer_step(accelerator: Accelerator, model, optimizer, scheduler, on_nan: str) -> bool:
@@ -208,9 +220,19 @@ def _optimizer_step(accelerator: Accelerator, model, optimizer, scheduler, on_na
     return skipped
 
 
-def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
-                    optimizer: torch.optim.Optimizer, scheduler, prepare_input: Callable, opts: LoopOptions,
-                    *, epoch: int = 0, start_step: int = 0, totals: Totals | None = None) -> PhaseResult:
+def train_one_epoch(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    prepare_input: Callable,
+    opts: LoopOptions,
+    *,
+    epoch: int = 0,
+    start_step: int = 0,
+    totals: Totals | None = None,
+) -> PhaseResult:
     """One pass over ``loader``; returns loss/accuracy summed over every process.
 
     ``totals`` continues a resumed epoch whose first ``start_step`` batches ``loader`` already
@@ -241,23 +263,43 @@ def train_one_epoch(accelerator: Accelerator, model: torch.nn.Module, loader: It
         totals.add(loss, (logits.argmax(1) == labels).sum().double() * (n > 0), n, steady)
         if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:  # tqdm's clock: it redraws next
             loss_sum, correct, images = totals.values.tolist()[:3]  # one sync
-            bar.set_postfix(loss=f"{loss_sum / max(images, 1):.4f}", acc=f"{correct / max(images, 1):.4f}",
-                            img_s=f"{images / (time.perf_counter() - clock.start):.0f}", refresh=False)
+            bar.set_postfix(
+                loss=f"{loss_sum / max(images, 1):.4f}",
+                acc=f"{correct / max(images, 1):.4f}",
+                img_s=f"{images / (time.perf_counter() - clock.start):.0f}",
+                refresh=False,
+            )
         if opts.on_step is not None:
             opts.on_step(epoch, step + 1, totals)
         clock.step_done()
     totals = totals.reduced(accelerator)
     if opts.on_nan == "stop" and not math.isfinite(totals.loss_sum):
-        raise NonFiniteLoss("training loss became non-finite in this epoch; the last checkpoint before it is "
-                            "kept (lower --lr, or pass --on-nan skip)")
+        raise NonFiniteLoss(
+            "training loss became non-finite in this epoch; the last checkpoint before it is "
+            "kept (lower --lr, or pass --on-nan skip)"
+        )
     n = max(totals.images, 1)
-    return PhaseResult(totals.loss_sum / n, totals.correct / n, int(totals.images), skipped=int(totals.skipped),
-                       steady_images=int(totals.steady_images), **clock.split())
+    return PhaseResult(
+        totals.loss_sum / n,
+        totals.correct / n,
+        int(totals.images),
+        skipped=int(totals.skipped),
+        steady_images=int(totals.steady_images),
+        **clock.split(),
+    )
 
 
 @torch.inference_mode()
-def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable, prepare_input: Callable,
-             *, progress: bool = True, desc: str = "val", keep: list | None = None) -> PhaseResult:
+def evaluate(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    loader: Iterable,
+    prepare_input: Callable,
+    *,
+    progress: bool = True,
+    desc: str = "val",
+    keep: list | None = None,
+) -> PhaseResult:
     """Loss and accuracy over every sample of ``loader`` exactly once.
 
     The loss is plain cross-entropy whatever the training criterion, so validation losses compare
@@ -269,8 +311,14 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
     start = time.perf_counter()
     for images, labels in _bar(accelerator, loader, desc, progress):
         logits = model(prepare_input(images))
-        per_sample = torch.stack([F.cross_entropy(logits.float(), labels, reduction="none"),
-                                  (logits.argmax(1) == labels).float(), (labels != UNREADABLE).float()], dim=1)
+        per_sample = torch.stack(
+            [
+                F.cross_entropy(logits.float(), labels, reduction="none"),
+                (logits.argmax(1) == labels).float(),
+                (labels != UNREADABLE).float(),
+            ],
+            dim=1,
+        )
         # Every rank gets the same gathered rows, padding removed: sum them once.
         totals += accelerator.gather_for_metrics(per_sample).double().sum(0)
         if keep is not None:
@@ -279,16 +327,35 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: Iterable,
     return PhaseResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), time.perf_counter() - start)
 
 
-def fit(accelerator: Accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input: Callable,
-        opts: LoopOptions, start: StartAt = StartAt()) -> None:
+def fit(
+    accelerator: Accelerator,
+    model,
+    optimizer,
+    scheduler,
+    train_loader,
+    val_loader,
+    prepare_input: Callable,
+    opts: LoopOptions,
+    start: StartAt = StartAt(),
+) -> None:
     """Train and validate each epoch from ``start``; print the reference job's epoch lines."""
     for epoch in range(start.epoch, opts.epochs):
         accelerator.print(f"Epoch {epoch}/{opts.epochs - 1}\n" + "-" * 10)
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
         skip = start.batch if epoch == start.epoch else 0
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
-        tr = train_one_epoch(accelerator, model, loader, optimizer, scheduler, prepare_input, opts, epoch=epoch,
-                             start_step=skip, totals=start.totals if skip else None)
+        tr = train_one_epoch(
+            accelerator,
+            model,
+            loader,
+            optimizer,
+            scheduler,
+            prepare_input,
+            opts,
+            epoch=epoch,
+            start_step=skip,
+            totals=start.totals if skip else None,
+        )
         va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress)
         for phase, r in (("train", tr), ("val", va)):
             accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}")

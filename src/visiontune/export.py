@@ -13,6 +13,7 @@ written, it is run (onnxruntime, or the loaded ``.pt2``) on a batch of a size it
 was not exported with, and its outputs must match the eager model's within
 ``TOLERANCE``; so a file on disk is one that works.
 """
+
 from __future__ import annotations
 
 import io
@@ -39,8 +40,15 @@ def _onnx_bytes(model: nn.Module, example: torch.Tensor, info: RunInfo) -> bytes
     import onnx
 
     batch = torch.export.Dim("batch", min=1)
-    program = torch.onnx.export(model, (example,), dynamo=True, verbose=False, input_names=["images"],
-                                output_names=["logits"], dynamic_shapes=({0: batch},))
+    program = torch.onnx.export(
+        model,
+        (example,),
+        dynamo=True,
+        verbose=False,
+        input_names=["images"],
+        output_names=["logits"],
+        dynamic_shapes=({0: batch},),
+    )
     proto = program.model_proto
     for key, value in info.metadata().items():
         proto.metadata_props.add(key=key, value=value)
@@ -75,8 +83,10 @@ def require_onnx() -> None:
 
 def check_format(fmt: str) -> None:
     if fmt == "torchscript":
-        raise UserError("TorchScript is deprecated in torch 2.14 (torch.jit); use --format pt2 "
-                        "(torch.export; load with torch.export.load(PATH).module()) or --format onnx")
+        raise UserError(
+            "TorchScript is deprecated in torch 2.14 (torch.jit); use --format pt2 "
+            "(torch.export; load with torch.export.load(PATH).module()) or --format onnx"
+        )
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "onnx":
@@ -97,7 +107,8 @@ def export(model: nn.Module, info: RunInfo, fmt: str, out: str) -> float:
         data = build(model, example, info)
         diff = (run(data, check) - model(check)).abs().max().item()
     if not diff <= TOLERANCE:
-        raise RuntimeError(f"the exported {fmt} model differs from the eager one by {diff:.2e} "
-                           f"(> {TOLERANCE}); nothing written")
+        raise RuntimeError(
+            f"the exported {fmt} model differs from the eager one by {diff:.2e} (> {TOLERANCE}); nothing written"
+        )
     outputs.atomic_write(out, data)
     return diff

@@ -10,6 +10,7 @@ number (MAX) across processes every step. It does so on a gloo group over CPU
 tensors, so on GPUs it costs a few microseconds of host networking and never
 synchronises the device; a single process only reads the flag.
 """
+
 from __future__ import annotations
 
 import signal
@@ -41,7 +42,7 @@ class StopSignals:
     def _handle(self, signum, frame) -> None:
         self.received = self.received or signum  # the first signal decides the exit code
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         for s in SIGNALS:
             self._old[s] = signal.signal(s, self._handle)
         return self

@@ -5,6 +5,7 @@ Both stay readable from 2 to 100 classes: tick labels are cut to 24 characters
 their numbers as classes grow, and the figure grows with the classes up to a
 cap. Matplotlib runs headless (Agg); files are written atomically.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,18 +22,28 @@ def plot_confusion(path: str | Path, report: dict) -> None:
     side = min(18.0, 3.2 + 0.15 * k)  # inches per panel: about 0.15 in (12 px) per class at 100 classes
     font = max(5.5, min(10.0, 10.5 - 0.05 * k))
     fig, axes = plt.subplots(1, 2, figsize=(2 * side + 2, side + 1), constrained_layout=True)
-    for ax, key, title, fmt in ((axes[0], "confusion_matrix", "counts", "{:d}"),
-                                (axes[1], "confusion_matrix_normalized", "row shares", "{:.0%}")):
+    for ax, key, title, fmt in (
+        (axes[0], "confusion_matrix", "counts", "{:d}"),
+        (axes[1], "confusion_matrix_normalized", "row shares", "{:.0%}"),
+    ):
         m = report[key]
-        image = ax.imshow(m, cmap="Blues", vmin=0, vmax=1 if key.endswith("normalized") else None,
-                          interpolation="nearest")
+        image = ax.imshow(
+            m, cmap="Blues", vmin=0, vmax=1 if key.endswith("normalized") else None, interpolation="nearest"
+        )
         fig.colorbar(image, ax=ax, shrink=0.6)
         if k <= 20:  # beyond that the numbers would not fit in the cells
             top = max(max(row) for row in m) or 1
             for t in range(k):
                 for p in range(k):
-                    ax.text(p, t, fmt.format(m[t][p]), ha="center", va="center", fontsize=font,
-                            color="white" if m[t][p] > top / 2 else "black")
+                    ax.text(
+                        p,
+                        t,
+                        fmt.format(m[t][p]),
+                        ha="center",
+                        va="center",
+                        fontsize=font,
+                        color="white" if m[t][p] > top / 2 else "black",
+                    )
         ax.set_xticks(range(k), names, rotation=90 if k > 4 or max(map(len, names)) > 6 else 0, fontsize=font)
         ax.set_yticks(range(k), names, fontsize=font)
         ax.set_xlabel("predicted")
@@ -41,8 +52,7 @@ def plot_confusion(path: str | Path, report: dict) -> None:
     save_figure(path, fig)
 
 
-def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], classes: list[str],
-                    size: int = 160) -> None:
+def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], classes: list[str], size: int = 160) -> None:
     """A grid of the images, each titled true / predicted (probability) and its loss."""
     import torch
 
@@ -65,8 +75,11 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
         except BadImage:
             img = torch.zeros(3, size, size, dtype=torch.uint8)
         ax.imshow(img.permute(1, 2, 0).numpy())
-        ax.set_title(f"true: {short(classes[it['true']], 20)}\npredicted: {short(classes[it['predicted']], 20)} "
-                     f"({it['probability']:.2f})\nloss {it['loss']:.2f}", fontsize=8)
+        ax.set_title(
+            f"true: {short(classes[it['true']], 20)}\npredicted: {short(classes[it['predicted']], 20)} "
+            f"({it['probability']:.2f})\nloss {it['loss']:.2f}",
+            fontsize=8,
+        )
     fig.suptitle("Top losses: the most confidently wrong images")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # keep the titles clear of the heading
     save_figure(path, fig)

@@ -6,6 +6,7 @@ line. A ``Literal[...]`` field becomes a flag with argparse ``choices``; a bool
 field ``--x/--no-x``. ``validate`` checks the same choices for values that come
 from a config file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,10 +59,17 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
         if f.default not in (None, ""):
             help_text += f" (default {f.default})"
         if f.name == "augment":  # plain --augment keeps its old meaning, flip-crop
-            p.add_argument(flag, nargs="?", const="flip-crop", choices=allowed[f.name], default=argparse.SUPPRESS,
-                           help=help_text)
-            p.add_argument("--no-augment", dest="augment", action="store_const", const="none",
-                           default=argparse.SUPPRESS, help="no augmentation")
+            p.add_argument(
+                flag, nargs="?", const="flip-crop", choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text
+            )
+            p.add_argument(
+                "--no-augment",
+                dest="augment",
+                action="store_const",
+                const="none",
+                default=argparse.SUPPRESS,
+                help="no augmentation",
+            )
             continue
         if f.name in allowed:
             p.add_argument(flag, choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text)

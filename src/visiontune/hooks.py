@@ -12,6 +12,7 @@ The stop signals themselves are owned by the caller (``with StopSignals(...)``).
 Every process calls every method: the collectives inside (reduce, the stop
 agreement, ``save_state``) run everywhere, and only the main process writes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -41,8 +42,11 @@ class CheckpointPolicy:
 
     def due(self, epoch: int, batch: int) -> bool:
         """A periodic checkpoint here (an epoch's last step saves at the epoch end instead)."""
-        return bool(self.save_every_steps) and batch != self.per_epoch \
+        return (
+            bool(self.save_every_steps)
+            and batch != self.per_epoch
             and self.optimizer_steps(epoch, batch) % self.save_every_steps == 0
+        )
 
 
 @dataclass
@@ -58,9 +62,15 @@ class Checkpointer:
     def save(self, epoch: int, batch: int, totals: Totals | None = None) -> str:
         row, which = recipe.best(self.history, self.cfg.best_metric) if self.history else ({}, "")
         best = row.get(which)
-        meta = {**self.identity, "world_size": self.accelerator.num_processes, "history": self.history,
-                "best_val": best, "optimizer_steps": self.policy.optimizer_steps(epoch, batch),
-                "partial_totals": totals.to_list() if totals is not None else None, "config": self.cfg.to_dict()}
+        meta = {
+            **self.identity,
+            "world_size": self.accelerator.num_processes,
+            "history": self.history,
+            "best_val": best,
+            "optimizer_steps": self.policy.optimizer_steps(epoch, batch),
+            "partial_totals": totals.to_list() if totals is not None else None,
+            "config": self.cfg.to_dict(),
+        }
         return checkpoint.save(self.accelerator, self.run_dir, epoch, batch, meta, self.scheduler, self.cfg.keep_last)
 
     def stopped(self, signum: int, path: str) -> faults.RunStopped:
@@ -70,8 +80,10 @@ class Checkpointer:
         """Save the partial epoch (its sums over every process); raise if a signal asked to stop."""
         reduced = totals.reduced(self.accelerator)
         if self.cfg.on_nan == "stop" and not torch.isfinite(reduced.values[0]):
-            raise engine.NonFiniteLoss(f"training loss became non-finite in epoch {epoch} before batch {batch}; "
-                                       "the last checkpoint before it is kept (lower --lr, or --on-nan skip)")
+            raise engine.NonFiniteLoss(
+                f"training loss became non-finite in epoch {epoch} before batch {batch}; "
+                "the last checkpoint before it is kept (lower --lr, or --on-nan skip)"
+            )
         path = self.save(epoch, batch, reduced)
         if signum:
             raise self.stopped(signum, path)
@@ -101,15 +113,21 @@ class EpochOutputs:
             row["val_ema"] = ve.as_dict()
         history.append(row)
         # At the epoch's last step, so that per-step (StepLog) and per-epoch values share one rising axis.
-        acc.log({"epoch": epoch, **{f"{p}/{k}": v for p in ("train", "val", "val_ema") if p in row
-                                    for k, v in row[p].items()}}, step=(epoch + 1) * self.per_epoch)
+        acc.log(
+            {
+                "epoch": epoch,
+                **{f"{p}/{k}": v for p in ("train", "val", "val_ema") if p in row for k, v in row[p].items()},
+            },
+            step=(epoch + 1) * self.per_epoch,
+        )
         best, which = recipe.best(history, self.best_metric)
         acc.wait_for_everyone()
         if acc.is_main_process:
             if best["epoch"] == epoch:  # best.* holds the weights the best metric picked: EMA or raw
                 chosen = self.ema if which == "val_ema" else acc.unwrap_model(self.model, keep_torch_compile=False)
-                outputs.save_model(self.run_dir, outputs.plain_state_dict(chosen), metadata=self.model_metadata,
-                                   pth=self.save_pth)
+                outputs.save_model(
+                    self.run_dir, outputs.plain_state_dict(chosen), metadata=self.model_metadata, pth=self.save_pth
+                )
             outputs.write_json(f"{self.run_dir}/history.json", history)
             outputs.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
             outputs.plot_history(f"{self.run_dir}/training_results.png", history)
@@ -152,6 +170,7 @@ class RunHooks:
         if signum and epoch + 1 < self.epochs:
             raise self.checkpointer.stopped(signum, path)
         if self.early_stop and epoch - best >= self.early_stop and epoch + 1 < self.epochs:
-            self.outputs.accelerator.print(f"visiontune: early stop: no better val {self.outputs.best_metric} "
-                                           f"for {self.early_stop} epoch(s)")
+            self.outputs.accelerator.print(
+                f"visiontune: early stop: no better val {self.outputs.best_metric} for {self.early_stop} epoch(s)"
+            )
             raise EarlyStop(epoch)

@@ -3,6 +3,7 @@
 One rule each, so the scan, the image cache, the loaders and ``check`` agree. Only ``os``:
 the CLI reads these before it imports torch.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,4 +19,5 @@ def available_cores() -> int:
 def user_cache_dir() -> str:
     """``$VISIONTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/visiontune``, else ``~/.cache/visiontune``."""
     return os.environ.get("VISIONTUNE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "visiontune")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "visiontune"
+    )

@@ -11,6 +11,7 @@ training's own code -- ``read_image`` and ``resize_uint8`` in the loader,
 An unreadable file keeps its slot (a blank image labelled ``UNREADABLE``) so
 the sharding and the order stay the same.
 """
+
 from __future__ import annotations
 
 import sys
@@ -53,6 +54,7 @@ class LoadedModel:
 @dataclass(frozen=True)
 class InferenceConfig:
     """How the forward pass runs (``strategy.make_accelerator`` and the loader read these)."""
+
     batch_size: int  # per process
     mixed_precision: str = "no"
     progress: bool = True
@@ -72,17 +74,32 @@ def _check_classes(classes, where: str) -> list[str]:
 def _describe(weights: str, model: str | None, classes: list[str] | None, image_size: int | None) -> RunInfo:
     """A file that does not describe itself, described by the flags (and the model's pretrained size)."""
     if not model or not classes:
-        raise UserError(f"{weights} does not say what it is (a .pth, or saved outside visiontune): "
-                        "give --model NAME and --classes a,b (the class names in training order)")
+        raise UserError(
+            f"{weights} does not say what it is (a .pth, or saved outside visiontune): "
+            "give --model NAME and --classes a,b (the class names in training order)"
+        )
     if image_size is not None and image_size < 1:
         raise UserError(f"--image-size must be a positive integer, got {image_size}")
     spec = get_spec(model)
-    return runinfo.describe(model, spec.source, _check_classes(classes, "--classes"),
-                            image_size or spec.preprocess.size, MEAN, STD, spec.preprocess.interpolation)
+    return runinfo.describe(
+        model,
+        spec.source,
+        _check_classes(classes, "--classes"),
+        image_size or spec.preprocess.size,
+        MEAN,
+        STD,
+        spec.preprocess.interpolation,
+    )
 
 
-def load_model(run: str | None = None, weights: str | None = None, *, model: str | None = None,
-               classes: list[str] | None = None, image_size: int | None = None) -> LoadedModel:
+def load_model(
+    run: str | None = None,
+    weights: str | None = None,
+    *,
+    model: str | None = None,
+    classes: list[str] | None = None,
+    image_size: int | None = None,
+) -> LoadedModel:
     """A run's best model, or a weights file's, with its description.
 
     A file made by visiontune describes itself (``best.safetensors`` metadata); ``model``, ``classes``
@@ -107,20 +124,38 @@ def start(icfg: InferenceConfig) -> Accelerator:
     return make_accelerator(icfg)
 
 
-def forward(accelerator: Accelerator, loaded: LoadedModel, icfg: InferenceConfig, paths: list[str],
-            labels: list[int], desc: str) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(
+    accelerator: Accelerator, loaded: LoadedModel, icfg: InferenceConfig, paths: list[str], labels: list[int], desc: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and labels (``UNREADABLE`` for files that failed) of every path, in order, on every process."""
-    dataset = ImageDataset(paths, labels, loaded.image_size, report=False,  # reported once, by the caller
-                           threads=decode_threads(icfg))
-    loader = make_loader(dataset, icfg.batch_size, train=False, seed=0, num_workers=loader_workers(icfg),
-                         pin_memory=torch.cuda.is_available())
+    dataset = ImageDataset(
+        paths,
+        labels,
+        loaded.image_size,
+        report=False,  # reported once, by the caller
+        threads=decode_threads(icfg),
+    )
+    loader = make_loader(
+        dataset,
+        icfg.batch_size,
+        train=False,
+        seed=0,
+        num_workers=loader_workers(icfg),
+        pin_memory=torch.cuda.is_available(),
+    )
     # evaluation_mode: device placement and mixed precision, no DDP wrapper (nothing to synchronise).
     model = accelerator.prepare_model(loaded.model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
     kept: list = []
-    engine.evaluate(accelerator, model, loader, DeviceNormalize(accelerator.device, False, loaded.info.mean, loaded.info.std),
-                    progress=icfg.progress,
-                    desc=desc, keep=kept)
+    engine.evaluate(
+        accelerator,
+        model,
+        loader,
+        DeviceNormalize(accelerator.device, False, loaded.info.mean, loaded.info.std),
+        progress=icfg.progress,
+        desc=desc,
+        keep=kept,
+    )
     return torch.cat([lg for lg, _ in kept]).cpu(), torch.cat([lb for _, lb in kept]).cpu()
 
 

@@ -12,6 +12,7 @@ is an error naming both. Workers die with their agent (a parent-death signal), s
 a launcher killed with SIGKILL leaves nothing running. The run folder is fixed
 here, before the workers start, so that they all agree on it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -30,6 +31,7 @@ ENV = os.environ  # the one place the process environment is read from
 
 
 # --- inside a worker: what the launcher said ----------------------------------------------------------
+
 
 def is_worker() -> bool:
     """Started by a launcher (even one of a single process): never start a second one."""
@@ -73,8 +75,9 @@ def rendezvous() -> tuple[str, int] | None:
 
 def accelerate_cpu_single() -> bool:
     """``accelerate launch --cpu`` without mpirun: it started one process where N were asked for."""
-    return ENV.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and "MASTER_ADDR" in ENV \
-        and "WORLD_SIZE" not in ENV
+    return (
+        ENV.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and "MASTER_ADDR" in ENV and "WORLD_SIZE" not in ENV
+    )
 
 
 def die_with_launcher() -> None:
@@ -92,6 +95,7 @@ def die_with_launcher() -> None:
 
 
 # --- before any worker: how this machine's part of the job starts -------------------------------------
+
 
 def default_nproc() -> int:
     import torch
@@ -138,8 +142,9 @@ def _agree(flag: str, given, found, where: str):
         return found if given is None else given
     ok = node_range(given)[0] <= found <= node_range(given)[1] if flag == "nnodes" else given == found
     if not ok:
-        raise UserError(f"--{flag.replace('_', '-')} {given} contradicts {where}: drop the flag, or change the "
-                        "allocation")
+        raise UserError(
+            f"--{flag.replace('_', '-')} {given} contradicts {where}: drop the flag, or change the allocation"
+        )
     return given
 
 
@@ -163,12 +168,20 @@ def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -
             nproc = _agree("nproc", nproc, alloc.tasks_here, f"{at} ({alloc.tasks_here} task(s) on this node)")
             if cfg.rdzv_endpoint:
                 addr, port = cfg.rdzv_endpoint.rsplit(":", 1)[0], int(cfg.rdzv_endpoint.rsplit(":", 1)[1])
-            join = {"RANK": str(alloc.task_rank), "LOCAL_RANK": str(alloc.local_task), "GROUP_RANK": str(node_rank),
-                    "WORLD_SIZE": str(alloc.ntasks), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": addr,
-                    "MASTER_PORT": str(port)}
+            join = {
+                "RANK": str(alloc.task_rank),
+                "LOCAL_RANK": str(alloc.local_task),
+                "GROUP_RANK": str(node_rank),
+                "WORLD_SIZE": str(alloc.ntasks),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": addr,
+                "MASTER_PORT": str(port),
+            }
         elif nproc is not None and alloc.gpus and nproc > alloc.gpus:
-            raise UserError(f"--nproc {nproc} contradicts {at} ({alloc.gpus} GPU(s) on this node, "
-                            "SLURM_GPUS_ON_NODE): drop the flag, or ask for more GPUs")
+            raise UserError(
+                f"--nproc {nproc} contradicts {at} ({alloc.gpus} GPU(s) on this node, "
+                "SLURM_GPUS_ON_NODE): drop the flag, or ask for more GPUs"
+            )
         nproc = nproc or alloc.gpus
     elif cluster and _kubernetes(env) and "LOCAL_RANK" not in env:
         source, at = "Kubernetes", "the job's environment"
@@ -183,13 +196,24 @@ def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -
     nnodes, node_rank = str(nnodes or 1), node_rank or 0
     lo, hi = node_range(nnodes)
     if lo != hi and not cfg.rdzv_endpoint:
-        raise UserError(f"--nnodes {nnodes} (elastic) needs --rdzv-endpoint HOST:PORT: membership that changes "
-                        "needs the c10d rendezvous")
+        raise UserError(
+            f"--nnodes {nnodes} (elastic) needs --rdzv-endpoint HOST:PORT: membership that changes "
+            "needs the c10d rendezvous"
+        )
     if not 0 <= node_rank < hi:
         raise UserError(f"--node-rank must be in [0, {hi - 1}], got {node_rank}")
     rdzv_id = alloc.job_id if alloc else env.get("PET_RDZV_ID", "visiontune")
-    return Plan(source, nnodes, node_rank, nproc or default_nproc(), addr or "127.0.0.1", port or 29500,
-                cfg.rdzv_endpoint, rdzv_id, join)
+    return Plan(
+        source,
+        nnodes,
+        node_rank,
+        nproc or default_nproc(),
+        addr or "127.0.0.1",
+        port or 29500,
+        cfg.rdzv_endpoint,
+        rdzv_id,
+        join,
+    )
 
 
 def join_cluster(cfg: TrainConfig) -> None:
@@ -202,8 +226,10 @@ def join_cluster(cfg: TrainConfig) -> None:
     alloc = slurm.allocation(ENV)
     started = alloc.ntasks if alloc else (world_size() if _kubernetes(ENV) else 1)
     if cfg.strategy != "ddp" and started > 1:
-        raise UserError(f"the cluster started {started} processes but --strategy is {cfg.strategy}: each would "
-                        "train alone; pass --strategy ddp")
+        raise UserError(
+            f"the cluster started {started} processes but --strategy is {cfg.strategy}: each would "
+            "train alone; pass --strategy ddp"
+        )
     if cfg.strategy == "ddp":
         p = plan(cfg)
         if p.join:
@@ -272,14 +298,20 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     try:
         run(get_args_parser().parse_args(torchrun_args))
     except SignalException as e:
-        print(f"visiontune: stopped by {signal.Signals(e.sigval).name}; the workers wrote a checkpoint "
-              "(continue with --resume auto and the same --output-dir)", file=sys.stderr)
+        print(
+            f"visiontune: stopped by {signal.Signals(e.sigval).name}; the workers wrote a checkpoint "
+            "(continue with --resume auto and the same --output-dir)",
+            file=sys.stderr,
+        )
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank_, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        print(f"visiontune: worker rank {rank_} failed with exit code {failure.exitcode} "
-              f"(its output is above); the job stopped", file=sys.stderr)
+        print(
+            f"visiontune: worker rank {rank_} failed with exit code {failure.exitcode} "
+            f"(its output is above); the job stopped",
+            file=sys.stderr,
+        )
         return code
     finally:
         # Called from the Python API the process lives on: workers it starts later, through another

@@ -8,6 +8,7 @@ of the lr at the smoothed loss's minimum, where the loss still falls steeply.
 One process, one device: the sweep is short and its answer does not depend on
 the number of processes (pass the global batch you will train with).
 """
+
 from __future__ import annotations
 
 import itertools

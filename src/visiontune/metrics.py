@@ -8,6 +8,7 @@ macro averages and balanced accuracy run over the classes that have images
 (a class with no images says nothing about the model); weighted averages
 weight each class by its images. F1 is ``2 tp / (2 tp + fp + fn)``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,8 +41,12 @@ def per_class(confusion: torch.Tensor, classes: list[str]) -> dict[str, dict]:
     out = {}
     for c, name in enumerate(classes):
         hit, predicted, actual = int(confusion[c, c]), int(confusion[:, c].sum()), int(confusion[c].sum())
-        out[name] = {"precision": _ratio(hit, predicted), "recall": _ratio(hit, actual),
-                     "f1": _ratio(2 * hit, predicted + actual), "support": actual}
+        out[name] = {
+            "precision": _ratio(hit, predicted),
+            "recall": _ratio(hit, actual),
+            "f1": _ratio(2 * hit, predicted + actual),
+            "support": actual,
+        }
     return out
 
 
@@ -51,8 +56,10 @@ def averages(rows: dict[str, dict]) -> dict[str, dict]:
     total = sum(r["support"] for r in present)
     out = {}
     for kind, weight in (("macro", lambda r: 1 / len(present)), ("weighted", lambda r: r["support"] / total)):
-        out[kind] = {k: sum(weight(r) * (r[k] or 0.0) for r in present) if present else None
-                     for k in ("precision", "recall", "f1")}
+        out[kind] = {
+            k: sum(weight(r) * (r[k] or 0.0) for r in present) if present else None
+            for k in ("precision", "recall", "f1")
+        }
     return out
 
 
@@ -73,7 +80,8 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor, classes: 
         "balanced_accuracy": sum(recalls) / len(recalls) if recalls else None,
         "top_k": top_k,
         "top_k_accuracy": (logits.topk(top_k, 1).indices == labels[:, None]).any(1).double().mean().item()
-        if top_k and n else None,
+        if top_k and n
+        else None,
         "log_loss": F.cross_entropy(logits, labels).item() if n else None,
         "ece": expected_calibration_error(probs, labels) if n else None,
         "ece_bins": ECE_BINS,
@@ -92,8 +100,17 @@ def top_losses(logits: torch.Tensor, labels: torch.Tensor, n: int) -> list[dict]
     pred = probs.argmax(1)
     wrong = (pred != labels).nonzero().flatten()
     order = wrong[losses[wrong].argsort(descending=True, stable=True)][:n]
-    return [{"index": i, "true": int(labels[i]), "predicted": int(pred[i]), "probability": probs[i, pred[i]].item(),
-             "true_probability": probs[i, labels[i]].item(), "loss": losses[i].item()} for i in order.tolist()]
+    return [
+        {
+            "index": i,
+            "true": int(labels[i]),
+            "predicted": int(pred[i]),
+            "probability": probs[i, pred[i]].item(),
+            "true_probability": probs[i, labels[i]].item(),
+            "loss": losses[i].item(),
+        }
+        for i in order.tolist()
+    ]
 
 
 def short(name: str, width: int = 24) -> str:
@@ -110,11 +127,15 @@ def per_class_table(report: dict) -> str:
     head = f"{'#':>3} {'class':<24} {'precision':>9} {'recall':>8} {'f1':>8} {'images':>7}"
     lines = [head]
     for i, (name, r) in enumerate(report["per_class"].items()):
-        lines.append(f"{i:>3} {short(name):<24} {_fmt(r['precision']):>9} {_fmt(r['recall']):>8} "
-                     f"{_fmt(r['f1']):>8} {r['support']:>7}")
+        lines.append(
+            f"{i:>3} {short(name):<24} {_fmt(r['precision']):>9} {_fmt(r['recall']):>8} "
+            f"{_fmt(r['f1']):>8} {r['support']:>7}"
+        )
     for kind, r in report["averages"].items():
-        lines.append(f"{'':>3} {kind + ' avg':<24} {_fmt(r['precision']):>9} {_fmt(r['recall']):>8} "
-                     f"{_fmt(r['f1']):>8} {report['images']:>7}")
+        lines.append(
+            f"{'':>3} {kind + ' avg':<24} {_fmt(r['precision']):>9} {_fmt(r['recall']):>8} "
+            f"{_fmt(r['f1']):>8} {report['images']:>7}"
+        )
     return "\n".join(lines)
 
 
@@ -125,14 +146,19 @@ def confusion_text(report: dict, full_up_to: int = 10, pairs: int = 10) -> str:
     if k <= full_up_to:
         cells = [[f"{c} ({p:.0%})" for c, p in zip(cr, pr)] for cr, pr in zip(counts, norm)]
         w = max(len(s) for row in cells for s in row) + 2
-        lines = ["confusion matrix (rows: true class, columns: predicted class #; count and share of the row)",
-                 " " * 28 + "".join(f"{j:>{w}}" for j in range(k))]
-        lines += [f"{i:>3} {short(n):<24}" + "".join(f"{s:>{w}}" for s in row)
-                  for i, (n, row) in enumerate(zip(names, cells))]
+        lines = [
+            "confusion matrix (rows: true class, columns: predicted class #; count and share of the row)",
+            " " * 28 + "".join(f"{j:>{w}}" for j in range(k)),
+        ]
+        lines += [
+            f"{i:>3} {short(n):<24}" + "".join(f"{s:>{w}}" for s in row) for i, (n, row) in enumerate(zip(names, cells))
+        ]
         return "\n".join(lines)
-    off = sorted(((counts[t][p], t, p) for t in range(k) for p in range(k) if t != p and counts[t][p]),
-                 reverse=True)[:pairs]
+    off = sorted(((counts[t][p], t, p) for t in range(k) for p in range(k) if t != p and counts[t][p]), reverse=True)[
+        :pairs
+    ]
     lines = [f"most confused pairs ({k} classes; the full matrix is in eval.json and confusion_matrix.png)"]
-    lines += [f"{c:>6}  {short(names[t])} -> {short(names[p])} ({norm[t][p]:.0%} of {short(names[t])})"
-              for c, t, p in off]
+    lines += [
+        f"{c:>6}  {short(names[t])} -> {short(names[p])} ({norm[t][p]:.0%} of {short(names[t])})" for c, t, p in off
+    ]
     return "\n".join(lines if off else lines + ["  none: every image is on the diagonal"])

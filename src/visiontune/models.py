@@ -11,6 +11,7 @@ expect (size, mean/std, interpolation: timm's pretrained config, torchvision's
 that fits; a head of another shape is re-initialised and named, any other
 mismatch is an error. Nothing is unpickled: safetensors or ``weights_only``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,6 +35,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
 @dataclass(frozen=True)
 class Preprocess:
     """What the model's pretrained weights were trained with."""
+
     size: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -43,9 +45,9 @@ class Preprocess:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str    # as given to --model
+    name: str  # as given to --model
     source: str  # torchvision | timm | hf-hub
-    arch: str    # the source's own name
+    arch: str  # the source's own name
     preprocess: Preprocess
 
 
@@ -58,13 +60,20 @@ def _hub_error(name: str, e: Exception) -> UserError:
     from huggingface_hub.errors import RepositoryNotFoundError
 
     if isinstance(e, RepositoryNotFoundError):
-        return UserError(f"no model {name!r} on the Hugging Face Hub (or it is private); check the name "
-                         f"at https://huggingface.co/{name.split(':', 1)[-1].lstrip('/')}")
-    todo = ("copy that cache from a machine that has it" if name.startswith("hf-hub:")
-            else "pass --weights none / --weights PATH")  # a Hub model needs its config.json even untrained
-    return UserError(f"cannot fetch {name} ({e.__class__.__name__}): offline or not in the Hugging Face cache "
-                     f"{constants.HF_HUB_CACHE} (HF_HOME) nor torch hub's {torch.hub.get_dir()}; run once with "
-                     f"network access to fill the cache, or {todo}")
+        return UserError(
+            f"no model {name!r} on the Hugging Face Hub (or it is private); check the name "
+            f"at https://huggingface.co/{name.split(':', 1)[-1].lstrip('/')}"
+        )
+    todo = (
+        "copy that cache from a machine that has it"
+        if name.startswith("hf-hub:")
+        else "pass --weights none / --weights PATH"
+    )  # a Hub model needs its config.json even untrained
+    return UserError(
+        f"cannot fetch {name} ({e.__class__.__name__}): offline or not in the Hugging Face cache "
+        f"{constants.HF_HUB_CACHE} (HF_HOME) nor torch hub's {torch.hub.get_dir()}; run once with "
+        f"network access to fill the cache, or {todo}"
+    )
 
 
 @contextlib.contextmanager
@@ -84,8 +93,13 @@ def _timm_preprocess(cfg: dict) -> Preprocess:
     from timm.data import resolve_data_config
 
     data = resolve_data_config(pretrained_cfg=cfg)
-    return Preprocess(int(data["input_size"][-1]), tuple(data["mean"]), tuple(data["std"]),
-                      str(data["interpolation"]), float(data["crop_pct"]))
+    return Preprocess(
+        int(data["input_size"][-1]),
+        tuple(data["mean"]),
+        tuple(data["std"]),
+        str(data["interpolation"]),
+        float(data["crop_pct"]),
+    )
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -95,7 +109,7 @@ def get_spec(name: str) -> ModelSpec:
 
         try:
             with _hub_quiet():
-                cfg = _hub.load_model_config_from_hf(name[len("hf-hub:"):])[0]
+                cfg = _hub.load_model_config_from_hf(name[len("hf-hub:") :])[0]
         except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
             raise _hub_error(name, e) from None
         return ModelSpec(name, "hf-hub", name, _timm_preprocess(cfg))
@@ -103,7 +117,7 @@ def get_spec(name: str) -> ModelSpec:
         import timm
         from timm.models import get_pretrained_cfg
 
-        arch = name[len("timm/"):]
+        arch = name[len("timm/") :]
         if not timm.is_model(arch):
             raise UserError(f"unknown timm model {arch!r}; see `visiontune models --source timm --filter TEXT`")
         try:
@@ -112,11 +126,18 @@ def get_spec(name: str) -> ModelSpec:
             raise UserError(f"{name}: {e}") from None
         return ModelSpec(name, "timm", arch, _timm_preprocess(cfg.to_dict() if cfg else {}))
     if name not in torchvision_names():
-        raise UserError(f"unknown model {name!r}; see `visiontune models` (timm models: timm/NAME, "
-                        "Hub models: hf-hub:ORG/NAME)")
+        raise UserError(
+            f"unknown model {name!r}; see `visiontune models` (timm models: timm/NAME, Hub models: hf-hub:ORG/NAME)"
+        )
     t = torchvision.models.get_model_weights(name).DEFAULT.transforms()
-    return ModelSpec(name, "torchvision", name, Preprocess(
-        t.crop_size[0], tuple(t.mean), tuple(t.std), t.interpolation.value, t.crop_size[0] / t.resize_size[0]))
+    return ModelSpec(
+        name,
+        "torchvision",
+        name,
+        Preprocess(
+            t.crop_size[0], tuple(t.mean), tuple(t.std), t.interpolation.value, t.crop_size[0] / t.resize_size[0]
+        ),
+    )
 
 
 def torchvision_names() -> list[str]:
@@ -128,7 +149,8 @@ def model_names(source: str = "torchvision", text: str = "") -> list[str]:
     import timm
 
     found = (torchvision_names() if source in ("torchvision", "all") else []) + (
-        [f"timm/{n}" for n in timm.list_models()] if source in ("timm", "all") else [])
+        [f"timm/{n}" for n in timm.list_models()] if source in ("timm", "all") else []
+    )
     return [n for n in found if text.lower() in n.lower()]
 
 
@@ -142,14 +164,19 @@ def _torchvision_weights(name: str, weights: str):
         return enum[weights]
     except KeyError:
         names = ", ".join(["DEFAULT", *enum.__members__, "none"])
-        raise UserError(f"unknown weights {weights!r} for {name}; choose one of: {names}, "
-                        "or a path to a .pth/.safetensors file") from None
+        raise UserError(
+            f"unknown weights {weights!r} for {name}; choose one of: {names}, or a path to a .pth/.safetensors file"
+        ) from None
 
 
 def replace_head(model: nn.Module, num_classes: int) -> str:
     """Swap torchvision's last 1000-way layer (Linear; SqueezeNet's 1x1 Conv2d) for a new one; its name."""
-    qual = [q for q, m in model.named_modules() if (isinstance(m, nn.Linear) and m.out_features == IMAGENET_CLASSES)
-            or (isinstance(m, nn.Conv2d) and m.out_channels == IMAGENET_CLASSES)][-1]
+    qual = [
+        q
+        for q, m in model.named_modules()
+        if (isinstance(m, nn.Linear) and m.out_features == IMAGENET_CLASSES)
+        or (isinstance(m, nn.Conv2d) and m.out_channels == IMAGENET_CLASSES)
+    ][-1]
     old = model.get_submodule(qual)
     parent_name, _, attr = qual.rpartition(".")
     if isinstance(old, nn.Linear):
@@ -190,8 +217,10 @@ def _build_timm(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
     import timm
 
     if weights not in ("DEFAULT", "none") and not is_weights_file(weights):
-        raise UserError(f"--weights for {spec.name} is DEFAULT, none or a .safetensors/.pth path; "
-                        f"a pretrained tag goes in the name: --model {spec.name}.TAG")
+        raise UserError(
+            f"--weights for {spec.name} is DEFAULT, none or a .safetensors/.pth path; "
+            f"a pretrained tag goes in the name: --model {spec.name}.TAG"
+        )
     try:
         with _hub_quiet():
             return timm.create_model(spec.arch, pretrained=weights == "DEFAULT", num_classes=num_classes)
@@ -200,14 +229,19 @@ def _build_timm(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
 
 
 BUILDERS: dict[str, Callable[[ModelSpec, int, str], nn.Module]] = {
-    "torchvision": _build_torchvision, "timm": _build_timm, "hf-hub": _build_timm}
+    "torchvision": _build_torchvision,
+    "timm": _build_timm,
+    "hf-hub": _build_timm,
+}
 
 
 def _download_error(weights, e: Exception) -> UserError:
     filename = Path(weights.url).name
     cache = Path(torch.hub.get_dir()) / "checkpoints" / filename
-    return UserError(f"cannot download {weights} ({filename}): {e.__class__.__name__}; "
-                     f"put the file at {cache}, or pass --weights none or --weights PATH")
+    return UserError(
+        f"cannot download {weights} ({filename}): {e.__class__.__name__}; "
+        f"put the file at {cache}, or pass --weights none or --weights PATH"
+    )
 
 
 def train_head_only(model: nn.Module) -> None:
@@ -217,8 +251,15 @@ def train_head_only(model: nn.Module) -> None:
         p.requires_grad = pname.startswith(heads)
 
 
-def build_model(name: str, num_classes: int, weights: str = "DEFAULT", freeze_backbone: bool = False, *,
-                head_may_differ: bool = True, say: Callable[[str], None] = print) -> nn.Module:
+def build_model(
+    name: str,
+    num_classes: int,
+    weights: str = "DEFAULT",
+    freeze_backbone: bool = False,
+    *,
+    head_may_differ: bool = True,
+    say: Callable[[str], None] = print,
+) -> nn.Module:
     """``name`` with a fresh ``num_classes`` head; ``weights`` DEFAULT, none, a torchvision name or a file."""
     spec = get_spec(name)
     model = BUILDERS[spec.source](spec, num_classes, "none" if is_weights_file(weights) else weights)
@@ -252,20 +293,27 @@ def check_input(model: nn.Module, name: str, image_size: int, batch_size: int) -
     Eval mode and no RNG draw, so the run that follows is unchanged.
     """
     per_channel: list[int] = []  # values per channel each BatchNorm sees for one image
-    hooks = [m.register_forward_pre_hook(lambda _m, args: per_channel.append(args[0].shape[2:].numel()))
-             for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, args: per_channel.append(args[0].shape[2:].numel()))
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
     training = model.training
     try:
         with torch.inference_mode():
             model.eval()(torch.zeros(1, 3, image_size, image_size))
     except RuntimeError as e:
-        raise UserError(f"--image-size {image_size} is too small for {name} ({str(e).splitlines()[0][:120]}); "
-                        "use a larger --image-size") from None
+        raise UserError(
+            f"--image-size {image_size} is too small for {name} ({str(e).splitlines()[0][:120]}); "
+            "use a larger --image-size"
+        ) from None
     finally:
         for h in hooks:
             h.remove()
         model.train(training)
     if per_channel and batch_size * min(per_channel) < 2:
-        raise UserError(f"--batch-size {batch_size} is too small for {name} at --image-size {image_size}: its "
-                        "BatchNorm layers need more than one value per channel to train; use --batch-size 2 or "
-                        "more (per process)")
+        raise UserError(
+            f"--batch-size {batch_size} is too small for {name} at --image-size {image_size}: its "
+            "BatchNorm layers need more than one value per channel to train; use --batch-size 2 or "
+            "more (per process)"
+        )

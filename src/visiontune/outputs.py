@@ -5,6 +5,7 @@ by the main process: callers invoke these helpers after
 ``accelerator.wait_for_everyone()`` inside ``if accelerator.is_main_process``,
 which is safe because none of them runs a collective.
 """
+
 from __future__ import annotations
 
 import csv
@@ -77,8 +78,12 @@ def versions() -> dict[str, str]:
     import accelerate
     import torchvision
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "accelerate": accelerate.__version__}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "accelerate": accelerate.__version__,
+    }
 
 
 def write_json(path: str | os.PathLike, obj) -> None:
@@ -90,8 +95,13 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
 
 
-def save_model(run_dir: str | os.PathLike, state: dict[str, torch.Tensor], stem: str = "best",
-               metadata: dict[str, str] | None = None, pth: bool = False) -> None:
+def save_model(
+    run_dir: str | os.PathLike,
+    state: dict[str, torch.Tensor],
+    stem: str = "best",
+    metadata: dict[str, str] | None = None,
+    pth: bool = False,
+) -> None:
     """``<stem>.safetensors`` (carrying ``metadata``), and with ``pth`` the same tensors as ``<stem>.pth``
     (loads with weights_only=True)."""
     from safetensors.torch import save as st_save
@@ -110,8 +120,17 @@ def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
     for row in history:
         for phase in PHASES:
             r = row[phase]
-            w.writerow([row["epoch"], phase, f"{r['loss']:.6f}", f"{r['accuracy']:.6f}", r["images"],
-                        f"{r['seconds']:.3f}", f"{r['images_per_s']:.2f}"])
+            w.writerow(
+                [
+                    row["epoch"],
+                    phase,
+                    f"{r['loss']:.6f}",
+                    f"{r['accuracy']:.6f}",
+                    r["images"],
+                    f"{r['seconds']:.3f}",
+                    f"{r['images_per_s']:.2f}",
+                ]
+            )
     atomic_write(path, out.getvalue())
 
 
@@ -135,8 +154,15 @@ def history_figure(history: list[dict]):
     for ax, key, title in ((axes[0], "accuracy", "Accuracy"), (axes[1], "loss", "Loss")):
         for phase, label in (("train", "Training"), ("val", "Validation")):
             ax.plot(epochs, [row[phase][key] for row in history], marker="o", label=label)
-        ax.plot([best["epoch"]], [best["val"][key]], marker="*", markersize=16, color="tab:red", linestyle="none",
-                label=f"best epoch ({best['epoch']}): val accuracy {best['val']['accuracy']:.4f}")
+        ax.plot(
+            [best["epoch"]],
+            [best["val"][key]],
+            marker="*",
+            markersize=16,
+            color="tab:red",
+            linestyle="none",
+            label=f"best epoch ({best['epoch']}): val accuracy {best['val']['accuracy']:.4f}",
+        )
         ax.set_title(f"Training and Validation {title}")
     lrs = [(row["epoch"], row["lr"]) for row in history if "lr" in row]
     axes[2].plot([e for e, _ in lrs], [lr for _, lr in lrs], marker="o", color="tab:gray", label="learning rate")

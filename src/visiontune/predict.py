@@ -6,6 +6,7 @@ output file has the same bytes however many processes made it. An unreadable
 file keeps its row, which says "no prediction", and is listed on stderr and in
 ``OUT.skipped.txt``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -32,8 +33,13 @@ def list_inputs(data: str) -> Inputs:
     """A folder (images anywhere below it), one image, or a text file listing one path per line."""
     p = Path(data)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS
-                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
+        files = sorted(
+            f
+            for f in p.rglob("*")
+            if f.is_file()
+            and f.suffix.lower() in IMAGE_EXTENSIONS
+            and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
         if not files:
             raise UserError(f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) in {data}")
         if all(f.parent == p and f.stem.isdigit() for f in files):
@@ -62,8 +68,7 @@ def check_clip(clip: float) -> None:
         raise UserError(f"--clip must be in [0, 0.5), got {clip}")
 
 
-def format_rows(inputs: Inputs, classes: list[str], probs: torch.Tensor, readable: torch.Tensor,
-                clip: float) -> str:
+def format_rows(inputs: Inputs, classes: list[str], probs: torch.Tensor, readable: torch.Tensor, clip: float) -> str:
     """The CSV text: ``id,label`` for a Kaggle test folder, else ``path,prediction,prob_<class>...``."""
     predicted = probs.argmax(1).tolist()
     probs = probs.clamp(clip, 1 - clip) if clip > 0 else probs
@@ -88,14 +93,16 @@ def skipped_path(out: str) -> Path:
     return Path(f"{out}.skipped.txt")
 
 
-def predict(loaded: LoadedModel, icfg: InferenceConfig, inputs: Inputs, out: str, clip: float = 0.0,
-            tta_mode: str = "none") -> int:
+def predict(
+    loaded: LoadedModel, icfg: InferenceConfig, inputs: Inputs, out: str, clip: float = 0.0, tta_mode: str = "none"
+) -> int:
     """Write ``out`` (and ``out.skipped.txt`` when files were unreadable); return how many were skipped."""
     check_clip(clip)
     classes = loaded.classes
     accelerator = inference.start(icfg)
-    logits, labels = inference.forward(accelerator, tta.wrap_loaded(loaded, tta_mode), icfg, inputs.paths,
-                                       [0] * len(inputs.paths), "predict")
+    logits, labels = inference.forward(
+        accelerator, tta.wrap_loaded(loaded, tta_mode), icfg, inputs.paths, [0] * len(inputs.paths), "predict"
+    )
     readable = labels != UNREADABLE
     skipped = []
     if accelerator.is_main_process:
@@ -105,7 +112,9 @@ def predict(loaded: LoadedModel, icfg: InferenceConfig, inputs: Inputs, out: str
             outputs.atomic_write(skipped_path(out), "".join(f"{p}\t{r}\n" for p, r in skipped))
         else:
             skipped_path(out).unlink(missing_ok=True)  # an earlier run's list would now be wrong
-        print(f"visiontune: predicted {int(readable.sum())} of {len(inputs.paths)} images -> {out}"
-              + (f"; {len(skipped)} unreadable, listed in {skipped_path(out)}" if skipped else ""))
+        print(
+            f"visiontune: predicted {int(readable.sum())} of {len(inputs.paths)} images -> {out}"
+            + (f"; {len(skipped)} unreadable, listed in {skipped_path(out)}" if skipped else "")
+        )
     accelerator.wait_for_everyone()
     return int((~readable).sum())

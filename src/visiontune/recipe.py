@@ -10,6 +10,7 @@ and the resolved config records every value. Nothing else in visiontune knows
 the presets. Every per-step rule here counts optimizer steps, so a resume,
 which restores that count, repeats it exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,12 +25,34 @@ from visiontune.data.pipeline import MEAN, STD
 from visiontune.ema import EMA
 
 PRESETS: dict[str, dict] = {
-    "blog": {"optimizer": "sgd", "lr": 1e-3, "weight_decay": 0.0, "lr_schedule": "none", "warmup_epochs": 0.0,
-             "label_smoothing": 0.0, "augment": "none", "random_erasing": 0.0, "mixup": 0.0, "cutmix": 0.0,
-             "ema": 0.0, "normalize": "blog"},
-    "modern": {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.05, "lr_schedule": "cosine",
-               "warmup_epochs": 1.0, "label_smoothing": 0.1, "augment": "trivial", "random_erasing": 0.0,
-               "mixup": 0.0, "cutmix": 0.0, "ema": 0.99, "normalize": None},  # normalize: see _normalize
+    "blog": {
+        "optimizer": "sgd",
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "lr_schedule": "none",
+        "warmup_epochs": 0.0,
+        "label_smoothing": 0.0,
+        "augment": "none",
+        "random_erasing": 0.0,
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "ema": 0.0,
+        "normalize": "blog",
+    },
+    "modern": {
+        "optimizer": "adamw",
+        "lr": 1e-3,
+        "weight_decay": 0.05,
+        "lr_schedule": "cosine",
+        "warmup_epochs": 1.0,
+        "label_smoothing": 0.1,
+        "augment": "trivial",
+        "random_erasing": 0.0,
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "ema": 0.99,
+        "normalize": None,
+    },  # normalize: see _normalize
 }
 STEP_MILESTONES, STEP_GAMMA = (0.5, 0.75), 0.1  # --lr-schedule step: x0.1 at half and three quarters
 
@@ -87,8 +110,10 @@ def _weights_stats(cfg) -> tuple:
     from visiontune.models import get_spec
 
     if _normalize(cfg) != "weights":
-        raise UserError(f"--normalize weights needs named pretrained weights (--weights {cfg.weights} has no "
-                        "metadata); use --normalize data or blog")
+        raise UserError(
+            f"--normalize weights needs named pretrained weights (--weights {cfg.weights} has no "
+            "metadata); use --normalize data or blog"
+        )
     preprocess = get_spec(cfg.model).preprocess  # timm's pretrained_cfg, torchvision's weights.transforms()
     return preprocess.mean, preprocess.std
 
@@ -111,9 +136,12 @@ def data_stats(dataset, limit: int = 2000, seed: int = 0) -> tuple[str, str]:
 
 def head_prefix(model: nn.Module, num_classes: int) -> str:
     """The dotted name of the classification head: the last layer producing ``num_classes`` outputs."""
-    found = [q for q, m in model.named_modules()
-             if (isinstance(m, nn.Linear) and m.out_features == num_classes)
-             or (isinstance(m, nn.Conv2d) and m.out_channels == num_classes)]
+    found = [
+        q
+        for q, m in model.named_modules()
+        if (isinstance(m, nn.Linear) and m.out_features == num_classes)
+        or (isinstance(m, nn.Conv2d) and m.out_channels == num_classes)
+    ]
     return found[-1] if found else ""
 
 
@@ -173,8 +201,7 @@ class Stepper:
 
     def __init__(self, optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int):
         total, warm, schedule = cfg.epochs * steps_per_epoch, warmup_steps(cfg, steps_per_epoch), cfg.lr_schedule
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, total, warm, schedule))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warm, schedule))
         self.ema_decay, self.ema = cfg.ema, None
         self.freeze_steps = cfg.freeze_epochs * steps_per_epoch
 
@@ -197,8 +224,10 @@ class Stepper:
             self.ema.update()
 
     def state_dict(self) -> dict:
-        return {"scheduler": self.scheduler.state_dict(),
-                "ema": self.ema.state_dict() if self.ema is not None else None}
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if "scheduler" not in state:  # a checkpoint written before recipes: a plain scheduler's state
@@ -208,8 +237,9 @@ class Stepper:
             self.ema.load_state_dict(state["ema"])
 
 
-def freeze_backbone_during(model: nn.Module, head: str, optimizer: torch.optim.Optimizer,
-                           frozen: Callable[[], bool]) -> None:
+def freeze_backbone_during(
+    model: nn.Module, head: str, optimizer: torch.optim.Optimizer, frozen: Callable[[], bool]
+) -> None:
     """Hold everything but the head still while ``frozen()``: no updates, BatchNorm statistics fixed.
 
     The parameters keep ``requires_grad`` (DDP needs the same set every step): a step pre-hook
@@ -222,15 +252,18 @@ def freeze_backbone_during(model: nn.Module, head: str, optimizer: torch.optim.O
         if frozen():
             for p in backbone:
                 p.grad = None
+
     optimizer.register_step_pre_hook(drop_grads)
     keep_norms_still(model, head, frozen)
 
 
 def keep_norms_still(model: nn.Module, head: str, frozen: Callable[[], bool]) -> None:
     """Batch norms outside the head run in eval mode whenever ``frozen()`` (the engine sets train mode)."""
+
     def to_eval(module, _args):
         if frozen() and module.training:
             module.train(False)
+
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and not _in_head(name, head):
             m.register_forward_pre_hook(to_eval)
@@ -238,11 +271,13 @@ def keep_norms_still(model: nn.Module, head: str, frozen: Callable[[], bool]) ->
 
 def per_sample_loss(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Per-sample loss for hard labels (UNREADABLE ignored: 0) or soft [B, K] targets (zero rows: 0)."""
+
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if targets.is_floating_point():
             per = F.cross_entropy(logits.float(), targets, reduction="none", label_smoothing=label_smoothing)
             return per * (targets.sum(1) > 0)
         return F.cross_entropy(logits, targets, reduction="none", label_smoothing=label_smoothing)
+
     return loss
 
 
@@ -256,21 +291,25 @@ def criterion(cfg) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | Non
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         readable = targets.sum(1) > 0 if targets.is_floating_point() else targets >= 0
         return per_sample(logits, targets).sum() / readable.sum().clamp(min=1)
+
     return loss
 
 
 def best(history: list[dict], metric: str = "accuracy") -> tuple[dict, str]:
     """The best (epoch row, "val" or "val_ema") by ``metric``; ties: the other metric, then earlier."""
+
     def key(item):
         r = item[0][item[1]]
         main = r["accuracy"] if metric == "accuracy" else -r["loss"]
         other = -r["loss"] if metric == "accuracy" else r["accuracy"]
         return main, other, -item[0]["epoch"], item[1] == "val"
+
     return max(((row, w) for row in history for w in ("val", "val_ema") if w in row), key=key)
 
 
-def optimization(cfg, model: nn.Module, num_classes: int, lr: float,
-                 steps_per_epoch: int) -> tuple[torch.optim.Optimizer, Stepper]:
+def optimization(
+    cfg, model: nn.Module, num_classes: int, lr: float, steps_per_epoch: int
+) -> tuple[torch.optim.Optimizer, Stepper]:
     """The optimizer and its ``Stepper`` for the plain model, with the freezing ``cfg`` asks for.
 
     Call before the model is wrapped; attach the EMA with ``Stepper.attach_ema`` after.

@@ -8,6 +8,7 @@ no script and no external reference: it opens the same offline, attached to
 an email or archived. Every number shown carries ``data-src``/``data-path``
 naming the JSON value it shows, which is how the browser test checks them.
 """
+
 from __future__ import annotations
 
 import base64
@@ -63,19 +64,34 @@ def _rows(pairs: list[tuple[str, str]]) -> str:
 
 def _setup(run: Path, config: dict, summary: dict | None) -> str:
     cfg, setup = config.get("config", {}), config.get("setup", {})
-    plain = [("data", config.get("data", {}).get("root")), ("layout", config.get("data", {}).get("layout")),
-             ("model", cfg.get("model")), ("weights", cfg.get("weights")), ("image size", cfg.get("image_size")),
-             ("epochs", cfg.get("epochs")), ("strategy", setup.get("strategy")),
-             ("processes", setup.get("world_size")), ("batch per process", setup.get("per_process_batch")),
-             ("global batch", setup.get("global_batch")), ("learning rate", setup.get("lr")),
-             ("devices", ", ".join(sorted(set(setup.get("devices") or [])))),
-             ("versions", ", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items()))]
+    plain = [
+        ("data", config.get("data", {}).get("root")),
+        ("layout", config.get("data", {}).get("layout")),
+        ("model", cfg.get("model")),
+        ("weights", cfg.get("weights")),
+        ("image size", cfg.get("image_size")),
+        ("epochs", cfg.get("epochs")),
+        ("strategy", setup.get("strategy")),
+        ("processes", setup.get("world_size")),
+        ("batch per process", setup.get("per_process_batch")),
+        ("global batch", setup.get("global_batch")),
+        ("learning rate", setup.get("lr")),
+        ("devices", ", ".join(sorted(set(setup.get("devices") or [])))),
+        ("versions", ", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items())),
+    ]
     out = [_rows([(k, f'<td class="l">{html.escape(_fmt(v))}</td>') for k, v in plain])]
     if summary:
-        keys = [("best epoch", "best_epoch"), ("best val accuracy", "best_val_accuracy"),
-                ("best val loss", "best_val_loss"), ("epochs run", "epochs"), ("train images", "train_split_size"),
-                ("val images", "val_split_size"), ("train images/s", "train_images_per_s"),
-                ("data-stall share", "data_wait_fraction"), ("total seconds", "total_seconds")]
+        keys = [
+            ("best epoch", "best_epoch"),
+            ("best val accuracy", "best_val_accuracy"),
+            ("best val loss", "best_val_loss"),
+            ("epochs run", "epochs"),
+            ("train images", "train_split_size"),
+            ("val images", "val_split_size"),
+            ("train images/s", "train_images_per_s"),
+            ("data-stall share", "data_wait_fraction"),
+            ("total seconds", "total_seconds"),
+        ]
         out += ["<h3>Results</h3>", _rows([(label, _num("summary", summary, k)) for label, k in keys if k in summary])]
     else:
         out.append('<p class="note">No summary.json: the training did not finish.</p>')
@@ -84,48 +100,88 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
 
 def _evaluation(folder: Path, ev: dict) -> str:
     top = f"top-{ev['top_k']} accuracy" if ev.get("top_k") else None
-    overall = [("images", "images"), ("accuracy", "accuracy"), ("balanced accuracy", "balanced_accuracy"),
-               (top, "top_k_accuracy"), ("log loss", "log_loss"), (f"ECE ({ev['ece_bins']} bins)", "ece")]
-    avgs = [(f"{kind} {m}", ("averages", kind, m))
-            for kind in ("macro", "weighted") for m in ("precision", "recall", "f1")]
-    out = [(f"<p>Scored: {html.escape(ev['scored'])}; test-time augmentation: {html.escape(ev['tta'])}; "
-            f"data {html.escape(ev['data'])}.</p>"),
-           _rows([(label, _num("eval", ev, k)) for label, k in overall if label]
-                 + [(label, _num("eval", ev, *path)) for label, path in avgs]),
-           ("<h3>Per class</h3><table><tr><th>#</th><th class='l'>class</th><th>precision</th><th>recall</th>"
-            "<th>f1</th><th>images</th></tr>")]
+    overall = [
+        ("images", "images"),
+        ("accuracy", "accuracy"),
+        ("balanced accuracy", "balanced_accuracy"),
+        (top, "top_k_accuracy"),
+        ("log loss", "log_loss"),
+        (f"ECE ({ev['ece_bins']} bins)", "ece"),
+    ]
+    avgs = [
+        (f"{kind} {m}", ("averages", kind, m)) for kind in ("macro", "weighted") for m in ("precision", "recall", "f1")
+    ]
+    out = [
+        (
+            f"<p>Scored: {html.escape(ev['scored'])}; test-time augmentation: {html.escape(ev['tta'])}; "
+            f"data {html.escape(ev['data'])}.</p>"
+        ),
+        _rows(
+            [(label, _num("eval", ev, k)) for label, k in overall if label]
+            + [(label, _num("eval", ev, *path)) for label, path in avgs]
+        ),
+        (
+            "<h3>Per class</h3><table><tr><th>#</th><th class='l'>class</th><th>precision</th><th>recall</th>"
+            "<th>f1</th><th>images</th></tr>"
+        ),
+    ]
     for i, name in enumerate(ev["per_class"]):
-        out.append(f"<tr><td>{i}</td><td class='name'>{html.escape(name)}</td>"
-                   + "".join(_num("eval", ev, "per_class", name, k) for k in ("precision", "recall", "f1", "support"))
-                   + "</tr>")
-    out += ["</table><h3>Confusion matrix</h3>", _img(folder / "confusion_matrix.png", "confusion matrix"),
-            "<h3>Top losses</h3>", _img(folder / "top_losses.png", "top losses")]
+        out.append(
+            f"<tr><td>{i}</td><td class='name'>{html.escape(name)}</td>"
+            + "".join(_num("eval", ev, "per_class", name, k) for k in ("precision", "recall", "f1", "support"))
+            + "</tr>"
+        )
+    out += [
+        "</table><h3>Confusion matrix</h3>",
+        _img(folder / "confusion_matrix.png", "confusion matrix"),
+        "<h3>Top losses</h3>",
+        _img(folder / "top_losses.png", "top losses"),
+    ]
     if ev.get("top_losses"):
-        out.append("<table><tr><th>#</th><th class='l'>image</th><th class='l'>true</th><th class='l'>predicted</th>"
-                   "<th>probability</th><th>loss</th></tr>")
+        out.append(
+            "<table><tr><th>#</th><th class='l'>image</th><th class='l'>true</th><th class='l'>predicted</th>"
+            "<th>probability</th><th>loss</th></tr>"
+        )
         for i, it in enumerate(ev["top_losses"]):
-            out.append(f"<tr><td>{i + 1}</td><td class='name'>{html.escape(it['path'])}</td>"
-                       f"<td class='name'>{html.escape(ev['classes'][it['true']])}</td>"
-                       f"<td class='name'>{html.escape(ev['classes'][it['predicted']])}</td>"
-                       + _num("eval", ev, "top_losses", i, "probability") + _num("eval", ev, "top_losses", i, "loss")
-                       + "</tr>")
+            out.append(
+                f"<tr><td>{i + 1}</td><td class='name'>{html.escape(it['path'])}</td>"
+                f"<td class='name'>{html.escape(ev['classes'][it['true']])}</td>"
+                f"<td class='name'>{html.escape(ev['classes'][it['predicted']])}</td>"
+                + _num("eval", ev, "top_losses", i, "probability")
+                + _num("eval", ev, "top_losses", i, "loss")
+                + "</tr>"
+            )
         out.append("</table>")
     return "".join(out)
 
 
 def _bench(bench: dict) -> str:
-    cols = [("processes", "processes"), ("global batch", "global_batch"), ("images/s", "images_per_s"),
-            ("spread", "spread"), ("speedup", "speedup"), ("data stall", "data_stall"), ("val acc", "val_accuracy")]
-    out = [f"<p>{html.escape(bench.get('load_note', ''))}</p><table><tr><th class='l'>strategy</th>"
-           + "".join(f"<th>{c}</th>" for c, _ in cols) + "<th class='l'>note</th></tr>"]
+    cols = [
+        ("processes", "processes"),
+        ("global batch", "global_batch"),
+        ("images/s", "images_per_s"),
+        ("spread", "spread"),
+        ("speedup", "speedup"),
+        ("data stall", "data_stall"),
+        ("val acc", "val_accuracy"),
+    ]
+    out = [
+        f"<p>{html.escape(bench.get('load_note', ''))}</p><table><tr><th class='l'>strategy</th>"
+        + "".join(f"<th>{c}</th>" for c, _ in cols)
+        + "<th class='l'>note</th></tr>"
+    ]
     for i, r in enumerate(bench["rows"]):
         if "images_per_s" not in r:
-            out.append(f"<tr><td class='l'>{html.escape(r['strategy'])}</td><td colspan='{len(cols)}'></td>"
-                       f"<td class='l'>not run: {html.escape(r.get('skipped') or r.get('failed', ''))}</td></tr>")
+            out.append(
+                f"<tr><td class='l'>{html.escape(r['strategy'])}</td><td colspan='{len(cols)}'></td>"
+                f"<td class='l'>not run: {html.escape(r.get('skipped') or r.get('failed', ''))}</td></tr>"
+            )
             continue
-        out.append(f"<tr><td class='l'>{html.escape(r['strategy'])}</td>"
-                   + "".join(_num("bench", bench, "rows", i, k) for _, k in cols)
-                   + f"<td class='l'>{html.escape(r.get('note', ''))}</td></tr>")
+        out.append(
+            f"<tr><td class='l'>{html.escape(r['strategy'])}</td>"
+            + "".join(_num("bench", bench, "rows", i, k) for _, k in cols)
+            + f"<td class='l'>{html.escape(r.get('note', ''))}</td></tr>"
+        )
     return "".join(out) + "</table>"
 
 
@@ -136,7 +192,8 @@ def _bench_of(run: Path) -> tuple[Path | None, dict | None]:
         return run / "bench.json", own
     parent = _read(run.parent / "bench.json")
     mine = isinstance(parent, dict) and any(
-        Path(r.get("run_dir", "")).resolve() == run.resolve() for r in parent.get("rows", []) if r.get("run_dir"))
+        Path(r.get("run_dir", "")).resolve() == run.resolve() for r in parent.get("rows", []) if r.get("run_dir")
+    )
     return (run.parent / "bench.json", parent) if mine else (None, None)
 
 
@@ -153,16 +210,25 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
     title = f"visiontune run {run.name}" if config else f"visiontune bench {run.name}"
     body = [f"<h1>{html.escape(title)}</h1>"]
     if config:
-        body += ["<h2>Setup</h2>", _setup(run, config, summary), "<h2>Training curves</h2>",
-                 _img(run / "training_results.png", "training curves") or '<p class="note">No epoch finished.</p>',
-                 "<h2>Evaluation</h2>"]
-        body.append(_evaluation(eval_path.parent, ev) if ev else
-                    f'<p class="note">Not evaluated yet: <code>visiontune evaluate --run {html.escape(str(run))} '
-                    f'--data DATA</code> adds per-class metrics, the confusion matrix and the top losses.</p>')
+        body += [
+            "<h2>Setup</h2>",
+            _setup(run, config, summary),
+            "<h2>Training curves</h2>",
+            _img(run / "training_results.png", "training curves") or '<p class="note">No epoch finished.</p>',
+            "<h2>Evaluation</h2>",
+        ]
+        body.append(
+            _evaluation(eval_path.parent, ev)
+            if ev
+            else f'<p class="note">Not evaluated yet: <code>visiontune evaluate --run {html.escape(str(run))} '
+            f"--data DATA</code> adds per-class metrics, the confusion matrix and the top losses.</p>"
+        )
     if bench:
         body += ["<h2>Benchmark</h2>", _bench(bench), _img(bench_file.parent / "bench.png", "benchmark")]
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )
 
 
 def write(run_dir: str | Path, eval_json: str | Path | None = None) -> Path:

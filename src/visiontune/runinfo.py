@@ -11,6 +11,7 @@ extra files, always under the one key ``"visiontune"`` as JSON. So
 says otherwise is caught by ``reconcile`` instead of silently running the model
 at the wrong size.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,17 +50,25 @@ class RunInfo:
         info = cls(**{k: tuple(d[k]) if isinstance(d[k], list) else d[k] for k in names})
         classes_ok = len(info.classes) >= 2 and all(isinstance(c, str) and c for c in info.classes)
         if not classes_ok or not isinstance(info.image_size, int) or info.image_size < 1:
-            raise UserError(f"{where}: damaged model description (classes {info.classes!r}, "
-                            f"image size {info.image_size!r})")
+            raise UserError(
+                f"{where}: damaged model description (classes {info.classes!r}, image size {info.image_size!r})"
+            )
         return info
 
 
-def describe(model: str, source: str, classes: list[str], image_size: int, mean, std,
-             interpolation: str) -> RunInfo:
+def describe(model: str, source: str, classes: list[str], image_size: int, mean, std, interpolation: str) -> RunInfo:
     from visiontune import __version__
 
-    return RunInfo(model, source, tuple(classes), image_size, tuple(float(m) for m in mean),
-                   tuple(float(s) for s in std), interpolation, __version__)
+    return RunInfo(
+        model,
+        source,
+        tuple(classes),
+        image_size,
+        tuple(float(m) for m in mean),
+        tuple(float(s) for s in std),
+        interpolation,
+        __version__,
+    )
 
 
 def read_run(run_dir: str) -> RunInfo:
@@ -76,9 +85,19 @@ def read_run(run_dir: str) -> RunInfo:
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"cannot read {run_dir}'s config.json/classes.json: {e}") from None
     # Written before runs described themselves: torchvision, the blog's statistics, a bilinear resize.
-    return RunInfo.from_dict({"model": cfg.get("model"), "source": "torchvision", "classes": classes,
-                              "image_size": cfg.get("image_size"), "mean": MEAN, "std": STD,
-                              "interpolation": "bilinear", "version": "unknown"}, str(run / "config.json"))
+    return RunInfo.from_dict(
+        {
+            "model": cfg.get("model"),
+            "source": "torchvision",
+            "classes": classes,
+            "image_size": cfg.get("image_size"),
+            "mean": MEAN,
+            "std": STD,
+            "interpolation": "bilinear",
+            "version": "unknown",
+        },
+        str(run / "config.json"),
+    )
 
 
 def best_weights(run_dir: str) -> str:
@@ -110,5 +129,7 @@ def reconcile(info: RunInfo, where: str, **given: Any) -> None:
             flag = "--" + name.replace("_", "-")
             shown = ",".join(have) if name == "classes" else have
             wanted = ",".join(value) if name == "classes" else value
-            raise UserError(f"{flag} {wanted} contradicts {where}, which says {name.replace('_', ' ')} {shown}; "
-                            f"drop {flag} or use a matching file")
+            raise UserError(
+                f"{flag} {wanted} contradicts {where}, which says {name.replace('_', ' ')} {shown}; "
+                f"drop {flag} or use a matching file"
+            )

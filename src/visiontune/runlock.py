@@ -12,6 +12,7 @@ elastic restart replaces workers, never the launcher); under an outside
 launcher (torchrun, accelerate launch) the main process takes it, and its
 restarted successor takes it again once the kernel has released it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,16 +79,19 @@ def hold(run_dir: str, *, main_process: bool = True) -> Iterator[None]:
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError as e:
-        raise UserError(f"--output-dir {run_dir}: cannot create {lock.name} ({e.strerror}); "
-                        "choose another --output-dir") from None
+        raise UserError(
+            f"--output-dir {run_dir}: cannot create {lock.name} ({e.strerror}); choose another --output-dir"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise UserError(f"--output-dir {run_dir}: cannot lock it ({e.strerror})") from None
-            raise UserError(f"{run_dir} is in use by another visiontune run ({_holder(lock)}); wait for it "
-                            "to end, or choose another --output-dir") from None
+            raise UserError(
+                f"{run_dir} is in use by another visiontune run ({_holder(lock)}); wait for it "
+                "to end, or choose another --output-dir"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         yield

@@ -76,8 +76,9 @@ def clear_folder(out_dir: str | os.PathLike, force: bool) -> None:
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not force:
-        raise UserError(f"{out} is not empty; choose an empty or new folder, or pass --force to replace the "
-                        "data set there")
+        raise UserError(
+            f"{out} is not empty; choose an empty or new folder, or pass --force to replace the data set there"
+        )
     for name in WRITTEN:
         target = out / name
         shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ starts any. ``batch_script`` writes a job that asks for the resources, runs
 USR1 two minutes before the time limit (the run checkpoints and exits 138) and
 then puts itself back in the queue, where the same command resumes at that batch.
 """
+
 from __future__ import annotations
 
 import os
@@ -98,10 +99,18 @@ def allocation(env: Mapping[str, str]) -> Allocation | None:
     per_node = tasks_per_node(_first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") or "")
     ntasks = int(_first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") or sum(per_node) or nnodes)
     gpus = _first(env, "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")  # the latter may read "a100:4"
-    return Allocation(env["SLURM_JOB_ID"], nnodes, node, hostnames(nodelist)[0], port_for_job(env["SLURM_JOB_ID"]),
-                      int(gpus.rsplit(":", 1)[-1]) if gpus else None, ntasks,
-                      per_node[node] if node < len(per_node) else max(1, ntasks // nnodes),
-                      int(env.get("SLURM_PROCID", node)), int(env.get("SLURM_LOCALID", 0)))
+    return Allocation(
+        env["SLURM_JOB_ID"],
+        nnodes,
+        node,
+        hostnames(nodelist)[0],
+        port_for_job(env["SLURM_JOB_ID"]),
+        int(gpus.rsplit(":", 1)[-1]) if gpus else None,
+        ntasks,
+        per_node[node] if node < len(per_node) else max(1, ntasks // nnodes),
+        int(env.get("SLURM_PROCID", node)),
+        int(env.get("SLURM_LOCALID", 0)),
+    )
 
 
 def time_limit_seconds(text: str) -> int:
@@ -148,8 +157,17 @@ def write(script: str, out: str | None) -> None:
 _SLURM_DECIDES = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--resume")
 
 
-def batch_script(train_argv: list[str], *, nodes: int, gpus_per_node: int, time: str, partition: str | None,
-                 cpus_per_task: int | None, job_name: str, output_dir: str | None) -> str:
+def batch_script(
+    train_argv: list[str],
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    time: str,
+    partition: str | None,
+    cpus_per_task: int | None,
+    job_name: str,
+    output_dir: str | None,
+) -> str:
     """An sbatch script running ``visiontune train`` with ``train_argv`` on the allocation."""
     if nodes < 1 or gpus_per_node < 0:
         raise UserError(f"--nodes must be >= 1 and --gpus-per-node >= 0, got {nodes} and {gpus_per_node}")
@@ -157,9 +175,11 @@ def batch_script(train_argv: list[str], *, nodes: int, gpus_per_node: int, time:
         raise UserError(f"--time {time} leaves no time to train: Slurm warns {SIGNAL_LEAD_S} s before the limit")
     for flag in _SLURM_DECIDES:
         if any(a == flag or a.startswith(flag + "=") for a in train_argv):
-            raise UserError(f"{flag} has no place in a batch script: the allocation decides the nodes, ranks and "
-                            "address, and a requeued job resumes with --resume auto (to continue a run, give "
-                            "its folder as --output-dir)")
+            raise UserError(
+                f"{flag} has no place in a batch script: the allocation decides the nodes, ranks and "
+                "address, and a requeued job resumes with --resume auto (to continue a run, give "
+                "its folder as --output-dir)"
+            )
     cpus = cpus_per_task or 4 * max(1, gpus_per_node)
     run_dir = shlex.quote(output_dir) if output_dir else '"runs/slurm-$SLURM_JOB_ID"'
     train = " ".join(shlex.quote(a) for a in train_argv)

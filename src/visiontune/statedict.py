@@ -6,6 +6,7 @@ is what lets an earlier run's weights start a run on other classes: keys under
 the head's modules may be missing or differently shaped (they keep the new
 head's init and are named), every other difference is an error.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -27,6 +28,7 @@ def load_state_file(path: str) -> dict[str, torch.Tensor]:
     try:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
+
             return load_file(path)
         with warnings.catch_warnings():  # torch's advice to retry unsafely must not reach the user
             warnings.simplefilter("ignore")
@@ -38,23 +40,38 @@ def load_state_file(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_fitting(model: nn.Module, state: dict[str, torch.Tensor], where: str, heads: list[str],
-                 head_may_differ: bool, say: Callable[[str], None] = print) -> list[str]:
+def load_fitting(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    where: str,
+    heads: list[str],
+    head_may_differ: bool,
+    say: Callable[[str], None] = print,
+) -> list[str]:
     """Load ``state`` into ``model``; head keys that do not fit keep their fresh init (when allowed).
 
     Returns the left-out keys. Any other missing, extra or differently shaped key is a ``UserError``.
     """
     own = model.state_dict()
-    wrong = sorted({k for k in own if k not in state} | {k for k in state if k not in own}
-                   | {k for k in own if k in state and state[k].shape != own[k].shape})
+    wrong = sorted(
+        {k for k in own if k not in state}
+        | {k for k in state if k not in own}
+        | {k for k in own if k in state and state[k].shape != own[k].shape}
+    )
     body = [k for k in wrong if not k.startswith(tuple(h + "." for h in heads))]
     if body or (wrong and not head_may_differ):
         k = (body or wrong)[0]
-        what = ("missing" if k not in state else "not in the model" if k not in own
-                else f"shape {tuple(state[k].shape)} there, {tuple(own[k].shape)} here")
+        what = (
+            "missing"
+            if k not in state
+            else "not in the model"
+            if k not in own
+            else f"shape {tuple(state[k].shape)} there, {tuple(own[k].shape)} here"
+        )
         hint = "was it saved from the same --model?" if body else "its head is for other classes"
-        raise UserError(f"{where} does not fit this model: {len(body or wrong)} key(s) differ, e.g. {k} ({what}); "
-                        + hint)
+        raise UserError(
+            f"{where} does not fit this model: {len(body or wrong)} key(s) differ, e.g. {k} ({what}); " + hint
+        )
     model.load_state_dict({k: v for k, v in state.items() if k not in wrong}, strict=not wrong)
     if wrong:
         say(f"visiontune: {where}: its head does not fit these classes; re-initialised, left out: {', '.join(wrong)}")

@@ -8,6 +8,7 @@ costs no host sync; the values are read back and handed to
 of the global batch (trackers log from the main process only); the learning
 rate is the one the step used. Steps count batches since the start of training.
 """
+
 from __future__ import annotations
 
 import torch

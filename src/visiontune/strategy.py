@@ -7,6 +7,7 @@ joined up by Accelerate; ``dp`` is one process with the model wrapped in
 same loop. Threads are budgeted here: each process gets cores / local
 processes, and loader workers come out of that budget.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -62,8 +63,9 @@ def check_runnable(cfg: TrainConfig) -> None:
     """Refuse settings that would quietly do something else here: fp16 on a CPU, a missing tracker."""
     if cfg.mixed_precision == "fp16" and not torch.cuda.is_available():
         # Accelerate would train in fp32 on a CPU while config.json said fp16.
-        raise UserError("--mixed-precision fp16 needs a GPU (on a CPU it would train in fp32); "
-                        "use --mixed-precision bf16 or no")
+        raise UserError(
+            "--mixed-precision fp16 needs a GPU (on a CPU it would train in fp32); use --mixed-precision bf16 or no"
+        )
     trackers = {t.value for t in LoggerType} - {"all"}  # their values are also their module names
     if cfg.log_with in trackers and importlib.util.find_spec(cfg.log_with) is None:
         # Accelerate leaves out trackers it cannot import, so the run would log nothing.
@@ -102,17 +104,23 @@ def check(cfg: TrainConfig) -> None:
     """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
     check_runnable(cfg)
     if cfg.sync_batchnorm and effective_strategy(cfg) == "ddp" and not torch.cuda.is_available():
-        raise UserError("--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
-                        "drop the flag (each process then normalises its own batch)")
+        raise UserError(
+            "--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
+            "drop the flag (each process then normalises its own batch)"
+        )
     if rank() != 0:
         return  # one note per job, not one per process
     if inside_launcher() and cfg.nproc is not None and cfg.nproc != local_world_size():
-        print(f"visiontune: --nproc {cfg.nproc} ignored: the launcher started {local_world_size()} "
-              "process(es) on this machine")
+        print(
+            f"visiontune: --nproc {cfg.nproc} ignored: the launcher started {local_world_size()} "
+            "process(es) on this machine"
+        )
     elif accelerate_cpu_single() and cfg.strategy != "ddp":
         # `accelerate launch --cpu --num_processes N` needs mpirun to start N processes; without it, one runs.
-        print("visiontune: accelerate launch started one process (its --cpu mode needs mpirun for more); for N "
-              "CPU processes use `accelerate launch --multi_gpu --num_processes N` or --strategy ddp --nproc N")
+        print(
+            "visiontune: accelerate launch started one process (its --cpu mode needs mpirun for more); for N "
+            "CPU processes use `accelerate launch --multi_gpu --num_processes N` or --strategy ddp --nproc N"
+        )
 
 
 @dataclass(frozen=True)
@@ -136,10 +144,20 @@ def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
     if strategy == "dp" and torch.cuda.device_count() > 1:
         devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     else:  # every process says which device it holds
-        devices = gather_object([str(accelerator.device)]) if accelerator.num_processes > 1 \
-            else [str(accelerator.device)]
-    return Setup(strategy, accelerator.num_processes, cfg.batch_size, global_batch, lr, devices,
-                 torch.get_num_threads(), loader_workers(cfg), decode_threads(cfg))
+        devices = (
+            gather_object([str(accelerator.device)]) if accelerator.num_processes > 1 else [str(accelerator.device)]
+        )
+    return Setup(
+        strategy,
+        accelerator.num_processes,
+        cfg.batch_size,
+        global_batch,
+        lr,
+        devices,
+        torch.get_num_threads(),
+        loader_workers(cfg),
+        decode_threads(cfg),
+    )
 
 
 def prepare(accelerator: Accelerator, cfg: TrainConfig, model: nn.Module, optimizer, *loaders):
@@ -150,8 +168,10 @@ def prepare(accelerator: Accelerator, cfg: TrainConfig, model: nn.Module, optimi
         model = model.to(memory_format=torch.channels_last)
     if effective_strategy(cfg) == "dp":
         if torch.cuda.device_count() < 2:
-            accelerator.print(f"visiontune: {torch.cuda.device_count()} GPU(s) visible: DataParallel gives no "
-                              "parallelism here; running its code path on one device")
+            accelerator.print(
+                f"visiontune: {torch.cuda.device_count()} GPU(s) visible: DataParallel gives no "
+                "parallelism here; running its code path on one device"
+            )
         # Prepare the inner model first so its forward carries the autocast of
         # mixed precision: DataParallel's replica threads would not inherit it.
         model = nn.DataParallel(accelerator.prepare_model(model))

@@ -6,6 +6,7 @@ split, model, loaders, ``engine.fit``, outputs -- and keeps every collective
 outside rank checks: all processes call ``wait_for_everyone`` before the main
 process writes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,7 @@ from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.augment import BatchMix, sample_augment
 from visiontune.data.cache import CachedDataset
 from visiontune.data.check import write_report
-from visiontune.data.jobdata import JobData
-from visiontune.data.jobdata import listed
+from visiontune.data.jobdata import JobData, listed
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
@@ -48,8 +48,10 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
     # processes on different splits without a word, so compare the split's hash across processes.
     digests = gather_object([record["sha256"]]) if accelerator.num_processes > 1 else [record["sha256"]]
     if len(set(digests)) > 1:
-        raise UserError("the processes see different data (split.json hashes differ between ranks: "
-                        f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data")
+        raise UserError(
+            "the processes see different data (split.json hashes differ between ranks: "
+            f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data"
+        )
 
 
 def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
@@ -57,21 +59,37 @@ def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
     split: from the cache when asked for, else from the files."""
     images = data.images
     if data.cache:
+
         def subset(idx, augment):
             return CachedDataset(data.cache, [data.rows[i] for i in idx], [images.labels[i] for i in idx], augment)
     else:
+
         def subset(idx, augment):
-            return ImageDataset([images.paths[i] for i in idx], [images.labels[i] for i in idx], cfg.image_size,
-                                augment, failures_csv=os.path.join(run_dir, LOAD_FAILURES),
-                                threads=decode_threads(cfg))
+            return ImageDataset(
+                [images.paths[i] for i in idx],
+                [images.labels[i] for i in idx],
+                cfg.image_size,
+                augment,
+                failures_csv=os.path.join(run_dir, LOAD_FAILURES),
+                threads=decode_threads(cfg),
+            )
+
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
     augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing)
     if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
         mean, std = recipe.data_stats(subset(split.train, None), seed=cfg.seed)
         cfg = cfg.replace(mean=mean, std=std)
-    return cfg, *(make_loader(subset(idx, augment if train else None), cfg.batch_size, train=train, seed=cfg.seed,
-                              num_workers=workers, pin_memory=pin)
-                  for idx, train in ((split.train, True), (split.val, False)))
+    return cfg, *(
+        make_loader(
+            subset(idx, augment if train else None),
+            cfg.batch_size,
+            train=train,
+            seed=cfg.seed,
+            num_workers=workers,
+            pin_memory=pin,
+        )
+        for idx, train in ((split.train, True), (split.val, False))
+    )
 
 
 def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
@@ -93,31 +111,55 @@ def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
 def _results(history: list[dict], metric: str) -> dict:
     """The summary's figures: the best epoch, and train images/s over the steady steps of every epoch."""
     best, which = recipe.best(history, metric)
-    steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds",
-                                                               "data_wait_seconds")}
+    steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds", "data_wait_seconds")}
     if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
-        steady = {"steady_images": sum(r["train"]["images"] for r in history),
-                  "steady_seconds": sum(r["train"]["seconds"] for r in history), "data_wait_seconds": 0.0}
+        steady = {
+            "steady_images": sum(r["train"]["images"] for r in history),
+            "steady_seconds": sum(r["train"]["seconds"] for r in history),
+            "data_wait_seconds": 0.0,
+        }
     seconds = steady["steady_seconds"]
-    return {"best_val_accuracy": best[which]["accuracy"], "best_val_loss": best[which]["loss"],
-            "best_epoch": best["epoch"], "best_weights": "ema" if which == "val_ema" else "raw", "epochs": len(history),
-            "train_images_per_s": steady["steady_images"] / seconds if seconds else 0.0,
-            "data_wait_fraction": steady["data_wait_seconds"] / seconds if seconds else 0.0, **steady,
-            "val_images_counted": history[-1]["val"]["images"]}
+    return {
+        "best_val_accuracy": best[which]["accuracy"],
+        "best_val_loss": best[which]["loss"],
+        "best_epoch": best["epoch"],
+        "best_weights": "ema" if which == "val_ema" else "raw",
+        "epochs": len(history),
+        "train_images_per_s": steady["steady_images"] / seconds if seconds else 0.0,
+        "data_wait_fraction": steady["data_wait_seconds"] / seconds if seconds else 0.0,
+        **steady,
+        "val_images_counted": history[-1]["val"]["images"],
+    }
 
 
 def _announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Split, run_dir: str) -> None:
-    accelerator.print(f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
-                      f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
-                      f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
-                      f"lr {setup.lr:g} | run folder {run_dir}")
+    accelerator.print(
+        f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
+        f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
+        f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
+        f"lr {setup.lr:g} | run folder {run_dir}"
+    )
 
 
-def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Split, split_rec: dict,
-                   bad: list, run_dir: str, info: runinfo.RunInfo) -> None:
+def _write_records(
+    accelerator,
+    cfg: TrainConfig,
+    setup,
+    images: ImageSet,
+    split: Split,
+    split_rec: dict,
+    bad: list,
+    run_dir: str,
+    info: runinfo.RunInfo,
+) -> None:
     """The run folder's records (main process), and the trackers, which write into it."""
-    record = {"config": cfg.to_dict(), "setup": setup.__dict__, "versions": outputs.versions(),
-              "data": {"root": images.root, "layout": images.layout}, "model": info.to_dict()}
+    record = {
+        "config": cfg.to_dict(),
+        "setup": setup.__dict__,
+        "versions": outputs.versions(),
+        "data": {"root": images.root, "layout": images.layout},
+        "model": info.to_dict(),
+    }
     if accelerator.is_main_process:
         outputs.write_json(f"{run_dir}/config.json", record)
         outputs.write_json(f"{run_dir}/classes.json", images.classes)
@@ -127,20 +169,49 @@ def _write_records(accelerator, cfg: TrainConfig, setup, images: ImageSet, split
         # Trackers write into the run folder, known only now that the main process chose it.
         accelerator.project_configuration.project_dir = run_dir
         accelerator.project_configuration.logging_dir = run_dir
-        accelerator.init_trackers("visiontune", config={k: v for k, v in cfg.to_dict().items()
-                                                        if isinstance(v, (int, float, str, bool))})
+        accelerator.init_trackers(
+            "visiontune", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+        )
 
 
-def _hooks(accelerator, cfg: TrainConfig, run_dir: str, model, optimizer, scheduler, per_epoch: int,
-           identity: dict, resumed, stop: faults.StopSignals, info: runinfo.RunInfo, evaluate_ema) -> RunHooks:
+def _hooks(
+    accelerator,
+    cfg: TrainConfig,
+    run_dir: str,
+    model,
+    optimizer,
+    scheduler,
+    per_epoch: int,
+    identity: dict,
+    resumed,
+    stop: faults.StopSignals,
+    info: runinfo.RunInfo,
+    evaluate_ema,
+) -> RunHooks:
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
     steps = StepLog(accelerator, optimizer, per_epoch) if cfg.log_with else None
     ema = scheduler.ema.module if scheduler.ema else None
-    return RunHooks(Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
-                    EpochOutputs(accelerator, run_dir, model, optimizer, history, info.metadata(), cfg.save_pth,
-                                 per_epoch, cfg.best_metric, ema, evaluate_ema), stop, cfg.epochs, steps,
-                    cfg.early_stop)
+    return RunHooks(
+        Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
+        EpochOutputs(
+            accelerator,
+            run_dir,
+            model,
+            optimizer,
+            history,
+            info.metadata(),
+            cfg.save_pth,
+            per_epoch,
+            cfg.best_metric,
+            ema,
+            evaluate_ema,
+        ),
+        stop,
+        cfg.epochs,
+        steps,
+        cfg.early_stop,
+    )
 
 
 def _start(accelerator, resumed) -> engine.StartAt:
@@ -152,12 +223,19 @@ def _start(accelerator, resumed) -> engine.StartAt:
     return engine.StartAt(resumed.epoch, resumed.batch, totals)
 
 
-def _finish(accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet,
-            setup, metric: str) -> dict:
+def _finish(
+    accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet, setup, metric: str
+) -> dict:
     elapsed = time.time() - since
-    summary = {"run_dir": run_dir, "total_seconds": round(elapsed, 3), **_results(history, metric),
-               "val_split_size": len(split.val), "train_split_size": len(split.train), "classes": images.classes,
-               **setup.__dict__}
+    summary = {
+        "run_dir": run_dir,
+        "total_seconds": round(elapsed, 3),
+        **_results(history, metric),
+        "val_split_size": len(split.val),
+        "train_split_size": len(split.train),
+        "classes": images.classes,
+        **setup.__dict__,
+    }
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
     accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
     accelerator.wait_for_everyone()
@@ -206,21 +284,28 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
     _same_split_everywhere(accelerator, split_rec)
     if len(split.train) < setup.per_process_batch * setup.world_size:
-        raise UserError(f"the train split has {len(split.train)} images, fewer than one global batch of "
-                        f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images")
+        raise UserError(
+            f"the train split has {len(split.train)} images, fewer than one global batch of "
+            f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images"
+        )
     cfg, train_loader, val_loader = _loaders(cfg, data, split, run_dir)
     mean, std = recipe.mean_std(cfg)  # what the images are normalised with, recorded for every later command
-    info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std,
-                            spec.preprocess.interpolation)
+    info = runinfo.describe(
+        cfg.model, spec.source, images.classes, cfg.image_size, mean, std, spec.preprocess.interpolation
+    )
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
     # scheduler: recipe.Stepper, the lr schedule and the EMA, stepped after every optimizer step.
     optimizer, scheduler = recipe.optimization(cfg, model, len(images.classes), setup.lr, per_epoch)
-    model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer,
-                                                          train_loader, val_loader)
+    model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
-    identity = {"split_sha256": split_rec["sha256"], "model": cfg.model, "num_classes": len(images.classes),
-                "global_batch": setup.global_batch, "batch_samples": setup.per_process_batch * setup.world_size,
-                "grad_accum": cfg.grad_accum}
+    identity = {
+        "split_sha256": split_rec["sha256"],
+        "model": cfg.model,
+        "num_classes": len(images.classes),
+        "global_batch": setup.global_batch,
+        "batch_samples": setup.per_process_batch * setup.world_size,
+        "grad_accum": cfg.grad_accum,
+    }
     resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
     _announce(accelerator, cfg, setup, images, split, run_dir)
     _write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
@@ -231,16 +316,49 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
 
     def evaluate_ema(ema_model):  # evaluated as the raw model is (its forward carries no autocast)
         with accelerator.autocast():
-            return engine.evaluate(accelerator, ema_model, val_loader, normalize, progress=cfg.progress,
-                                   desc="val ema")
-    mix = BatchMix(len(images.classes), cfg.mixup, cfg.cutmix, cfg.seed, accelerator.process_index,
-                   accelerator.num_processes) if cfg.mixup or cfg.cutmix else None
+            return engine.evaluate(accelerator, ema_model, val_loader, normalize, progress=cfg.progress, desc="val ema")
+
+    mix = (
+        BatchMix(
+            len(images.classes), cfg.mixup, cfg.cutmix, cfg.seed, accelerator.process_index, accelerator.num_processes
+        )
+        if cfg.mixup or cfg.cutmix
+        else None
+    )
     with faults.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
-        hooks = _hooks(accelerator, cfg, run_dir, model, optimizer, scheduler, len(train_loader), identity,
-                       resumed, stop, info, evaluate_ema)
-        opts = engine.LoopOptions(cfg.epochs, cfg.on_nan, cfg.progress, cfg.timing_warmup,
-                                  criterion=recipe.criterion(cfg), mix=mix,
-                                  on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
-        engine.fit(accelerator, model, optimizer, scheduler, train_loader, val_loader, normalize, opts,
-                   _start(accelerator, resumed))
+        hooks = _hooks(
+            accelerator,
+            cfg,
+            run_dir,
+            model,
+            optimizer,
+            scheduler,
+            len(train_loader),
+            identity,
+            resumed,
+            stop,
+            info,
+            evaluate_ema,
+        )
+        opts = engine.LoopOptions(
+            cfg.epochs,
+            cfg.on_nan,
+            cfg.progress,
+            cfg.timing_warmup,
+            criterion=recipe.criterion(cfg),
+            mix=mix,
+            on_step=hooks.on_step,
+            on_epoch_end=hooks.on_epoch_end,
+        )
+        engine.fit(
+            accelerator,
+            model,
+            optimizer,
+            scheduler,
+            train_loader,
+            val_loader,
+            normalize,
+            opts,
+            _start(accelerator, resumed),
+        )
     return _finish(accelerator, run_dir, since, hooks.history, split, images, setup, cfg.best_metric)

@@ -8,6 +8,7 @@ the averaged probabilities back, and cross-entropy on it is the log loss of
 the averaged prediction. All views go through the model as one batch, on the
 device, after normalisation.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -10,6 +10,7 @@ in the epoch's global batch order). The sampler tells the dataset the epoch by
 handing out ``EpochIndex`` ints. Resume with or without loader workers, on any
 number of processes, then repeats every draw bit for bit, by construction.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -104,10 +105,10 @@ class BatchMix:
     Unreadable samples get an all-zero target, so they add nothing to the loss.
     """
 
-    def __init__(self, num_classes: int, mixup: float, cutmix: float, seed: int, rank: int = 0,
-                 world_size: int = 1):
-        kinds = ([v2.MixUp(alpha=mixup, num_classes=num_classes)] if mixup > 0 else []) + \
-                ([v2.CutMix(alpha=cutmix, num_classes=num_classes)] if cutmix > 0 else [])
+    def __init__(self, num_classes: int, mixup: float, cutmix: float, seed: int, rank: int = 0, world_size: int = 1):
+        kinds = ([v2.MixUp(alpha=mixup, num_classes=num_classes)] if mixup > 0 else []) + (
+            [v2.CutMix(alpha=cutmix, num_classes=num_classes)] if cutmix > 0 else []
+        )
         # With both, each pair uses one of them (as timm and torchvision's reference do).
         self.mix = v2.RandomChoice(kinds) if len(kinds) > 1 else kinds[0]
         self.num_classes, self.seed, self.rank, self.world = num_classes, seed, rank, world_size
@@ -121,9 +122,8 @@ class BatchMix:
         out_x, out_y = [], []
         for j in range(0, batch, 2):
             with seeded(derive_seed(self.seed, epoch, first + j, 1)):
-                x, y = self.mix(images[j:j + 2], safe[j:j + 2])
+                x, y = self.mix(images[j : j + 2], safe[j : j + 2])
             out_x.append(x)
             out_y.append(y)
         targets = torch.cat(out_y) * valid.unsqueeze(1)
         return torch.cat(out_x), targets
-

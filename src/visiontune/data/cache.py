@@ -13,6 +13,7 @@ so its resident memory does not grow with the data set. Files that fail to
 decode are stored as zeros, listed in the header, and skipped by
 ``CachedDataset`` exactly as ``ImageDataset`` skips them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -85,8 +86,9 @@ def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) 
     return ImageCache(array_path, image_size, n, {int(i): (p, r) for i, (p, r) in head.get("bad", {}).items()})
 
 
-def build(array_path: str, header_path: str, key: str, paths: Sequence[str], image_size: int,
-          threads: int) -> ImageCache:
+def build(
+    array_path: str, header_path: str, key: str, paths: Sequence[str], image_size: int, threads: int
+) -> ImageCache:
     """Decode + resize every file (in a thread pool: the decoders release the GIL) and write both files."""
     bad: dict[int, tuple[str, str]] = {}
     blank = bytes(3 * image_size * image_size)
@@ -103,8 +105,13 @@ def build(array_path: str, header_path: str, key: str, paths: Sequence[str], ima
     # Readable by other users' runs (umask permitting), as every written file is.
     with atomic_file(array_path) as f:
         write_array(f)
-    head = {"version": CACHE_VERSION, "key": key, "image_size": image_size, "count": len(paths),
-            "bad": {str(i): list(pr) for i, pr in bad.items()}}
+    head = {
+        "version": CACHE_VERSION,
+        "key": key,
+        "image_size": image_size,
+        "count": len(paths),
+        "bad": {str(i): list(pr) for i, pr in bad.items()},
+    }
     atomic_write(header_path, json.dumps(head))
     return ImageCache(array_path, image_size, len(paths), bad)
 
@@ -118,17 +125,18 @@ def open_or_build(cache: str, paths: Sequence[str], image_size: int, threads: in
     if found is not None:
         return found
     # stdout, from whichever process builds: a second build in one job would show up here.
-    print(f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px)",
-          flush=True)
+    print(f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px)", flush=True)
     if threads is None:  # the other processes wait for this one: all the machine's cores may decode
         threads = available_cores()
     try:
         os.makedirs(folder, exist_ok=True)
         return build(array_path, header_path, key, paths, image_size, threads)
     except OSError as e:
-        raise UserError(f"cannot write the image cache in {folder} ({e.strerror or e}); pass --cache a writable "
-                        f"folder with {len(paths) * 3 * image_size * image_size / 2**30:.1f} GiB free, "
-                        "or leave --cache out") from None
+        raise UserError(
+            f"cannot write the image cache in {folder} ({e.strerror or e}); pass --cache a writable "
+            f"folder with {len(paths) * 3 * image_size * image_size / 2**30:.1f} GiB free, "
+            "or leave --cache out"
+        ) from None
 
 
 class CachedDataset(Dataset):

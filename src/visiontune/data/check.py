@@ -72,7 +72,7 @@ def file_keys(paths: Sequence[str], max_pixels: int) -> np.ndarray:
     stat, blake = os.stat, hashlib.blake2b
     for start in range(0, len(paths), _CHUNK):  # in chunks: the Python objects of a chunk at a time
         sizes, mtimes, digests, missing = [], [], [], []
-        for i, p in enumerate(paths[start:start + _CHUNK]):  # the hot loop of a warm start
+        for i, p in enumerate(paths[start : start + _CHUNK]):  # the hot loop of a warm start
             try:
                 st = stat(p)
             except OSError:  # read_image will name the problem; nothing worth caching
@@ -83,10 +83,11 @@ def file_keys(paths: Sequence[str], max_pixels: int) -> np.ndarray:
             digests.append(blake(p.encode("utf-8", "surrogateescape") + salt, digest_size=8).digest())
         part = np.frombuffer(b"".join(digests), np.uint64).copy()
         # Mix size and mtime in with odd multipliers (uint64 arithmetic wraps), vectorised.
-        part ^= (np.array(sizes, np.int64).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-                 ^ np.array(mtimes, np.int64).view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+        part ^= np.array(sizes, np.int64).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ np.array(
+            mtimes, np.int64
+        ).view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
         part[missing] = 0
-        keys[start:start + len(part)] = part
+        keys[start : start + len(part)] = part
     return keys
 
 
@@ -197,6 +198,8 @@ def scan_cache_path(data_root: str) -> str:
 def bad_fraction_error(n_bad: int, n_files: int, limit: float, report: str) -> str | None:
     """The message that stops a run before training, or None when the bad share is within ``limit``."""
     if n_files and n_bad / n_files > limit:
-        return (f"{n_bad} of {n_files} files are bad ({n_bad / n_files:.1%} > --max-bad-fraction {limit:g}); "
-                f"see {report}, fix or remove them, or raise --max-bad-fraction")
+        return (
+            f"{n_bad} of {n_files} files are bad ({n_bad / n_files:.1%} > --max-bad-fraction {limit:g}); "
+            f"see {report}, fix or remove them, or raise --max-bad-fraction"
+        )
     return None

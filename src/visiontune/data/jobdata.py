@@ -12,6 +12,7 @@ involved however long it takes. The local main then hands the result to the
 other processes of its machine in one compact file, and every process drops
 the same bad files before the split.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,13 +89,24 @@ def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], 
 
 
 def _cache_dict(cache: ImageCache | None) -> dict | None:
-    return None if cache is None else {"array_path": cache.array_path, "image_size": cache.image_size,
-                                       "count": cache.count, "bad": {str(r): list(pr) for r, pr in cache.bad.items()}}
+    return (
+        None
+        if cache is None
+        else {
+            "array_path": cache.array_path,
+            "image_size": cache.image_size,
+            "count": cache.count,
+            "bad": {str(r): list(pr) for r, pr in cache.bad.items()},
+        }
+    )
 
 
 def _cache_from(d: dict | None) -> ImageCache | None:
-    return None if d is None else ImageCache(d["array_path"], d["image_size"], d["count"],
-                                             {int(r): tuple(pr) for r, pr in d["bad"].items()})
+    return (
+        None
+        if d is None
+        else ImageCache(d["array_path"], d["image_size"], d["count"], {int(r): tuple(pr) for r, pr in d["bad"].items()})
+    )
 
 
 def _wait_for(store, key: str, count: int) -> None:
@@ -125,8 +137,12 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
             layouts.save(images, path, {"bad": bad, "cache": _cache_dict(cache)})
             store.set(f"{prefix}file/{machine}", path)
         except BaseException as e:
-            store.set(f"{prefix}error", str(e) if isinstance(e, UserError) else
-                      f"preparing the data failed on {socket.gethostname()} ({type(e).__name__}: {e})")
+            store.set(
+                f"{prefix}error",
+                str(e)
+                if isinstance(e, UserError)
+                else f"preparing the data failed on {socket.gethostname()} ({type(e).__name__}: {e})",
+            )
             raise
         finally:
             store.add(f"{prefix}ready", 1)

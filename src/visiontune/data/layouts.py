@@ -11,6 +11,7 @@ itself had to reject. Listing uses ``os.scandir`` (no ``stat`` per file), so an
 ImageNet-size folder is listed in seconds; ``save``/``load`` carry one listing
 to the other processes of a job as a compact file.
 """
+
 from __future__ import annotations
 
 import csv
@@ -63,7 +64,8 @@ def _numeric_key(path: str) -> tuple:
 def _listed(e: os.DirEntry) -> bool:
     # A broken symbolic link is listed so that the scan reports it; macOS "._" files are metadata too.
     return (e.is_file() or (e.is_symlink() and not os.path.exists(e.path))) and not (
-        e.name in OS_METADATA or e.name.startswith("._"))
+        e.name in OS_METADATA or e.name.startswith("._")
+    )
 
 
 def _files(folder: str) -> list[str]:
@@ -100,8 +102,9 @@ def _kaggle(root: Path) -> ImageSet | None:
     rejects = [(p, "file name is not <class>.<number>.<ext>") for p, m in matched if not m]
     test_dir = root / "test"
     test = sorted(_files(str(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
-    return ImageSet(str(root), "kaggle", [p for _, _, p in good], [index[c] for c, _, _ in good], classes,
-                    test, rejects)
+    return ImageSet(
+        str(root), "kaggle", [p for _, _, p in good], [index[c] for c, _, _ in good], classes, test, rejects
+    )
 
 
 def _image_folder(root: Path) -> ImageSet | None:
@@ -124,8 +127,10 @@ def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
             reader = csv.reader(f)
             rows = [(reader.line_num, row) for row in reader]
     except UnicodeDecodeError as e:
-        raise UserError(f"{csv_path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
-                        "save the manifest as UTF-8 and run again") from None
+        raise UserError(
+            f"{csv_path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+            "save the manifest as UTF-8 and run again"
+        ) from None
     return [(n, row) for n, row in rows if any(cell.strip() for cell in row)]
 
 
@@ -144,12 +149,12 @@ def read_manifest(csv_path: Path, image_root: Path) -> ImageSet:
         name, label = row[0].strip(), row[1].strip()
         # Reject escaping paths before touching the file system with them.
         if os.path.isabs(name) or ".." in Path(name).parts:
-            raise UserError(f"{csv_path} row {n}: path {name!r} leaves the image root {root}; "
-                            "use paths relative to it")
+            raise UserError(f"{csv_path} row {n}: path {name!r} leaves the image root {root}; use paths relative to it")
         norm = os.path.normpath(name)  # ./a.jpg and a//b.jpg name the same files as a.jpg and a/b.jpg
         if norm in seen:
-            raise UserError(f"{csv_path} row {n}: duplicate row for {name!r} (same file as row {seen[norm]}); "
-                            "list each file once")
+            raise UserError(
+                f"{csv_path} row {n}: duplicate row for {name!r} (same file as row {seen[norm]}); list each file once"
+            )
         seen[norm] = n
         path = os.path.join(root, norm)
         if not os.path.isfile(path):
@@ -187,17 +192,19 @@ def discover(data: str) -> ImageSet:
         try:
             found = finder(root) if root.is_dir() or finder is _manifest else None
         except PermissionError as e:
-            raise UserError(f"cannot read {e.filename} (permission denied): fix its permissions or move it "
-                            f"out of {data}") from None
+            raise UserError(
+                f"cannot read {e.filename} (permission denied): fix its permissions or move it out of {data}"
+            ) from None
         if found is not None:
             if not found.paths:
                 raise UserError(f"no labelled images found in {data}")
             if len(found.classes) < 2:
-                raise UserError(f"{data}: found only one class ({found.classes[0]}); "
-                                "a classifier needs at least two")
+                raise UserError(f"{data}: found only one class ({found.classes[0]}); a classifier needs at least two")
             return found
-    raise UserError(f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "
-                    "(Kaggle Dogs vs Cats) or one subfolder per class")
+    raise UserError(
+        f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "
+        "(Kaggle Dogs vs Cats) or one subfolder per class"
+    )
 
 
 def save(images: ImageSet, path: str, extra: dict | None = None) -> None:
@@ -206,9 +213,16 @@ def save(images: ImageSet, path: str, extra: dict | None = None) -> None:
     from visiontune.outputs import atomic_write
 
     blob = "\0".join(images.paths).encode("utf-8", "surrogateescape")
-    head = {"root": images.root, "layout": images.layout, "classes": images.classes, "count": len(images.paths),
-            "test_files": images.test_files, "rejects": images.rejects, "paths_bytes": len(blob),
-            "extra": extra or {}}
+    head = {
+        "root": images.root,
+        "layout": images.layout,
+        "classes": images.classes,
+        "count": len(images.paths),
+        "test_files": images.test_files,
+        "rejects": images.rejects,
+        "paths_bytes": len(blob),
+        "extra": extra or {},
+    }
     atomic_write(path, json.dumps(head).encode() + b"\n" + blob + array("i", images.labels).tobytes())
 
 
@@ -222,8 +236,15 @@ def load(path: str) -> tuple[ImageSet, dict]:
     paths = blob.decode("utf-8", "surrogateescape").split("\0") if head["count"] else []
     if len(paths) != head["count"] or len(labels) != head["count"]:
         raise ValueError(f"{path}: truncated image list")
-    return ImageSet(head["root"], head["layout"], paths, labels.tolist(), head["classes"], head["test_files"],
-                    [tuple(r) for r in head["rejects"]]), head["extra"]
+    return ImageSet(
+        head["root"],
+        head["layout"],
+        paths,
+        labels.tolist(),
+        head["classes"],
+        head["test_files"],
+        [tuple(r) for r in head["rejects"]],
+    ), head["extra"]
 
 
 def write_kaggle_manifest(data: str) -> tuple[str, int]:

@@ -7,6 +7,7 @@ permutation for epoch ``e`` however many processes read it: Accelerate then
 hands consecutive per-process batches to consecutive ranks, so N processes with
 batch B see, step by step, the samples one process with batch N*B sees.
 """
+
 from __future__ import annotations
 
 import csv
@@ -45,9 +46,16 @@ class ImageDataset(Dataset):
     the calling thread (``SampleAugment`` seeds each sample's draws itself).
     """
 
-    def __init__(self, paths: Sequence[str], labels: Sequence[int], image_size: int,
-                 augment: SampleAugment | None = None, report: bool = True, failures_csv: str | None = None,
-                 threads: int = 1):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        labels: Sequence[int],
+        image_size: int,
+        augment: SampleAugment | None = None,
+        report: bool = True,
+        failures_csv: str | None = None,
+        threads: int = 1,
+    ):
         self.paths, self.labels, self.size, self.report = list(paths), list(labels), image_size, report
         self.failures_csv = failures_csv  # where files that fail at load time are recorded
         self.augment = augment
@@ -138,23 +146,35 @@ def collate_channels_last(batch):
     return images.permute(0, 3, 1, 2), labels
 
 
-def make_loader(dataset: Dataset, batch_size: int, *, train: bool, seed: int, num_workers: int,
-                pin_memory: bool) -> DataLoader:
+def make_loader(
+    dataset: Dataset, batch_size: int, *, train: bool, seed: int, num_workers: int, pin_memory: bool
+) -> DataLoader:
     """Train: seeded permutation, full batches only. Val: in order, every sample."""
     generator = torch.Generator().manual_seed(seed) if train else None
     return DataLoader(
-        dataset, batch_size=batch_size, generator=generator,
+        dataset,
+        batch_size=batch_size,
+        generator=generator,
         sampler=EpochSampler(len(dataset), seed, generator) if train else None,
-        drop_last=train, num_workers=num_workers, pin_memory=pin_memory,
-        persistent_workers=num_workers > 0, collate_fn=collate_channels_last,
-        prefetch_factor=4 if num_workers > 0 else None)
+        drop_last=train,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+        collate_fn=collate_channels_last,
+        prefetch_factor=4 if num_workers > 0 else None,
+    )
 
 
 class DeviceNormalize(torch.nn.Module):
     """uint8 NCHW on the device -> normalised float, optionally channels-last."""
 
-    def __init__(self, device: torch.device, channels_last: bool = False, mean: Sequence[float] = MEAN,
-                 std: Sequence[float] = STD):
+    def __init__(
+        self,
+        device: torch.device,
+        channels_last: bool = False,
+        mean: Sequence[float] = MEAN,
+        std: Sequence[float] = STD,
+    ):
         super().__init__()
         self.mean = torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255

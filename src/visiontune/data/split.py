@@ -8,6 +8,7 @@ resume compares against, on one compact JSON line. Both the hash and the file
 are produced a chunk of paths at a time, so a 1.28M-file split never exists as
 one big string in memory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,10 @@ def make_split(n: int, val_fraction: float, seed: int) -> Split:
     """Shuffle ``range(n)`` with ``seed``; the first ``int(n * (1 - val_fraction))`` train."""
     n_train = int(n * (1.0 - val_fraction))
     if n_train < 1 or n_train >= n:
-        raise UserError(f"a {1 - val_fraction:.0%}/{val_fraction:.0%} split of {n} images leaves an empty "
-                        "train or val set; add images or change --val-fraction")
+        raise UserError(
+            f"a {1 - val_fraction:.0%}/{val_fraction:.0%} split of {n} images leaves an empty "
+            "train or val set; add images or change --val-fraction"
+        )
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return Split(perm[:n_train].sort().values.tolist(), perm[n_train:].sort().values.tolist())
 
@@ -45,7 +48,7 @@ def _relative(paths: list[str], root: str) -> list[str]:
     # Layouts list files under the root as given, or under its resolved form (manifests).
     for prefix in dict.fromkeys(os.path.join(r, "") for r in (root, os.path.realpath(root)) if r != "."):
         if all(p.startswith(prefix) for p in paths):
-            return [p[len(prefix):] for p in paths]
+            return [p[len(prefix) :] for p in paths]
     return [os.path.relpath(p, root) for p in paths]
 
 
@@ -53,7 +56,7 @@ def _json_list(idx: list[int], paths: list[str], root: str, sep: str) -> Iterato
     """The JSON text of the relative paths of ``idx``, in pieces; ``sep`` is json's item separator."""
     yield "["
     for start in range(0, len(idx), _CHUNK):
-        piece = json.dumps(_relative([paths[i] for i in idx[start:start + _CHUNK]], root), separators=(sep, ":"))
+        piece = json.dumps(_relative([paths[i] for i in idx[start : start + _CHUNK]], root), separators=(sep, ":"))
         yield (sep if start else "") + piece[1:-1]
     yield "]"
 
@@ -72,20 +75,26 @@ def split_summary(split: Split, paths: list[str], root: str, seed: int, val_frac
     h = hashlib.sha256()
     for piece in _hash_pieces(split, paths, root):
         h.update(piece.encode("utf-8", "surrogateescape"))
-    return {"seed": seed, "val_fraction": val_fraction, "sha256": h.hexdigest(),
-            "counts": {"train": len(split.train), "val": len(split.val)}}
+    return {
+        "seed": seed,
+        "val_fraction": val_fraction,
+        "sha256": h.hexdigest(),
+        "counts": {"train": len(split.train), "val": len(split.val)},
+    }
 
 
 def split_hash(train: list[str], val: list[str]) -> str:
     """sha256 of two relative file lists, as ``split_summary`` computes it."""
-    return hashlib.sha256(json.dumps({"train": train, "val": val}, sort_keys=True).encode("utf-8",
-                                                                                          "surrogateescape")).hexdigest()
+    return hashlib.sha256(
+        json.dumps({"train": train, "val": val}, sort_keys=True).encode("utf-8", "surrogateescape")
+    ).hexdigest()
 
 
 def split_record(split: Split, paths: list[str], root: str, seed: int, val_fraction: float) -> dict:
     """The whole content of ``split.json``, in memory (small splits, tests)."""
-    lists = {name: _relative([paths[i] for i in idx], root) for name, idx in (("train", split.train),
-                                                                              ("val", split.val))}
+    lists = {
+        name: _relative([paths[i] for i in idx], root) for name, idx in (("train", split.train), ("val", split.val))
+    }
     return {**split_summary(split, paths, root, seed, val_fraction), **lists}
 
 
