@@ -128,16 +128,16 @@ def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     data = tmp_path / "data"
     make_sample_data(data, per_class=6, test_count=0, seed=1)  # 12 images: 8 train, 2 steps of 4
     env = {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path / "scan")}
-    # vit_b_32: no BatchNorm (each process would normalise its own half) and no dropout.
+    # timm's test_vit: no BatchNorm (each process would normalise its own half) and no dropout.
     common = [
         "--data",
         str(data),
         "--model",
-        "vit_b_32",
+        "timm/test_vit",
         "--weights",
         "none",
         "--image-size",
-        "224",
+        "32",
         "--no-progress",
         "--epochs",
         "1",
