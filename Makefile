@@ -24,12 +24,16 @@ demo: $(STAMP)
 browser:
 	command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
 
+# Tests run in WORKERS processes (pytest-xdist); tests/conftest.py groups and orders them.
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadgroup
+
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q $(XDIST) --durations=15 tests
 
 # The unmarked tier: no multi-process, slow or browser tests (markers set by tests/conftest.py).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 -m "not slow and not distributed and not browser" tests
+	$(BIN)/python -m pytest -q $(XDIST) --durations=15 -m "not slow and not distributed and not browser" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

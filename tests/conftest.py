@@ -60,6 +60,7 @@ SLOW = {
     "test_the_lock_of_a_killed_holder_is_free_at_once",
     "test_the_lock_is_released_when_a_run_fails",
     "test_a_closed_pipe_ends_quietly",
+    "test_every_model_gets_a_new_head_of_the_right_shape",  # ~80 models built and run on the meta device
 }
 
 
@@ -69,6 +70,31 @@ def pytest_collection_modifyitems(config, items) -> None:
         for marker, listed in (("distributed", DISTRIBUTED), ("slow", SLOW)):
             if names & listed:
                 item.add_marker(marker)
+    _schedule(items)
+
+
+def _schedule(items) -> None:
+    """Order and group the tests for ``pytest -n N --dist loadgroup`` (pytest-xdist).
+
+    A test that shares an expensive module fixture (one named above) runs in its module's group, so
+    the fixture is made once; every other test is scheduled on its own. Groups and tests start
+    longest tier first (distributed, slow, fast), so that no worker is left with a long test at the
+    end while the others idle. Tests of one group keep their order; without xdist the marks are unused.
+    """
+    tier = {}
+    for item in items:
+        defs = item._fixtureinfo.name2fixturedefs
+        shared = any(d[-1].scope == "module" for name, d in defs.items() if name in DISTRIBUTED | SLOW)
+        group = item.module.__name__ if shared else item.nodeid
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(group))
+        rank = 0 if item.get_closest_marker("distributed") else 1 if item.get_closest_marker("slow") else 2
+        tier[group] = min(tier.get(group, rank), rank)
+        item.stash[_GROUP] = group
+    items.sort(key=lambda it: tier[it.stash[_GROUP]])
+
+
+_GROUP = pytest.StashKey[str]()
 
 
 # Small runs: every test trains at this size so the suite stays fast on 2 cores.
