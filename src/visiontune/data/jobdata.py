@@ -82,7 +82,12 @@ def listed(data: str) -> ImageSet:
 def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None]:
     """The bad files (layout rejects first) and, with --cache, the cache: each file decoded once."""
     if cfg.cache:
-        cache = open_or_build(cfg.cache, images.paths, cfg.image_size, available_cores())
+        from visiontune.models import input_view
+
+        interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)  # as the loaders resize
+        cache = open_or_build(
+            cfg.cache, images.paths, cfg.image_size, available_cores(), interpolation=interpolation, crop_pct=crop_pct
+        )
         return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache
     found = scan(images.paths, workers=available_cores(), cache_path=scan_cache_path(images.root))
     return list(images.rejects) + found, None

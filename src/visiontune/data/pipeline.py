@@ -33,7 +33,7 @@ UNREADABLE = -100
 
 
 class ImageDataset(Dataset):
-    """(uint8 [3,S,S] image, label) pairs.
+    """(uint8 [3,S,S] image, label) pairs, resized by ``decode.resize_uint8`` (``interpolation``, ``crop_pct``).
 
     A file that cannot be read (it broke after the scan) keeps its slot as a
     black image labelled ``UNREADABLE``: batches keep their size, so sharding
@@ -55,8 +55,11 @@ class ImageDataset(Dataset):
         report: bool = True,
         failures_csv: str | None = None,
         threads: int = 1,
+        interpolation: str = "bilinear",
+        crop_pct: float | None = None,
     ):
         self.paths, self.labels, self.size, self.report = list(paths), list(labels), image_size, report
+        self.interpolation, self.crop_pct = interpolation, crop_pct  # how resize_uint8 brings files to size
         self.failures_csv = failures_csv  # where files that fail at load time are recorded
         self.augment = augment
         self.threads = threads
@@ -70,7 +73,9 @@ class ImageDataset(Dataset):
 
     def _decode(self, i: int) -> torch.Tensor | str:
         # Full size when augmenting: the random crop comes before the resize.
-        return try_read(self.paths[i], None if self.augment and self.augment.resizes else self.size)
+        if self.augment and self.augment.resizes:
+            return try_read(self.paths[i])
+        return try_read(self.paths[i], self.size, self.interpolation, self.crop_pct)
 
     def _finish(self, i: int, img: torch.Tensor | str):
         if isinstance(img, str):
