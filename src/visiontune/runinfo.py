@@ -52,7 +52,9 @@ class RunInfo:
         names = [f.name for f in fields(cls) if f.name not in LATER]
         if not isinstance(d, dict) or set(names) - set(d):
             raise UserError(f"{where}: not a visiontune model description (expected fields {', '.join(names)})")
-        d = {**LATER, **d}  # files written before a field existed were made the way its default says
+        # Files written before the crop was recorded were all resized bilinearly, whatever interpolation
+        # they name: they load as they were made.
+        d = {**d, **LATER} if "crop_pct" not in d else {**LATER, **d}
         info = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names or k in LATER})
         classes_ok = len(info.classes) >= 2 and all(isinstance(c, str) and c for c in info.classes)
         if not classes_ok or not isinstance(info.image_size, int) or info.image_size < 1:
