@@ -58,7 +58,9 @@ def test_each_source_resizes_as_its_pretrained_config_says_unless_the_flag_does(
     assert input_view("resnet18", "bicubic") == ("bicubic", None)
 
 
-@pytest.mark.parametrize("interpolation,crop_pct", [("bicubic", None), ("bicubic", 0.875), ("bilinear", 0.95)])
+@pytest.mark.parametrize(
+    "interpolation,crop_pct", [("bicubic", None), ("bicubic", 0.875), ("bilinear", 0.95), ("bicubic", 1.15)]
+)
 def test_a_bicubic_or_cropping_model_pipeline_resizes_so(noisy, interpolation, crop_pct):
     ds = ImageDataset([str(p) for p in noisy], [0] * 4, SIZE, interpolation=interpolation, crop_pct=crop_pct)
     for (img, _), path in zip(ds, noisy):

@@ -61,7 +61,7 @@ class RunInfo:
             raise UserError(
                 f"{where}: damaged model description (classes {info.classes!r}, image size {info.image_size!r})"
             )
-        crop_ok = info.crop_pct is None or (isinstance(info.crop_pct, (int, float)) and 0 < info.crop_pct <= 1)
+        crop_ok = info.crop_pct is None or (isinstance(info.crop_pct, (int, float)) and info.crop_pct > 0)
         if info.interpolation not in INTERPOLATIONS or not crop_ok:
             raise UserError(
                 f"{where}: damaged model description (interpolation {info.interpolation!r}, crop_pct {info.crop_pct!r})"

@@ -153,7 +153,7 @@ def resize_uint8(
 
     ``crop_pct`` None squashes the whole image to size x size (the reference job's view, which
     torchvision models keep); a number is timm's eval view: the shorter side to
-    ``floor(size / crop_pct)``, then the centre ``size`` x ``size``.
+    ``floor(size / crop_pct)``, then the centre ``size`` x ``size`` (zero-padded when crop_pct > 1, as timm does).
     """
     if img.dtype != torch.uint8 or img.ndim != 3:
         raise ValueError(f"expected a uint8 [C, H, W] tensor, got {img.dtype} {tuple(img.shape)}")
