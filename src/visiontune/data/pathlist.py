@@ -56,21 +56,33 @@ class PathList(Sequence[str]):
     def __len__(self) -> int:
         return len(self.ends) if self.order is None else len(self.order)
 
+    def _rows(self, idx) -> np.ndarray:
+        """Rows of the underlying arrays for positions ``idx`` (ints in range)."""
+        idx = np.asarray(idx, np.int64)
+        return idx if self.order is None else self.order[idx]
+
+    def rels(self, idx) -> list[str]:
+        """The paths at positions ``idx`` without the prefix, decoded in one pass."""
+        rows = self._rows(idx)
+        ends = self.ends[rows]
+        starts = np.where(rows > 0, self.ends[np.maximum(rows - 1, 0)], 0)
+        view = memoryview(self.blob)
+        return [str(view[s:e], *_CODEC) for s, e in zip(starts.tolist(), ends.tolist())]
+
     def rel(self, i: int) -> str:
         """Path ``i`` (0 <= i < len) without the prefix."""
-        j = int(self.order[i]) if self.order is not None else int(i)
-        start = int(self.ends[j - 1]) if j else 0
-        return self.blob[start : int(self.ends[j])].tobytes().decode(*_CODEC)
+        return self.rels([i])[0]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+            return [self.prefix + r for r in self.rels(np.arange(*i.indices(len(self))))]
         if not -len(self) <= i < len(self):
             raise IndexError("PathList index out of range")
         return self.prefix + self.rel(i % len(self))
 
     def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(len(self)))
+        for start in range(0, len(self), _CHUNK):
+            yield from self[start : start + _CHUNK]
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, (PathList, list, tuple)):

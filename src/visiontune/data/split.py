@@ -56,7 +56,7 @@ def _relative(paths: Sequence[str], idx: list[int], root: str) -> list[str]:
     # already holds them without that prefix.
     prefixes = root_prefixes(root)
     if isinstance(paths, PathList) and paths.prefix in prefixes:
-        return [paths.rel(i) for i in idx]
+        return paths.rels(idx)
     chosen = [paths[i] for i in idx]
     for prefix in prefixes:
         if all(p.startswith(prefix) for p in chosen):
