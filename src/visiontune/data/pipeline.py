@@ -132,10 +132,17 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter([EpochIndex(i, self.epoch) for i in torch.randperm(self.n, generator=g).tolist()])
+        return _epoch_indices(torch.randperm(self.n, generator=g), self.epoch)
 
     def __len__(self) -> int:
         return self.n
+
+
+def _epoch_indices(perm: torch.Tensor, epoch: int):
+    # Made as the loader asks for them: a list of a million EpochIndex objects would hold ~150 MB.
+    for start in range(0, len(perm), 8192):
+        for i in perm[start : start + 8192].tolist():
+            yield EpochIndex(i, epoch)
 
 
 def collate_channels_last(batch):
