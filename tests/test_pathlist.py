@@ -107,3 +107,42 @@ def test_split_record_is_unchanged_by_the_compact_listing(tmp_path):
     assert {k: back[k] for k in ("train", "val")} == lists
     expected = hashlib.sha256(json.dumps(lists, sort_keys=True).encode("utf-8", "surrogateescape")).hexdigest()
     assert back["sha256"] == summary["sha256"] == expected == OLD_CODE_SPLIT_SHA256
+
+
+def test_paths_outside_the_root_and_the_warm_scan_lookup():
+    import numpy as np
+
+    from visiontune.data.check import _isin
+
+    # Paths not under the root are kept whole (no prefix), and read back as given.
+    odd = ["/a/x.jpg", "/b/ü y.jpg", "rel/z.jpg"]
+    images = layouts.ImageSet("/a", "manifest", odd, [0, 1, 1], ["p", "q"])
+    assert images.paths.prefix == "" and list(images.paths) == odd and images.class_counts() == {"p": 1, "q": 2}
+    # The scan's key lookup is np.isin: absent keys, duplicates, an empty cache, the largest uint64.
+    rng = np.random.default_rng(0)
+    members = rng.integers(0, 2**63, 5000, dtype=np.uint64)
+    keys = np.concatenate([members[::3], rng.integers(0, 2**63, 4000, dtype=np.uint64), members[:10]])
+    keys = np.append(keys, np.uint64(2**64 - 1))
+    assert np.array_equal(_isin(keys, members), np.isin(keys, members))
+    assert np.array_equal(
+        _isin(keys, np.append(members, np.uint64(2**64 - 1))), np.isin(keys, np.append(members, np.uint64(2**64 - 1)))
+    )
+    assert not _isin(keys, np.zeros(0, np.uint64)).any()
+
+
+def test_image_cache_file_name_is_unchanged_for_a_compact_listing(tmp_path):
+    from visiontune.data.cache import _files
+
+    # More paths than one chunk, some not UTF-8: the name the earlier code gave the cache files.
+    paths = [f"/d/c{i % 7}/ü {i}.jpg" for i in range(70_000)] + [os.fsdecode(b"/d/c1/\xff.jpg")]
+    ident = hashlib.sha256("\n".join(["", *paths]).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    expected = os.path.join(str(tmp_path), f"{ident}-32px")
+    compact = layouts.ImageSet("/d", "imagefolder", paths, [0] * len(paths), ["a", "b"]).paths
+    assert (
+        _files(str(tmp_path), paths, 32)
+        == _files(str(tmp_path), compact, 32)
+        == (
+            expected + ".u8",
+            expected + ".json",
+        )
+    )

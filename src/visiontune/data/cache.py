@@ -69,7 +69,10 @@ class ImageCache:
 def _files(folder: str, paths: Sequence[str], image_size: int) -> tuple[str, str]:
     # One cache per data set (its file list) and size, so several can share a folder.
     where = "" if not paths or os.path.isabs(paths[0]) else os.getcwd()
-    ident = hashlib.sha256("\n".join([where, *paths]).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    h = hashlib.sha256(where.encode("utf-8", "surrogateescape"))
+    for start in range(0, len(paths), 65536):  # "\n".join([where, *paths]), a chunk at a time
+        h.update(("\n" + "\n".join(paths[start : start + 65536])).encode("utf-8", "surrogateescape"))
+    ident = h.hexdigest()[:12]
     stem = os.path.join(folder, f"{ident}-{image_size}px")
     return stem + ".u8", stem + ".json"
 
