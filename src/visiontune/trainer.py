@@ -62,13 +62,13 @@ def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
     if data.cache:
 
         def subset(idx, augment):
-            return CachedDataset(data.cache, [data.rows[i] for i in idx], [images.labels[i] for i in idx], augment)
+            return CachedDataset(data.cache, data.rows[idx], images.labels[idx], augment)
     else:
 
         def subset(idx, augment):
             return ImageDataset(
-                [images.paths[i] for i in idx],
-                [images.labels[i] for i in idx],
+                images.paths.take(idx),  # a view: no str per file until a sample is read
+                images.labels[idx],
                 cfg.image_size,
                 augment,
                 failures_csv=os.path.join(run_dir, LOAD_FAILURES),

@@ -82,7 +82,10 @@ class ImageCache:
 def _files(folder: str, paths: Sequence[str], image_size: int, tag: str) -> tuple[str, str]:
     # One cache per data set (its file list), size and resize, so several can share a folder.
     where = "" if not paths or os.path.isabs(paths[0]) else os.getcwd()
-    ident = hashlib.sha256("\n".join([where, *paths]).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    h = hashlib.sha256(where.encode("utf-8", "surrogateescape"))
+    for start in range(0, len(paths), 65536):  # "\n".join([where, *paths]), a chunk at a time
+        h.update(("\n" + "\n".join(paths[start : start + 65536])).encode("utf-8", "surrogateescape"))
+    ident = h.hexdigest()[:12]
     stem = os.path.join(folder, f"{ident}-{image_size}px{tag}")
     return stem + ".u8", stem + ".json"
 
@@ -186,7 +189,9 @@ class CachedDataset(Dataset):
 
     def __init__(self, cache: ImageCache, indices: Sequence[int], labels: Sequence[int], augment=None):
         # augment: a data.augment.SampleAugment, called with (image, index) to seed its draws
-        self.cache, self.indices, self.labels = cache, list(indices), list(labels)
+        # int64 arrays, not lists: no Python object per image for loader workers to copy
+        self.cache, self.indices = cache, np.asarray(indices, np.int64).reshape(-1)
+        self.labels = np.asarray(labels, np.int64).reshape(-1)
         self.augment = augment
         self._map: mmap.mmap | None = None
 
@@ -205,7 +210,7 @@ class CachedDataset(Dataset):
             with open(self.cache.array_path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         s, n = self.cache.image_size, self.cache.item_bytes
-        rows = [self.indices[i] for i in indices]
+        rows = [int(self.indices[i]) for i in indices]
         block = torch.from_numpy(np.frombuffer(self._map, np.uint8).reshape(-1, s, s, 3)[rows])
         for row in rows:
             # The page cache keeps the data for every process; this process need not keep it
@@ -222,5 +227,5 @@ class CachedDataset(Dataset):
                 out.append((torch.zeros(3, s, s, dtype=torch.uint8), UNREADABLE))
                 continue
             img = img.permute(2, 0, 1)  # rows are HWC; the view is CHW as everywhere else
-            out.append((self.augment(img, i) if self.augment is not None else img, self.labels[i]))
+            out.append((self.augment(img, i) if self.augment is not None else img, int(self.labels[i])))
         return out
