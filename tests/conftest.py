@@ -66,6 +66,22 @@ SLOW = {
 }
 
 
+def pytest_configure(config) -> None:
+    """Under pytest-xdist each worker gets its own share of the cores, as a machine of that size.
+
+    visiontune gives a run as many threads as it has cores; two workers that each thought they had
+    all of them would run twice as many OpenMP threads as cores, and OpenMP threads that wait for a
+    descheduled peer spin: the tests would take several times their CPU time. Subprocesses (DDP
+    workers) inherit the share.
+    """
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    cores = sorted(os.sched_getaffinity(0))
+    if worker and count and int(count) > 1:
+        index, n = int(worker.removeprefix("gw")), int(count)
+        share = cores[index * len(cores) // n : (index + 1) * len(cores) // n] or cores[index % len(cores) :][:1]
+        os.sched_setaffinity(0, share)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         names = {item.originalname, *item.fixturenames}
