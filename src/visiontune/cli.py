@@ -1,9 +1,10 @@
 """The ``visiontune`` command line: one function per subcommand, each called with ``(args, argv)``.
 
-This module and ``flags`` (the training flags made from ``TrainConfig``) are
-the only ones that see argparse. A ``UserError`` from anywhere below, argparse's
-own complaints included, becomes one line on stderr and exit code 2; ``argv``
-is the subcommand's own arguments, for relaunching under torch.distributed.run.
+This module and ``flags`` (every subcommand's flags, the training ones made
+from ``TrainConfig``) are the only ones that see argparse. A ``UserError`` from
+anywhere below, argparse's own complaints included, becomes one line on stderr
+and exit code 2; ``argv`` is the subcommand's own arguments, for relaunching
+under torch.distributed.run.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import argparse
 import os
 import sys
 
-from visiontune import slurm
-from visiontune.config import TrainConfig, UserError, choices
+from visiontune import flags, slurm
+from visiontune.config import TrainConfig, UserError
 from visiontune.faults import RunStopped
-from visiontune.flags import OneLineParser, add_train_flags, config_from_args, positive
-from visiontune.host import available_cores
+from visiontune.flags import config_from_args
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
@@ -250,119 +250,12 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def _add_inference_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-size", type=positive, help="images per batch PER PROCESS (default: the run's)")
-    p.add_argument("--mixed-precision", choices=choices()["mixed_precision"], default="no")
-    p.add_argument("--nproc", type=positive, default=1, help="processes (DDP-style sharding; same output)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
-    p.add_argument(
-        "--tta",
-        choices=("none", "flip", "flip+crop"),
-        default="none",
-        help="test-time augmentation: average the probabilities of mirrored (and centre-cropped) views",
-    )
+# "cmd_sample_data" runs `visiontune sample-data`, and so on.
+COMMANDS = {name[4:].replace("_", "-"): f for name, f in list(globals().items()) if name.startswith("cmd_")}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="visiontune",
-        description="Fine-tune torchvision and timm image classifiers on a folder of images, on one CPU or many GPUs.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
-    add_train_flags(p)
-    p.set_defaults(func=cmd_train)
-    p = sub.add_parser("lr-find", help="a short exponential lr sweep: loss-vs-lr PNG and a suggested lr")
-    add_train_flags(p)
-    p.add_argument("--steps", type=positive, default=100, help="batches in the sweep (default 100)")
-    p.add_argument("--start-lr", type=float, default=1e-7, help="first lr (default 1e-7)")
-    p.add_argument("--end-lr", type=float, default=10.0, help="last lr (default 10)")
-    p.set_defaults(func=cmd_lr_find)
-    p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
-    p.add_argument("data")
-    p.set_defaults(func=cmd_prepare)
-    p = sub.add_parser("sample-data", help="write a small synthetic data set in the Kaggle layout")
-    p.add_argument("dir")
-    p.add_argument("--per-class", type=positive, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force", action="store_true", help="replace the data set in a folder that is not empty")
-    p.set_defaults(func=cmd_sample_data)
-    p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
-    p.add_argument("--source", choices=("torchvision", "timm", "all"), default="torchvision")
-    p.add_argument("--filter", default="", help="only names containing this text (any case)")
-    p.set_defaults(func=cmd_models)
-    p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
-    p.add_argument("data")
-    p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
-    p.add_argument("--workers", type=positive, default=available_cores(), help="decoding threads (default: cores)")
-    p.set_defaults(func=cmd_check)
-    p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
-    add_train_flags(p)
-    p.add_argument("--strategies", default="single,dp,ddp", help="comma-separated (default single,dp,ddp)")
-    p.add_argument(
-        "--same",
-        default="global",
-        choices=("global", "per-device"),
-        help="keep the global batch (default) or the per-device batch equal across strategies",
-    )
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="train each strategy N times, interleaved; report the median run and the spread",
-    )
-    p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("slurm", help="write a Slurm batch script for `visiontune train` (requeued on preemption)")
-    add_train_flags(p)
-    for flag, kind, help_text in slurm.FLAGS:
-        p.add_argument(
-            flag,
-            type=kind,
-            required=help_text.startswith("required"),
-            default="visiontune" if flag == "--job-name" else None,
-            help=help_text,
-        )
-    p.set_defaults(func=cmd_slurm)
-    p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
-    p.add_argument("--run", help="a training run folder")
-    p.add_argument(
-        "--weights",
-        help="instead of --run: a visiontune .safetensors file (it says what it is), "
-        "or a .pth/.safetensors state_dict with --model and --classes",
-    )
-    p.add_argument("--model", help="with --weights: the model name (checked against the file's own)")
-    p.add_argument("--classes", help="with --weights: class names in training order, comma-separated")
-    p.add_argument(
-        "--image-size",
-        type=int,
-        help="with --weights: input size (default: the file's, else the model's pretrained size)",
-    )
-    p.add_argument("--data", required=True, help="a folder of images, Kaggle's test/, or a file listing paths")
-    p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
-    p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
-    _add_inference_flags(p)
-    p.set_defaults(func=cmd_predict)
-    p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
-    p.add_argument("--run", required=True, help="a training run folder")
-    p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
-    p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
-    p.add_argument(
-        "--split",
-        choices=("val", "train", "all"),
-        help="with the run's own data: which images to score (default val); other data is scored whole",
-    )
-    p.add_argument("--top-losses", type=int, default=16, help="misclassified images in top_losses.png/.csv")
-    _add_inference_flags(p)
-    p.set_defaults(func=cmd_evaluate)
-    p = sub.add_parser("export", help="export a run's best model to ONNX or a torch.export .pt2 archive")
-    p.add_argument("--run", required=True, help="a training run folder")
-    p.add_argument("--format", required=True, help="onnx or pt2 (torch.export; TorchScript's successor)")
-    p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.pt2)")
-    p.set_defaults(func=cmd_export)
-    p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
-    p.add_argument("run", help="a training run folder (or a bench folder)")
-    p.set_defaults(func=cmd_report)
-    return parser
+    return flags.build_parser(COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:
