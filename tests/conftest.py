@@ -82,6 +82,7 @@ def pytest_configure(config) -> None:
         os.sched_setaffinity(0, share)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         names = {item.originalname, *item.fixturenames}
