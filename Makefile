@@ -24,9 +24,9 @@ demo: $(STAMP)
 browser:
 	command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
 
-# Tests run in WORKERS processes (pytest-xdist); tests/conftest.py groups and orders them.
+# Tests run in WORKERS processes (pytest-xdist); tests/conftest.py schedules them by module.
 WORKERS ?= 2
-XDIST := -n $(WORKERS) --dist loadgroup
+XDIST := -n $(WORKERS)
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q $(XDIST) --durations=15 tests

@@ -82,38 +82,36 @@ def pytest_configure(config) -> None:
         os.sched_setaffinity(0, share)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         names = {item.originalname, *item.fixturenames}
         for marker, listed in (("distributed", DISTRIBUTED), ("slow", SLOW)):
             if names & listed:
                 item.add_marker(marker)
-    _schedule(items)
-
-
-def _schedule(items) -> None:
-    """Order and group the tests for ``pytest -n N --dist loadgroup`` (pytest-xdist).
-
-    A test that shares an expensive module fixture (one named above) runs in its module's group, so
-    the fixture is made once; every other test is scheduled on its own. Groups and tests start
-    longest tier first (distributed, slow, fast), so that no worker is left with a long test at the
-    end while the others idle. Tests of one group keep their order; without xdist the marks are unused.
-    """
-    tier = {}
+    # Longest modules first (a rough cost from the tiers), each module's tests together and in order:
+    # under pytest-xdist, no worker is then left with a long module at the end while the others idle.
+    cost: dict[str, float] = {}
     for item in items:
-        defs = item._fixtureinfo.name2fixturedefs
-        shared = any(d[-1].scope == "module" for name, d in defs.items() if name in DISTRIBUTED | SLOW)
-        group = item.module.__name__ if shared else item.nodeid
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(group))
-        rank = 0 if item.get_closest_marker("distributed") else 1 if item.get_closest_marker("slow") else 2
-        tier[group] = min(tier.get(group, rank), rank)
-        item.stash[_GROUP] = group
-    items.sort(key=lambda it: tier[it.stash[_GROUP]])
+        weight = 20 if item.get_closest_marker("distributed") else 4 if item.get_closest_marker("slow") else 0.2
+        cost[item.module.__name__] = cost.get(item.module.__name__, 0) + weight
+    items.sort(key=lambda it: -cost[it.module.__name__])
 
 
-_GROUP = pytest.StashKey[str]()
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n N`: a module's tests run in one worker, so its module fixtures are made once.
+
+    The fault matrix is the exception: each (augmentation, strategy) pair has its own reference run,
+    so its four pairs are spread over the workers.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module, _, test = nodeid.partition("::")
+            return module + test.rpartition("-")[0] if module.endswith("test_fault_matrix.py") else module
+
+    return ByModule(config, log)
 
 
 # Small runs: every test trains at this size so the suite stays fast on 2 cores.
