@@ -64,8 +64,8 @@ class TrainConfig:
     freeze_backbone: bool = _setting(False, "train only the new head")
     # data
     image_size: int | None = _setting(None, "square input size in pixels (default: the model's pretrained size)")
-    augment: Literal["none", "flip-crop", "trivial", "randaugment"] | None = _setting(
-        None, "none, flip-crop (also plain --augment), trivial or randaugment (default: the recipe's)"
+    augment: Literal["none", "flip-crop", "light", "trivial", "randaugment"] | None = _setting(
+        None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"
     )
     random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
     mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see README")
