@@ -96,6 +96,18 @@ def test_adamw_leaves_norms_and_biases_undecayed_and_the_backbone_gets_its_multi
     assert sgd.param_groups[0]["momentum"] == 0.9 and len(sgd.param_groups[0]["params"]) == 6
 
 
+def test_the_head_is_the_one_the_model_spec_names_both_of_a_distilled_model():
+    from visiontune.models import build_model
+
+    # DeiT-distilled has two classifiers, head and head_dist: both get the head's lr.
+    model = build_model("timm/deit_tiny_distilled_patch16_224", 3, "none")
+    opt, _ = recipe.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 1e-3, 10)
+    named = {id(p): n for n, p in model.named_parameters()}
+    head_lr = sorted(named[id(p)] for g in opt.param_groups if g["initial_lr"] == 1e-3 for p in g["params"])
+    assert head_lr == ["head.bias", "head.weight", "head_dist.bias", "head_dist.weight"]
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(named)
+
+
 @pytest.mark.parametrize(
     "schedule,expected",
     [
