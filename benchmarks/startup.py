@@ -10,7 +10,12 @@ everything before the first training step. Peak RSS is ``getrusage``'s
 the job (the command, the launcher or a worker). "cold" is a first run (no scan
 cache: every file is decoded), "warm" the same run again. A last row counts the
 decodes of a first ``--cache`` run over real JPEGs (``sample_data``): one per file.
-``VT_STARTUP_SIZES`` (e.g. ``25000,250000``) picks the sizes.
+``VT_STARTUP_SIZES`` (e.g. ``25000,250000``) picks the sizes, ``VT_STARTUP_MODES``
+the runs (``single,ddp,before,cache``: the job alone, ddp x2, the baseline commit
+``VT_STARTUP_BASELINE`` up to ``VT_STARTUP_BASELINE_MAX`` files, the ``--cache`` row),
+``VT_STARTUP_STARTS`` ``cold,warm`` or just ``warm`` (the scan cache of an earlier run
+in ``VT_BENCH_WORK`` is kept; an unrecorded run makes one when there is none), and
+``VT_STARTUP_OUT`` the name of the result files (``startup``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import subprocess
 import sys
 import time
 from itertools import pairwise
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -75,6 +81,9 @@ WRAP = (
 # The run before this work, for a before/after ratio at the sizes it can do in reasonable time.
 BASELINE = os.environ.get("VT_STARTUP_BASELINE", "57c6fe3")
 BASELINE_MAX = int(os.environ.get("VT_STARTUP_BASELINE_MAX", "250000"))
+MODES = os.environ.get("VT_STARTUP_MODES", "single,ddp,before,cache").split(",")
+STARTS = os.environ.get("VT_STARTUP_STARTS", "cold,warm").split(",")
+OUT = os.environ.get("VT_STARTUP_OUT", "startup")
 
 
 def make_folder(n: int) -> str:
@@ -185,16 +194,38 @@ def main() -> None:
         t = time.time()
         data = make_folder(n)
         print(f"startup: {n} files ready ({time.time() - t:.0f} s)", flush=True)
-        runs = [("single", [], None), ("ddp x2", ["--strategy", "ddp", "--nproc", "2"], None)]
-        if base and n <= BASELINE_MAX:
+        runs = [("single", [], None)] if "single" in MODES else []
+        if "ddp" in MODES:
+            runs.append(("ddp x2", ["--strategy", "ddp", "--nproc", "2"], None))
+        if base and n <= BASELINE_MAX and "before" in MODES:
             runs.append((f"single, before ({BASELINE})", [], base))
         for mode, extra, src in runs:
             cache = WORK / "startup-scan-cache"
-            shutil.rmtree(cache, ignore_errors=True)
-            for temp in ("cold", "warm"):
+            if "cold" in STARTS:
+                shutil.rmtree(cache, ignore_errors=True)
+            elif not (cache / f"primed-{n}").exists():
+                start_up(data, extra, str(cache), str(hooks), src=src)  # unrecorded: makes the warm cache
+                (cache / f"primed-{n}").touch()
+            for temp in STARTS:
                 r = {"files": n, "mode": mode, "start": temp, **start_up(data, extra, str(cache), str(hooks), src=src)}
                 rows.append(r)
                 print(f"startup: {r}", flush=True)
+    result = {
+        "what": "seconds from the command's start to the first training step, CPU seconds of the whole job, "
+        "and peak RSS of its largest process, squeezenet1_1 32 px",
+        "rows": rows,
+        "import_only_rss_mib": floor,
+        "load_average_at_start": list(os.getloadavg()),
+    }
+    if "cache" in MODES:
+        result["first_cache_run"] = first_cache_run(hooks)
+    write_result(OUT, result)
+    (RESULTS / f"{OUT}.md").write_text(table(result) + "\n")
+    print(table(result))
+
+
+def first_cache_run(hooks: Path) -> dict:
+    """A first ``--cache`` run over real JPEGs, its decodes counted."""
     real = sample_data(1000)  # 2,000 real JPEGs, 300-500 px
     cache = WORK / "startup-image-cache"
     shutil.rmtree(cache, ignore_errors=True)
@@ -207,21 +238,12 @@ def main() -> None:
     )
     first_cache["files"] = 2000
     print(f"startup: first --cache run: {first_cache}", flush=True)
-    result = {
-        "what": "seconds from the command's start to the first training step, CPU seconds of the whole job, "
-        "and peak RSS of its largest process, squeezenet1_1 32 px",
-        "rows": rows,
-        "import_only_rss_mib": floor,
-        "first_cache_run": first_cache,
-    }
-    write_result("startup", result)
-    (RESULTS / "startup.md").write_text(table(result) + "\n")
-    print(table(result))
+    return first_cache
 
 
 def table(result: dict) -> str:
     """Markdown: one row per (mode, cold/warm), one column per size, growth factor between sizes."""
-    rows, first_cache = result["rows"], result["first_cache_run"]
+    rows, first_cache = result["rows"], result.get("first_cache_run")
     sizes = sorted({r["files"] for r in rows})
     head = ["run"] + [f"{n:,} files" for n in sizes] + [f"growth {a:,} -> {b:,}" for a, b in pairwise(sizes)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -245,9 +267,13 @@ def table(result: dict) -> str:
     lines.append(
         f"\nSeconds: from the command's start to the first training step (wall; CPU: user + system of every "
         f"process of the job). MiB: peak RSS of the job's largest process; a process that only imports "
-        f"the trainer peaks at {result['import_only_rss_mib']:,} MiB. First `--cache` run over "
-        f"{first_cache['files']:,} real JPEGs: {first_cache['decodes']:,} decodes "
-        f"({first_cache['decodes'] / first_cache['files']:.2f} per file)."
+        f"the trainer peaks at {result['import_only_rss_mib']:,} MiB."
+        + (
+            f" First `--cache` run over {first_cache['files']:,} real JPEGs: {first_cache['decodes']:,} decodes "
+            f"({first_cache['decodes'] / first_cache['files']:.2f} per file)."
+            if first_cache
+            else ""
+        )
     )
     return "\n".join(lines)
 
@@ -256,6 +282,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--table"]:  # re-render results/startup.md from results/startup.json
         import json
 
-        (RESULTS / "startup.md").write_text(table(json.loads((RESULTS / "startup.json").read_text())) + "\n")
+        (RESULTS / f"{OUT}.md").write_text(table(json.loads((RESULTS / f"{OUT}.json").read_text())) + "\n")
         sys.exit(0)
     sys.exit(main())

@@ -33,6 +33,7 @@ DISTRIBUTED = {
     "test_ddp_with_the_new_options_matches_one_process",
     "uninterrupted",  # the fault-injection matrix's reference runs (single and ddp)
     "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
+    "test_timm_under_ddp_saves_a_self_describing_model_and_counts_val_once",
 }
 SLOW = {
     "test_check_train_and_evaluate_use_the_nested_rule_and_report_counts",
@@ -60,6 +61,7 @@ SLOW = {
     "test_the_lock_of_a_killed_holder_is_free_at_once",
     "test_the_lock_is_released_when_a_run_fails",
     "test_a_closed_pipe_ends_quietly",
+    "test_interpolation_flag_reaches_the_cache_the_loaders_and_the_record",
 }
 
 

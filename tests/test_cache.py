@@ -43,9 +43,9 @@ def decodes(monkeypatch):
     calls = []
     real = cache_mod.try_read
 
-    def counting(path, size):
+    def counting(path, *resize):
         calls.append(path)
-        return real(path, size)
+        return real(path, *resize)
 
     monkeypatch.setattr(cache_mod, "try_read", counting)
     return calls

@@ -25,7 +25,7 @@ def test_kaggle_layout_classes_order_and_numeric_test_ids(tmp_path):
     found = discover(str(tmp_path))
     assert found.layout == "kaggle" and found.classes == ["cat", "dog"]
     assert [p.split("/")[-1] for p in found.paths] == ["cat.2.jpg", "cat.10.jpg", "dog.1.jpg"]
-    assert found.labels == [0, 0, 1]
+    assert found.labels.tolist() == [0, 0, 1]
     assert [p.split("/")[-1] for p in found.test_files] == ["1.jpg", "2.jpg", "10.jpg"]
     assert [p.split("/")[-1] for p, _ in found.rejects] == ["notes.txt"]  # the OS's metadata files are ignored
 
@@ -36,7 +36,7 @@ def test_image_folder_layout_like_petimages(tmp_path):
             _touch(tmp_path / "PetImages" / cls / f"{i}.jpg")
     found = discover(str(tmp_path / "PetImages"))
     assert found.layout == "imagefolder" and found.classes == ["Cat", "Dog"]
-    assert found.labels == [0, 0, 0, 1, 1, 1]
+    assert found.labels.tolist() == [0, 0, 0, 1, 1, 1]
 
 
 def test_prepare_writes_a_manifest_that_reads_back_identically(tmp_path):
@@ -47,7 +47,11 @@ def test_prepare_writes_a_manifest_that_reads_back_identically(tmp_path):
     assert n == 4 and open(out).readline().strip() == "filename,label"
     manifest = discover(str(tmp_path))
     assert manifest.layout == "manifest"
-    assert (manifest.paths, manifest.labels, manifest.classes) == (kaggle.paths, kaggle.labels, kaggle.classes)
+    assert (list(manifest.paths), manifest.labels.tolist(), manifest.classes) == (
+        list(kaggle.paths),
+        kaggle.labels.tolist(),
+        kaggle.classes,
+    )
 
 
 def test_manifest_with_integer_labels(tmp_path):
@@ -55,7 +59,7 @@ def test_manifest_with_integer_labels(tmp_path):
         _touch(tmp_path / "train" / f"img{i}.jpg")
     (tmp_path / "train.csv").write_text("filename,label\nimg0.jpg,1\nimg1.jpg,0\nimg2.jpg,1\nimg3.jpg,0\n")
     found = discover(str(tmp_path))
-    assert found.classes == ["0", "1"] and found.labels == [1, 0, 1, 0]
+    assert found.classes == ["0", "1"] and found.labels.tolist() == [1, 0, 1, 0]
 
 
 @pytest.mark.parametrize(
@@ -201,7 +205,7 @@ def test_manifest_duplicate_spelt_differently_is_refused(tmp_path, rows):
 
 def test_manifest_with_bom_and_trailing_blank_lines_reads_normally(tmp_path):
     found = discover(_manifest_dir(tmp_path, "\ufefffilename,label\na.jpg,cat\nb.jpg,dog\n\n\n".encode("utf-8")))
-    assert found.layout == "manifest" and found.classes == ["cat", "dog"] and found.labels == [0, 1]
+    assert found.layout == "manifest" and found.classes == ["cat", "dog"] and found.labels.tolist() == [0, 1]
     assert [p.split("/")[-1] for p in found.paths] == ["a.jpg", "b.jpg"]
 
 

@@ -21,6 +21,7 @@ import pytest
 import timm
 import torch
 from safetensors.torch import load_file, save_file
+from torchvision.io import decode_image
 
 from trained import one_thread, preprocess  # noqa: F401  (one_thread: autouse)
 from visiontune.cli import main
@@ -50,7 +51,8 @@ def test_timm_family_trains_predicts_from_its_file_alone_and_exports(arch, fmt, 
     assert described["classes"] == ["cat", "dog"] and described["image_size"] == 32
     assert read_file(str(run / "best.safetensors")).to_dict() == described
     files = sorted((small_data / "train").iterdir())[::7]
-    x = preprocess(files, 32)
+    assert (described["interpolation"], described["crop_pct"]) == ("bicubic", 0.95)  # test models' pretrained_cfg
+    x = preprocess(files, 32, "bicubic", 0.95)
     eager = _reference(run, arch, 2, x)
 
     out = tmp_path / "pred.csv"
@@ -174,3 +176,47 @@ def test_broken_or_foreign_checkpoint_is_one_line(make, msg, small_data, tmp_pat
     err = capsys.readouterr().err
     assert code == 2 and msg in err and err.count("\n") == 1, err
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_timm_under_ddp_saves_a_self_describing_model_and_counts_val_once(small_data, tmp_path, worker_env):
+    """A timm model (bicubic, crop 0.95) trained by two gloo processes: its best.safetensors builds back from
+    its metadata alone, and the val metrics are those of the saved model over each val image once."""
+    import subprocess
+
+    from conftest import PYTHON
+    from trained import hand_resize
+    from visiontune.inference import load_model
+
+    run, batch = tmp_path / "run", 4
+    argv = ["train", "--data", str(small_data), "--output-dir", str(run), *TINY, "--batch-size", str(batch)]
+    argv += ["--model", "timm/test_convnext", "--weights", "none", "--val-fraction", "0.3"]
+    done = subprocess.run(
+        [PYTHON, "-m", "visiontune", *argv, "--strategy", "ddp", "--nproc", "2"],
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    val = json.loads((run / "split.json").read_text())["val"]
+    assert summary["world_size"] == 2 and len(val) % (2 * batch) != 0  # the last val batch is padded
+    assert summary["val_images_counted"] == summary["val_split_size"] == len(val)
+
+    loaded = load_model(weights=str(run / "best.safetensors"))  # nothing but the file
+    info = loaded.info
+    assert (info.model, info.classes, info.image_size) == ("timm/test_convnext", ("cat", "dog"), 32)
+    assert (info.interpolation, info.crop_pct) == ("bicubic", 0.95)
+    saved = load_file(str(run / "best.safetensors"))
+    assert all(torch.equal(v, saved[k]) for k, v in loaded.model.state_dict().items())
+
+    model = timm.create_model("test_convnext", num_classes=2)
+    model.load_state_dict(saved)
+    mean, std = torch.tensor(info.mean).view(3, 1, 1), torch.tensor(info.std).view(3, 1, 1)
+    images = [hand_resize(decode_image(str(small_data / f)), 32, "bicubic", 0.95) for f in val]
+    x = torch.stack([(img.float() / 255 - mean) / std for img in images])
+    y = torch.tensor([info.classes.index(Path(f).name.split(".")[0]) for f in val])
+    with torch.no_grad():
+        logits = model.eval()(x)
+    assert summary["best_val_accuracy"] == pytest.approx((logits.argmax(1) == y).float().mean().item(), abs=1e-9)
+    assert summary["best_val_loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), abs=1e-4)

@@ -12,6 +12,7 @@ validation files the same way, for comparison with the metrics the run reports.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ import torch.nn.functional as F
 import torchvision
 from safetensors.torch import load_file
 from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2.functional import resize
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2.functional import center_crop, resize
 
 from conftest import FAST
 from visiontune import strategy
@@ -63,12 +65,23 @@ def reference_model(run: Path) -> torch.nn.Module:
     return model.eval()
 
 
-def preprocess(paths: list[Path | str], size: int = SIZE) -> torch.Tensor:
+def hand_resize(img: torch.Tensor, size: int, interpolation: str = "bilinear", crop_pct: float | None = None):
+    """torchvision's transforms: a squash to size x size, or timm's eval view (shorter side to
+    floor(size / crop_pct), centre crop)."""
+    mode = InterpolationMode(interpolation)
+    if crop_pct is None:
+        return resize(img, [size, size], interpolation=mode, antialias=True)
+    return center_crop(resize(img, math.floor(size / crop_pct), interpolation=mode, antialias=True), [size, size])
+
+
+def preprocess(
+    paths: list[Path | str], size: int = SIZE, interpolation: str = "bilinear", crop_pct: float | None = None
+) -> torch.Tensor:
     """Normalised float batch, computed the textbook way (x / 255 - mean) / std."""
     out = []
     for p in paths:
         img = decode_image(str(p), mode=ImageReadMode.RGB)
-        out.append((resize(img, [size, size], antialias=True).float() / 255 - MEAN) / STD)
+        out.append((hand_resize(img, size, interpolation, crop_pct).float() / 255 - MEAN) / STD)
     return torch.stack(out)
 
 

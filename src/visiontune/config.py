@@ -58,12 +58,15 @@ class TrainConfig:
     )
     init_from: str | None = _setting(
         None,
-        "start from an earlier run's best model (its --model and "
+        "start from an earlier run's best model (its --model, --interpolation and "
         "--image-size unless given; a new head when the classes differ)",
     )
     freeze_backbone: bool = _setting(False, "train only the new head")
     # data
     image_size: int | None = _setting(None, "square input size in pixels (default: the model's pretrained size)")
+    interpolation: Literal["bilinear", "bicubic", "nearest", "nearest-exact"] | None = _setting(
+        None, "resize interpolation of every image (default: the model's pretrained config; recorded)"
+    )
     augment: Literal["none", "flip-crop", "light", "trivial", "randaugment"] | None = _setting(
         None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"
     )
@@ -173,6 +176,7 @@ RANGES = {
 }
 
 
+FROM_MODEL = ("interpolation",)  # None: the model's pretrained config's, known once the model is
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
 
 
@@ -221,7 +225,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)}")
     for name, allowed in choices().items():
-        if getattr(cfg, name) not in allowed:
+        if getattr(cfg, name) not in allowed and not (name in FROM_MODEL and getattr(cfg, name) is None):
             raise UserError(
                 f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}"
             )

@@ -83,9 +83,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in fields(TrainConfig)}
     merged = load_config_file(args.config) if getattr(args, "config", None) else {}
     merged.update({k: v for k, v in vars(args).items() if k in names})
-    if merged.get("init_from"):  # continuing an earlier run: its model and size unless said otherwise
+    if merged.get("init_from"):  # continuing an earlier run: its model, size and resize unless said otherwise
         from visiontune.runinfo import read_run
 
         earlier = read_run(merged["init_from"])
-        merged = {"model": earlier.model, "image_size": earlier.image_size, **merged}
+        merged = {
+            "model": earlier.model,
+            "image_size": earlier.image_size,
+            "interpolation": earlier.interpolation,
+            **merged,
+        }
     return validate(TrainConfig(**merged))

@@ -2,9 +2,10 @@
 
 A run folder or a weights file loads without unpickling anything:
 ``best.safetensors`` (or a ``.pth`` read with ``weights_only=True``), and the
-run's description (``runinfo``: model, classes, image size, mean/std) from
-``config.json`` or from the file's own metadata. Images go through
-training's own code -- ``read_image`` and ``resize_uint8`` in the loader,
+run's description (``runinfo``: model, classes, image size, mean/std, resize)
+from ``config.json`` or from the file's own metadata. Images go through
+training's own code -- ``read_image`` and ``resize_uint8`` (with the run's
+interpolation and crop) in the loader,
 ``DeviceNormalize`` on the device -- and the forward pass is
 ``engine.evaluate``'s, so with N processes Accelerate shards the files and
 ``gather_for_metrics`` hands every output back exactly once, in input order.
@@ -27,7 +28,7 @@ from visiontune import engine, runinfo
 from visiontune.config import TrainConfig, UserError, load_config_file
 from visiontune.data.decode import BadImage, read_image
 from visiontune.data.pipeline import MEAN, STD, UNREADABLE, DeviceNormalize, ImageDataset, make_loader
-from visiontune.models import WEIGHT_SUFFIXES, build_model, get_spec
+from visiontune.models import WEIGHT_SUFFIXES, build_model, get_spec, input_view
 from visiontune.runinfo import RunInfo
 from visiontune.strategy import decode_threads, loader_workers, make_accelerator
 
@@ -88,7 +89,7 @@ def _describe(weights: str, model: str | None, classes: list[str] | None, image_
         image_size or spec.preprocess.size,
         MEAN,
         STD,
-        spec.preprocess.interpolation,
+        *input_view(model),
     )
 
 
@@ -134,6 +135,8 @@ def forward(
         loaded.image_size,
         report=False,  # reported once, by the caller
         threads=decode_threads(icfg),
+        interpolation=loaded.info.interpolation,  # resized as the model was trained
+        crop_pct=loaded.info.crop_pct,
     )
     loader = make_loader(
         dataset,

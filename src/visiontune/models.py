@@ -140,6 +140,18 @@ def get_spec(name: str) -> ModelSpec:
     )
 
 
+def input_view(name: str, interpolation: str | None = None) -> tuple[str, float | None]:
+    """(interpolation, crop_pct) a run of model ``name`` resizes with (``decode.resize_uint8``).
+
+    The interpolation is ``interpolation`` (``--interpolation``) or the pretrained config's. timm and
+    Hub models get their config's eval crop (timm's own eval view); torchvision's models keep the
+    reference job's squash to size (crop None), as every visiontune run before did.
+    """
+    spec = get_spec(name)
+    crop = None if spec.source == "torchvision" else spec.preprocess.crop_pct
+    return interpolation or spec.preprocess.interpolation, crop
+
+
 def torchvision_names() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 

@@ -2,7 +2,8 @@
 
 ``RunInfo`` is decided once, when training starts -- the model name and its
 source, the class names in label order, the image size, the mean/std the
-images were normalised with, the resize interpolation, the visiontune
+images were normalised with, the resize (interpolation, and timm's centre
+crop ``crop_pct`` or None for a plain squash to size), the visiontune
 version -- and written into the run's ``config.json`` (its ``"model"``
 section). The same record travels inside every model file the run produces:
 ``best.safetensors`` metadata, ONNX ``metadata_props``, the ``.pt2`` archive's
@@ -20,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from visiontune.config import MEAN, STD, UserError
+from visiontune.data.decode import INTERPOLATIONS
 
 KEY = "visiontune"
+# Fields added after descriptions were first written, with what older files mean by leaving them out.
+LATER: dict[str, Any] = {"interpolation": "bilinear", "crop_pct": None}
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class RunInfo:
     std: tuple[float, float, float]
     interpolation: str
     version: str
+    crop_pct: float | None = None  # None: the whole image squashed to size (decode.resize_uint8)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -44,19 +49,36 @@ class RunInfo:
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> RunInfo:
-        names = [f.name for f in fields(cls)]
+        names = [f.name for f in fields(cls) if f.name not in LATER]
         if not isinstance(d, dict) or set(names) - set(d):
             raise UserError(f"{where}: not a visiontune model description (expected fields {', '.join(names)})")
-        info = cls(**{k: tuple(d[k]) if isinstance(d[k], list) else d[k] for k in names})
+        # Files written before the crop was recorded were all resized bilinearly, whatever interpolation
+        # they name: they load as they were made.
+        d = {**d, **LATER} if "crop_pct" not in d else {**LATER, **d}
+        info = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names or k in LATER})
         classes_ok = len(info.classes) >= 2 and all(isinstance(c, str) and c for c in info.classes)
         if not classes_ok or not isinstance(info.image_size, int) or info.image_size < 1:
             raise UserError(
                 f"{where}: damaged model description (classes {info.classes!r}, image size {info.image_size!r})"
             )
+        crop_ok = info.crop_pct is None or (isinstance(info.crop_pct, (int, float)) and info.crop_pct > 0)
+        if info.interpolation not in INTERPOLATIONS or not crop_ok:
+            raise UserError(
+                f"{where}: damaged model description (interpolation {info.interpolation!r}, crop_pct {info.crop_pct!r})"
+            )
         return info
 
 
-def describe(model: str, source: str, classes: list[str], image_size: int, mean, std, interpolation: str) -> RunInfo:
+def describe(
+    model: str,
+    source: str,
+    classes: list[str],
+    image_size: int,
+    mean,
+    std,
+    interpolation: str,
+    crop_pct: float | None = None,
+) -> RunInfo:
     from visiontune import __version__
 
     return RunInfo(
@@ -68,6 +90,7 @@ def describe(model: str, source: str, classes: list[str], image_size: int, mean,
         tuple(float(s) for s in std),
         interpolation,
         __version__,
+        crop_pct,
     )
 
 

@@ -28,7 +28,7 @@ from visiontune.data.layouts import ImageSet
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.data.split import Split, make_split, split_summary, write_split
 from visiontune.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
-from visiontune.models import build_model, check_input, get_spec
+from visiontune.models import build_model, check_input, get_spec, input_view
 from visiontune.steplog import StepLog
 from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
 
@@ -58,24 +58,27 @@ def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
     """The config with its normalisation measured if needed, and the train and val loaders over the
     split: from the cache when asked for, else from the files."""
     images = data.images
+    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)  # the run's one resize, val and train
     if data.cache:
 
         def subset(idx, augment):
-            return CachedDataset(data.cache, [data.rows[i] for i in idx], [images.labels[i] for i in idx], augment)
+            return CachedDataset(data.cache, data.rows[idx], images.labels[idx], augment)
     else:
 
         def subset(idx, augment):
             return ImageDataset(
-                [images.paths[i] for i in idx],
-                [images.labels[i] for i in idx],
+                images.paths.take(idx),  # a view: no str per file until a sample is read
+                images.labels[idx],
                 cfg.image_size,
                 augment,
                 failures_csv=os.path.join(run_dir, LOAD_FAILURES),
                 threads=decode_threads(cfg),
+                interpolation=interpolation,
+                crop_pct=crop_pct,
             )
 
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
-    augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing)
+    augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing, interpolation)
     if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
         mean, std = recipe.data_stats(subset(split.train, None), seed=cfg.seed)
         cfg = cfg.replace(mean=mean, std=std)
@@ -260,7 +263,9 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
     spec = get_spec(cfg.model)
-    cfg = cfg.replace(image_size=cfg.image_size or spec.preprocess.size)  # recorded resolved in config.json
+    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)
+    # Recorded resolved in config.json.
+    cfg = cfg.replace(image_size=cfg.image_size or spec.preprocess.size, interpolation=interpolation)
     elastic.join_restarted_group(cfg.timeout)
     cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
     accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
@@ -290,9 +295,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         )
     cfg, train_loader, val_loader = _loaders(cfg, data, split, run_dir)
     mean, std = recipe.mean_std(cfg)  # what the images are normalised with, recorded for every later command
-    info = runinfo.describe(
-        cfg.model, spec.source, images.classes, cfg.image_size, mean, std, spec.preprocess.interpolation
-    )
+    info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct)
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
     # scheduler: recipe.Stepper, the lr schedule and the EMA, stepped after every optimizer step.
     optimizer, scheduler = recipe.optimization(cfg, model, setup.lr, per_epoch)

@@ -60,14 +60,17 @@ def seeded(seed: int) -> Iterator[None]:
         torch.set_rng_state(state)
 
 
-def _pipeline(augment: str, size: int, random_erasing: float) -> list:
+def _pipeline(augment: str, size: int, random_erasing: float, interpolation: str) -> list:
+    mode = v2.InterpolationMode(interpolation)  # the model's, as for every other resize of the run
     if augment == "flip-crop":  # the original --augment, unchanged
-        steps = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
+        steps = [v2.RandomResizedCrop(size, interpolation=mode, antialias=True), v2.RandomHorizontalFlip()]
     elif augment == "light":  # the mild crop and flip alone: no colour or shape changes of the object
-        steps = [v2.RandomResizedCrop(size, scale=MILD_CROP, antialias=True), v2.RandomHorizontalFlip()]
+        crop = v2.RandomResizedCrop(size, scale=MILD_CROP, interpolation=mode, antialias=True)
+        steps = [crop, v2.RandomHorizontalFlip()]
     elif augment in ("trivial", "randaugment"):
         policy = v2.TrivialAugmentWide() if augment == "trivial" else v2.RandAugment()
-        steps = [v2.RandomResizedCrop(size, scale=MILD_CROP, antialias=True), v2.RandomHorizontalFlip(), policy]
+        crop = v2.RandomResizedCrop(size, scale=MILD_CROP, interpolation=mode, antialias=True)
+        steps = [crop, v2.RandomHorizontalFlip(), policy]
     else:
         steps = []
     if random_erasing > 0:
@@ -82,8 +85,10 @@ class SampleAugment:
     so the dataset may hand it the decoded image at full size.
     """
 
-    def __init__(self, augment: str, size: int, seed: int, random_erasing: float = 0.0):
-        self.transform, self.seed = v2.Compose(_pipeline(augment, size, random_erasing)), seed
+    def __init__(
+        self, augment: str, size: int, seed: int, random_erasing: float = 0.0, interpolation: str = "bilinear"
+    ):
+        self.transform, self.seed = v2.Compose(_pipeline(augment, size, random_erasing, interpolation)), seed
         self.resizes = augment != "none"
 
     def __call__(self, img: torch.Tensor, index: int) -> torch.Tensor:
@@ -91,11 +96,13 @@ class SampleAugment:
             return self.transform(img)
 
 
-def sample_augment(augment: str, size: int, seed: int, random_erasing: float = 0.0) -> SampleAugment | None:
+def sample_augment(
+    augment: str, size: int, seed: int, random_erasing: float = 0.0, interpolation: str = "bilinear"
+) -> SampleAugment | None:
     """The training transform, or None when nothing random is asked for."""
     if augment == "none" and random_erasing <= 0:
         return None
-    return SampleAugment(augment, size, seed, random_erasing)
+    return SampleAugment(augment, size, seed, random_erasing, interpolation)
 
 
 class BatchMix:

@@ -1,10 +1,11 @@
 """``--cache``: decode and resize every image once into a memory-mapped uint8 array.
 
-The cache is two files per (data set, image size): ``<id>-<S>px.u8``, the images
+The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images
 back to back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``,
 a small header whose ``key`` is a sha256 of the file list with each file's size and mtime, the image
-size, the format version and the torchvision release (its resize defines the
-pixels). A header whose key matches means the array is reusable; anything else
+size, the resize (interpolation and crop; a non-default one also names the files, so a bilinear
+and a bicubic cache of one data set live side by side), the format version and the torchvision
+release (its resize defines the pixels). A header whose key matches means the array is reusable; anything else
 rebuilds it in place, written to temp files and moved into place (array first,
 header last), so a reader never sees half a cache. Every process and every
 epoch reads the same file through the OS page cache: nothing is loaded into a
@@ -45,9 +46,21 @@ def resolve_dir(cache: str) -> str:
     return user_cache_dir() if cache == "auto" else cache
 
 
-def cache_key(paths: Sequence[str], image_size: int) -> str:
-    """sha256 over what decides the cached pixels: files (path, size, mtime) and the size."""
-    h = hashlib.sha256(json.dumps([CACHE_VERSION, image_size, torchvision.__version__]).encode())
+def _resize_tag(interpolation: str, crop_pct: float | None) -> str:
+    # Empty for the default (bilinear squash), so caches built before the choice existed stay valid.
+    return ("" if interpolation == "bilinear" else f"-{interpolation}") + (
+        "" if crop_pct is None else f"-crop{crop_pct:g}"
+    )
+
+
+def cache_key(
+    paths: Sequence[str], image_size: int, interpolation: str = "bilinear", crop_pct: float | None = None
+) -> str:
+    """sha256 over what decides the cached pixels: files (path, size, mtime), the size and the resize."""
+    head = [CACHE_VERSION, image_size, torchvision.__version__]
+    if _resize_tag(interpolation, crop_pct):
+        head += [interpolation, crop_pct]
+    h = hashlib.sha256(json.dumps(head).encode())
     h.update(file_keys(paths, MAX_PIXELS).tobytes())  # a missing file is part of the key too: it is recorded as bad
     return h.hexdigest()
 
@@ -66,11 +79,14 @@ class ImageCache:
         return 3 * self.image_size * self.image_size
 
 
-def _files(folder: str, paths: Sequence[str], image_size: int) -> tuple[str, str]:
-    # One cache per data set (its file list) and size, so several can share a folder.
+def _files(folder: str, paths: Sequence[str], image_size: int, tag: str) -> tuple[str, str]:
+    # One cache per data set (its file list), size and resize, so several can share a folder.
     where = "" if not paths or os.path.isabs(paths[0]) else os.getcwd()
-    ident = hashlib.sha256("\n".join([where, *paths]).encode("utf-8", "surrogateescape")).hexdigest()[:12]
-    stem = os.path.join(folder, f"{ident}-{image_size}px")
+    h = hashlib.sha256(where.encode("utf-8", "surrogateescape"))
+    for start in range(0, len(paths), 65536):  # "\n".join([where, *paths]), a chunk at a time
+        h.update(("\n" + "\n".join(paths[start : start + 65536])).encode("utf-8", "surrogateescape"))
+    ident = h.hexdigest()[:12]
+    stem = os.path.join(folder, f"{ident}-{image_size}px{tag}")
     return stem + ".u8", stem + ".json"
 
 
@@ -87,7 +103,14 @@ def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) 
 
 
 def build(
-    array_path: str, header_path: str, key: str, paths: Sequence[str], image_size: int, threads: int
+    array_path: str,
+    header_path: str,
+    key: str,
+    paths: Sequence[str],
+    image_size: int,
+    threads: int,
+    interpolation: str = "bilinear",
+    crop_pct: float | None = None,
 ) -> ImageCache:
     """Decode + resize every file (in a thread pool: the decoders release the GIL) and write both files."""
     bad: dict[int, tuple[str, str]] = {}
@@ -96,7 +119,10 @@ def build(
     def write_array(f) -> None:
         # Bounded look-ahead: memory stays flat while building. Each file is decoded once, here: the
         # files that fail are the run's bad files, so no separate scan decodes them again.
-        for i, img in enumerate(bounded_map(lambda p: try_read(p, image_size), paths, max(1, threads))):
+        def read(path: str) -> torch.Tensor | str:
+            return try_read(path, image_size, interpolation, crop_pct)
+
+        for i, img in enumerate(bounded_map(read, paths, max(1, threads))):
             if isinstance(img, str):
                 bad[i] = (paths[i], img)
                 print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
@@ -109,6 +135,8 @@ def build(
         "version": CACHE_VERSION,
         "key": key,
         "image_size": image_size,
+        "interpolation": interpolation,
+        "crop_pct": crop_pct,
         "count": len(paths),
         "bad": {str(i): list(pr) for i, pr in bad.items()},
     }
@@ -116,21 +144,33 @@ def build(
     return ImageCache(array_path, image_size, len(paths), bad)
 
 
-def open_or_build(cache: str, paths: Sequence[str], image_size: int, threads: int | None = None) -> ImageCache:
-    """The cache of ``paths`` at ``image_size`` in folder ``cache`` (or auto), built if missing or stale."""
+def open_or_build(
+    cache: str,
+    paths: Sequence[str],
+    image_size: int,
+    threads: int | None = None,
+    *,
+    interpolation: str = "bilinear",
+    crop_pct: float | None = None,
+) -> ImageCache:
+    """The cache of ``paths`` at ``image_size`` (resized as ``decode.resize_uint8`` does with
+    ``interpolation`` and ``crop_pct``) in folder ``cache`` (or auto), built if missing or stale."""
     folder = resolve_dir(cache)
-    array_path, header_path = _files(folder, paths, image_size)
-    key = cache_key(paths, image_size)
+    array_path, header_path = _files(folder, paths, image_size, _resize_tag(interpolation, crop_pct))
+    key = cache_key(paths, image_size, interpolation, crop_pct)
     found = _load(array_path, header_path, key, len(paths), image_size)
     if found is not None:
         return found
     # stdout, from whichever process builds: a second build in one job would show up here.
-    print(f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px)", flush=True)
+    print(
+        f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px, {interpolation})",
+        flush=True,
+    )
     if threads is None:  # the other processes wait for this one: all the machine's cores may decode
         threads = available_cores()
     try:
         os.makedirs(folder, exist_ok=True)
-        return build(array_path, header_path, key, paths, image_size, threads)
+        return build(array_path, header_path, key, paths, image_size, threads, interpolation, crop_pct)
     except OSError as e:
         raise UserError(
             f"cannot write the image cache in {folder} ({e.strerror or e}); pass --cache a writable "
@@ -149,7 +189,9 @@ class CachedDataset(Dataset):
 
     def __init__(self, cache: ImageCache, indices: Sequence[int], labels: Sequence[int], augment=None):
         # augment: a data.augment.SampleAugment, called with (image, index) to seed its draws
-        self.cache, self.indices, self.labels = cache, list(indices), list(labels)
+        # int64 arrays, not lists: no Python object per image for loader workers to copy
+        self.cache, self.indices = cache, np.asarray(indices, np.int64).reshape(-1)
+        self.labels = np.asarray(labels, np.int64).reshape(-1)
         self.augment = augment
         self._map: mmap.mmap | None = None
 
@@ -168,7 +210,7 @@ class CachedDataset(Dataset):
             with open(self.cache.array_path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         s, n = self.cache.image_size, self.cache.item_bytes
-        rows = [self.indices[i] for i in indices]
+        rows = [int(self.indices[i]) for i in indices]
         block = torch.from_numpy(np.frombuffer(self._map, np.uint8).reshape(-1, s, s, 3)[rows])
         for row in rows:
             # The page cache keeps the data for every process; this process need not keep it
@@ -185,5 +227,5 @@ class CachedDataset(Dataset):
                 out.append((torch.zeros(3, s, s, dtype=torch.uint8), UNREADABLE))
                 continue
             img = img.permute(2, 0, 1)  # rows are HWC; the view is CHW as everywhere else
-            out.append((self.augment(img, i) if self.augment is not None else img, self.labels[i]))
+            out.append((self.augment(img, i) if self.augment is not None else img, int(self.labels[i])))
         return out

@@ -14,6 +14,7 @@ are read, never written.
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 
@@ -22,8 +23,11 @@ import torch
 import torchvision.transforms.v2.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2 import InterpolationMode
 
 MAX_PIXELS = 89_478_485  # PIL's own default decompression-bomb limit
+# The modes resize offers for uint8 tensors (PIL-only ones, lanczos/box/hamming, are not among them).
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -141,17 +145,32 @@ def read_image(path: str | os.PathLike, *, max_pixels: int = MAX_PIXELS) -> torc
     return img
 
 
-def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize uint8 [3, H, W] to [3, size, size]; antialiased bilinear, within 1 level of PIL's."""
+def resize_uint8(
+    img: torch.Tensor, size: int, interpolation: str = "bilinear", crop_pct: float | None = None
+) -> torch.Tensor:
+    """Resize uint8 [3, H, W] to [3, size, size], antialiased, with ``interpolation`` (bilinear: within 1
+    level of PIL's).
+
+    ``crop_pct`` None squashes the whole image to size x size (the reference job's view, which
+    torchvision models keep); a number is timm's eval view: the shorter side to
+    ``floor(size / crop_pct)``, then the centre ``size`` x ``size`` (zero-padded when crop_pct > 1, as timm does).
+    """
     if img.dtype != torch.uint8 or img.ndim != 3:
         raise ValueError(f"expected a uint8 [C, H, W] tensor, got {img.dtype} {tuple(img.shape)}")
-    return F.resize(img, [size, size], antialias=True)
+    mode = InterpolationMode(interpolation)
+    if crop_pct is None:
+        return F.resize(img, [size, size], interpolation=mode, antialias=True)
+    img = F.resize(img, math.floor(size / crop_pct), interpolation=mode, antialias=True)
+    return F.center_crop(img, [size, size])
 
 
-def try_read(path: str | os.PathLike, size: int | None = None) -> torch.Tensor | str:
-    """``read_image`` resized to size x size (full size without ``size``), or why it cannot be read."""
+def try_read(
+    path: str | os.PathLike, size: int | None = None, interpolation: str = "bilinear", crop_pct: float | None = None
+) -> torch.Tensor | str:
+    """``read_image`` brought to size x size by ``resize_uint8`` (full size without ``size``), or why it
+    cannot be read."""
     try:
         img = read_image(path)
     except BadImage as e:
         return str(e)
-    return img if size is None else resize_uint8(img, size)
+    return img if size is None else resize_uint8(img, size, interpolation, crop_pct)

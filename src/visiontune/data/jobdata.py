@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from visiontune.config import TrainConfig, UserError
 from visiontune.data import layouts
 from visiontune.data.cache import ImageCache, open_or_build
@@ -44,7 +46,7 @@ class JobData:
     images: ImageSet  # the usable images: the listing less the bad files
     bad: list[tuple[str, str]]  # (path, reason): the layout's rejects, then the files that do not decode
     cache: ImageCache | None = None  # --cache: the decoded images
-    rows: list[int] | None = None  # with a cache: each usable image's row in it
+    rows: np.ndarray | None = None  # with a cache: each usable image's row in it (int64)
 
 
 def _data_key(data: str) -> str:
@@ -82,7 +84,12 @@ def listed(data: str) -> ImageSet:
 def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None]:
     """The bad files (layout rejects first) and, with --cache, the cache: each file decoded once."""
     if cfg.cache:
-        cache = open_or_build(cfg.cache, images.paths, cfg.image_size, available_cores())
+        from visiontune.models import input_view
+
+        interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)  # as the loaders resize
+        cache = open_or_build(
+            cfg.cache, images.paths, cfg.image_size, available_cores(), interpolation=interpolation, crop_pct=crop_pct
+        )
         return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache
     found = scan(images.paths, workers=available_cores(), cache_path=scan_cache_path(images.root))
     return list(images.rejects) + found, None
@@ -177,7 +184,7 @@ def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None
         accelerator.print(f"visiontune: skipping {len(bad)} bad file(s), listed in {report}")
     drop = {p for p, _ in bad}
     if not drop:  # the common case: no copies of the lists
-        return JobData(images, bad, cache, list(range(len(images.paths))) if cache else None)
-    keep = [i for i, p in enumerate(images.paths) if p not in drop]
-    usable = replace(images, paths=[images.paths[i] for i in keep], labels=[images.labels[i] for i in keep])
+        return JobData(images, bad, cache, np.arange(len(images.paths)) if cache else None)
+    keep = np.flatnonzero(np.fromiter((p not in drop for p in images.paths), bool, len(images.paths)))
+    usable = replace(images, paths=images.paths.take(keep), labels=images.labels[keep])
     return JobData(usable, bad, cache, keep if cache else None)

@@ -8,8 +8,9 @@ PetImages ``Cat/`` and ``Dog/`` included; a class is every file under its folder
 at any depth). The result is an ``ImageSet``: absolute paths with class indices,
 class names in index order, the unlabelled test files, and the files the layout
 itself had to reject. Listing uses ``os.scandir`` (no ``stat`` per file), so an
-ImageNet-size folder is listed in seconds; ``save``/``load`` carry one listing
-to the other processes of a job as a compact file.
+ImageNet-size folder is listed in seconds; the paths are kept as a ``PathList``
+and the labels as one int32 array, no Python object per file; ``save``/``load``
+carry one listing to the other processes of a job as those arrays' bytes.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import io
 import json
 import os
 import re
-from array import array
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from visiontune.config import UserError
+from visiontune.data.pathlist import PathList
 
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
@@ -36,18 +38,22 @@ _HEADERS = (["filename", "label"], ["file", "label"], ["path", "label"], ["id", 
 class ImageSet:
     root: str
     layout: str
-    paths: list[str]
-    labels: list[int]
+    paths: PathList  # given as any sequence of str: stored as a PathList
+    labels: np.ndarray  # int32, one per path (given as any sequence of int)
     classes: list[str]
     test_files: list[str] = field(default_factory=list)
     rejects: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "paths", PathList.from_paths(self.paths, self.root))
+        object.__setattr__(self, "labels", np.asarray(self.labels, np.int32).reshape(-1))
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def class_counts(self) -> dict[str, int]:
-        counts = Counter(self.labels)
-        return {name: counts.get(i, 0) for i, name in enumerate(self.classes)}
+        counts = np.bincount(self.labels, minlength=len(self.classes)).tolist()
+        return {name: counts[i] for i, name in enumerate(self.classes)}
 
     def describe(self) -> str:
         """One line naming the classes found and how many images each has."""
@@ -111,13 +117,22 @@ def _image_folder(root: Path) -> ImageSet | None:
     base = root / "train" if (root / "train").is_dir() else root
     with os.scandir(base) as it:
         dirs = sorted((e.name, e.path) for e in it if e.is_dir() and not e.name.startswith("."))
-    # One rule for every command: a class is every file below its folder, however deep.
-    found = [(name, files) for name, files in ((n, _files_under(p)) for n, p in dirs) if files]
-    if not found:
+    names, counts = [], []
+
+    def each_class():  # one class's file names at a time: never all of them as str at once
+        for name, path in dirs:
+            # One rule for every command: a class is every file below its folder, however deep.
+            files = _files_under(path)
+            if files:
+                names.append(name)
+                counts.append(len(files))
+                yield files
+
+    paths = PathList.from_chunks(each_class(), os.path.join(str(root), ""))
+    if not names:
         return None
-    paths = [p for _, files in found for p in files]
-    labels = [i for i, (_, files) in enumerate(found) for _ in files]
-    return ImageSet(str(root), "imagefolder", paths, labels, [name for name, _ in found])
+    labels = np.repeat(np.arange(len(names), dtype=np.int32), counts)
+    return ImageSet(str(root), "imagefolder", paths, labels, names)
 
 
 def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
@@ -209,38 +224,43 @@ def discover(data: str) -> ImageSet:
 
 def save(images: ImageSet, path: str, extra: dict | None = None) -> None:
     """Write ``images`` (and a small JSON-able ``extra``) compactly: a JSON header line, then the
-    paths NUL-separated, then the labels as int32."""
-    from visiontune.outputs import atomic_write
+    paths' bytes, their int64 end offsets and the int32 labels."""
+    from visiontune.outputs import atomic_file
 
-    blob = "\0".join(images.paths).encode("utf-8", "surrogateescape")
+    paths = images.paths.compact()
     head = {
         "root": images.root,
         "layout": images.layout,
         "classes": images.classes,
-        "count": len(images.paths),
+        "count": len(paths),
+        "prefix": paths.prefix,
+        "paths_bytes": len(paths.blob),
         "test_files": images.test_files,
         "rejects": images.rejects,
-        "paths_bytes": len(blob),
         "extra": extra or {},
     }
-    atomic_write(path, json.dumps(head).encode() + b"\n" + blob + array("i", images.labels).tobytes())
+    with atomic_file(path) as f:
+        f.write(json.dumps(head).encode() + b"\n")
+        for array in (paths.blob, paths.ends.astype("<i8"), images.labels.astype("<i4")):
+            f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
 def load(path: str) -> tuple[ImageSet, dict]:
     """The ``ImageSet`` and ``extra`` that ``save`` wrote."""
     with open(path, "rb") as f:
         head = json.loads(f.readline())
-        blob = f.read(head["paths_bytes"])
-        labels = array("i")
-        labels.frombytes(f.read())
-    paths = blob.decode("utf-8", "surrogateescape").split("\0") if head["count"] else []
-    if len(paths) != head["count"] or len(labels) != head["count"]:
+        raw = f.read()
+    n, size = head["count"], head["paths_bytes"]
+    if len(raw) != size + 12 * n:
         raise ValueError(f"{path}: truncated image list")
+    blob = np.frombuffer(raw, np.uint8, size)
+    ends = np.frombuffer(raw, "<i8", n, size).astype(np.int64, copy=False)
+    labels = np.frombuffer(raw, "<i4", n, size + 8 * n).astype(np.int32, copy=False)
     return ImageSet(
         head["root"],
         head["layout"],
-        paths,
-        labels.tolist(),
+        PathList(head["prefix"], blob, ends),
+        labels,
         head["classes"],
         head["test_files"],
         [tuple(r) for r in head["rejects"]],

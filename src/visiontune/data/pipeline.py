@@ -17,11 +17,13 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from visiontune.data.augment import EpochIndex, SampleAugment
 from visiontune.data.decode import try_read
+from visiontune.data.pathlist import PathList
 
 # The blog's normalisation statistics, measured on Dogs vs Cats.
 MEAN = (0.4883, 0.4551, 0.4170)
@@ -33,7 +35,7 @@ UNREADABLE = -100
 
 
 class ImageDataset(Dataset):
-    """(uint8 [3,S,S] image, label) pairs.
+    """(uint8 [3,S,S] image, label) pairs, resized by ``decode.resize_uint8`` (``interpolation``, ``crop_pct``).
 
     A file that cannot be read (it broke after the scan) keeps its slot as a
     black image labelled ``UNREADABLE``: batches keep their size, so sharding
@@ -55,8 +57,13 @@ class ImageDataset(Dataset):
         report: bool = True,
         failures_csv: str | None = None,
         threads: int = 1,
+        interpolation: str = "bilinear",
+        crop_pct: float | None = None,
     ):
-        self.paths, self.labels, self.size, self.report = list(paths), list(labels), image_size, report
+        # A PathList and an int64 array stay as they are: no Python object per file to copy into workers.
+        self.paths = paths if isinstance(paths, PathList) else list(paths)
+        self.labels, self.size, self.report = np.asarray(labels, np.int64).reshape(-1), image_size, report
+        self.interpolation, self.crop_pct = interpolation, crop_pct  # how resize_uint8 brings files to size
         self.failures_csv = failures_csv  # where files that fail at load time are recorded
         self.augment = augment
         self.threads = threads
@@ -70,7 +77,9 @@ class ImageDataset(Dataset):
 
     def _decode(self, i: int) -> torch.Tensor | str:
         # Full size when augmenting: the random crop comes before the resize.
-        return try_read(self.paths[i], None if self.augment and self.augment.resizes else self.size)
+        if self.augment and self.augment.resizes:
+            return try_read(self.paths[i])
+        return try_read(self.paths[i], self.size, self.interpolation, self.crop_pct)
 
     def _finish(self, i: int, img: torch.Tensor | str):
         if isinstance(img, str):
@@ -79,7 +88,7 @@ class ImageDataset(Dataset):
             if self.failures_csv:
                 _record_failure(self.failures_csv, self.paths[i], img)
             return torch.zeros(3, self.size, self.size, dtype=torch.uint8), UNREADABLE
-        return (self.augment(img, i) if self.augment else img), self.labels[i]
+        return (self.augment(img, i) if self.augment else img), int(self.labels[i])
 
     def __getitem__(self, i: int):
         return self._finish(i, self._decode(i))
@@ -128,10 +137,17 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter([EpochIndex(i, self.epoch) for i in torch.randperm(self.n, generator=g).tolist()])
+        return _epoch_indices(torch.randperm(self.n, generator=g), self.epoch)
 
     def __len__(self) -> int:
         return self.n
+
+
+def _epoch_indices(perm: torch.Tensor, epoch: int):
+    # Made as the loader asks for them: a list of a million EpochIndex objects would hold ~150 MB.
+    for start in range(0, len(perm), 8192):
+        for i in perm[start : start + 8192].tolist():
+            yield EpochIndex(i, epoch)
 
 
 def collate_channels_last(batch):

@@ -6,7 +6,7 @@ split on any machine. ``split.json`` is the complete record of the split at any
 size: the file lists (relative to the data root) with a sha256 of them, which
 resume compares against, on one compact JSON line. Both the hash and the file
 are produced a chunk of paths at a time, so a 1.28M-file split never exists as
-one big string in memory.
+one big string in memory, and its indices are two int64 arrays.
 """
 
 from __future__ import annotations
@@ -14,20 +14,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from visiontune.config import UserError
+from visiontune.data.pathlist import PathList, root_prefixes
 
 _CHUNK = 16384  # paths turned into JSON at a time
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Split:
-    train: list[int]  # indices into the ImageSet
-    val: list[int]
+    train: np.ndarray  # int64 indices into the ImageSet, ascending
+    val: np.ndarray
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Split):
+            return NotImplemented
+        return np.array_equal(self.train, other.train) and np.array_equal(self.val, other.val)
 
 
 def make_split(n: int, val_fraction: float, seed: int) -> Split:
@@ -39,29 +46,34 @@ def make_split(n: int, val_fraction: float, seed: int) -> Split:
             "train or val set; add images or change --val-fraction"
         )
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return Split(perm[:n_train].sort().values.tolist(), perm[n_train:].sort().values.tolist())
+    return Split(perm[:n_train].sort().values.numpy(), perm[n_train:].sort().values.numpy())
 
 
-def _relative(paths: list[str], root: str) -> list[str]:
-    """``paths`` relative to ``root``, as ``os.path.relpath`` gives them."""
+def _relative(paths: Sequence[str], idx: list[int], root: str) -> list[str]:
+    """The paths at ``idx`` relative to ``root``, as ``os.path.relpath`` gives them."""
     # Slicing a known prefix off costs a fraction of os.path.relpath per path (seconds at ImageNet size).
-    # Layouts list files under the root as given, or under its resolved form (manifests).
-    for prefix in dict.fromkeys(os.path.join(r, "") for r in (root, os.path.realpath(root)) if r != "."):
-        if all(p.startswith(prefix) for p in paths):
-            return [p[len(prefix) :] for p in paths]
-    return [os.path.relpath(p, root) for p in paths]
+    # Layouts list files under the root as given, or under its resolved form (manifests); a PathList
+    # already holds them without that prefix.
+    prefixes = root_prefixes(root)
+    if isinstance(paths, PathList) and paths.prefix in prefixes:
+        return paths.rels(idx)
+    chosen = [paths[i] for i in idx]
+    for prefix in prefixes:
+        if all(p.startswith(prefix) for p in chosen):
+            return [p[len(prefix) :] for p in chosen]
+    return [os.path.relpath(p, root) for p in chosen]
 
 
-def _json_list(idx: list[int], paths: list[str], root: str, sep: str) -> Iterator[str]:
+def _json_list(idx: Sequence[int], paths: Sequence[str], root: str, sep: str) -> Iterator[str]:
     """The JSON text of the relative paths of ``idx``, in pieces; ``sep`` is json's item separator."""
     yield "["
     for start in range(0, len(idx), _CHUNK):
-        piece = json.dumps(_relative([paths[i] for i in idx[start : start + _CHUNK]], root), separators=(sep, ":"))
-        yield (sep if start else "") + piece[1:-1]
+        chunk = np.asarray(idx[start : start + _CHUNK], np.int64).tolist()
+        yield (sep if start else "") + json.dumps(_relative(paths, chunk, root), separators=(sep, ":"))[1:-1]
     yield "]"
 
 
-def _hash_pieces(split: Split, paths: list[str], root: str) -> Iterator[str]:
+def _hash_pieces(split: Split, paths: Sequence[str], root: str) -> Iterator[str]:
     # Exactly json.dumps({"train": [...], "val": [...]}, sort_keys=True): the hash every release wrote.
     yield '{"train": '
     yield from _json_list(split.train, paths, root, ", ")
@@ -70,7 +82,7 @@ def _hash_pieces(split: Split, paths: list[str], root: str) -> Iterator[str]:
     yield "}"
 
 
-def split_summary(split: Split, paths: list[str], root: str, seed: int, val_fraction: float) -> dict:
+def split_summary(split: Split, paths: Sequence[str], root: str, seed: int, val_fraction: float) -> dict:
     """``split.json`` less its lists: seed, fraction, sha256 of the lists, counts."""
     h = hashlib.sha256()
     for piece in _hash_pieces(split, paths, root):
@@ -90,15 +102,16 @@ def split_hash(train: list[str], val: list[str]) -> str:
     ).hexdigest()
 
 
-def split_record(split: Split, paths: list[str], root: str, seed: int, val_fraction: float) -> dict:
+def split_record(split: Split, paths: Sequence[str], root: str, seed: int, val_fraction: float) -> dict:
     """The whole content of ``split.json``, in memory (small splits, tests)."""
     lists = {
-        name: _relative([paths[i] for i in idx], root) for name, idx in (("train", split.train), ("val", split.val))
+        name: _relative(paths, np.asarray(idx, np.int64).tolist(), root)
+        for name, idx in (("train", split.train), ("val", split.val))
     }
     return {**split_summary(split, paths, root, seed, val_fraction), **lists}
 
 
-def write_split(path: str, summary: dict, split: Split, paths: list[str], root: str) -> None:
+def write_split(path: str, summary: dict, split: Split, paths: Sequence[str], root: str) -> None:
     """``split.json``: ``summary`` and the two lists on one compact line, streamed to a temp file, then renamed."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:

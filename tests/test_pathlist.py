@@ -1,0 +1,148 @@
+"""The compact listing: the same (path, label) pairs as a plain listing, and the same split record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+
+import torch
+
+from visiontune.data import layouts
+from visiontune.data.split import make_split, read_record, split_summary, write_split
+
+# split.json's sha256 for odd_tree() (seed 3, val fraction 0.25), written by the code before the
+# compact listing (commit 0ac2dd9): resume compares it, so the same data must keep the same hash.
+OLD_CODE_SPLIT_SHA256 = "d3652863c396527e88258a2e7804fb4119cdfc03fe00ea01aeb5bd1b262f258f"
+
+ODD_FILES = [
+    "cat/a b.jpg",
+    "cat/é.JPG",
+    "cat/sub dir/x.jpg",
+    "cat/.hidden/never.jpg",  # hidden subfolder: not entered
+    "cat/Thumbs.db",  # OS metadata: not data
+    "cat/._a b.jpg",
+    "dög café/1.png",
+    "dög café/10.png",
+    "dög café/2.png",
+    "日本/猫 1.jpg",
+    "日本/deep/er/z.jpg",
+    "empty/.keep/ignored.jpg",  # a class folder with nothing listable: not a class
+]
+
+
+def odd_tree(root) -> str:
+    """A small ImageFolder with unicode, spaces, nesting, skipped entries and a non-UTF-8 name."""
+    root = os.fspath(root)
+    for rel in ODD_FILES:
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "wb").close()
+    # A name that is not valid UTF-8 (Linux allows any bytes): it must round-trip as os.fsdecode gives it.
+    open(os.path.join(os.fsencode(root), b"cat", b"bad\xff name.jpg"), "wb").close()
+    return root
+
+
+def walk_listing(root: str) -> tuple[list[str], list[tuple[str, int]]]:
+    """(classes, [(path, label)]) by plain os.walk: the layout's rules written out independently."""
+    classes, pairs = [], []
+    for name in sorted(os.listdir(root)):
+        if name.startswith(".") or not os.path.isdir(os.path.join(root, name)):
+            continue
+        files = []
+        for folder, dirs, names in os.walk(os.path.join(root, name)):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            files += [os.path.join(folder, f) for f in names if f not in layouts.OS_METADATA and not f.startswith("._")]
+        if files:
+            classes.append(name)
+            pairs += [(p, len(classes) - 1) for p in sorted(files)]
+    return classes, pairs
+
+
+def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
+    root = odd_tree(tmp_path / "data")
+    found = layouts.discover(root)
+    classes, pairs = walk_listing(root)
+    assert len(pairs) == 9 and classes == ["cat", "dög café", "日本"]
+    assert found.classes == classes
+    assert list(zip(found.paths, found.labels.tolist())) == pairs
+    assert [found.paths[i] for i in range(-len(pairs), 0)] == [p for p, _ in pairs]  # negative indices too
+    assert all(os.path.exists(p) for p in found.paths)  # materialised paths name the real files
+    # The compact form: the bytes of the names under the root, not an object per file.
+    assert found.paths.prefix == os.path.join(root, "")
+    assert len(found.paths.blob) == sum(len(os.fsencode(p)) - len(os.fsencode(root)) - 1 for p, _ in pairs)
+    # Carried to another process (the launcher's hand-over) and back: the same pairs.
+    layouts.save(found, str(tmp_path / "list.bin"), {"k": 1})
+    back, extra = layouts.load(str(tmp_path / "list.bin"))
+    assert extra == {"k": 1} and back.classes == classes
+    assert list(zip(back.paths, back.labels.tolist())) == pairs
+    # A view (a split's subset): the chosen pairs, in order, and it travels the same way.
+    pick = [7, 0, 3]
+    view = found.paths.take(pick)
+    assert list(view) == [pairs[i][0] for i in pick] and view[1:] == [pairs[0][0], pairs[3][0]]
+    layouts.save(layouts.ImageSet(root, "imagefolder", view, found.labels[pick], classes), str(tmp_path / "v.bin"))
+    assert list(layouts.load(str(tmp_path / "v.bin"))[0].paths) == [pairs[i][0] for i in pick]
+    # A loader worker gets the arrays: pickling costs the bytes, not an object per file.
+    from visiontune.data.pipeline import ImageDataset
+
+    ds = ImageDataset(view, found.labels[pick], 8)
+    assert ds.paths is view and pickle.loads(pickle.dumps(ds)).paths == [pairs[i][0] for i in pick]
+
+
+def test_split_record_is_unchanged_by_the_compact_listing(tmp_path):
+    root = odd_tree(tmp_path / "data")
+    images = layouts.discover(root)
+    split = make_split(len(images), 0.25, 3)
+    summary = split_summary(split, images.paths, images.root, 3, 0.25)
+    write_split(str(tmp_path / "split.json"), summary, split, images.paths, images.root)
+    back = read_record(str(tmp_path / "split.json"))
+    # Independently: the seeded permutation, the plain walk's paths relative to the root, the json hash.
+    _, pairs = walk_listing(root)
+    perm = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(3))
+    lists = {
+        name: [os.path.relpath(pairs[i][0], root) for i in sorted(idx.tolist())]
+        for name, idx in (("train", perm[:6]), ("val", perm[6:]))  # int(9 * 0.75) train
+    }
+    assert {k: back[k] for k in ("train", "val")} == lists
+    expected = hashlib.sha256(json.dumps(lists, sort_keys=True).encode("utf-8", "surrogateescape")).hexdigest()
+    assert back["sha256"] == summary["sha256"] == expected == OLD_CODE_SPLIT_SHA256
+
+
+def test_paths_outside_the_root_and_the_warm_scan_lookup():
+    import numpy as np
+
+    from visiontune.data.check import _isin
+
+    # Paths not under the root are kept whole (no prefix), and read back as given.
+    odd = ["/a/x.jpg", "/b/ü y.jpg", "rel/z.jpg"]
+    images = layouts.ImageSet("/a", "manifest", odd, [0, 1, 1], ["p", "q"])
+    assert images.paths.prefix == "" and list(images.paths) == odd and images.class_counts() == {"p": 1, "q": 2}
+    # The scan's key lookup is np.isin: absent keys, duplicates, an empty cache, the largest uint64.
+    rng = np.random.default_rng(0)
+    members = rng.integers(0, 2**63, 5000, dtype=np.uint64)
+    keys = np.concatenate([members[::3], rng.integers(0, 2**63, 4000, dtype=np.uint64), members[:10]])
+    keys = np.append(keys, np.uint64(2**64 - 1))
+    assert np.array_equal(_isin(keys, members), np.isin(keys, members))
+    assert np.array_equal(
+        _isin(keys, np.append(members, np.uint64(2**64 - 1))), np.isin(keys, np.append(members, np.uint64(2**64 - 1)))
+    )
+    assert not _isin(keys, np.zeros(0, np.uint64)).any()
+
+
+def test_image_cache_file_name_is_unchanged_for_a_compact_listing(tmp_path):
+    from visiontune.data.cache import _files
+
+    # More paths than one chunk, some not UTF-8: the name the earlier code gave the cache files.
+    paths = [f"/d/c{i % 7}/ü {i}.jpg" for i in range(70_000)] + [os.fsdecode(b"/d/c1/\xff.jpg")]
+    ident = hashlib.sha256("\n".join(["", *paths]).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    expected = os.path.join(str(tmp_path), f"{ident}-32px")
+    compact = layouts.ImageSet("/d", "imagefolder", paths, [0] * len(paths), ["a", "b"]).paths
+    assert (
+        _files(str(tmp_path), paths, 32, "")
+        == _files(str(tmp_path), compact, 32, "")
+        == (
+            expected + ".u8",
+            expected + ".json",
+        )
+    )
