@@ -34,6 +34,23 @@ def test_sample_draws_depend_on_seed_epoch_and_index_only():
     assert sample_augment("none", 32, seed=5) is None
 
 
+def test_light_is_a_mild_crop_and_a_flip_repeatable_per_seed_epoch_and_index():
+    ramp = torch.linspace(0, 255, 32).round().to(torch.uint8).expand(32, 32)
+    img = torch.stack([ramp, ramp.T, ramp])  # red and blue brighter to the right, green downwards
+    aug = sample_augment("light", 32, seed=3)
+    outs = [aug(img, EpochIndex(i, 1)) for i in range(16)]
+    assert all(o.shape == (3, 32, 32) and o.dtype == torch.uint8 for o in outs)
+    assert torch.equal(aug(img, EpochIndex(5, 1)), outs[5])
+    assert not torch.equal(aug(img, EpochIndex(5, 2)), outs[5])
+    assert not torch.equal(sample_augment("light", 32, seed=4)(img, EpochIndex(5, 1)), outs[5])
+    assert all(not torch.equal(o, img) for o in outs)  # a crop (area 35-100%) resized back: never the identity
+    # Geometry only: every row stays a ramp, rising (kept) or falling (mirrored), both seen.
+    steps = [o[0, :, 1:].int() - o[0, :, :-1].int() for o in outs]
+    rising = [bool((d >= 0).all()) for d in steps]
+    falling = [bool((d <= 0).all()) for d in steps]
+    assert all(r != f for r, f in zip(rising, falling)) and any(rising) and any(falling)
+
+
 def test_the_sampler_hands_out_its_epoch_and_the_index_survives_pickling():
     s = EpochSampler(10, seed=1)
     s.set_epoch(3)

@@ -29,16 +29,22 @@ def test_presets_fill_only_what_was_not_given_and_keep_the_old_augment_flag():
         0.0,
         "blog",
     )
-    modern = _cfg(recipe="modern", lr=3e-3, ema=0.0)
+    modern = _cfg(recipe="modern", lr=3e-3, ema=0.5)
     assert (
         modern.optimizer,
         modern.lr,
+        modern.weight_decay,
         modern.lr_schedule,
         modern.warmup_epochs,
         modern.label_smoothing,
         modern.augment,
         modern.ema,
-    ) == ("adamw", 3e-3, "cosine", 1.0, 0.1, "trivial", 0.0)
+    ) == ("adamw", 3e-3, 0.05, "cosine", 1.0, 0.1, "none", 0.5)
+    assert (_cfg(recipe="modern").lr, _cfg(recipe="modern").ema, _cfg(recipe="modern", augment="light").augment) == (
+        1e-3,
+        0.0,
+        "light",
+    )
     assert modern.normalize == "weights" and _cfg(recipe="modern", weights="none").normalize == "data"
     assert _cfg(augment=True).augment == "flip-crop" and _cfg(augment=False).augment == "none"
     with pytest.raises(UserError, match="--recipe must be one of blog, modern"):
@@ -55,6 +61,7 @@ def test_the_cli_takes_plain_augment_and_named_ones():
 
     assert parse("--augment").augment == "flip-crop"
     assert parse("--augment", "randaugment", "--epochs", "3").augment == "randaugment"
+    assert parse("--recipe", "modern", "--augment", "light").augment == "light"
     assert parse("--recipe", "modern", "--no-augment").augment == "none"
 
 
@@ -65,6 +72,7 @@ class Tiny(nn.Module):
             nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
         )
         self.fc = nn.Linear(4, classes)
+        self.__dict__["_visiontune_head"] = "fc"  # what models.build_model records for torchvision
 
     def forward(self, x):
         return self.fc(self.features(x))
@@ -72,7 +80,7 @@ class Tiny(nn.Module):
 
 def test_adamw_leaves_norms_and_biases_undecayed_and_the_backbone_gets_its_multiplier():
     model = Tiny()
-    opt, _ = recipe.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 3, 1e-3, 10)
+    opt, _ = recipe.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 1e-3, 10)
     assert type(opt) is torch.optim.AdamW
     groups = {(g["initial_lr"], g["weight_decay"]): {id(p) for p in g["params"]} for g in opt.param_groups}
     named = {id(p): n for n, p in model.named_parameters()}
@@ -83,9 +91,21 @@ def test_adamw_leaves_norms_and_biases_undecayed_and_the_backbone_gets_its_multi
         (1e-3, 0.05): ["fc.weight"],
         (1e-3, 0.0): ["fc.bias"],
     }
-    sgd, _ = recipe.optimization(_cfg(), Tiny(), 3, 1e-3, 10)  # the reference job: one group, SGD
+    sgd, _ = recipe.optimization(_cfg(), Tiny(), 1e-3, 10)  # the reference job: one group, SGD
     assert type(sgd) is torch.optim.SGD and len(sgd.param_groups) == 1
     assert sgd.param_groups[0]["momentum"] == 0.9 and len(sgd.param_groups[0]["params"]) == 6
+
+
+def test_the_head_is_the_one_the_model_spec_names_both_of_a_distilled_model():
+    from visiontune.models import build_model
+
+    # DeiT-distilled has two classifiers, head and head_dist: both get the head's lr.
+    model = build_model("timm/deit_tiny_distilled_patch16_224", 3, "none")
+    opt, _ = recipe.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 1e-3, 10)
+    named = {id(p): n for n, p in model.named_parameters()}
+    head_lr = sorted(named[id(p)] for g in opt.param_groups if g["initial_lr"] == 1e-3 for p in g["params"])
+    assert head_lr == ["head.bias", "head.weight", "head_dist.bias", "head_dist.weight"]
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(named)
 
 
 @pytest.mark.parametrize(
@@ -101,7 +121,7 @@ def test_adamw_leaves_norms_and_biases_undecayed_and_the_backbone_gets_its_multi
 def test_the_lr_of_each_step_follows_warm_up_then_the_schedule(schedule, expected):
     model = Tiny()
     cfg = _cfg(recipe="modern", lr_schedule=schedule, warmup_epochs=0.4, epochs=2)
-    opt, stepper = recipe.optimization(cfg, model, 3, 0.01, 5)
+    opt, stepper = recipe.optimization(cfg, model, 0.01, 5)
     seen = []
     for _ in range(10):
         seen.append(opt.param_groups[0]["lr"])  # the lr this optimizer step uses
@@ -145,7 +165,7 @@ def _step(model, opt, stepper):
 
 def test_freeze_epochs_hold_the_backbone_and_its_batchnorm_still_then_release_them():
     model = Tiny()
-    opt, stepper = recipe.optimization(_cfg(freeze_epochs=1, lr=0.1), model, 3, 0.1, 2)
+    opt, stepper = recipe.optimization(_cfg(freeze_epochs=1, lr=0.1), model, 0.1, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for _ in range(2):  # the first epoch: 2 steps, head only
         _step(model, opt, stepper)
@@ -162,7 +182,7 @@ def test_freeze_backbone_keeps_batchnorm_statistics_fixed():
     model = Tiny()
     for n, p in model.named_parameters():
         p.requires_grad = n.startswith("fc.")
-    opt, stepper = recipe.optimization(_cfg(freeze_backbone=True, lr=0.1), model, 3, 0.1, 2)
+    opt, stepper = recipe.optimization(_cfg(freeze_backbone=True, lr=0.1), model, 0.1, 2)
     stats = model.features[1].running_mean.clone(), model.features[1].running_var.clone()
     for _ in range(3):
         _step(model, opt, stepper)
@@ -225,6 +245,8 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
                 "6",
                 "--recipe",
                 "modern",
+                "--augment",
+                "trivial",
                 "--ema",
                 "0.9",
                 "--early-stop",

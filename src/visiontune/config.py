@@ -67,8 +67,8 @@ class TrainConfig:
     interpolation: Literal["bilinear", "bicubic", "nearest", "nearest-exact"] | None = _setting(
         None, "resize interpolation of every image (default: the model's pretrained config; recorded)"
     )
-    augment: Literal["none", "flip-crop", "trivial", "randaugment"] | None = _setting(
-        None, "none, flip-crop (also plain --augment), trivial or randaugment (default: the recipe's)"
+    augment: Literal["none", "flip-crop", "light", "trivial", "randaugment"] | None = _setting(
+        None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"
     )
     random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
     mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see README")

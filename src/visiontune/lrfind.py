@@ -63,7 +63,7 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     data = prepare_data(accelerator, cfg, out, images)
     cfg, loader, _ = _loaders(cfg, data, make_split(len(data.images), cfg.val_fraction, cfg.seed), out)
-    optimizer, _ = recipe.optimization(cfg, model, len(images.classes), 1.0, max(1, len(loader)))
+    optimizer, _ = recipe.optimization(cfg, model, 1.0, max(1, len(loader)))
     ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, *recipe.mean_std(cfg))

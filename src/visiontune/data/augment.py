@@ -20,8 +20,8 @@ from contextlib import contextmanager
 import torch
 from torchvision.transforms import v2
 
-AUGMENTS = ("none", "flip-crop", "trivial", "randaugment")
-# The presets other than flip-crop crop mildly: at full strength (area down to 8%) a small image
+AUGMENTS = ("none", "flip-crop", "light", "trivial", "randaugment")
+# The levels other than flip-crop crop mildly: at full strength (area down to 8%) a small image
 # loses the object (measured on 32 px digits: 0.84 accuracy against 0.98 without cropping).
 MILD_CROP = (0.35, 1.0)
 
@@ -64,6 +64,9 @@ def _pipeline(augment: str, size: int, random_erasing: float, interpolation: str
     mode = v2.InterpolationMode(interpolation)  # the model's, as for every other resize of the run
     if augment == "flip-crop":  # the original --augment, unchanged
         steps = [v2.RandomResizedCrop(size, interpolation=mode, antialias=True), v2.RandomHorizontalFlip()]
+    elif augment == "light":  # the mild crop and flip alone: no colour or shape changes of the object
+        crop = v2.RandomResizedCrop(size, scale=MILD_CROP, interpolation=mode, antialias=True)
+        steps = [crop, v2.RandomHorizontalFlip()]
     elif augment in ("trivial", "randaugment"):
         policy = v2.TrivialAugmentWide() if augment == "trivial" else v2.RandAugment()
         crop = v2.RandomResizedCrop(size, scale=MILD_CROP, interpolation=mode, antialias=True)
