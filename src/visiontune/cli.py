@@ -273,10 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell tool killed by the signal
     except UserError as e:
         print(f"visiontune: error: {e}", file=sys.stderr)
+        launch.leave_process_group()
         return 2
     except RunStopped as e:  # a signal or a non-finite loss: the checkpoint is written, say where
         if launch.rank() == 0:  # every worker stops alike; one line is enough
             print(f"visiontune: {e}", file=sys.stderr)
+        launch.leave_process_group()
         return e.exit_code
     except KeyboardInterrupt:
         return 130

@@ -94,6 +94,21 @@ def die_with_launcher() -> None:
         os._exit(128 + signal.SIGKILL)  # the agent died before the line above took effect
 
 
+def leave_process_group() -> None:
+    """Tear this worker's process group down before it exits on an error it has reported.
+
+    Left to the interpreter's exit, the group's C++ threads can end the process with SIGABRT
+    ("terminate called without an active exception") once a peer has gone, and the launcher
+    then reports a crash instead of the worker's own exit code (2 for a user error).
+    """
+    if "torch" not in sys.modules:  # nothing to tear down, and no reason to import torch for it
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 # --- before any worker: how this machine's part of the job starts -------------------------------------
 
 
