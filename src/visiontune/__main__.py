@@ -2,7 +2,7 @@
 
 import sys
 
-from visiontune.cli import main
+from visiontune.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -10,6 +10,7 @@ under torch.distributed.run.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -282,3 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def entry() -> int:
+    """The ``visiontune`` command and ``python -m visiontune``: ``main``, then a quick exit."""
+    code = main()
+    # The interpreter's exit runs garbage collections over every object the imports made (340,000 with torch
+    # and torchvision): about 0.6 CPU s a process, for each worker of a job. Frozen, they are skipped;
+    # everything is still closed and flushed as before.
+    gc.freeze()
+    return code
