@@ -1,4 +1,4 @@
-"""Checkpoints: killed runs resume to the same weights, damaged checkpoints are skipped, mismatches refused."""
+"""Checkpoints: interrupted writes leave a resumable run, damaged checkpoints are skipped, mismatches refused."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import os
 import pickle
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -17,36 +16,10 @@ from safetensors.torch import load_file
 from trainrun import (
     assert_same_weights,
     checkpoints,
-    env_for,
     final_weights,
-    run,
-    start,
     train_argv,
-    wait_for,
 )
 from visiontune import checkpoint, cli
-
-
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, small_data, baseline_run, worker_env):
-    env = env_for(worker_env, tmp_path)
-    out = tmp_path / "run"
-    argv = train_argv(small_data, out, "--save-every-steps", "3")
-    proc = start(argv, env, tmp_path / "killed.log")
-    wait_for(out / "checkpoints" / "e0000-b0000003", proc)  # step 3 of epoch 0 is on disk
-    os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL
-    assert not (out / "checkpoints" / "e0002-b0000000").exists()  # it really was stopped early
-
-    resumed = run([*argv, "--resume", "auto"], env)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from" in resumed.stdout
-    assert_same_weights(final_weights(out), final_weights(baseline_run))
-    history, reference = (json.loads((d / "history.json").read_text()) for d in (out, baseline_run))
-    assert [h["train"]["images"] for h in history] == [h["train"]["images"] for h in reference]
-    assert [h["val"]["accuracy"] for h in history] == [h["val"]["accuracy"] for h in reference]
-    # --keep-last 2: only the two newest remain, and the best model is kept beside them.
-    assert [p.name for p in checkpoints(out)] == ["e0001-b0000007", "e0002-b0000000"]
-    assert (out / "best.safetensors").is_file()
 
 
 class Killed(BaseException):

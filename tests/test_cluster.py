@@ -424,8 +424,10 @@ def test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same
         "--max-restarts",
         "3",
     ]
-    # torchrun's own settings: A hosts the rendezvous store (it survives), a round waits up to 15 s for late nodes.
-    envs = [{**base_env, "PET_RDZV_CONF": f"is_host={host},last_call_timeout=15"} for host in ("true", "false")]
+    # torchrun's own settings: A hosts the rendezvous store (it survives); a round waits 2 s for late nodes
+    # (one that comes later joins the next round), and a node missing 2 heartbeats 1 s apart is dropped.
+    conf = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2"
+    envs = [{**base_env, "PET_RDZV_CONF": f"is_host={host},{conf}"} for host in ("true", "false")]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     a, b = (_start(argv, envs[n], logs[n], {CORES[n % len(CORES)]}) for n in (0, 1))
     try:

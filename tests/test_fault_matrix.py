@@ -11,6 +11,7 @@ epoch, 2 epochs.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -19,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainrun import PYTHON, env_for, run, start, wait_for
+from trainrun import PYTHON, checkpoints, env_for, run, start, wait_for
 from visiontune import checkpoint, runlock
 from visiontune.sample_data import make_sample_data
 
@@ -130,3 +131,10 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors(
     assert got.keys() == want.keys()
     differ = [k for k in want if not torch.equal(got[k], want[k])]
     assert not differ, f"{len(differ)} of {len(want)} tensors differ after a kill at step {step}: {differ[:5]}"
+    # The per-epoch record continues too, and --keep-last (2) leaves the two newest beside the best model.
+    history, expected = (json.loads((d / "history.json").read_text()) for d in (out, reference.parent.parent))
+    assert [(h["train"]["images"], h["val"]["accuracy"]) for h in history] == [
+        (h["train"]["images"], h["val"]["accuracy"]) for h in expected
+    ]
+    assert [p.name for p in checkpoints(out)] == [checkpoint.name(1, STEPS_PER_EPOCH - 1), checkpoint.name(EPOCHS, 0)]
+    assert (out / "best.safetensors").is_file()

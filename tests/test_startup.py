@@ -80,11 +80,11 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
     (hooks / "sitecustomize.py").write_text(HOOKS)
     log = tmp_path / "calls.log"
     env = _worker_env()
-    # 20 files x 0.8 s, one at a time: the scan takes >= 16 s, twice --timeout.
+    # 20 files x 0.5 s, one at a time: the scan takes >= 10 s, twice --timeout.
     env.update(
         PYTHONPATH=f"{hooks}:{env['PYTHONPATH']}",
         VT_TEST_LOG=str(log),
-        VT_TEST_DECODE_DELAY="0.8",
+        VT_TEST_DECODE_DELAY="0.5",
         VISIONTUNE_CACHE_DIR=str(tmp_path / "cache"),
     )
     out = tmp_path / "run"
@@ -102,7 +102,7 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
             "--nproc",
             "2",
             "--timeout",
-            "8",
+            "5",
             "--output-dir",
             str(out),
         ],
