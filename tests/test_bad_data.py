@@ -14,7 +14,7 @@ from PIL import Image
 
 import visiontune.data.check as check
 from badfiles import make_bad_files, make_odd_mode_images, natural_ish
-from trainrun import TINY
+from trainrun import TINY, flags
 from visiontune import cli
 from visiontune.data.pipeline import UNREADABLE, ImageDataset
 from visiontune.sample_data import make_sample_data
@@ -59,20 +59,7 @@ def test_run_skips_exactly_the_bad_files_and_trains_on_odd_modes(tmp_path, dirty
     root, injected, odd_files = dirty_data
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
-    args = [
-        "train",
-        "--data",
-        str(root),
-        "--output-dir",
-        str(out),
-        *TINY,
-        "--epochs",
-        "1",
-        "--batch-size",
-        "8",
-        "--max-bad-fraction",
-        "0.06",
-    ]
+    args = ["train", *flags(data=root, output_dir=out), *TINY, *flags(epochs=1, batch_size=8, max_bad_fraction=0.06)]
     assert cli.main(args) == 0
     assert set(_report(out / "bad_files.csv")) == set(injected)
     split = json.loads((out / "split.json").read_text())

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from conftest import FAST
+from trainrun import flags
 from visiontune.cli import main
 
 
@@ -15,20 +16,7 @@ from visiontune.cli import main
 def bench_dir(sample_data, tmp_path_factory, worker_env_module):
     out = tmp_path_factory.mktemp("bench")
     code = main(
-        [
-            "bench",
-            "--data",
-            str(sample_data),
-            *FAST,
-            "--batch-size",
-            "8",
-            "--nproc",
-            "2",
-            "--timing-warmup",
-            "1",
-            "--output-dir",
-            str(out),
-        ]
+        ["bench", *flags(data=sample_data), *FAST, *flags(batch_size=8, nproc=2, timing_warmup=1, output_dir=out)]
     )
     assert code == 0
     return out

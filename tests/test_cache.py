@@ -14,6 +14,7 @@ from torch.utils.data import default_collate
 
 import visiontune.data.cache as cache_mod
 from conftest import FAST, PYTHON
+from trainrun import flags
 from visiontune.cli import main
 from visiontune.data.augment import sample_augment
 from visiontune.data.cache import CachedDataset, open_or_build
@@ -145,23 +146,17 @@ def test_two_ddp_processes_share_one_cache_built_once(sample_data, tmp_path, wor
         "-m",
         "visiontune",
         "train",
-        "--data",
-        str(sample_data),
+        *flags(data=sample_data),
         *FAST,
-        "--epochs",
-        "1",
-        "--batch-size",
-        "16",
-        "--strategy",
-        "ddp",
-        "--nproc",
-        "2",
-        "--num-workers",
-        "0",
-        "--cache",
-        str(cache_dir),
-        "--output-dir",
-        str(tmp_path / "run"),
+        *flags(
+            epochs=1,
+            batch_size=16,
+            strategy="ddp",
+            nproc=2,
+            num_workers=0,
+            cache=cache_dir,
+            output_dir=tmp_path / "run",
+        ),
     ]
     out = subprocess.run(cmd, env=worker_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -195,19 +190,9 @@ def test_unwritable_cache_folder_is_one_clear_error(sample_data, tmp_path, capsy
     code = main(
         [
             "train",
-            "--data",
-            str(sample_data),
+            *flags(data=sample_data),
             *FAST,
-            "--epochs",
-            "1",
-            "--batch-size",
-            "16",
-            "--num-workers",
-            "0",
-            "--cache",
-            str(blocker / "cache"),
-            "--output-dir",
-            str(run),
+            *flags(epochs=1, batch_size=16, num_workers=0, cache=blocker / "cache", output_dir=run),
         ]
     )
     err = capsys.readouterr().err

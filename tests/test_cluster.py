@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainrun import assert_same_weights, checkpoints, env_for, pids_alive, train_argv, wait_for
+from trainrun import assert_same_weights, checkpoints, env_for, flags, pids_alive, train_argv, wait_for
 from visiontune import cli, elastic, launch, slurm
 from visiontune.config import TrainConfig, UserError
 
@@ -272,22 +272,16 @@ def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_pat
         cli.main(
             [
                 "slurm",
-                "--data",
-                str(small_data),
-                "--model",
-                "resnet18",
-                "--epochs",
-                "3",
-                "--nodes",
-                "2",
-                "--gpus-per-node",
-                "4",
-                "--time",
-                "4:00:00",
-                "--partition",
-                "gpu",
-                "--out",
-                str(out),
+                *flags(
+                    data=small_data,
+                    model="resnet18",
+                    epochs=3,
+                    nodes=2,
+                    gpus_per_node=4,
+                    time="4:00:00",
+                    partition="gpu",
+                    out=out,
+                ),
             ]
         )
         == 0
@@ -495,16 +489,7 @@ def test_a_run_folder_that_is_not_shared_stops_before_training(tmp_path, small_d
         argv = [
             *train_argv(small_data, Path("run")),
             *RUN,
-            "--nproc",
-            "1",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            str(n),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(port),
+            *flags(nproc=1, nnodes=2, node_rank=n, master_addr="127.0.0.1", master_port=port),
         ]
         procs.append(_start(argv, base_env, logs[n], {CORES[n % len(CORES)]}, cwd=cwd))
     assert _finish(procs, logs) == [2, 2]

@@ -13,6 +13,7 @@ import pytest
 from sklearn import metrics as skm
 
 from trained import independent_eval, one_thread, reference_probs  # noqa: F401  (one_thread: autouse)
+from trainrun import flags
 from visiontune.cli import main
 
 CLASSES = ["cat", "dog"]
@@ -56,20 +57,7 @@ def hand_metrics(run: Path, paths: list[Path], labels: list[int]) -> dict:
 @pytest.fixture(scope="module")
 def report(run, labelled, tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "eval.json"
-    rc = main(
-        [
-            "evaluate",
-            "--run",
-            str(run),
-            "--data",
-            str(labelled[0]),
-            "--out",
-            str(out),
-            "--no-progress",
-            "--batch-size",
-            "5",
-        ]
-    )
+    rc = main(["evaluate", *flags(run=run, data=labelled[0], out=out, no_progress=True, batch_size=5)])
     return rc, out
 
 
@@ -146,15 +134,7 @@ def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, t
         main(
             [
                 "evaluate",
-                "--run",
-                str(run),
-                "--data",
-                str(sample_data),
-                "--no-progress",
-                "--split",
-                "train",
-                "--out",
-                str(run / "train-eval.json"),
+                *flags(run=run, data=sample_data, no_progress=True, split="train", out=run / "train-eval.json"),
             ]
         )
         == 0
@@ -164,23 +144,7 @@ def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, t
 
 def test_split_on_other_data_is_a_user_error(run, labelled, tmp_path, capsys):
     out = tmp_path / "e.json"
-    assert (
-        main(
-            [
-                "evaluate",
-                "--run",
-                str(run),
-                "--data",
-                str(labelled[0]),
-                "--split",
-                "val",
-                "--out",
-                str(out),
-                "--no-progress",
-            ]
-        )
-        == 2
-    )
+    assert main(["evaluate", *flags(run=run, data=labelled[0], split="val", out=out, no_progress=True)]) == 2
     err = capsys.readouterr().err
     assert "--split val needs the run's own data" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
@@ -190,22 +154,7 @@ def test_two_processes_give_exactly_the_same_numbers(run, labelled, report, tmp_
     monkeypatch.setenv("PYTHONPATH", worker_env["PYTHONPATH"])
     out = tmp_path / "eval.json"
     # 24 files in batches of 5 per process: the last round is ragged and padded by Accelerate.
-    rc = main(
-        [
-            "evaluate",
-            "--run",
-            str(run),
-            "--data",
-            str(labelled[0]),
-            "--out",
-            str(out),
-            "--no-progress",
-            "--batch-size",
-            "5",
-            "--nproc",
-            "2",
-        ]
-    )
+    rc = main(["evaluate", *flags(run=run, data=labelled[0], out=out, no_progress=True, batch_size=5, nproc=2)])
     assert rc == 1
     single, multi = json.loads(report[1].read_text()), json.loads(out.read_text())
     assert multi.pop("world_size") == 2 and single.pop("world_size") == 1

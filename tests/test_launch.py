@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.run import get_args_parser
 
+from trainrun import flags
 from visiontune.config import TrainConfig
 from visiontune.launch import launcher_argv, needs_launcher, without_flags
 
@@ -91,22 +92,7 @@ def test_the_launcher_hands_every_worker_one_run_folder(sample_data, tmp_path, m
     monkeypatch.chdir(tmp_path)
     extra = [str(tmp_path / e) if e.isupper() else e for e in extra]
     assert (
-        cli.main(
-            [
-                "train",
-                "--data",
-                str(sample_data),
-                "--model",
-                "resnet18",
-                "--weights",
-                "none",
-                "--strategy",
-                "ddp",
-                "--nproc",
-                "2",
-                *extra,
-            ]
-        )
+        cli.main(["train", *flags(data=sample_data, model="resnet18", weights="none", strategy="ddp", nproc=2), *extra])
         == 0
     )
     folder = seen["argv"][seen["argv"].index("--output-dir") + 1]

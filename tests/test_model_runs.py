@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torchvision.io import decode_image
 
 from trained import one_thread, preprocess  # noqa: F401  (one_thread: autouse)
+from trainrun import flags
 from visiontune.cli import main
 from visiontune.runinfo import read_file
 
@@ -58,16 +59,7 @@ def test_timm_family_trains_predicts_from_its_file_alone_and_exports(arch, fmt, 
     out = tmp_path / "pred.csv"
     assert (
         main(
-            [
-                "predict",
-                "--weights",
-                str(run / "best.safetensors"),
-                "--data",
-                str(small_data / "train"),
-                "--out",
-                str(out),
-                "--no-progress",
-            ]
+            ["predict", *flags(weights=run / "best.safetensors", data=small_data / "train", out=out, no_progress=True)]
         )
         == 0
     )
@@ -162,15 +154,9 @@ def test_broken_or_foreign_checkpoint_is_one_line(make, msg, small_data, tmp_pat
     code = main(
         [
             "train",
-            "--data",
-            str(small_data),
-            "--output-dir",
-            str(tmp_path / "run"),
+            *flags(data=small_data, output_dir=tmp_path / "run"),
             *TINY,
-            "--model",
-            "timm/test_convnext",
-            "--weights",
-            str(ckpt),
+            *flags(model="timm/test_convnext", weights=ckpt),
         ]
     )
     err = capsys.readouterr().err

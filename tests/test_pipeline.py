@@ -12,6 +12,7 @@ from PIL import Image
 from torchvision import transforms
 
 from conftest import PYTHON, ROOT
+from trainrun import flags
 from visiontune.data.decode import read_image, resize_uint8
 from visiontune.data.pipeline import MEAN, STD, DeviceNormalize
 from visiontune.models import build_model, load_state_file
@@ -96,15 +97,7 @@ def test_gpu_benchmark_code_runs_tiny_on_a_cpu(tmp_path, worker_env):
         [
             PYTHON,
             str(ROOT / "benchmarks" / "gpu_bench.py"),
-            "--smoke",
-            "--modes",
-            "fp32",
-            "--workers",
-            "0",
-            "--work",
-            str(tmp_path),
-            "--out",
-            str(out_json),
+            *flags(smoke=True, modes="fp32", workers=0, work=tmp_path, out=out_json),
         ],
         env=worker_env,
         capture_output=True,

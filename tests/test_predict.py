@@ -14,6 +14,7 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from trained import one_thread, reference_probs  # noqa: F401  (one_thread: autouse fixture)
+from trainrun import flags
 from visiontune.cli import main
 
 TOL = 1e-5
@@ -64,20 +65,7 @@ def clip(run, sample_data) -> float:
 @pytest.fixture(scope="module")
 def clipped_single(run, corrupt_test, clip, tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "submission.csv"
-    rc = main(
-        [
-            "predict",
-            "--run",
-            str(run),
-            "--data",
-            str(corrupt_test),
-            "--out",
-            str(out),
-            "--clip",
-            str(clip),
-            "--no-progress",
-        ]
-    )
+    rc = main(["predict", *flags(run=run, data=corrupt_test, out=out, clip=clip, no_progress=True)])
     return rc, out
 
 
@@ -98,21 +86,7 @@ def test_unreadable_image_is_reported_and_the_rest_predicted_and_clipped(run, co
 
 
 def test_unreadable_image_is_named_on_stderr(run, corrupt_test, tmp_path, capsys):
-    assert (
-        main(
-            [
-                "predict",
-                "--run",
-                str(run),
-                "--data",
-                str(corrupt_test),
-                "--out",
-                str(tmp_path / "s.csv"),
-                "--no-progress",
-            ]
-        )
-        == 1
-    )
+    assert main(["predict", *flags(run=run, data=corrupt_test, out=tmp_path / "s.csv", no_progress=True)]) == 1
     assert f"{corrupt_test / '7.jpg'}: not an image" in capsys.readouterr().err
 
 
@@ -123,22 +97,7 @@ def test_two_processes_write_the_same_bytes(
     _, single = clipped_single
     out = tmp_path / "submission.csv"
     # The run's batch of 16 over 30 files: the second process's batch is ragged and Accelerate pads it.
-    rc = main(
-        [
-            "predict",
-            "--run",
-            str(run),
-            "--data",
-            str(corrupt_test),
-            "--out",
-            str(out),
-            "--clip",
-            str(clip),
-            "--no-progress",
-            "--nproc",
-            "2",
-        ]
-    )
+    rc = main(["predict", *flags(run=run, data=corrupt_test, out=out, clip=clip, no_progress=True, nproc=2)])
     assert rc == 1  # the skipped file, reported by the launching process
     assert out.read_bytes() == single.read_bytes()
     assert Path(f"{out}.skipped.txt").read_bytes() == Path(f"{single}.skipped.txt").read_bytes()
@@ -151,23 +110,7 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
     listing = tmp_path / "list.txt"
     listing.write_text("# images to classify\n" + "\n".join(map(str, paths)) + "\n\n")
     out = tmp_path / "pred.csv"
-    assert (
-        main(
-            [
-                "predict",
-                "--run",
-                str(run),
-                "--data",
-                str(listing),
-                "--out",
-                str(out),
-                "--no-progress",
-                "--batch-size",
-                "3",
-            ]
-        )
-        == 0
-    )
+    assert main(["predict", *flags(run=run, data=listing, out=out, no_progress=True, batch_size=3)]) == 0
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["path", "prediction", "prob_cat", "prob_dog"]
     assert [r[0] for r in rows[1:]] == [str(p) for p in paths]
@@ -181,15 +124,7 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
         main(
             [
                 "predict",
-                "--weights",
-                str(run / "best.safetensors"),
-                "--data",
-                str(listing),
-                "--out",
-                str(out3),
-                "--no-progress",
-                "--batch-size",
-                "3",
+                *flags(weights=run / "best.safetensors", data=listing, out=out3, no_progress=True, batch_size=3),
             ]
         )
         == 0
@@ -205,21 +140,16 @@ def test_file_list_keeps_input_order_and_weights_file_gives_same_output(run, sam
             main(
                 [
                     "predict",
-                    "--weights",
-                    str(weights),
-                    "--model",
-                    "resnet18",
-                    "--classes",
-                    "cat,dog",
-                    "--image-size",
-                    "32",
-                    "--data",
-                    str(listing),
-                    "--out",
-                    str(out2),
-                    "--no-progress",
-                    "--batch-size",
-                    "3",
+                    *flags(
+                        weights=weights,
+                        model="resnet18",
+                        classes="cat,dog",
+                        image_size=32,
+                        data=listing,
+                        out=out2,
+                        no_progress=True,
+                        batch_size=3,
+                    ),
                 ]
             )
             == 0
@@ -255,18 +185,7 @@ def test_loading_never_unpickles(run, sample_data, tmp_path, capsys):
         ["--weights", str(evil / "best.pth"), "--model", "resnet18", "--classes", "cat,dog"],
     ):
         assert (
-            main(
-                [
-                    "predict",
-                    *argv,
-                    "--data",
-                    str(sample_data / "test"),
-                    "--out",
-                    str(tmp_path / "x.csv"),
-                    "--no-progress",
-                ]
-            )
-            == 2
+            main(["predict", *argv, *flags(data=sample_data / "test", out=tmp_path / "x.csv", no_progress=True)]) == 2
         )
         assert "cannot load weights" in capsys.readouterr().err
     assert not marker.exists() and not (tmp_path / "x.csv").exists()
@@ -328,23 +247,7 @@ def test_tta_flip_is_the_mean_of_the_plain_and_mirrored_passes(run, sample_data,
 
     files = sorted((sample_data / "train").glob("*.jpg"))[::10]
     out = tmp_path / "p.csv"
-    assert (
-        main(
-            [
-                "predict",
-                "--run",
-                str(run),
-                "--data",
-                str(sample_data / "train"),
-                "--out",
-                str(out),
-                "--tta",
-                "flip",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert main(["predict", *flags(run=run, data=sample_data / "train", out=out, tta="flip", no_progress=True)]) == 0
     rows = {r["path"]: [float(r["prob_cat"]), float(r["prob_dog"])] for r in csv.DictReader(out.open())}
     with torch.no_grad():
         x, model = preprocess(files), reference_model(run)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from trainrun import flags
 from visiontune import recipe
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.ema import EMA
@@ -236,27 +237,19 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
         cli.main(
             [
                 "train",
-                "--data",
-                str(small_data),
+                *flags(data=small_data),
                 *FAST,
-                "--batch-size",
-                "8",
-                "--epochs",
-                "6",
-                "--recipe",
-                "modern",
-                "--augment",
-                "trivial",
-                "--ema",
-                "0.9",
-                "--early-stop",
-                "2",
-                "--keep-last",
-                "10",
-                "--num-workers",
-                "0",
-                "--output-dir",
-                str(out),
+                *flags(
+                    batch_size=8,
+                    epochs=6,
+                    recipe="modern",
+                    augment="trivial",
+                    ema=0.9,
+                    early_stop=2,
+                    keep_last=10,
+                    num_workers=0,
+                    output_dir=out,
+                ),
             ]
         )
         == 0
@@ -316,21 +309,9 @@ def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp
         cli.main(
             [
                 "lr-find",
-                "--data",
-                str(small_data),
+                *flags(data=small_data),
                 *FAST,
-                "--batch-size",
-                "8",
-                "--num-workers",
-                "0",
-                "--steps",
-                "12",
-                "--start-lr",
-                "1e-4",
-                "--end-lr",
-                "1",
-                "--output-dir",
-                str(out),
+                *flags(batch_size=8, num_workers=0, steps=12, start_lr="1e-4", end_lr=1, output_dir=out),
             ]
         )
         == 0

@@ -35,17 +35,7 @@ PER_PROCESS, WORLD, TRAIN, VAL = 5, 2, 19, 101
 LR, REFERENCE = 0.01, 5
 RUN = [
     *FAST,
-    "--epochs",
-    "1",
-    "--batch-size",
-    str(PER_PROCESS),
-    "--val-fraction",
-    "0.84",
-    "--lr",
-    str(LR),
-    "--scale-lr",
-    "--reference-batch",
-    str(REFERENCE),
+    *flags(epochs=1, batch_size=PER_PROCESS, val_fraction=0.84, lr=LR, scale_lr=True, reference_batch=REFERENCE),
 ]
 CORES = len(os.sched_getaffinity(0))
 ACCELERATE = [PYTHON, "-m", "accelerate.commands.accelerate_cli"]  # what the `accelerate` command runs
@@ -101,33 +91,18 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
         "-m",
         "visiontune",
         *train,
-        "--strategy",
-        "ddp",
-        "--nnodes",
-        "2",
-        "--nproc",
-        "1",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "--output-dir",
-        str(root / "shared"),
+        *flags(
+            strategy="ddp",
+            nnodes=2,
+            nproc=1,
+            master_addr="127.0.0.1",
+            master_port=_free_port(),
+            output_dir=root / "shared",
+        ),
     ]
     commands = {
         "visiontune": (
-            [
-                PYTHON,
-                "-m",
-                "visiontune",
-                *train,
-                "--strategy",
-                "ddp",
-                "--nproc",
-                str(WORLD),
-                "--output-dir",
-                str(root / "visiontune"),
-            ],
+            [PYTHON, "-m", "visiontune", *train, *flags(strategy="ddp", nproc=WORLD, output_dir=root / "visiontune")],
             root,
         ),
         "torchrun": (
@@ -166,8 +141,7 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
                 "-m",
                 "visiontune",
                 *train,
-                "--output-dir",
-                str(root / "accelerate"),
+                *flags(output_dir=root / "accelerate"),
             ],
             root,
         ),
@@ -289,22 +263,7 @@ def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path)
 def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, capsys):
     out = tmp_path / "dp"
     assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(sample_data),
-                *FAST,
-                "--epochs",
-                "1",
-                "--batch-size",
-                "16",
-                "--strategy",
-                "dp",
-                "--output-dir",
-                str(out),
-            ]
-        )
+        main(["train", *flags(data=sample_data), *FAST, *flags(epochs=1, batch_size=16, strategy="dp", output_dir=out)])
         == 0
     )
     notices = [line for line in capsys.readouterr().out.splitlines() if "DataParallel" in line]
@@ -323,19 +282,7 @@ def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, ca
 def test_sync_batchnorm_on_a_cpu_is_one_line_before_any_worker(sample_data, tmp_path, capsys):
     out = tmp_path / "r"
     assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(sample_data),
-                *FAST,
-                "--strategy",
-                "ddp",
-                "--sync-batchnorm",
-                "--output-dir",
-                str(out),
-            ]
-        )
+        main(["train", *flags(data=sample_data), *FAST, *flags(strategy="ddp", sync_batchnorm=True, output_dir=out)])
         == 2
     )
     err = capsys.readouterr().err.strip().splitlines()

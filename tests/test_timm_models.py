@@ -6,6 +6,7 @@ import pytest
 import timm
 import torch
 
+from trainrun import flags
 from visiontune import models
 from visiontune.cli import main
 from visiontune.config import UserError
@@ -115,14 +116,9 @@ def test_offline_hub_model_is_one_line_and_exit_2(tmp_path, sample_data, monkeyp
     rc = main(
         [
             "train",
-            "--data",
-            str(sample_data),
-            "--output-dir",
-            str(tmp_path / "run"),
-            "--model",
-            "hf-hub:timm/test_vit.r160_in1k",
-            "--weights",
-            "none",
+            *flags(
+                data=sample_data, output_dir=tmp_path / "run", model="hf-hub:timm/test_vit.r160_in1k", weights="none"
+            ),
         ]
     )
     err = capsys.readouterr().err

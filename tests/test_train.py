@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from conftest import FAST
 from trained import independent_eval
+from trainrun import flags
 from visiontune import TrainConfig, train, trainer
 from visiontune.cli import main
 
@@ -149,20 +150,7 @@ def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
     # An earlier run's config.json works as --config too, and holds what that run was given.
     written = json.loads((run / "config.json").read_text())["config"]
     assert (written["epochs"], written["batch_size"], written["lr"]) == (2, 16, 0.02)
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(sample_data),
-                "--config",
-                str(run / "config.json"),
-                "--output-dir",
-                str(tmp_path / "r2"),
-            ]
-        )
-        == 0
-    )
+    assert main(["train", *flags(data=sample_data, config=run / "config.json", output_dir=tmp_path / "r2")]) == 0
     assert given[-1] == TrainConfig(**{**written, "output_dir": str(tmp_path / "r2")})
     assert not (tmp_path / "r2").exists()
 
@@ -212,21 +200,9 @@ def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data,
         main(
             [
                 "train",
-                "--data",
-                str(sample_data),
+                *flags(data=sample_data),
                 *FAST,
-                "--epochs",
-                "2",
-                "--batch-size",
-                "16",
-                "--grad-accum",
-                "2",
-                "--lr",
-                "0.1",
-                "--lr-schedule",
-                "cosine",
-                "--output-dir",
-                str(out),
+                *flags(epochs=2, batch_size=16, grad_accum=2, lr=0.1, lr_schedule="cosine", output_dir=out),
             ]
         )
         == 0

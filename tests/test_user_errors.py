@@ -17,6 +17,7 @@ import torchvision
 from safetensors.torch import save_file
 
 from conftest import FAST
+from trainrun import flags
 from visiontune import cli
 from visiontune.data import jobdata
 from visiontune.sample_data import make_sample_data
@@ -114,16 +115,13 @@ def test_predict_out_under_a_file_is_refused_before_the_forward_pass(tmp_path, s
     monkeypatch.setattr(inference, "forward", lambda *a, **kw: pytest.fail("the forward pass ran"))
     args = [
         "predict",
-        "--weights",
-        str(tmp_path / "w.safetensors"),
-        "--model",
-        "squeezenet1_1",
-        "--classes",
-        "cat,dog",
-        "--data",
-        str(small_data / "train"),
-        "--out",
-        str(tmp_path / "file" / "preds.csv"),
+        *flags(
+            weights=tmp_path / "w.safetensors",
+            model="squeezenet1_1",
+            classes="cat,dog",
+            data=small_data / "train",
+            out=tmp_path / "file" / "preds.csv",
+        ),
     ]
     assert cli.main(args) == 2
     _one_line(capsys, "--out", "is a file, not a folder")
