@@ -17,7 +17,7 @@ import time
 import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, elastic, engine, faults, launch, outputs, recipe, runinfo, runlock
+from visiontune import checkpoint, elastic, engine, faults, launch, meter, outputs, recipe, runinfo, runlock
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.augment import BatchMix, sample_augment
 from visiontune.data.cache import CachedDataset
@@ -220,7 +220,7 @@ def _hooks(
 def _start(accelerator, resumed) -> engine.StartAt:
     if resumed is None:
         return engine.StartAt()
-    totals = engine.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
+    totals = meter.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
     # checkpoint.compatible already put the position in this run's batches (it is kept in samples), so an
     # elastic job back with another number of processes, or another batch split, starts at the same sample.
     return engine.StartAt(resumed.epoch, resumed.batch, totals)
