@@ -21,7 +21,7 @@ from visiontune.flags import config_from_args
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune import launch, models, runlock, strategy
+    from visiontune import jobplan, launch, models, runlock, strategy
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
@@ -39,7 +39,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             cfg = cfg.replace(output_dir=launch.run_folder(cfg))
             argv = [*argv, "--output-dir", cfg.output_dir]
         # One machine: this process outlives any worker restart, so it holds the run folder's lock.
-        one_machine = launch.node_range(launch.plan(cfg).nnodes) == (1, 1)
+        one_machine = jobplan.node_range(launch.plan(cfg).nnodes) == (1, 1)
         with runlock.hold_for_workers(cfg.output_dir if one_machine else None), shared_listing(images, cfg.data):
             return launch.relaunch(cfg, argv)
     from visiontune.trainer import train
@@ -107,7 +107,7 @@ def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune import launch
+    from visiontune import jobplan, launch
     from visiontune.bench import bench
     from visiontune.data.layouts import discover
 
@@ -124,7 +124,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
         cfg,
         train_argv,
         [s.strip() for s in args.strategies.split(",") if s.strip()],
-        cfg.nproc or launch.default_nproc(),
+        cfg.nproc or jobplan.default_nproc(),
         args.same,
         out,
         args.repeats,
