@@ -106,6 +106,10 @@ def load_model(
     A file made by visiontune describes itself (``best.safetensors`` metadata); ``model``, ``classes``
     and ``image_size`` are then only checked against it. A file that does not needs ``model`` and ``classes``.
     """
+    if weights is None and not run:
+        raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE")
+    if weights and run:
+        raise UserError("give --run RUN_DIR or --weights FILE, not both")
     batch = TrainConfig.batch_size
     if run:
         info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"

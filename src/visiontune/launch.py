@@ -17,7 +17,7 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
 from visiontune import jobplan, slurm
@@ -176,6 +176,22 @@ def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> 
     # "--" ends torchrun's own options: its parser takes abbreviations, so a worker's
     # ``--run`` would otherwise clash with its ``--run-path``.
     return [*args, "-m", "--", "visiontune", command, *argv]
+
+
+def here_or_relaunched(
+    nproc: int | None, argv: list[str], command: str, skipped: Callable[[], object], run: Callable[[], object]
+) -> int:
+    """``run()`` here, or with ``nproc`` > 1 in that many processes; exit 1 when ``skipped()`` files were unreadable.
+
+    Under a launcher a worker exits 0 with skips (exit 1 would read as a crashed worker); the
+    launching process reads ``skipped()`` from the output the workers wrote and reports it.
+    """
+    cfg = TrainConfig(data="-", strategy="ddp", nproc=nproc)
+    if needs_launcher(cfg, command):
+        code = relaunch(cfg, argv, command)
+        return 1 if code == 0 and skipped() else code
+    run()
+    return 1 if not inside_launcher() and skipped() else 0
 
 
 def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
