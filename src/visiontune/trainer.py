@@ -10,13 +10,11 @@ process writes.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import time
 
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, elastic, engine, faults, launch, meter, recipe, records, runinfo, runlock
+from visiontune import elastic, engine, faults, launch, meter, recipe, records, resume, runinfo, runlock
 from visiontune.config import TrainConfig, UserError, validate
 from visiontune.data.augment import BatchMix
 from visiontune.data.jobdata import listed
@@ -48,22 +46,6 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
             "the processes see different data (split.json hashes differ between ranks: "
             f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data"
         )
-
-
-def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
-    """Load the checkpoint ``--resume`` (or an elastic restart) names; return it or None."""
-    found = checkpoint.find_resume(cfg.resume, run_dir, launch.restart_count() > 0, accelerator.print)
-    if found is None:
-        return None
-    found = checkpoint.compatible(found, current)
-    checkpoint.load(accelerator, found, scheduler, accelerator.print)
-    source = os.path.dirname(os.path.dirname(found.path))
-    if accelerator.is_main_process and os.path.abspath(source) != os.path.abspath(run_dir):
-        for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
-            if os.path.isfile(os.path.join(source, name)):
-                shutil.copy2(os.path.join(source, name), os.path.join(run_dir, name))
-    accelerator.print(f"visiontune: resuming from {found.path} (epoch {found.epoch}, batch {found.batch})")
-    return found
 
 
 def _hooks(
@@ -173,7 +155,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         "batch_samples": setup.per_process_batch * setup.world_size,
         "grad_accum": cfg.grad_accum,
     }
-    resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
+    resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
     records.announce(accelerator, cfg, setup, images, split, run_dir)
     records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
     if accelerator.is_main_process:
