@@ -143,7 +143,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     mean, std = recipe.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct)
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
-    # scheduler: recipe.Stepper, the lr schedule and the EMA, stepped after every optimizer step.
+    # scheduler: schedule.Stepper, the lr schedule and the EMA, stepped after every optimizer step.
     optimizer, scheduler = recipe.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
