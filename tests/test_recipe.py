@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from visiontune import recipe
-from visiontune.config import TrainConfig, UserError, validate
+from visiontune.config import TrainConfig, UserError
 from visiontune.ema import EMA
 from visiontune.schedule import warmup_steps
+from visiontune.validation import validate
 
 
 def _cfg(**kw) -> TrainConfig:

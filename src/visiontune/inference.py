@@ -25,12 +25,13 @@ from accelerate import Accelerator
 from torch import nn
 
 from visiontune import engine, runinfo
-from visiontune.config import TrainConfig, UserError, load_config_file
+from visiontune.config import TrainConfig, UserError
 from visiontune.data.decode import BadImage, read_image
 from visiontune.data.pipeline import MEAN, STD, UNREADABLE, DeviceNormalize, ImageDataset, make_loader
 from visiontune.models import WEIGHT_SUFFIXES, build_model, get_spec, input_view
 from visiontune.runinfo import RunInfo
 from visiontune.strategy import decode_threads, loader_workers, make_accelerator
+from visiontune.validation import load_config_file
 
 
 @dataclass(frozen=True)

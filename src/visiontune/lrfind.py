@@ -18,7 +18,7 @@ import torch
 from accelerate.utils import set_seed
 
 from visiontune import recipe
-from visiontune.config import TrainConfig, UserError, validate
+from visiontune.config import TrainConfig, UserError
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import DeviceNormalize
@@ -27,6 +27,7 @@ from visiontune.engine import readable_cross_entropy
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model, get_spec
 from visiontune.strategy import make_accelerator
+from visiontune.validation import validate
 
 
 def _plot(path: str, lrs: list[float], losses: list[float], suggested: float) -> None:

@@ -15,7 +15,7 @@ import time
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import elastic, engine, faults, launch, meter, recipe, records, resume, runinfo, runlock
-from visiontune.config import TrainConfig, UserError, validate
+from visiontune.config import TrainConfig, UserError
 from visiontune.data.augment import BatchMix
 from visiontune.data.jobdata import listed
 from visiontune.data.jobdata import prepare as prepare_data
@@ -27,6 +27,7 @@ from visiontune.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOut
 from visiontune.models import build_model, check_input, get_spec, input_view
 from visiontune.steplog import StepLog
 from visiontune.strategy import describe, make_accelerator, prepare
+from visiontune.validation import validate
 
 
 def _run_dir(accelerator, cfg: TrainConfig) -> str:
