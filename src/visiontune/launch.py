@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 
 from visiontune import jobplan, slurm
 from visiontune.config import TrainConfig, UserError
+from visiontune.jobplan import Plan
 
 LAUNCHER_PID = "VISIONTUNE_LAUNCHER_PID"  # set by relaunch for its workers: who they must die with
 ENV = os.environ  # the one place the process environment is read from
@@ -118,7 +119,7 @@ def default_output_dir() -> str:
     return os.path.join("runs", datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
 
 
-def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -> jobplan.Plan:
+def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -> Plan:
     """``jobplan.plan`` for this machine: from the process environment unless ``env`` is given."""
     return jobplan.plan(cfg, env, cluster)
 
