@@ -100,6 +100,17 @@ def rows() -> list[tuple[str, ...]]:
                     "flat",
                 )
             )
+    if r := _load("process"):
+        cpu, s = r["cpu_seconds_per_process"], r["samples_per_cpu_second"]
+        out.append(
+            (
+                "CPU per process: `visiontune train` (1 epoch of 16 images) / the same with the usual exit",
+                f"{cpu['visiontune']:.2f} / {cpu['plain_exit']:.2f} s (import alone {cpu['import_only']:.2f} s)",
+                f"{r['ratio_visiontune_vs_plain_exit']:.2f}",
+                f"{max(s['plain_exit']['samples']) / max(s['visiontune']['samples']):.2f}",  # the least CPU of each
+                "< 1",
+            )
+        )
     return out
 
 

@@ -141,13 +141,10 @@ def test_killed_worker_with_a_restart_resumes_and_finishes_with_the_same_weights
     assert_same_weights(final_weights(out), final_weights(ddp_baseline))
 
 
-def test_killed_worker_without_restarts_ends_every_process_then_resume_matches(
-    tmp_path, small_data, ddp_baseline, worker_env
-):
+def test_killed_worker_without_restarts_ends_every_process(tmp_path, small_data, worker_env):
     env = env_for(worker_env, tmp_path)
     out = tmp_path / "run"
-    argv = [*train_argv(small_data, out), *DDP]
-    proc = start([*argv, "--max-restarts", "0"], env, tmp_path / "run.log")
+    proc = start([*train_argv(small_data, out), *DDP, "--max-restarts", "0"], env, tmp_path / "run.log")
     wait_for(out / "checkpoints" / "e0000-b0000003", proc)
     launcher = psutil.Process(proc.pid)
     everyone = [proc.pid] + [p.pid for p in launcher.children(recursive=True)]
@@ -158,10 +155,7 @@ def test_killed_worker_without_restarts_ends_every_process_then_resume_matches(
     assert "visiontune: worker rank 1 failed with exit code -9" in log
     assert pids_alive(everyone) == []
     assert not (out / "checkpoints" / "e0002-b0000000").exists()
-    # A SIGKILLed DDP job is continued by hand from its last checkpoint, to the same weights.
-    resumed = run([*argv, "--resume", "auto"], env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_weights(final_weights(out), final_weights(ddp_baseline))
+    # Continuing such a job by hand (--resume auto) is the fault matrix's ddp cases (test_fault_matrix.py).
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGUSR1, 138)])
