@@ -20,27 +20,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainrun import PYTHON, checkpoints, env_for, run, start, wait_for
+from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, run, start, wait_for
 from visiontune import checkpoint, cli, runlock
 from visiontune.sample_data import make_sample_data
 
 STEPS_PER_EPOCH, EPOCHS = 4, 2
-RUN = [
-    "--model",
-    "squeezenet1_1",
-    "--weights",
-    "none",
-    "--image-size",
-    "32",
-    "--no-progress",
-    "--timeout",
-    "60",
-    "--epochs",
-    str(EPOCHS),
-    "--save-every-steps",
-    "1",
-]
-STRATEGY = {"single": ["--batch-size", "4"], "ddp": ["--strategy", "ddp", "--nproc", "2", "--batch-size", "2"]}
+RUN = [*SQUEEZENET, *flags(timeout=60, epochs=EPOCHS, save_every_steps=1)]
+STRATEGY = {"single": flags(batch_size=4), "ddp": flags(strategy="ddp", nproc=2, batch_size=2)}
 CASES = [(aug, strategy, workers) for aug in ("plain", "augment") for strategy in STRATEGY for workers in (0, 1)]
 
 
@@ -52,21 +38,8 @@ def matrix_data(tmp_path_factory):
 
 
 def _argv(data, out, aug: str, strategy: str, workers: int) -> list[str]:
-    return [
-        PYTHON,
-        "-m",
-        "visiontune",
-        "train",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        *RUN,
-        *STRATEGY[strategy],
-        "--num-workers",
-        str(workers),
-        *(["--augment"] if aug == "augment" else []),
-    ]
+    run = [*RUN, *STRATEGY[strategy], *flags(num_workers=workers), *(["--augment"] if aug == "augment" else [])]
+    return [PYTHON, "-m", "visiontune", "train", *flags(data=data, output_dir=out), *run]
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from trainrun import SQUEEZENET, flags
 from visiontune.config import UserError
 from visiontune.data.layouts import discover, write_kaggle_manifest
 from visiontune.data.split import make_split, split_record
@@ -155,29 +156,7 @@ def test_check_train_and_evaluate_use_the_nested_rule_and_report_counts(tmp_path
     assert main(["check", str(data), "--report", str(tmp_path / "bad.csv")]) == 0
     assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
     run = tmp_path / "run"
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(data),
-                "--model",
-                "squeezenet1_1",
-                "--weights",
-                "none",
-                "--image-size",
-                "32",
-                "--no-progress",
-                "--epochs",
-                "1",
-                "--batch-size",
-                "4",
-                "--output-dir",
-                str(run),
-            ]
-        )
-        == 0
-    )
+    assert main(["train", *flags(data=data, epochs=1, batch_size=4, output_dir=run), *SQUEEZENET]) == 0
     assert "bird 7, cat 4, dog 6" in capsys.readouterr().out
     assert json.loads((run / "classes.json").read_text()) == ["bird", "cat", "dog"]
     main(["evaluate", "--run", str(run), "--data", str(data), "--split", "all", "--no-progress"])

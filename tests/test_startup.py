@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from conftest import PYTHON, _worker_env
+from trainrun import SQUEEZENET, flags
 from visiontune.cli import main
 from visiontune.data import check, decode, layouts
 from visiontune.data.split import (
@@ -22,21 +23,7 @@ from visiontune.data.split import (
 )
 from visiontune.sample_data import make_sample_data
 
-TINY = [
-    "--model",
-    "squeezenet1_1",
-    "--weights",
-    "none",
-    "--image-size",
-    "32",
-    "--no-progress",
-    "--epochs",
-    "1",
-    "--batch-size",
-    "4",
-    "--num-workers",
-    "0",
-]
+TINY = [*SQUEEZENET, *flags(epochs=1, batch_size=4, num_workers=0)]
 
 # Loaded into every Python process of a subprocess job (the launcher and each worker) through PYTHONPATH:
 # counts discover() calls and decodes, and makes each decode slow.
@@ -88,24 +75,9 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
         VISIONTUNE_CACHE_DIR=str(tmp_path / "cache"),
     )
     out = tmp_path / "run"
+    argv = [PYTHON, "-m", "visiontune", "train", *flags(data=data), *TINY]
     done = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "visiontune",
-            "train",
-            "--data",
-            str(data),
-            *TINY,
-            "--strategy",
-            "ddp",
-            "--nproc",
-            "2",
-            "--timeout",
-            "5",
-            "--output-dir",
-            str(out),
-        ],
+        [*argv, *flags(strategy="ddp", nproc=2, timeout=5, output_dir=out)],
         env=env,
         capture_output=True,
         text=True,
@@ -143,48 +115,17 @@ def test_first_cached_run_decodes_each_file_exactly_once(data, tmp_path, monkeyp
         (data_copy / "train").mkdir(exist_ok=True)
         (data_copy / "train" / f.name).write_bytes(f.read_bytes())
     (data_copy / "train" / "cat.99.jpg").write_bytes(b"not a jpeg")  # a bad file: found by the build
-    run = tmp_path / "run"
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(data_copy),
-                *TINY,
-                "--cache",
-                str(tmp_path / "c"),
-                "--max-bad-fraction",
-                "0.1",
-                "--output-dir",
-                str(run),
-            ]
-        )
-        == 0
-    )
+    run, again = tmp_path / "run", tmp_path / "again"
+    argv = ["train", *flags(data=data_copy, cache=tmp_path / "c", max_bad_fraction=0.1), *TINY]
+    assert main([*argv, "--output-dir", str(run)]) == 0
     files = sorted(str(p) for p in (data_copy / "train").iterdir())
     assert sorted(decoded) == files  # 21 files, 21 decodes
     rows = (run / "bad_files.csv").read_text().splitlines()[1:]
     assert [r.split(",")[0] for r in rows] == [str(data_copy / "train" / "cat.99.jpg")]
     decoded.clear()
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(data_copy),
-                *TINY,
-                "--cache",
-                str(tmp_path / "c"),
-                "--max-bad-fraction",
-                "0.1",
-                "--output-dir",
-                str(tmp_path / "again"),
-            ]
-        )
-        == 0
-    )
+    assert main([*argv, "--output-dir", str(again)]) == 0
     assert decoded == []  # the warm cache decodes nothing, and still knows the bad file
-    assert (tmp_path / "again" / "bad_files.csv").read_text() == (run / "bad_files.csv").read_text()
+    assert (again / "bad_files.csv").read_text() == (run / "bad_files.csv").read_text()
 
 
 def test_split_record_round_trips_at_100k_files_with_a_stable_hash(tmp_path):

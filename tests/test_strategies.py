@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 
 from conftest import FAST, PYTHON, _worker_env
 from trained import independent_eval
+from trainrun import flags, relative_difference, train_ddp_beside_one
 from visiontune import strategy, trainer
 from visiontune.cli import main
 from visiontune.config import TrainConfig, UserError
@@ -270,66 +271,19 @@ def tiny_data(tmp_path_factory) -> Path:
 def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path):
     # ViT has neither BatchNorm (SyncBatchNorm does not run on the CPU) nor dropout, so the two runs
     # must compute the same thing; timm's test_vit (0.3M parameters) is a small model without either.
-    common = [
-        "--data",
-        str(tiny_data),
-        "--model",
-        "timm/test_vit",
-        "--weights",
-        "none",
-        "--image-size",
-        "32",
-        "--no-progress",
-        "--epochs",
-        "1",
-        "--val-fraction",
-        "0.3",
-    ]
+    common = flags(data=tiny_data, model="timm/test_vit", weights="none", image_size=32, no_progress=True, epochs=1)
+    common += flags(val_fraction=0.3)
     # DDP asks for its lr through --scale-lr (0.005 x 2 / 1), the single run states it: equal weights
     # then also prove that the scaled lr is the one the optimizer used.
-    ddp = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "visiontune",
-            "train",
-            *common,
-            "--strategy",
-            "ddp",
-            "--nproc",
-            "2",
-            "--batch-size",
-            "1",
-            "--lr",
-            "0.005",
-            "--scale-lr",
-            "--reference-batch",
-            "1",
-            "--output-dir",
-            str(tmp_path / "ddp"),
-        ],
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:  # the single run trains here meanwhile
-        assert main(["train", *common, "--batch-size", "2", "--lr", "0.01", "--output-dir", str(tmp_path / "one")]) == 0
-        log = ddp.communicate(timeout=900)[0]
-    finally:
-        if ddp.poll() is None:
-            os.killpg(ddp.pid, signal.SIGKILL)  # the agent and its workers
-    assert ddp.returncode == 0, log
+    ddp = flags(strategy="ddp", nproc=2, batch_size=1, lr=0.005, scale_lr=True, reference_batch=1)
+    train_ddp_beside_one(common, ddp, flags(batch_size=2, lr=0.01), tmp_path, _env())
     steps = [
         [h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())] for d in ("ddp", "one")
     ]
     assert steps == [[4], [4]]
-    a = load_file(str(tmp_path / "ddp" / "best.safetensors"))  # one epoch: best is the final model
-    b = load_file(str(tmp_path / "one" / "best.safetensors"))
-    assert a.keys() == b.keys()
-    worst = max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in a)
-    assert worst < 1e-5
+    # One epoch: best is the final model.
+    a, b = (load_file(str(tmp_path / d / "best.safetensors")) for d in ("ddp", "one"))
+    assert relative_difference(a, b) < 1e-5
 
 
 def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, capsys):

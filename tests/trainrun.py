@@ -8,6 +8,8 @@ weights are those of its last epoch-end checkpoint, compared with ``torch.equal`
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,23 +20,18 @@ import torch
 from safetensors.torch import load_file
 
 PYTHON = sys.executable
-TINY = [
-    "--model",
-    "squeezenet1_1",
-    "--weights",
-    "none",
-    "--image-size",
-    "32",
-    "--no-progress",
-    "--num-workers",
-    "0",
-    "--batch-size",
-    "4",
-    "--epochs",
-    "2",
-    "--timeout",
-    "60",
-]
+
+
+def flags(**options) -> list[str]:
+    """Command-line flags from keywords: ``batch_size=4`` is ``--batch-size 4``, ``True`` a bare flag."""
+    out: list[str] = []
+    for name, value in options.items():
+        out += [f"--{name.replace('_', '-')}", *([] if value is True else [str(value)])]
+    return out
+
+
+SQUEEZENET = flags(model="squeezenet1_1", weights="none", image_size=32, no_progress=True)
+TINY = [*SQUEEZENET, *flags(num_workers=0, batch_size=4, epochs=2, timeout=60)]
 
 
 def train_argv(data: Path, out: Path, *extra: str) -> list[str]:
@@ -92,3 +89,35 @@ def pids_alive(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+def train_ddp_beside_one(common: list[str], ddp: list[str], one: list[str], out: Path, env: dict) -> None:
+    """``train common + ddp`` as a job of its own into ``out/ddp`` and, meanwhile, ``train common + one``
+    in this process into ``out/one``; both must succeed."""
+    from visiontune.cli import main
+
+    job = subprocess.Popen(
+        [PYTHON, "-m", "visiontune", "train", *common, *ddp, "--output-dir", str(out / "ddp")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert main(["train", *common, *one, "--output-dir", str(out / "one")]) == 0
+        log = job.communicate(timeout=900)[0]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)  # the agent and its workers
+    assert job.returncode == 0, log[-3000:]
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest ||a - b|| / ||b|| over the floating-point tensors of two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max(
+        ((a[k].double() - b[k].double()).norm() / b[k].double().norm().clamp_min(1e-12)).item()
+        for k in a
+        if a[k].is_floating_point()
+    )
