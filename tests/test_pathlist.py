@@ -9,7 +9,7 @@ import pickle
 
 import torch
 
-from visiontune.data import layouts
+from visiontune.data import jobdata, layouts
 from visiontune.data.split import make_split, read_record, split_summary, write_split
 
 # split.json's sha256 for odd_tree() (seed 3, val fraction 0.25), written by the code before the
@@ -73,16 +73,18 @@ def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
     assert found.paths.prefix == os.path.join(root, "")
     assert len(found.paths.blob) == sum(len(os.fsencode(p)) - len(os.fsencode(root)) - 1 for p, _ in pairs)
     # Carried to another process (the launcher's hand-over) and back: the same pairs.
-    layouts.save(found, str(tmp_path / "list.bin"), {"k": 1})
-    back, extra = layouts.load(str(tmp_path / "list.bin"))
+    jobdata.save_listing(found, str(tmp_path / "list.bin"), {"k": 1})
+    back, extra = jobdata.load_listing(str(tmp_path / "list.bin"))
     assert extra == {"k": 1} and back.classes == classes
     assert list(zip(back.paths, back.labels.tolist())) == pairs
     # A view (a split's subset): the chosen pairs, in order, and it travels the same way.
     pick = [7, 0, 3]
     view = found.paths.take(pick)
     assert list(view) == [pairs[i][0] for i in pick] and view[1:] == [pairs[0][0], pairs[3][0]]
-    layouts.save(layouts.ImageSet(root, "imagefolder", view, found.labels[pick], classes), str(tmp_path / "v.bin"))
-    assert list(layouts.load(str(tmp_path / "v.bin"))[0].paths) == [pairs[i][0] for i in pick]
+    jobdata.save_listing(
+        layouts.ImageSet(root, "imagefolder", view, found.labels[pick], classes), str(tmp_path / "v.bin")
+    )
+    assert list(jobdata.load_listing(str(tmp_path / "v.bin"))[0].paths) == [pairs[i][0] for i in pick]
     # A loader worker gets the arrays: pickling costs the bytes, not an object per file.
     from visiontune.data.pipeline import ImageDataset
 

@@ -11,8 +11,10 @@ from torch import nn
 
 from trainrun import flags
 from visiontune import recipe
-from visiontune.config import TrainConfig, UserError, validate
+from visiontune.config import TrainConfig, UserError
 from visiontune.ema import EMA
+from visiontune.schedule import warmup_steps
+from visiontune.validation import validate
 
 
 def _cfg(**kw) -> TrainConfig:
@@ -131,7 +133,7 @@ def test_the_lr_of_each_step_follows_warm_up_then_the_schedule(schedule, expecte
     hand = [0.01 * (s + 1) / 2 if s < 2 else 0.01 * expected(s) for s in range(10)]
     assert seen == pytest.approx(hand, rel=1e-12, abs=1e-15)
     assert _cfg(recipe="modern", warmup_steps=3).warmup_steps == 3
-    assert recipe.warmup_steps(_cfg(recipe="modern", warmup_steps=3), 5) == 3
+    assert warmup_steps(_cfg(recipe="modern", warmup_steps=3), 5) == 3
 
 
 def test_ema_is_the_hand_computed_average_and_restores_exactly():

@@ -17,17 +17,14 @@ temp folder is removed, the previous checkpoint stays, and the run ends with
 one line saying how much room it needs. The position is also recorded in
 samples, so a run resumed with the same global batch split differently between
 --batch-size, --grad-accum and processes starts at the same sample. Everything
-is read back with ``weights_only=True`` or safetensors; Accelerate's RNG files
-are plain tensors and numpy arrays, and one that does not load is refused.
+is read back by ``resume``.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 from dataclasses import dataclass
@@ -37,8 +34,7 @@ from typing import Any
 import torch
 
 from visiontune.config import UserError
-
-MB = 1 << 20
+from visiontune.diskspace import MB, needed_bytes, out_of_space
 
 SUBDIR = "checkpoints"
 META = "visiontune.json"
@@ -171,20 +167,6 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
     return Checkpoint(ckpt.path, {**meta, "batch": batch})
 
 
-def _needed_bytes(accelerator) -> int:
-    """About what ``save_state`` writes: every model and optimizer tensor, plus room for the small files."""
-    # The models and optimizers ``prepare`` registered: what ``save_state`` writes.
-    stack = [m.state_dict() for m in accelerator._models] + [o.state_dict()["state"] for o in accelerator._optimizers]
-    total = 0
-    while stack:  # optimizer state nests: {param index: {"momentum_buffer": tensor, ...}}
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            total += item.numel() * item.element_size()
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-    return total + 4 * MB
-
-
 def _free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
@@ -199,18 +181,6 @@ def _no_space(root: Path, what: str, needed: int, free: int) -> UserError:
     )
 
 
-def _out_of_space(e: BaseException, tmp: Path, needed: int) -> bool:
-    """Whether a failed write ran out of room: torch reports a full disk as a RuntimeError with no errno
-    ("iostream error", "unexpected pos"), so also ask the disk whether what is written plus what is free
-    falls short of what was needed (after a passed free-space check, only a full disk does that)."""
-    while e is not None:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        e = e.__cause__ or e.__context__
-    written = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file()) if tmp.is_dir() else 0
-    return shutil.disk_usage(tmp.parent).free + written < needed
-
-
 def save(
     accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any], scheduler=None, keep_last: int = 2
 ) -> str:
@@ -219,7 +189,7 @@ def save(
 
     root = Path(run_dir) / SUBDIR
     final, tmp = root / name(epoch, batch), root / f".tmp-{name(epoch, batch)}"
-    needed, problem = _needed_bytes(accelerator), [None]
+    needed, problem = needed_bytes(accelerator), [None]
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(".tmp-*"):  # left by a killed process; this run holds the folder's lock
@@ -246,7 +216,7 @@ def save(
             (tmp / META).write_text(json.dumps(record, indent=1, default=str))
             _fsync_tree(tmp)
     except (OSError, RuntimeError) as e:
-        full, free = _out_of_space(e, tmp, needed), shutil.disk_usage(root).free
+        full, free = out_of_space(e, tmp, needed), shutil.disk_usage(root).free
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise _no_space(root, final.name, needed, free) from None
@@ -269,64 +239,3 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.replace(tmp, final)
-
-
-def load_error(e: Exception) -> str:
-    """What went wrong loading a file, in one line, without torch's advice to load it unsafely."""
-    if isinstance(e, pickle.UnpicklingError):
-        return "it holds Python objects other than tensors, which visiontune never unpickles"
-    return str(e).splitlines()[0][:300] if str(e) else e.__class__.__name__
-
-
-def _check_rng_file(accelerator, ckpt: Checkpoint, say) -> None:
-    """Accelerate skips an RNG file it cannot load without a word: refuse it, and say when one is missing."""
-    from accelerate.utils import load as accelerate_load
-
-    folder = Path(ckpt.path)
-    missing = [r for r in range(accelerator.num_processes) if not (folder / f"random_states_{r}.pkl").is_file()]
-    if missing:  # resumed on more processes than saved it: the new ones start from the seed
-        say(
-            f"visiontune: {ckpt.path} has no RNG state for process(es) {', '.join(map(str, missing))}; their "
-            "random draws will differ from the original run's"
-        )
-    rng = folder / f"random_states_{accelerator.process_index}.pkl"
-    if accelerator.process_index in missing:
-        return
-    try:
-        states = accelerate_load(rng, map_location="cpu")
-    except Exception as e:
-        raise UserError(f"cannot load checkpoint {ckpt.path}: {rng.name}: {load_error(e)}") from None
-    if not isinstance(states, dict) or not {"random_state", "torch_manual_seed"} <= set(states):
-        raise UserError(f"cannot load checkpoint {ckpt.path}: {rng.name} holds no RNG states")
-
-
-def load(accelerator, ckpt: Checkpoint, scheduler=None, say=print) -> None:
-    """Restore model, optimizer, scaler, RNG states (and the scheduler) from ``ckpt``."""
-    sched_file = Path(ckpt.path) / SCHEDULER
-    _check_rng_file(accelerator, ckpt, say)
-    try:
-        accelerator.load_state(ckpt.path)
-        if scheduler is not None and sched_file.is_file():
-            scheduler.load_state_dict(torch.load(sched_file, map_location="cpu", weights_only=True))
-    except Exception as e:  # weights_only refusals, shape mismatches: the files are not this run's
-        raise UserError(f"cannot load checkpoint {ckpt.path}: {load_error(e)}") from None
-
-
-def find_resume(resume: str | None, run_dir: str, restarted: bool, say=print) -> Checkpoint | None:
-    """What ``--resume`` (or an elastic restart) points at; None for a fresh start."""
-    if resume is None and not restarted:
-        if listed(run_dir):
-            raise UserError(
-                f"{run_dir} already holds checkpoints of a run; to continue it, add --resume auto "
-                f"(with --output-dir {run_dir}); to start over, give another --output-dir"
-            )
-        return None
-    source = run_dir if resume in (None, "auto") else resume
-    if resume not in (None, "auto") and not Path(source).is_dir():
-        raise UserError(f"--resume {resume}: no such run folder")
-    found = latest(source, say)
-    if found is None and resume not in (None, "auto"):
-        raise UserError(f"--resume {resume}: no checkpoint in {source}/{SUBDIR}")
-    if found is None:
-        say(f"visiontune: no checkpoint in {source}; starting from the beginning")
-    return found

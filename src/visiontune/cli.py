@@ -15,13 +15,13 @@ import os
 import sys
 
 from visiontune import flags, slurm
-from visiontune.config import TrainConfig, UserError
+from visiontune.config import UserError
 from visiontune.faults import RunStopped
 from visiontune.flags import config_from_args
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune import launch, models, runlock, strategy
+    from visiontune import jobplan, launch, models, runlock, strategy
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
@@ -39,7 +39,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             cfg = cfg.replace(output_dir=launch.run_folder(cfg))
             argv = [*argv, "--output-dir", cfg.output_dir]
         # One machine: this process outlives any worker restart, so it holds the run folder's lock.
-        one_machine = launch.node_range(launch.plan(cfg).nnodes) == (1, 1)
+        one_machine = jobplan.node_range(launch.plan(cfg).nnodes) == (1, 1)
         with runlock.hold_for_workers(cfg.output_dir if one_machine else None), shared_listing(images, cfg.data):
             return launch.relaunch(cfg, argv)
     from visiontune.trainer import train
@@ -88,43 +88,26 @@ def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.data.check import scan, write_report
-    from visiontune.data.layouts import discover
+    from visiontune.data.check import check_folder
 
-    images = discover(args.data)
-    print(images.describe())
-    folder = args.data if os.path.isdir(args.data) else os.path.dirname(os.path.abspath(args.data))
-    report = args.report or os.path.join(folder, "bad_files.csv")
-    if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):
-        raise UserError(f"cannot write the report to {report}; pass --report PATH")
-    # Layout rejects (Thumbs.db in a Kaggle folder, ...) first, then every file that does not decode.
-    bad = list(images.rejects) + scan(images.paths, workers=args.workers)
-    write_report(bad, report)
-    for path, problem in bad:
-        print(f"{path}: {problem}")
-    print(f"visiontune: {len(bad)} bad of {len(images.paths) + len(images.rejects)} files; report in {report}")
-    return 1 if bad else 0
+    return check_folder(args.data, args.report, args.workers)
 
 
 def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune import launch
-    from visiontune.bench import bench
+    from visiontune import jobplan, launch
+    from visiontune.bench import bench, train_flags
     from visiontune.data.layouts import discover
 
     cfg = config_from_args(args)
     discover(cfg.data)
-    # Each strategy re-runs `visiontune train` with these flags; bench's own are
-    # dropped and the per-strategy ones are appended (argparse: the last wins).
-    train_argv = launch.without_flags(argv, ("--strategies", "--same", "--output-dir", "--repeats"))
-    if "epochs" not in vars(args):
-        train_argv += ["--epochs", "1"]
-        cfg = cfg.replace(epochs=1)
+    # Each strategy re-runs `visiontune train` with these flags.
+    cfg, train_argv = train_flags(cfg, argv, "epochs" in vars(args))
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)
     bench(
         cfg,
         train_argv,
         [s.strip() for s in args.strategies.split(",") if s.strip()],
-        cfg.nproc or launch.default_nproc(),
+        cfg.nproc or jobplan.default_nproc(),
         args.same,
         out,
         args.repeats,
@@ -133,19 +116,13 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _inference(args: argparse.Namespace):
-    """The model (``--run RUN_DIR`` or ``--weights FILE``, self-describing or with ``--model NAME --classes
-    a,b``) and how to run it."""
+    """The model of ``--run`` or ``--weights`` (``--model``/``--classes`` for a bare file) and how to run it."""
     from visiontune.inference import InferenceConfig, load_model
 
-    weights = getattr(args, "weights", None)
-    if weights is None and not args.run:
-        raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE")
-    if weights and args.run:
-        raise UserError("give --run RUN_DIR or --weights FILE, not both")
     classes = [c.strip() for c in args.classes.split(",")] if getattr(args, "classes", None) else None
     loaded = load_model(
         args.run,
-        weights,
+        getattr(args, "weights", None),
         model=getattr(args, "model", None),
         classes=classes,
         image_size=getattr(args, "image_size", None),
@@ -153,24 +130,8 @@ def _inference(args: argparse.Namespace):
     return loaded, InferenceConfig(args.batch_size or loaded.batch_size, args.mixed_precision, args.progress)
 
 
-def _in_processes(args: argparse.Namespace, argv: list[str], command: str, skipped, run) -> int:
-    """``run()`` here, or with ``--nproc N`` > 1 in N processes; exit 1 when ``skipped()`` files were unreadable.
-
-    Under a launcher a worker exits 0 with skips (exit 1 would read as a crashed worker); the
-    launching process reads ``skipped()`` from the output the workers wrote and reports it.
-    """
-    from visiontune import launch
-    from visiontune.launch import inside_launcher
-
-    cfg = TrainConfig(data="-", strategy="ddp", nproc=args.nproc)
-    if launch.needs_launcher(cfg, command):
-        code = launch.relaunch(cfg, argv, command)
-        return 1 if code == 0 and skipped() else code
-    run()
-    return 1 if not inside_launcher() and skipped() else 0
-
-
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune import launch
     from visiontune.predict import check_clip, list_inputs, predict, skipped_path
     from visiontune.runlock import writable_file
 
@@ -178,8 +139,8 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     inputs = list_inputs(args.data)
     check_clip(args.clip)
     writable_file(args.out, "--out")  # before the forward pass, not after it
-    return _in_processes(
-        args,
+    return launch.here_or_relaunched(
+        args.nproc,
         argv,
         "predict",
         skipped_path(args.out).exists,
@@ -191,12 +152,13 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     import json
     from pathlib import Path
 
+    from visiontune import launch
     from visiontune.evaluate import evaluate
 
     loaded, icfg = _inference(args)
     out = args.out or str(Path(args.run) / "eval.json")
-    return _in_processes(
-        args,
+    return launch.here_or_relaunched(
+        args.nproc,
         argv,
         "evaluate",
         lambda: json.loads(Path(out).read_text())["skipped"],
@@ -207,21 +169,14 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.export import SUFFIX, check_format, export
+    from visiontune.export import SUFFIX, check_format, described, export
     from visiontune.inference import load_model
 
     check_format(args.format)
     loaded = load_model(args.run)
-    info = loaded.info
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
-    diff = export(loaded.model, info, args.format, out)
-    s = info.image_size
-    print(
-        f"visiontune: wrote {out}: input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised "
-        f"with mean {info.mean} std {info.std}; output [N, {len(info.classes)}] logits for "
-        f"{', '.join(info.classes)}; checked against the eager model, max difference {diff:.1e}; "
-        f"the file carries this description under the metadata key 'visiontune'"
-    )
+    diff = export(loaded.model, loaded.info, args.format, out)
+    print(described(out, loaded.info, diff))
     return 0
 
 

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 import torch
 
-from visiontune import checkpoint, launch
+from visiontune import checkpoint, jobplan, launch
 from visiontune.config import TrainConfig, UserError
 
 WORLD_LOG = "world.jsonl"
@@ -68,7 +68,7 @@ def keep_global_batch(cfg: TrainConfig) -> TrainConfig:
     """
     world, source = launch.world_size(), _resume_source(cfg)
     found = checkpoint.latest(source, say=lambda *_: None) if source and os.path.isdir(source) else None
-    lo, hi = launch.node_range(cfg.nnodes or 1)
+    lo, hi = jobplan.node_range(cfg.nnodes or 1)
     if found is not None and (found.meta.get("world_size", world) != world or lo != hi):
         target, why = found.meta["global_batch"], f"the checkpoint in {source} ({found.meta['world_size']} processes)"
     elif found is None and lo != hi:

@@ -1,8 +1,8 @@
 """The training and evaluation loops, and ``fit`` that alternates them.
 
-Metrics accumulate as device tensors (``Totals``) and are reduced across
+Metrics accumulate as device tensors (``meter.Totals``) and are reduced across
 processes once per phase, so the hot loop never waits on the GPU for a number
-(the progress bar reads them once per redraw, at most every ``REDRAW_SECONDS``).
+(the progress bar reads them once per redraw, at most every ``meter.REDRAW_SECONDS``).
 Training counts exactly the samples it trained on (full batches: the loader
 drops the ragged tail); evaluation counts every validation sample exactly once,
 because ``gather_for_metrics`` drops the duplicates Accelerate pads the last
@@ -12,25 +12,17 @@ batch with.
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from tqdm.auto import tqdm
 
 from visiontune.data.pipeline import UNREADABLE
 from visiontune.faults import RunStopped
-
-# A terminal's bar redraws every REDRAW_SECONDS; without a terminal a line is printed every
-# LOG_EVERY_SECONDS ($VISIONTUNE_PROGRESS_SECONDS). The running loss/accuracy is read from the
-# device just before each redraw (one sync), so what is shown is never older than the redraw.
-REDRAW_SECONDS = 0.5
-LOG_EVERY_SECONDS = 30.0
+from visiontune.meter import PhaseResult, StepClock, Totals, progress_bar
 
 # criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that
 # ``backward`` is called on (0, not NaN, for a batch without any). ``labels`` holds class indices,
@@ -42,102 +34,6 @@ Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def readable_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The default criterion: cross-entropy averaged over the readable samples."""
     return F.cross_entropy(logits, labels, reduction="sum") / (labels != UNREADABLE).sum().clamp(min=1)
-
-
-class Totals:
-    """An epoch's running training sums on this process, as one float64 tensor (one all-reduce).
-
-    The checkpoint stores them as the list ``[loss_sum, correct, images, skipped, steady_images]``.
-    """
-
-    NAMES = ("loss_sum", "correct", "images", "skipped", "steady_images")
-
-    def __init__(self, values: torch.Tensor | None = None, device: torch.device | str = "cpu"):
-        self.values = (
-            torch.zeros(len(self.NAMES), dtype=torch.float64) if values is None else values.detach().clone().double()
-        ).to(device)
-
-    @classmethod
-    def from_checkpoint(cls, saved: list[float] | None, is_main_process: bool) -> Totals:
-        """A resumed epoch's sums. The saved ones are already summed over every process, and
-        ``reduce`` sums the processes' totals again at the epoch end, so only the main process
-        starts from them; the others start from zero."""
-        if saved is None or not is_main_process:
-            return cls()
-        return cls(torch.tensor(saved, dtype=torch.float64))
-
-    def __getattr__(self, name: str) -> float:
-        if name in Totals.NAMES:
-            return self.values[Totals.NAMES.index(name)].item()
-        raise AttributeError(name)
-
-    def add(self, loss_mean: torch.Tensor, correct: torch.Tensor, images: torch.Tensor, steady: bool) -> None:
-        # No .item(): the sums stay on the device and the step does not wait for it.
-        self.values[:3] += torch.stack([loss_mean * images, correct, images])
-        if steady:
-            self.values[4] += images
-
-    def count_skipped(self, n: float) -> None:
-        self.values[3] += n
-
-    def reduced(self, accelerator: Accelerator) -> Totals:
-        """Summed over every process (waits for the device's queued work)."""
-        return Totals(accelerator.reduce(self.values.clone(), reduction="sum"), self.values.device)
-
-    def to_list(self) -> list[float]:
-        return self.values.tolist()
-
-
-class StepClock:
-    """Host clocks of one epoch: all of it, the steps after the first ``warmup``, and, of those,
-    the time spent waiting for the loader. No clock reads the device, so nothing syncs per step."""
-
-    def __init__(self, warmup: int, clock: Callable[[], float] = time.perf_counter):
-        self.warmup, self.clock, self.steps = warmup, clock, 0
-        self.start = self.last = clock()
-        self.steady_start: float | None = None
-        self.wait = 0.0
-
-    def batch_ready(self) -> bool:
-        """Call when a batch arrives; returns whether this step counts as steady."""
-        steady = self.steps >= self.warmup
-        if steady:
-            if self.steady_start is None:
-                self.steady_start = self.last
-            self.wait += self.clock() - self.last
-        self.steps += 1
-        return steady
-
-    def step_done(self) -> None:
-        self.last = self.clock()
-
-    def split(self) -> dict[str, float]:
-        end = self.clock()
-        return {
-            "seconds": end - self.start,
-            "steady_seconds": 0.0 if self.steady_start is None else end - self.steady_start,
-            "data_wait_seconds": self.wait,
-        }
-
-
-@dataclass
-class PhaseResult:
-    loss: float
-    accuracy: float
-    images: int
-    seconds: float
-    skipped: int = 0  # optimizer steps not taken: non-finite gradients (--on-nan skip), fp16 overflow
-    # Train only: the steps after the first ``timing_warmup`` ones.
-    steady_images: int = 0
-    steady_seconds: float = 0.0
-    data_wait_seconds: float = 0.0  # of the steady seconds, spent waiting for the loader
-
-    @property
-    def images_per_s(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "images_per_s": self.images_per_s}
 
 
 class NonFiniteLoss(RunStopped):
@@ -172,34 +68,6 @@ class LoopOptions:
     mix: Callable[[torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
     on_step: OnStep | None = None
     on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None
-
-
-class _LogLines(tqdm):
-    """tqdm's status as a plain line every ``mininterval`` seconds, for logs (Slurm, CI) where
-    carriage-return redraws pile up; nothing at the start and nothing left at the end."""
-
-    def display(self, msg=None, pos=None):
-        if msg is not None or not self.n:  # msg="" is tqdm clearing the bar on close: nothing to clear
-            return False
-        self.fp.write(self.__str__() + "\n")
-        self.fp.flush()
-        return True
-
-
-def _bar(accelerator: Accelerator, loader: Iterable, desc: str, progress: bool):
-    disable = not (progress and accelerator.is_main_process)
-    if getattr(sys.stderr, "isatty", lambda: False)():
-        return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, mininterval=REDRAW_SECONDS, disable=disable)
-    every = float(os.environ.get("VISIONTUNE_PROGRESS_SECONDS", LOG_EVERY_SECONDS))
-    return _LogLines(
-        loader,
-        desc=desc,
-        leave=False,
-        mininterval=every,
-        miniters=1,
-        disable=disable,
-        bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
-    )
 
 
 def _grads_finite(model: torch.nn.Module) -> bool:
@@ -242,7 +110,7 @@ def train_one_epoch(
     criterion = opts.criterion or readable_cross_entropy
     totals = Totals(totals.values if totals is not None else None, accelerator.device)
     clock = StepClock(opts.timing_warmup)
-    bar = _bar(accelerator, loader, "train", opts.progress)
+    bar = progress_bar(accelerator, loader, "train", opts.progress)
     for step, (images, labels) in enumerate(bar, start=start_step):
         steady = clock.batch_ready()
         with accelerator.accumulate(model):
@@ -309,7 +177,7 @@ def evaluate(
     model.eval()
     totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
     start = time.perf_counter()
-    for images, labels in _bar(accelerator, loader, desc, progress):
+    for images, labels in progress_bar(accelerator, loader, desc, progress):
         logits = model(prepare_input(images))
         per_sample = torch.stack(
             [

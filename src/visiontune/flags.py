@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields
 
 from visiontune import slurm
-from visiontune.config import TrainConfig, UserError, choices, load_config_file, validate
+from visiontune.config import TrainConfig, UserError, choices
 from visiontune.host import available_cores
+from visiontune.validation import load_config_file, validate
 
 
 def positive(text: str) -> int:

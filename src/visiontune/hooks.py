@@ -23,7 +23,7 @@ from accelerate import Accelerator
 
 from visiontune import checkpoint, engine, faults, outputs, recipe
 from visiontune.config import TrainConfig
-from visiontune.engine import PhaseResult, Totals
+from visiontune.meter import PhaseResult, Totals
 from visiontune.steplog import StepLog
 
 

@@ -25,12 +25,13 @@ from accelerate import Accelerator
 from torch import nn
 
 from visiontune import engine, runinfo
-from visiontune.config import TrainConfig, UserError, load_config_file
+from visiontune.config import TrainConfig, UserError
 from visiontune.data.decode import BadImage, read_image
 from visiontune.data.pipeline import MEAN, STD, UNREADABLE, DeviceNormalize, ImageDataset, make_loader
 from visiontune.models import WEIGHT_SUFFIXES, build_model, get_spec, input_view
 from visiontune.runinfo import RunInfo
 from visiontune.strategy import decode_threads, loader_workers, make_accelerator
+from visiontune.validation import load_config_file
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,10 @@ def load_model(
     A file made by visiontune describes itself (``best.safetensors`` metadata); ``model``, ``classes``
     and ``image_size`` are then only checked against it. A file that does not needs ``model`` and ``classes``.
     """
+    if weights is None and not run:
+        raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE")
+    if weights and run:
+        raise UserError("give --run RUN_DIR or --weights FILE, not both")
     batch = TrainConfig.batch_size
     if run:
         info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"

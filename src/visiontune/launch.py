@@ -5,10 +5,8 @@ Who started this process decides what happens. Inside a launcher's worker
 one task per GPU started every process already: each joins under the ranks Slurm
 gave it. Otherwise ``visiontune train --strategy ddp`` becomes, in this same process,
 the elastic agent of ``torchrun ... -m visiontune train ...`` for this machine; its
-nodes, node rank and rendezvous come from the flags, else from a Slurm allocation,
-else from the variables a Kubernetes operator sets (MASTER_ADDR, MASTER_PORT,
-WORLD_SIZE, RANK, and torchrun's PET_* ones). A flag that contradicts the cluster
-is an error naming both. Workers die with their agent (a parent-death signal), so
+nodes, node rank and rendezvous are planned by ``jobplan`` from the flags and the
+environment read here (Slurm, Kubernetes-style variables). Workers die with their agent (a parent-death signal), so
 a launcher killed with SIGKILL leaves nothing running. The run folder is fixed
 here, before the workers start, so that they all agree on it.
 """
@@ -19,12 +17,12 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
-from visiontune import slurm
+from visiontune import jobplan, slurm
 from visiontune.config import TrainConfig, UserError
+from visiontune.jobplan import Plan
 
 LAUNCHER_PID = "VISIONTUNE_LAUNCHER_PID"  # set by relaunch for its workers: who they must die with
 ENV = os.environ  # the one place the process environment is read from
@@ -112,12 +110,6 @@ def leave_process_group() -> None:
 # --- before any worker: how this machine's part of the job starts -------------------------------------
 
 
-def default_nproc() -> int:
-    import torch
-
-    return torch.cuda.device_count() or 2
-
-
 def run_folder(cfg: TrainConfig) -> str:
     """The folder a run writes: --output-dir, else the run --resume names, else a new timestamped one."""
     return cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else default_output_dir())
@@ -127,108 +119,9 @@ def default_output_dir() -> str:
     return os.path.join("runs", datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
 
 
-@dataclass(frozen=True)
-class Plan:
-    source: str  # where nodes and ranks came from: flags, Slurm or Kubernetes
-    nnodes: str  # N, or MIN:MAX for an elastic job
-    node_rank: int
-    nproc: int  # processes on this machine
-    master_addr: str
-    master_port: int
-    rdzv_endpoint: str | None  # HOST:PORT of a c10d rendezvous instead of a fixed master
-    rdzv_id: str
-    join: dict[str, str] | None = None  # Slurm started every process: the variables this one joins with
-
-
-def node_range(nnodes: str) -> tuple[int, int]:
-    lo, _, hi = str(nnodes).partition(":")
-    try:
-        lo_n, hi_n = int(lo), int(hi or lo)
-    except ValueError:
-        raise UserError(f"--nnodes must be N or MIN:MAX, got {nnodes!r}") from None
-    if not 1 <= lo_n <= hi_n:
-        raise UserError(f"--nnodes must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {nnodes!r}")
-    return lo_n, hi_n
-
-
-def _agree(flag: str, given, found, where: str):
-    """The flag's value when given, else the cluster's; both given and different is an error."""
-    if given is None or found is None:
-        return found if given is None else given
-    ok = node_range(given)[0] <= found <= node_range(given)[1] if flag == "nnodes" else given == found
-    if not ok:
-        raise UserError(
-            f"--{flag.replace('_', '-')} {given} contradicts {where}: drop the flag, or change the allocation"
-        )
-    return given
-
-
-def _kubernetes(env: Mapping[str, str]) -> bool:
-    return {"MASTER_ADDR", "WORLD_SIZE", "RANK"} <= env.keys()
-
-
 def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -> Plan:
-    """Nodes, ranks, processes and rendezvous for ``cfg``: flags first, then the cluster's variables."""
-    if cfg.rdzv_endpoint and not cfg.rdzv_endpoint.rpartition(":")[2].isdigit():
-        raise UserError(f"--rdzv-endpoint must be HOST:PORT, got {cfg.rdzv_endpoint!r}")
-    nnodes, node_rank, nproc = cfg.nnodes, cfg.node_rank, cfg.nproc
-    addr, port, join, source = cfg.master_addr, cfg.master_port, None, "flags"
-    alloc = slurm.allocation(env) if cluster else None
-    if alloc is not None:
-        source, at = "Slurm", "the Slurm allocation"
-        nnodes = str(_agree("nnodes", nnodes, alloc.nnodes, f"{at} ({alloc.nnodes} nodes, SLURM_NNODES)"))
-        node_rank = _agree("node_rank", node_rank, alloc.node_rank, f"{at} (SLURM_NODEID={alloc.node_rank})")
-        addr, port = addr or alloc.first_host, port or alloc.port
-        if alloc.one_task_per_gpu:
-            nproc = _agree("nproc", nproc, alloc.tasks_here, f"{at} ({alloc.tasks_here} task(s) on this node)")
-            if cfg.rdzv_endpoint:
-                addr, port = cfg.rdzv_endpoint.rsplit(":", 1)[0], int(cfg.rdzv_endpoint.rsplit(":", 1)[1])
-            join = {
-                "RANK": str(alloc.task_rank),
-                "LOCAL_RANK": str(alloc.local_task),
-                "GROUP_RANK": str(node_rank),
-                "WORLD_SIZE": str(alloc.ntasks),
-                "LOCAL_WORLD_SIZE": str(nproc),
-                "MASTER_ADDR": addr,
-                "MASTER_PORT": str(port),
-            }
-        elif nproc is not None and alloc.gpus and nproc > alloc.gpus:
-            raise UserError(
-                f"--nproc {nproc} contradicts {at} ({alloc.gpus} GPU(s) on this node, "
-                "SLURM_GPUS_ON_NODE): drop the flag, or ask for more GPUs"
-            )
-        nproc = nproc or alloc.gpus
-    elif cluster and _kubernetes(env) and "LOCAL_RANK" not in env:
-        source, at = "Kubernetes", "the job's environment"
-        # PyTorchJob sets PET_NNODES/PET_NODE_RANK (torchrun's own variables) beside WORLD_SIZE and RANK,
-        # which then count processes; operators of one process per pod set WORLD_SIZE and RANK alone.
-        nodes = int(env["PET_NNODES"] if env.get("PET_NNODES", "").isdigit() else env["WORLD_SIZE"])
-        this = int(env.get("PET_NODE_RANK") or env["RANK"])
-        nnodes = str(_agree("nnodes", nnodes, nodes, f"{at} ({nodes} nodes, PET_NNODES or WORLD_SIZE)"))
-        node_rank = _agree("node_rank", node_rank, this, f"{at} (node rank {this}, PET_NODE_RANK or RANK)")
-        addr, port = addr or env["MASTER_ADDR"], port or int(env.get("MASTER_PORT") or 29500)
-        nproc = nproc or (int(env["PET_NPROC_PER_NODE"]) if env.get("PET_NPROC_PER_NODE", "").isdigit() else None)
-    nnodes, node_rank = str(nnodes or 1), node_rank or 0
-    lo, hi = node_range(nnodes)
-    if lo != hi and not cfg.rdzv_endpoint:
-        raise UserError(
-            f"--nnodes {nnodes} (elastic) needs --rdzv-endpoint HOST:PORT: membership that changes "
-            "needs the c10d rendezvous"
-        )
-    if not 0 <= node_rank < hi:
-        raise UserError(f"--node-rank must be in [0, {hi - 1}], got {node_rank}")
-    rdzv_id = alloc.job_id if alloc else env.get("PET_RDZV_ID", "visiontune")
-    return Plan(
-        source,
-        nnodes,
-        node_rank,
-        nproc or default_nproc(),
-        addr or "127.0.0.1",
-        port or 29500,
-        cfg.rdzv_endpoint,
-        rdzv_id,
-        join,
-    )
+    """``jobplan.plan`` for this machine: from the process environment unless ``env`` is given."""
+    return jobplan.plan(cfg, env, cluster)
 
 
 def join_cluster(cfg: TrainConfig) -> None:
@@ -239,7 +132,7 @@ def join_cluster(cfg: TrainConfig) -> None:
     if is_worker():
         return
     alloc = slurm.allocation(ENV)
-    started = alloc.ntasks if alloc else (world_size() if _kubernetes(ENV) else 1)
+    started = alloc.ntasks if alloc else (world_size() if jobplan.kubernetes(ENV) else 1)
     if cfg.strategy != "ddp" and started > 1:
         raise UserError(
             f"the cluster started {started} processes but --strategy is {cfg.strategy}: each would "
@@ -284,6 +177,22 @@ def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> 
     # "--" ends torchrun's own options: its parser takes abbreviations, so a worker's
     # ``--run`` would otherwise clash with its ``--run-path``.
     return [*args, "-m", "--", "visiontune", command, *argv]
+
+
+def here_or_relaunched(
+    nproc: int | None, argv: list[str], command: str, skipped: Callable[[], object], run: Callable[[], object]
+) -> int:
+    """``run()`` here, or with ``nproc`` > 1 in that many processes; exit 1 when ``skipped()`` files were unreadable.
+
+    Under a launcher a worker exits 0 with skips (exit 1 would read as a crashed worker); the
+    launching process reads ``skipped()`` from the output the workers wrote and reports it.
+    """
+    cfg = TrainConfig(data="-", strategy="ddp", nproc=nproc)
+    if needs_launcher(cfg, command):
+        code = relaunch(cfg, argv, command)
+        return 1 if code == 0 and skipped() else code
+    run()
+    return 1 if not inside_launcher() and skipped() else 0
 
 
 def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:

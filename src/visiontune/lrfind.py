@@ -18,7 +18,7 @@ import torch
 from accelerate.utils import set_seed
 
 from visiontune import recipe
-from visiontune.config import TrainConfig, UserError, validate
+from visiontune.config import TrainConfig, UserError
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import DeviceNormalize
@@ -27,6 +27,7 @@ from visiontune.engine import readable_cross_entropy
 from visiontune.launch import default_output_dir
 from visiontune.models import build_model, get_spec
 from visiontune.strategy import make_accelerator
+from visiontune.validation import validate
 
 
 def _plot(path: str, lrs: list[float], losses: list[float], suggested: float) -> None:
@@ -47,9 +48,7 @@ def _plot(path: str, lrs: list[float], losses: list[float], suggested: float) ->
 
 def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: int = 100) -> dict:
     """Sweep the lr; write ``lr_find.png`` and ``lr_find.json`` in the output folder; return the record."""
-    from visiontune.trainer import (
-        _loaders,  # the train loader exactly as `train` builds it
-    )
+    from visiontune.data.loaders import loaders  # the train loader exactly as `train` builds it
 
     cfg = validate(cfg.replace(strategy="single", log_with=None))
     cfg = cfg.replace(image_size=cfg.image_size or get_spec(cfg.model).preprocess.size)
@@ -62,7 +61,7 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     set_seed(cfg.seed)
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     data = prepare_data(accelerator, cfg, out, images)
-    cfg, loader, _ = _loaders(cfg, data, make_split(len(data.images), cfg.val_fraction, cfg.seed), out)
+    cfg, loader, _ = loaders(cfg, data, make_split(len(data.images), cfg.val_fraction, cfg.seed), out)
     optimizer, _ = recipe.optimization(cfg, model, 1.0, max(1, len(loader)))
     ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

@@ -8,13 +8,13 @@ is swapped), which modules are that head (timm's ``get_classifier()`` and
 ``pretrained_cfg['classifier']``), and the preprocessing its pretrained weights
 expect (size, mean/std, interpolation: timm's pretrained config, torchvision's
 ``weights.transforms()``). Local weights (``--weights PATH``) load everything
-that fits; a head of another shape is re-initialised and named, any other
-mismatch is an error. Nothing is unpickled: safetensors or ``weights_only``.
+that fits; a head of another shape is re-initialised and named, any other mismatch
+is an error. Nothing is unpickled: safetensors or ``weights_only``. timm's and the
+Hub's specifics live in ``timm_models``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,76 +55,12 @@ def is_weights_file(weights: str) -> bool:
     return Path(weights).suffix in WEIGHT_SUFFIXES
 
 
-def _hub_error(name: str, e: Exception) -> UserError:
-    from huggingface_hub import constants
-    from huggingface_hub.errors import RepositoryNotFoundError
-
-    if isinstance(e, RepositoryNotFoundError):
-        return UserError(
-            f"no model {name!r} on the Hugging Face Hub (or it is private); check the name "
-            f"at https://huggingface.co/{name.split(':', 1)[-1].lstrip('/')}"
-        )
-    todo = (
-        "copy that cache from a machine that has it"
-        if name.startswith("hf-hub:")
-        else "pass --weights none / --weights PATH"
-    )  # a Hub model needs its config.json even untrained
-    return UserError(
-        f"cannot fetch {name} ({e.__class__.__name__}): offline or not in the Hugging Face cache "
-        f"{constants.HF_HUB_CACHE} (HF_HOME) nor torch hub's {torch.hub.get_dir()}; run once with "
-        f"network access to fill the cache, or {todo}"
-    )
-
-
-@contextlib.contextmanager
-def _hub_quiet():
-    """The hub client logs each retry; the one line that matters is ours."""
-    from huggingface_hub.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
-def _timm_preprocess(cfg: dict) -> Preprocess:
-    from timm.data import resolve_data_config
-
-    data = resolve_data_config(pretrained_cfg=cfg)
-    return Preprocess(
-        int(data["input_size"][-1]),
-        tuple(data["mean"]),
-        tuple(data["std"]),
-        str(data["interpolation"]),
-        float(data["crop_pct"]),
-    )
-
-
 def get_spec(name: str) -> ModelSpec:
     """The spec of ``--model NAME``, or a ``UserError`` saying where the names are."""
-    if name.startswith("hf-hub:"):
-        from timm.models import _hub
+    if name.startswith(("hf-hub:", "timm/")):
+        from visiontune import timm_models  # timm is imported only for its models
 
-        try:
-            with _hub_quiet():
-                cfg = _hub.load_model_config_from_hf(name[len("hf-hub:") :])[0]
-        except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
-            raise _hub_error(name, e) from None
-        return ModelSpec(name, "hf-hub", name, _timm_preprocess(cfg))
-    if name.startswith("timm/"):
-        import timm
-        from timm.models import get_pretrained_cfg
-
-        arch = name[len("timm/") :]
-        if not timm.is_model(arch):
-            raise UserError(f"unknown timm model {arch!r}; see `visiontune models --source timm --filter TEXT`")
-        try:
-            cfg = get_pretrained_cfg(arch)
-        except RuntimeError as e:  # an unknown pretrained tag
-            raise UserError(f"{name}: {e}") from None
-        return ModelSpec(name, "timm", arch, _timm_preprocess(cfg.to_dict() if cfg else {}))
+        return timm_models.spec(name)
     if name not in torchvision_names():
         raise UserError(
             f"unknown model {name!r}; see `visiontune models` (timm models: timm/NAME, Hub models: hf-hub:ORG/NAME)"
@@ -225,28 +161,6 @@ def _build_torchvision(spec: ModelSpec, num_classes: int, weights: str) -> nn.Mo
     return model
 
 
-def _build_timm(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
-    import timm
-
-    if weights not in ("DEFAULT", "none") and not is_weights_file(weights):
-        raise UserError(
-            f"--weights for {spec.name} is DEFAULT, none or a .safetensors/.pth path; "
-            f"a pretrained tag goes in the name: --model {spec.name}.TAG"
-        )
-    try:
-        with _hub_quiet():
-            return timm.create_model(spec.arch, pretrained=weights == "DEFAULT", num_classes=num_classes)
-    except OSError as e:  # timm fetches through huggingface_hub (or torch hub): all OSErrors
-        raise _hub_error(spec.name, e) from None
-
-
-BUILDERS: dict[str, Callable[[ModelSpec, int, str], nn.Module]] = {
-    "torchvision": _build_torchvision,
-    "timm": _build_timm,
-    "hf-hub": _build_timm,
-}
-
-
 def _download_error(weights, e: Exception) -> UserError:
     filename = Path(weights.url).name
     cache = Path(torch.hub.get_dir()) / "checkpoints" / filename
@@ -274,7 +188,10 @@ def build_model(
 ) -> nn.Module:
     """``name`` with a fresh ``num_classes`` head; ``weights`` DEFAULT, none, a torchvision name or a file."""
     spec = get_spec(name)
-    model = BUILDERS[spec.source](spec, num_classes, "none" if is_weights_file(weights) else weights)
+    named = "none" if is_weights_file(weights) else weights  # a file is loaded below, into any source's model
+    from visiontune import timm_models  # timm itself is imported only when a timm model is built
+
+    model = (_build_torchvision if spec.source == "torchvision" else timm_models.build)(spec, num_classes, named)
     if is_weights_file(weights):
         load_fitting(model, load_state_file(weights), weights, head_names(model), head_may_differ, say)
     if freeze_backbone:

@@ -1,4 +1,4 @@
-"""Recipes: presets resolved into settings, and the optimizer, schedule, loss and EMA they ask for.
+"""Recipes: presets resolved into settings, and the optimizer, freezing and loss they ask for.
 
 ``--recipe blog`` is the reference job (SGD lr 1e-3 momentum 0.9, constant lr,
 no augmentation, the blog's normalisation). ``--recipe modern`` is what won on
@@ -9,13 +9,13 @@ epochs, a mild crop and flip cost 3 points of accuracy and the EMA gained none
 worth its time; --augment and --ema add them). A preset only
 fills the settings left unset (None): a flag or config file value always wins,
 and the resolved config records every value. Nothing else in visiontune knows
-the presets. Every per-step rule here counts optimizer steps, so a resume,
-which restores that count, repeats it exactly.
+the presets. The lr schedule and the EMA step in ``schedule.Stepper``; every
+per-step rule counts optimizer steps, so a resume, which restores that count,
+repeats it exactly.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from visiontune.data.pipeline import MEAN, STD
-from visiontune.ema import EMA
+from visiontune.schedule import Stepper
 
 PRESETS: dict[str, dict] = {
     "blog": {
@@ -56,7 +56,6 @@ PRESETS: dict[str, dict] = {
         "normalize": None,
     },  # normalize: see _normalize
 }
-STEP_MILESTONES, STEP_GAMMA = (0.5, 0.75), 0.1  # --lr-schedule step: x0.1 at half and three quarters
 
 
 def _normalize(cfg) -> str:
@@ -160,74 +159,6 @@ def build_optimizer(model: nn.Module, cfg, lr: float, heads: tuple[str, ...]) ->
         # took over half as long as resnet18's forward and backward at 32 px (SGD's step: a tenth).
         return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=True)
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-
-
-def warmup_steps(cfg, steps_per_epoch: int) -> int:
-    return cfg.warmup_steps or round(cfg.warmup_epochs * steps_per_epoch)
-
-
-def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
-    """The lr multiplier before optimizer step ``step`` (0-based) of ``total``.
-
-    Warm-up rises linearly to 1 over ``warmup`` steps ((step + 1) / warmup, so the first step
-    already learns); then ``schedule`` runs over the remaining steps.
-    """
-    if step < warmup:
-        return (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    if schedule == "cosine":
-        return 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
-    if schedule == "linear":
-        return max(0.0, 1 - t)
-    if schedule == "step":
-        return STEP_GAMMA ** sum(t >= m for m in STEP_MILESTONES)
-    return 1.0
-
-
-class Stepper:
-    """What follows every optimizer step: the lr schedule and the EMA update.
-
-    The engine calls ``step()`` where it would step an lr scheduler, and the checkpoint
-    saves ``state_dict()`` (plain tensors and numbers) in the scheduler's place. Its step
-    count also says whether the head-only phase of ``--freeze-epochs`` is still on.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int):
-        total, warm, schedule = cfg.epochs * steps_per_epoch, warmup_steps(cfg, steps_per_epoch), cfg.lr_schedule
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warm, schedule))
-        self.ema_decay, self.ema = cfg.ema, None
-        self.freeze_steps = cfg.freeze_epochs * steps_per_epoch
-
-    def attach_ema(self, model: nn.Module) -> None:
-        """Start the EMA from ``model`` (the unwrapped model, on its device), if ``--ema`` asks for one."""
-        if self.ema_decay:
-            self.ema = EMA(model, self.ema_decay)
-
-    @property
-    def steps(self) -> int:
-        return self.scheduler.last_epoch
-
-    @property
-    def frozen(self) -> bool:
-        return self.steps < self.freeze_steps
-
-    def step(self) -> None:
-        self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update()
-
-    def state_dict(self) -> dict:
-        return {
-            "scheduler": self.scheduler.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        if "scheduler" not in state:  # a checkpoint written before recipes: a plain scheduler's state
-            state = {"scheduler": state, "ema": None}
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.ema is not None and state["ema"] is not None:
-            self.ema.load_state_dict(state["ema"])
 
 
 def freeze_backbone_during(

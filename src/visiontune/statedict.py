@@ -9,6 +9,7 @@ head's init and are named), every other difference is an error.
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +20,15 @@ from torch import nn
 from visiontune.config import UserError
 
 
+def load_error(e: Exception) -> str:
+    """What went wrong loading a file, in one line, without torch's advice to load it unsafely."""
+    if isinstance(e, pickle.UnpicklingError):
+        return "it holds Python objects other than tensors, which visiontune never unpickles"
+    return str(e).splitlines()[0][:300] if str(e) else e.__class__.__name__
+
+
 def load_state_file(path: str) -> dict[str, torch.Tensor]:
     """Read a state_dict without unpickling arbitrary objects."""
-    from visiontune.checkpoint import load_error
-
     if not Path(path).is_file():
         raise UserError(f"weights file not found: {path}")
     try:

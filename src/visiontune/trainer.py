@@ -10,29 +10,24 @@ process writes.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import time
 
-import torch
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import checkpoint, elastic, engine, faults, launch, outputs, recipe, runinfo, runlock
-from visiontune.config import TrainConfig, UserError, validate
-from visiontune.data.augment import BatchMix, sample_augment
-from visiontune.data.cache import CachedDataset
-from visiontune.data.check import write_report
-from visiontune.data.jobdata import JobData, listed
+from visiontune import elastic, engine, faults, launch, meter, recipe, records, resume, runinfo, runlock
+from visiontune.config import TrainConfig, UserError
+from visiontune.data.augment import BatchMix
+from visiontune.data.jobdata import listed
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
-from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
-from visiontune.data.split import Split, make_split, split_summary, write_split
+from visiontune.data.loaders import loaders
+from visiontune.data.pipeline import DeviceNormalize
+from visiontune.data.split import make_split, split_summary
 from visiontune.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
 from visiontune.models import build_model, check_input, get_spec, input_view
 from visiontune.steplog import StepLog
-from visiontune.strategy import decode_threads, describe, loader_workers, make_accelerator, prepare
-
-LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
+from visiontune.strategy import describe, make_accelerator, prepare
+from visiontune.validation import validate
 
 
 def _run_dir(accelerator, cfg: TrainConfig) -> str:
@@ -51,129 +46,6 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
         raise UserError(
             "the processes see different data (split.json hashes differ between ranks: "
             f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data"
-        )
-
-
-def _loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str):
-    """The config with its normalisation measured if needed, and the train and val loaders over the
-    split: from the cache when asked for, else from the files."""
-    images = data.images
-    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)  # the run's one resize, val and train
-    if data.cache:
-
-        def subset(idx, augment):
-            return CachedDataset(data.cache, data.rows[idx], images.labels[idx], augment)
-    else:
-
-        def subset(idx, augment):
-            return ImageDataset(
-                images.paths.take(idx),  # a view: no str per file until a sample is read
-                images.labels[idx],
-                cfg.image_size,
-                augment,
-                failures_csv=os.path.join(run_dir, LOAD_FAILURES),
-                threads=decode_threads(cfg),
-                interpolation=interpolation,
-                crop_pct=crop_pct,
-            )
-
-    workers, pin = loader_workers(cfg), torch.cuda.is_available()
-    augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing, interpolation)
-    if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
-        mean, std = recipe.data_stats(subset(split.train, None), seed=cfg.seed)
-        cfg = cfg.replace(mean=mean, std=std)
-    return cfg, *(
-        make_loader(
-            subset(idx, augment if train else None),
-            cfg.batch_size,
-            train=train,
-            seed=cfg.seed,
-            num_workers=workers,
-            pin_memory=pin,
-        )
-        for idx, train in ((split.train, True), (split.val, False))
-    )
-
-
-def _resume(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler):
-    """Load the checkpoint ``--resume`` (or an elastic restart) names; return it or None."""
-    found = checkpoint.find_resume(cfg.resume, run_dir, launch.restart_count() > 0, accelerator.print)
-    if found is None:
-        return None
-    found = checkpoint.compatible(found, current)
-    checkpoint.load(accelerator, found, scheduler, accelerator.print)
-    source = os.path.dirname(os.path.dirname(found.path))
-    if accelerator.is_main_process and os.path.abspath(source) != os.path.abspath(run_dir):
-        for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
-            if os.path.isfile(os.path.join(source, name)):
-                shutil.copy2(os.path.join(source, name), os.path.join(run_dir, name))
-    accelerator.print(f"visiontune: resuming from {found.path} (epoch {found.epoch}, batch {found.batch})")
-    return found
-
-
-def _results(history: list[dict], metric: str) -> dict:
-    """The summary's figures: the best epoch, and train images/s over the steady steps of every epoch."""
-    best, which = recipe.best(history, metric)
-    steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds", "data_wait_seconds")}
-    if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
-        steady = {
-            "steady_images": sum(r["train"]["images"] for r in history),
-            "steady_seconds": sum(r["train"]["seconds"] for r in history),
-            "data_wait_seconds": 0.0,
-        }
-    seconds = steady["steady_seconds"]
-    return {
-        "best_val_accuracy": best[which]["accuracy"],
-        "best_val_loss": best[which]["loss"],
-        "best_epoch": best["epoch"],
-        "best_weights": "ema" if which == "val_ema" else "raw",
-        "epochs": len(history),
-        "train_images_per_s": steady["steady_images"] / seconds if seconds else 0.0,
-        "data_wait_fraction": steady["data_wait_seconds"] / seconds if seconds else 0.0,
-        **steady,
-        "val_images_counted": history[-1]["val"]["images"],
-    }
-
-
-def _announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Split, run_dir: str) -> None:
-    accelerator.print(
-        f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
-        f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
-        f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
-        f"lr {setup.lr:g} | run folder {run_dir}"
-    )
-
-
-def _write_records(
-    accelerator,
-    cfg: TrainConfig,
-    setup,
-    images: ImageSet,
-    split: Split,
-    split_rec: dict,
-    bad: list,
-    run_dir: str,
-    info: runinfo.RunInfo,
-) -> None:
-    """The run folder's records (main process), and the trackers, which write into it."""
-    record = {
-        "config": cfg.to_dict(),
-        "setup": setup.__dict__,
-        "versions": outputs.versions(),
-        "data": {"root": images.root, "layout": images.layout},
-        "model": info.to_dict(),
-    }
-    if accelerator.is_main_process:
-        outputs.write_json(f"{run_dir}/config.json", record)
-        outputs.write_json(f"{run_dir}/classes.json", images.classes)
-        write_split(f"{run_dir}/split.json", split_rec, split, images.paths, images.root)
-        write_report(bad, f"{run_dir}/bad_files.csv")
-    if cfg.log_with:
-        # Trackers write into the run folder, known only now that the main process chose it.
-        accelerator.project_configuration.project_dir = run_dir
-        accelerator.project_configuration.logging_dir = run_dir
-        accelerator.init_trackers(
-            "visiontune", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
         )
 
 
@@ -220,35 +92,10 @@ def _hooks(
 def _start(accelerator, resumed) -> engine.StartAt:
     if resumed is None:
         return engine.StartAt()
-    totals = engine.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
+    totals = meter.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
     # checkpoint.compatible already put the position in this run's batches (it is kept in samples), so an
     # elastic job back with another number of processes, or another batch split, starts at the same sample.
     return engine.StartAt(resumed.epoch, resumed.batch, totals)
-
-
-def _finish(
-    accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet, setup, metric: str
-) -> dict:
-    elapsed = time.time() - since
-    summary = {
-        "run_dir": run_dir,
-        "total_seconds": round(elapsed, 3),
-        **_results(history, metric),
-        "val_split_size": len(split.val),
-        "train_split_size": len(split.train),
-        "classes": images.classes,
-        **setup.__dict__,
-    }
-    accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
-    accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        outputs.write_json(f"{run_dir}/summary.json", summary)
-        from visiontune import report
-
-        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
-    accelerator.end_training()
-    return summary
 
 
 def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
@@ -293,11 +140,11 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
             f"the train split has {len(split.train)} images, fewer than one global batch of "
             f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images"
         )
-    cfg, train_loader, val_loader = _loaders(cfg, data, split, run_dir)
+    cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
     mean, std = recipe.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct)
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
-    # scheduler: recipe.Stepper, the lr schedule and the EMA, stepped after every optimizer step.
+    # scheduler: schedule.Stepper, the lr schedule and the EMA, stepped after every optimizer step.
     optimizer, scheduler = recipe.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
@@ -309,9 +156,9 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         "batch_samples": setup.per_process_batch * setup.world_size,
         "grad_accum": cfg.grad_accum,
     }
-    resumed = _resume(accelerator, cfg, run_dir, identity, scheduler)
-    _announce(accelerator, cfg, setup, images, split, run_dir)
-    _write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
+    resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
+    records.announce(accelerator, cfg, setup, images, split, run_dir)
+    records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
     if accelerator.is_main_process:
         elastic.record_world(run_dir, setup, cfg, resumed)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
@@ -364,4 +211,4 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
             opts,
             _start(accelerator, resumed),
         )
-    return _finish(accelerator, run_dir, since, hooks.history, split, images, setup, cfg.best_metric)
+    return records.finish(accelerator, run_dir, since, hooks.history, split, images, setup, cfg.best_metric)

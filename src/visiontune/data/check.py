@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from visiontune.config import UserError
 from visiontune.data.decode import MAX_PIXELS, BadImage, read_image
 from visiontune.host import user_cache_dir
 from visiontune.outputs import atomic_write
@@ -214,3 +215,22 @@ def bad_fraction_error(n_bad: int, n_files: int, limit: float, report: str) -> s
             f"see {report}, fix or remove them, or raise --max-bad-fraction"
         )
     return None
+
+
+def check_folder(data: str, report: str | None, workers: int | None) -> int:
+    """``visiontune check``: list ``data``, name every bad file and write the report; 1 if any, else 0."""
+    from visiontune.data.layouts import discover
+
+    images = discover(data)
+    print(images.describe())
+    folder = data if os.path.isdir(data) else os.path.dirname(os.path.abspath(data))
+    report = report or os.path.join(folder, "bad_files.csv")
+    if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):
+        raise UserError(f"cannot write the report to {report}; pass --report PATH")
+    # Layout rejects (Thumbs.db in a Kaggle folder, ...) first, then every file that does not decode.
+    bad = list(images.rejects) + scan(images.paths, workers=workers)
+    write_report(bad, report)
+    for path, problem in bad:
+        print(f"{path}: {problem}")
+    print(f"visiontune: {len(bad)} bad of {len(images.paths) + len(images.rejects)} files; report in {report}")
+    return 1 if bad else 0

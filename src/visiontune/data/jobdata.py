@@ -36,7 +36,9 @@ from visiontune.data.check import (
     write_report,
 )
 from visiontune.data.layouts import ImageSet
+from visiontune.data.pathlist import PathList
 from visiontune.host import available_cores
+from visiontune.outputs import atomic_file
 
 LISTING_ENV = "VISIONTUNE_IMAGE_LIST"  # {"data": abs path, "file": listing} set by the launching command
 
@@ -49,6 +51,49 @@ class JobData:
     rows: np.ndarray | None = None  # with a cache: each usable image's row in it (int64)
 
 
+def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None:
+    """Write ``images`` (and a small JSON-able ``extra``) compactly: a JSON header line, then the
+    paths' bytes, their int64 end offsets and the int32 labels."""
+    paths = images.paths.compact()
+    head = {
+        "root": images.root,
+        "layout": images.layout,
+        "classes": images.classes,
+        "count": len(paths),
+        "prefix": paths.prefix,
+        "paths_bytes": len(paths.blob),
+        "test_files": images.test_files,
+        "rejects": images.rejects,
+        "extra": extra or {},
+    }
+    with atomic_file(path) as f:
+        f.write(json.dumps(head).encode() + b"\n")
+        for array in (paths.blob, paths.ends.astype("<i8"), images.labels.astype("<i4")):
+            f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+
+
+def load_listing(path: str) -> tuple[ImageSet, dict]:
+    """The ``ImageSet`` and ``extra`` that ``save_listing`` wrote."""
+    with open(path, "rb") as f:
+        head = json.loads(f.readline())
+        raw = f.read()
+    n, size = head["count"], head["paths_bytes"]
+    if len(raw) != size + 12 * n:
+        raise ValueError(f"{path}: truncated image list")
+    blob = np.frombuffer(raw, np.uint8, size)
+    ends = np.frombuffer(raw, "<i8", n, size).astype(np.int64, copy=False)
+    labels = np.frombuffer(raw, "<i4", n, size + 8 * n).astype(np.int32, copy=False)
+    return ImageSet(
+        head["root"],
+        head["layout"],
+        PathList(head["prefix"], blob, ends),
+        labels,
+        head["classes"],
+        head["test_files"],
+        [tuple(r) for r in head["rejects"]],
+    ), head["extra"]
+
+
 def _data_key(data: str) -> str:
     return os.path.abspath(os.path.expanduser(data))
 
@@ -58,7 +103,7 @@ def shared_listing(images: ImageSet, data: str) -> Iterator[None]:
     """While the body runs (the launcher and its workers), ``listed(data)`` reads ``images`` from a file."""
     with tempfile.TemporaryDirectory(prefix="visiontune-") as folder:
         path = os.path.join(folder, "images.bin")
-        layouts.save(images, path)
+        save_listing(images, path)
         before = os.environ.get(LISTING_ENV)
         os.environ[LISTING_ENV] = json.dumps({"data": _data_key(data), "file": path})
         try:
@@ -75,7 +120,7 @@ def listed(data: str) -> ImageSet:
     try:
         spec = json.loads(os.environ.get(LISTING_ENV) or "null")
         if spec and spec["data"] == _data_key(data):
-            return layouts.load(spec["file"])[0]
+            return load_listing(spec["file"])[0]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # gone or damaged: list again
     return layouts.discover(data)
@@ -141,7 +186,7 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
             bad, cache = _screen(cfg, images)
             fd, path = tempfile.mkstemp(prefix="visiontune-data-", suffix=".bin")
             os.close(fd)
-            layouts.save(images, path, {"bad": bad, "cache": _cache_dict(cache)})
+            save_listing(images, path, {"bad": bad, "cache": _cache_dict(cache)})
             store.set(f"{prefix}file/{machine}", path)
         except BaseException as e:
             store.set(
@@ -157,7 +202,7 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
     if store.check([f"{prefix}error"]):
         raise UserError(store.get(f"{prefix}error").decode())
     if not accelerator.is_local_main_process:
-        images, extra = layouts.load(store.get(f"{prefix}file/{machine}").decode())
+        images, extra = load_listing(store.get(f"{prefix}file/{machine}").decode())
         bad, cache = [tuple(b) for b in extra["bad"]], _cache_from(extra["cache"])
     accelerator.wait_for_everyone()  # every process has read the file: quick, they all started together
     if path:

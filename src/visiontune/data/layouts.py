@@ -9,15 +9,14 @@ at any depth). The result is an ``ImageSet``: absolute paths with class indices,
 class names in index order, the unlabelled test files, and the files the layout
 itself had to reject. Listing uses ``os.scandir`` (no ``stat`` per file), so an
 ImageNet-size folder is listed in seconds; the paths are kept as a ``PathList``
-and the labels as one int32 array, no Python object per file; ``save``/``load``
-carry one listing to the other processes of a job as those arrays' bytes.
+and the labels as one int32 array, no Python object per file (``jobdata`` carries
+one listing to the other processes of a job as those arrays' bytes).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -220,51 +219,6 @@ def discover(data: str) -> ImageSet:
         f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "
         "(Kaggle Dogs vs Cats) or one subfolder per class"
     )
-
-
-def save(images: ImageSet, path: str, extra: dict | None = None) -> None:
-    """Write ``images`` (and a small JSON-able ``extra``) compactly: a JSON header line, then the
-    paths' bytes, their int64 end offsets and the int32 labels."""
-    from visiontune.outputs import atomic_file
-
-    paths = images.paths.compact()
-    head = {
-        "root": images.root,
-        "layout": images.layout,
-        "classes": images.classes,
-        "count": len(paths),
-        "prefix": paths.prefix,
-        "paths_bytes": len(paths.blob),
-        "test_files": images.test_files,
-        "rejects": images.rejects,
-        "extra": extra or {},
-    }
-    with atomic_file(path) as f:
-        f.write(json.dumps(head).encode() + b"\n")
-        for array in (paths.blob, paths.ends.astype("<i8"), images.labels.astype("<i4")):
-            f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
-
-
-def load(path: str) -> tuple[ImageSet, dict]:
-    """The ``ImageSet`` and ``extra`` that ``save`` wrote."""
-    with open(path, "rb") as f:
-        head = json.loads(f.readline())
-        raw = f.read()
-    n, size = head["count"], head["paths_bytes"]
-    if len(raw) != size + 12 * n:
-        raise ValueError(f"{path}: truncated image list")
-    blob = np.frombuffer(raw, np.uint8, size)
-    ends = np.frombuffer(raw, "<i8", n, size).astype(np.int64, copy=False)
-    labels = np.frombuffer(raw, "<i4", n, size + 8 * n).astype(np.int32, copy=False)
-    return ImageSet(
-        head["root"],
-        head["layout"],
-        PathList(head["prefix"], blob, ends),
-        labels,
-        head["classes"],
-        head["test_files"],
-        [tuple(r) for r in head["rejects"]],
-    ), head["extra"]
 
 
 def write_kaggle_manifest(data: str) -> tuple[str, int]:
