@@ -151,3 +151,17 @@ def test_the_page_in_a_headless_browser(run, tmp_path):
         ("summary", ("best_val_accuracy",)),
         ("eval", ("top_losses", 0, "loss")),
     } <= checked
+
+
+def test_a_bench_row_without_a_speedup_shows_a_dash():
+    # The single row failed, so the ddp row has no baseline to be a speedup of: the page still renders.
+    from visiontune.report import _bench
+
+    rows = [
+        {"strategy": "single", "failed": "exit code 1"},
+        {"strategy": "ddp", "processes": 2, "global_batch": 16, "images_per_s": 10.0, "data_stall": 0.1},
+    ]
+    page = _bench({"rows": rows})
+    assert "not run: exit code 1" in page
+    assert '<td data-src="bench" data-path="[&quot;rows&quot;, 1, &quot;speedup&quot;]">-</td>' in page
+    assert '<td data-src="bench" data-path="[&quot;rows&quot;, 1, &quot;images_per_s&quot;]">10.0000</td>' in page

@@ -45,8 +45,12 @@ def _fmt(v) -> str:
 def _num(src: str, data: dict, *path) -> str:
     """A table cell with the value at ``path`` in ``data`` and where it comes from."""
     v = data
-    for key in path:
-        v = v[key] if v is not None else None
+    for key in path:  # a value a file does not hold (a row without a speedup: no single baseline) shows "-"
+        try:
+            v = v[key]
+        except (KeyError, IndexError, TypeError):
+            v = None
+            break
     where = html.escape(json.dumps(list(path)), quote=True)
     return f'<td data-src="{src}" data-path="{where}">{html.escape(_fmt(v))}</td>'
 
