@@ -10,8 +10,13 @@ process writes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 
+import torch
+from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import elastic, engine, faults, launch, meter, recipe, records, resume, runinfo, runlock
@@ -25,8 +30,9 @@ from visiontune.data.pipeline import DeviceNormalize
 from visiontune.data.split import make_split, split_summary
 from visiontune.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
 from visiontune.models import build_model, check_input, get_spec, input_view
+from visiontune.schedule import Stepper
 from visiontune.steplog import StepLog
-from visiontune.strategy import describe, make_accelerator, prepare
+from visiontune.strategy import Setup, describe, make_accelerator, prepare
 from visiontune.validation import validate
 
 
@@ -49,39 +55,76 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every step of a run reads: its settings, its processes and its folder."""
+
+    cfg: TrainConfig
+    accelerator: Accelerator
+    setup: Setup
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class _Trainables:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Stepper  # the lr schedule and the EMA, stepped after every optimizer step
+    train_loader: Iterable
+    val_loader: Iterable
+
+
+def _open_job(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> _Job:
+    """Join the job's processes and take the run folder (its lock comes before any long work)."""
+    elastic.join_restarted_group(cfg.timeout)
+    cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
+    accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
+    job = _Job(cfg, accelerator, describe(cfg, accelerator), _run_dir(accelerator, cfg))
+    run_folder.enter_context(runlock.hold_run(accelerator, job.run_dir))
+    elastic.check_shared_folder(accelerator, job.run_dir)
+    return job
+
+
+def _check_one_global_batch(job: _Job, split) -> None:
+    batch = job.setup.per_process_batch * job.setup.world_size
+    if len(split.train) < batch:
+        raise UserError(
+            f"the train split has {len(split.train)} images, fewer than one global batch of {batch}; "
+            "lower --batch-size or add images"
+        )
+
+
+def _identity(job: _Job, split_rec: dict, num_classes: int) -> dict:
+    """What a checkpoint must match for this run to resume it."""
+    return {
+        "split_sha256": split_rec["sha256"],
+        "model": job.cfg.model,
+        "num_classes": num_classes,
+        "global_batch": job.setup.global_batch,
+        "batch_samples": job.setup.per_process_batch * job.setup.world_size,
+        "grad_accum": job.cfg.grad_accum,
+    }
+
+
 def _hooks(
-    accelerator,
-    cfg: TrainConfig,
-    run_dir: str,
-    model,
-    optimizer,
-    scheduler,
-    per_epoch: int,
-    identity: dict,
-    resumed,
-    stop: faults.StopSignals,
-    info: runinfo.RunInfo,
-    evaluate_ema,
+    job: _Job, parts: _Trainables, normalize, identity: dict, resumed, stop: faults.StopSignals, info: runinfo.RunInfo
 ) -> RunHooks:
+    accelerator, cfg, per_epoch = job.accelerator, job.cfg, len(parts.train_loader)
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
-    steps = StepLog(accelerator, optimizer, per_epoch) if cfg.log_with else None
-    ema = scheduler.ema.module if scheduler.ema else None
+    steps = StepLog(accelerator, parts.optimizer, per_epoch) if cfg.log_with else None
+    ema = parts.scheduler.ema.module if parts.scheduler.ema else None
+
+    def evaluate_ema(ema_model):  # evaluated as the raw model is (its forward carries no autocast)
+        with accelerator.autocast():
+            return engine.evaluate(
+                accelerator, ema_model, parts.val_loader, normalize, progress=cfg.progress, desc="val ema"
+            )
+
+    outputs = (job.run_dir, parts.model, parts.optimizer, history, info.metadata(), cfg.save_pth, per_epoch)
     return RunHooks(
-        Checkpointer(accelerator, cfg, run_dir, scheduler, policy, identity, history),
-        EpochOutputs(
-            accelerator,
-            run_dir,
-            model,
-            optimizer,
-            history,
-            info.metadata(),
-            cfg.save_pth,
-            per_epoch,
-            cfg.best_metric,
-            ema,
-            evaluate_ema,
-        ),
+        Checkpointer(accelerator, cfg, job.run_dir, parts.scheduler, policy, identity, history),
+        EpochOutputs(accelerator, *outputs, cfg.best_metric, ema, evaluate_ema),
         stop,
         cfg.epochs,
         steps,
@@ -96,6 +139,23 @@ def _start(accelerator, resumed) -> engine.StartAt:
     # checkpoint.compatible already put the position in this run's batches (it is kept in samples), so an
     # elastic job back with another number of processes, or another batch split, starts at the same sample.
     return engine.StartAt(resumed.epoch, resumed.batch, totals)
+
+
+def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info: runinfo.RunInfo) -> list[dict]:
+    """The epochs, with checkpoints, outputs and stop signals; the run's per-epoch history."""
+    accelerator, cfg = job.accelerator, job.cfg
+    mix = None
+    if cfg.mixup or cfg.cutmix:
+        ranks = (accelerator.process_index, accelerator.num_processes)
+        mix = BatchMix(len(info.classes), cfg.mixup, cfg.cutmix, cfg.seed, *ranks)
+    # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
+    with faults.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
+        hooks = _hooks(job, parts, normalize, identity, resumed, stop, info)
+        run = (cfg.epochs, cfg.on_nan, cfg.progress, cfg.timing_warmup, recipe.criterion(cfg), mix)
+        opts = engine.LoopOptions(*run, on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
+        loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, normalize)
+        engine.fit(accelerator, *loop, opts, _start(accelerator, resumed))
+    return hooks.history
 
 
 def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
@@ -113,13 +173,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)
     # Recorded resolved in config.json.
     cfg = cfg.replace(image_size=cfg.image_size or spec.preprocess.size, interpolation=interpolation)
-    elastic.join_restarted_group(cfg.timeout)
-    cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
-    accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
-    setup = describe(cfg, accelerator)
-    run_dir = _run_dir(accelerator, cfg)
-    run_folder.enter_context(runlock.hold_run(accelerator, run_dir))  # before any long work
-    elastic.check_shared_folder(accelerator, run_dir)
+    job = _open_job(cfg, run_folder)
+    cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
     # The job's one listing (handed over by the command or its launcher): the model and the input are
     # checked against it before the bad-file scan, which can take minutes on a large folder.
     images = images or listed(cfg.data)
@@ -135,80 +190,22 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     split = make_split(len(images), cfg.val_fraction, cfg.seed)
     split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
     _same_split_everywhere(accelerator, split_rec)
-    if len(split.train) < setup.per_process_batch * setup.world_size:
-        raise UserError(
-            f"the train split has {len(split.train)} images, fewer than one global batch of "
-            f"{setup.per_process_batch * setup.world_size}; lower --batch-size or add images"
-        )
+    _check_one_global_batch(job, split)
     cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
+    job = dataclasses.replace(job, cfg=cfg)
     mean, std = recipe.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct)
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
-    # scheduler: schedule.Stepper, the lr schedule and the EMA, stepped after every optimizer step.
     optimizer, scheduler = recipe.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
-    identity = {
-        "split_sha256": split_rec["sha256"],
-        "model": cfg.model,
-        "num_classes": len(images.classes),
-        "global_batch": setup.global_batch,
-        "batch_samples": setup.per_process_batch * setup.world_size,
-        "grad_accum": cfg.grad_accum,
-    }
+    identity = _identity(job, split_rec, len(images.classes))
     resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
     records.announce(accelerator, cfg, setup, images, split, run_dir)
     records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
     if accelerator.is_main_process:
         elastic.record_world(run_dir, setup, cfg, resumed)
-    # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
-
-    def evaluate_ema(ema_model):  # evaluated as the raw model is (its forward carries no autocast)
-        with accelerator.autocast():
-            return engine.evaluate(accelerator, ema_model, val_loader, normalize, progress=cfg.progress, desc="val ema")
-
-    mix = (
-        BatchMix(
-            len(images.classes), cfg.mixup, cfg.cutmix, cfg.seed, accelerator.process_index, accelerator.num_processes
-        )
-        if cfg.mixup or cfg.cutmix
-        else None
-    )
-    with faults.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
-        hooks = _hooks(
-            accelerator,
-            cfg,
-            run_dir,
-            model,
-            optimizer,
-            scheduler,
-            len(train_loader),
-            identity,
-            resumed,
-            stop,
-            info,
-            evaluate_ema,
-        )
-        opts = engine.LoopOptions(
-            cfg.epochs,
-            cfg.on_nan,
-            cfg.progress,
-            cfg.timing_warmup,
-            criterion=recipe.criterion(cfg),
-            mix=mix,
-            on_step=hooks.on_step,
-            on_epoch_end=hooks.on_epoch_end,
-        )
-        engine.fit(
-            accelerator,
-            model,
-            optimizer,
-            scheduler,
-            train_loader,
-            val_loader,
-            normalize,
-            opts,
-            _start(accelerator, resumed),
-        )
-    return records.finish(accelerator, run_dir, since, hooks.history, split, images, setup, cfg.best_metric)
+    parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader)
+    history = _fit(job, parts, normalize, identity, resumed, info)
+    return records.finish(accelerator, run_dir, since, history, split, images, setup, cfg.best_metric)
