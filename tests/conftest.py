@@ -78,7 +78,12 @@ def pytest_configure(config) -> None:
     cores = sorted(os.sched_getaffinity(0))
     if worker and count and int(count) > 1:
         index, n = int(worker.removeprefix("gw")), int(count)
-        share = cores[index * len(cores) // n : (index + 1) * len(cores) // n] or cores[index % len(cores) :][:1]
+        # More workers than cores: each core is the share of every len(cores)-th worker.
+        share = (
+            cores[index * len(cores) // n : (index + 1) * len(cores) // n]
+            if n <= len(cores)
+            else [cores[index % len(cores)]]
+        )
         os.sched_setaffinity(0, share)
 
 
