@@ -133,6 +133,8 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, 
         (["--batch-size", "8"], "the global batch"),
         (["--model", "squeezenet1_0"], "the model"),
         (["--seed", "7"], "the data split"),
+        (["--image-size", "48"], "resized differently from the checkpoint's (32 bilinear there, 48 bilinear now)"),
+        (["--interpolation", "bicubic"], "(32 bilinear there, 32 bicubic now)"),
     ],
 )
 def test_resume_refuses_a_different_batch_model_or_split(finished_run, capsys, change, expected):

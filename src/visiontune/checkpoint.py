@@ -153,6 +153,15 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
                 f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
                 "x processes, or start a new run"
             )
+    # The remaining steps must see the images the first ones saw; another size is a new run (--init-from).
+    view = {k: (meta.get("config", {}).get(k), current.get(k)) for k in ("image_size", "interpolation")}
+    if any(then is not None and now is not None and then != now for then, now in view.values()):
+        there, here = (" ".join(str(v[i]) for v in view.values()) for i in (0, 1))
+        raise UserError(
+            f"cannot resume: the images are resized differently from the checkpoint's ({there} there, {here} now);"
+            " resume with the same --image-size and --interpolation, or train on from its weights in a new run"
+            " with --init-from"
+        )
     # Checkpoints written before the position was kept in samples: the batch was in the saving run's units.
     samples = meta.get("samples", meta["batch"] * meta["config"]["batch_size"] * meta.get("world_size", 1))
     batch, rest = divmod(samples, current["batch_samples"])

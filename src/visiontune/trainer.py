@@ -103,6 +103,8 @@ def _identity(job: _Job, split_rec: dict, num_classes: int) -> dict:
         "global_batch": job.setup.global_batch,
         "batch_samples": job.setup.per_process_batch * job.setup.world_size,
         "grad_accum": job.cfg.grad_accum,
+        "image_size": job.cfg.image_size,
+        "interpolation": job.cfg.interpolation,
     }
 
 
