@@ -77,6 +77,7 @@ def test_the_page_is_self_contained_and_rebuilt_the_same(run, capsys):
     cells = parse(page)
     assert len(cells.images) == 3 and all(s.startswith("data:image/png;base64,") for s in cells.images)
     assert not re.search(r"(?<![\w-])(src|href)\s*=\s*[\"'](?!data:)", page) and "<script" not in page
+    assert '<th class="l">resize</th><td class="l">bilinear, whole image squashed to size</td>' in page
     (run / "report.html").unlink()
     assert main(["report", str(run)]) == 0
     assert (run / "report.html").read_text() == page
@@ -165,3 +166,10 @@ def test_a_bench_row_without_a_speedup_shows_a_dash():
     assert "not run: exit code 1" in page
     assert '<td data-src="bench" data-path="[&quot;rows&quot;, 1, &quot;speedup&quot;]">-</td>' in page
     assert '<td data-src="bench" data-path="[&quot;rows&quot;, 1, &quot;images_per_s&quot;]">10.0000</td>' in page
+
+
+def test_a_cropping_model_s_resize_is_named():
+    from visiontune.report import _setup
+
+    page = _setup(Path("no-run"), {"model": {"interpolation": "bicubic", "crop_pct": 0.95}}, None)
+    assert '<th class="l">resize</th><td class="l">bicubic, short side to size / 0.95, centre crop</td>' in page

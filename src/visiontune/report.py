@@ -67,13 +67,18 @@ def _rows(pairs: list[tuple[str, str]]) -> str:
 
 
 def _setup(run: Path, config: dict, summary: dict | None) -> str:
-    cfg, setup = config.get("config", {}), config.get("setup", {})
+    cfg, setup, view = config.get("config", {}), config.get("setup", {}), config.get("model") or {}
+    resize = view.get("interpolation")
+    if resize:  # as the run resized every image (runinfo's record)
+        crop = view.get("crop_pct")
+        resize += f", short side to size / {crop}, centre crop" if crop else ", whole image squashed to size"
     plain = [
         ("data", config.get("data", {}).get("root")),
         ("layout", config.get("data", {}).get("layout")),
         ("model", cfg.get("model")),
         ("weights", cfg.get("weights")),
         ("image size", cfg.get("image_size")),
+        ("resize", resize),
         ("epochs", cfg.get("epochs")),
         ("strategy", setup.get("strategy")),
         ("processes", setup.get("world_size")),
