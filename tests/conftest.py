@@ -62,7 +62,7 @@ SLOW = {
     "test_the_lock_is_released_when_a_run_fails",
     "test_a_closed_pipe_ends_quietly",
     "test_every_model_gets_a_new_head_of_the_right_shape",  # ~80 models built and run on the meta device
-    "test_interpolation_flag_reaches_the_cache_the_loaders_and_the_record",
+    "test_the_resize_flags_reach_the_cache_the_loaders_and_the_record",
 }
 
 

@@ -19,7 +19,7 @@ from trainrun import (
     final_weights,
     train_argv,
 )
-from visiontune import checkpoint, cli
+from visiontune import checkpoint, cli, resume
 
 
 class Killed(BaseException):
@@ -133,8 +133,9 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, 
         (["--batch-size", "8"], "the global batch"),
         (["--model", "squeezenet1_0"], "the model"),
         (["--seed", "7"], "the data split"),
-        (["--image-size", "48"], "resized differently from the checkpoint's (32 bilinear there, 48 bilinear now)"),
-        (["--interpolation", "bicubic"], "(32 bilinear there, 32 bicubic now)"),
+        (["--image-size", "48"], "resized differently from the checkpoint's (32 px bilinear no crop there, 48 px"),
+        (["--interpolation", "bicubic"], "(32 px bilinear no crop there, 32 px bicubic no crop now)"),
+        (["--crop-pct", "0.5"], "(32 px bilinear no crop there, 32 px bilinear crop 0.5 now)"),
     ],
 )
 def test_resume_refuses_a_different_batch_model_or_split(finished_run, capsys, change, expected):
@@ -246,11 +247,11 @@ def test_the_position_is_translated_in_samples_and_refused_off_an_optimizer_step
     }
     same = {k: meta[k] for k in ("split_sha256", "model", "num_classes", "global_batch")}
     ckpt = checkpoint.Checkpoint("c", meta)
-    assert checkpoint.compatible(ckpt, {**same, "batch_samples": 2, "grad_accum": 4}).batch == 8
-    assert checkpoint.compatible(ckpt, {**same, "batch_samples": 8, "grad_accum": 1}).batch == 2
+    assert resume.compatible(ckpt, {**same, "batch_samples": 2, "grad_accum": 4}).batch == 8
+    assert resume.compatible(ckpt, {**same, "batch_samples": 8, "grad_accum": 1}).batch == 2
     odd = checkpoint.Checkpoint("c", {**meta, "samples": 12})  # mid-window: not a point any run saves at
     with pytest.raises(cli.UserError, match="cannot resume exactly: the checkpoint is 12 samples into epoch 0"):
-        checkpoint.compatible(odd, {**same, "batch_samples": 8, "grad_accum": 1})
+        resume.compatible(odd, {**same, "batch_samples": 8, "grad_accum": 1})
 
 
 def _no_space_line(capsys, out) -> str:

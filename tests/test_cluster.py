@@ -245,7 +245,8 @@ def test_an_elastic_world_keeps_the_global_batch_of_max_nodes_or_is_refused(monk
         elastic.keep_global_batch(cfg)
     # A checkpoint's position is kept in samples: 3 batches of 2 processes are 6 batches of one
     # process accumulating 2 (the same global batch of 4 at --batch-size 2).
-    from visiontune.checkpoint import Checkpoint, compatible
+    from visiontune.checkpoint import Checkpoint
+    from visiontune.resume import compatible
 
     same = {"split_sha256": "s", "model": "m", "num_classes": 2, "global_batch": 4}
     saved = Checkpoint(

@@ -148,24 +148,39 @@ def test_an_old_run_folder_without_the_field_is_bilinear(tmp_path):
     assert runinfo.read_run(str(tmp_path)) == info
 
 
-def test_interpolation_flag_reaches_the_cache_the_loaders_and_the_record(small_data, tmp_path):
+@pytest.mark.parametrize(
+    "flag,interpolation,crop,suffix",
+    [
+        (["--interpolation", "bicubic"], "bicubic", None, "px-bicubic.u8"),
+        (["--crop-pct", "0.5"], "bilinear", 0.5, "px-crop0.5.u8"),
+    ],
+    ids=["interpolation", "crop-pct"],
+)
+def test_the_resize_flags_reach_the_cache_the_loaders_and_the_record(
+    small_data, tmp_path, flag, interpolation, crop, suffix
+):
     run, cache = tmp_path / "run", tmp_path / "cache"
     argv = ["train", "--data", str(small_data), "--output-dir", str(run), *FAST, "--epochs", "1"]
-    argv += ["--batch-size", "16", "--num-workers", "0", "--interpolation", "bicubic", "--cache", str(cache)]
+    argv += ["--batch-size", "16", "--num-workers", "0", *flag, "--cache", str(cache)]
     assert main(argv) == 0
     record = json.loads((run / "config.json").read_text())
-    assert record["config"]["interpolation"] == record["model"]["interpolation"] == "bicubic"
-    assert record["model"]["crop_pct"] is None  # a torchvision model: the squash, in bicubic
+    assert record["config"]["interpolation"] == record["model"]["interpolation"] == interpolation
+    assert record["config"]["crop_pct"] == record["model"]["crop_pct"] == crop  # a torchvision model: squash by default
     described = runinfo.read_file(str(run / "best.safetensors"))
-    assert (described.interpolation, described.crop_pct) == ("bicubic", None)
+    assert (described.interpolation, described.crop_pct) == (interpolation, crop)
     [array] = cache.glob("*.u8")
-    assert array.name.endswith("px-bicubic.u8")
+    assert array.name.endswith(suffix)
     files = json.loads((run / "split.json").read_text())
     listed = sorted(small_data.rglob("*.jpg"))
     rows = torch.frombuffer(bytearray(array.read_bytes()), dtype=torch.uint8).view(-1, 32, 32, 3)
     assert len(rows) == len(listed) == len(files["train"]) + len(files["val"])
-    want = [hand_resize(decode_image(str(p), mode=ImageReadMode.RGB), 32, "bicubic", None) for p in listed]
+    want = [hand_resize(decode_image(str(p), mode=ImageReadMode.RGB), 32, interpolation, crop) for p in listed]
     assert {r.permute(2, 0, 1).contiguous().numpy().tobytes() for r in rows} == {w.numpy().tobytes() for w in want}
+
+
+def test_a_crop_pct_out_of_range_is_one_line(sample_data, capsys):
+    assert main(["train", "--data", str(sample_data), *FAST, "--crop-pct", "1.5"]) == 2
+    assert "--crop-pct must be in (0, 1], got 1.5" in capsys.readouterr().err
 
 
 def test_an_unknown_interpolation_is_one_line(sample_data, capsys):

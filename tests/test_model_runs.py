@@ -81,10 +81,10 @@ def test_timm_family_trains_predicts_from_its_file_alone_and_exports(arch, fmt, 
 
 @pytest.fixture(scope="module")
 def earlier(small_data, tmp_path_factory) -> Path:
-    """A finished timm/test_vit run (LayerNorm only: frozen weights stay bit-exact while the head trains)."""
-    return _train(
-        small_data, tmp_path_factory.mktemp("earlier") / "run", "--model", "timm/test_vit", "--weights", "none"
-    )
+    """A finished timm/test_vit run (LayerNorm only: frozen weights stay bit-exact while the head trains),
+    with a centre crop other than the model's (0.95)."""
+    out = tmp_path_factory.mktemp("earlier") / "run"
+    return _train(small_data, out, "--model", "timm/test_vit", "--weights", "none", "--crop-pct", "0.8")
 
 
 def _three_classes(small_data: Path, root: Path) -> Path:
@@ -105,6 +105,7 @@ def test_init_from_same_classes_carries_every_weight(earlier, small_data, tmp_pa
     assert "left out" not in capsys.readouterr().out
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["model"]["model"] == "timm/test_vit" and cfg["model"]["image_size"] == 32
+    assert cfg["model"]["crop_pct"] == 0.8  # the earlier run's resize too
     before, after = load_file(str(earlier / "best.safetensors")), load_file(str(run / "best.safetensors"))
     assert before.keys() == after.keys()
     for k in before:

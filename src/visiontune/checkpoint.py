@@ -132,50 +132,6 @@ def latest(run_dir: str, say=print) -> Checkpoint | None:
     return None
 
 
-def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
-    """``ckpt`` with its position in this run's batches; refuse a different split, model or global batch.
-
-    ``current["batch_samples"]`` is this run's samples per loader batch over all processes. The position
-    is kept in samples: with the same global batch, a checkpoint (taken at an optimizer step) lands on an
-    optimizer step of any split between --batch-size, --grad-accum and processes.
-    """
-    meta = ckpt.meta
-    what = {
-        "split_sha256": "the data split (split.json sha256)",
-        "model": "the model",
-        "num_classes": "the number of classes",
-        "global_batch": "the global batch",
-    }
-    for key, label in what.items():
-        if meta.get(key) != current[key]:
-            raise UserError(
-                f"cannot resume: {label} differs from the checkpoint's ({meta.get(key)!r} there, "
-                f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
-                "x processes, or start a new run"
-            )
-    # The remaining steps must see the images the first ones saw; another size is a new run (--init-from).
-    view = {k: (meta.get("config", {}).get(k), current.get(k)) for k in ("image_size", "interpolation")}
-    if any(then is not None and now is not None and then != now for then, now in view.values()):
-        there, here = (" ".join(str(v[i]) for v in view.values()) for i in (0, 1))
-        raise UserError(
-            f"cannot resume: the images are resized differently from the checkpoint's ({there} there, {here} now);"
-            " resume with the same --image-size and --interpolation, or train on from its weights in a new run"
-            " with --init-from"
-        )
-    # Checkpoints written before the position was kept in samples: the batch was in the saving run's units.
-    samples = meta.get("samples", meta["batch"] * meta["config"]["batch_size"] * meta.get("world_size", 1))
-    batch, rest = divmod(samples, current["batch_samples"])
-    if rest or (batch and batch % current["grad_accum"]):
-        raise UserError(
-            f"cannot resume exactly: the checkpoint is {samples} samples into epoch {meta['epoch']}, "
-            f"which is not an optimizer step of --batch-size {current['batch_samples']} (all processes)"
-            f" x --grad-accum {current['grad_accum']}; resume with the checkpoint's settings "
-            f"(--batch-size {meta['config']['batch_size']} --grad-accum {meta['config']['grad_accum']}"
-            f" on {meta.get('world_size', 1)} process(es))"
-        )
-    return Checkpoint(ckpt.path, {**meta, "batch": batch})
-
-
 def _free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 

@@ -62,6 +62,11 @@ class TrainConfig:
     interpolation: Literal["bilinear", "bicubic", "nearest", "nearest-exact"] | None = _setting(
         None, "resize interpolation of every image (default: the model's pretrained config; recorded)"
     )
+    crop_pct: float | None = _setting(
+        None,
+        "centre crop: the short side resized to size / CROP_PCT, then the centre size x size kept, as timm "
+        "evaluates (default: the model's for timm and Hub models; torchvision's squash the whole image; recorded)",
+    )
     augment: Literal["none", "flip-crop", "light", "trivial", "randaugment"] | None = _setting(
         None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"
     )

@@ -95,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             "model": earlier.model,
             "image_size": earlier.image_size,
             "interpolation": earlier.interpolation,
+            "crop_pct": earlier.crop_pct,
             **merged,
         }
     return validate(TrainConfig(**merged))

@@ -76,15 +76,15 @@ def get_spec(name: str) -> ModelSpec:
     )
 
 
-def input_view(name: str, interpolation: str | None = None) -> tuple[str, float | None]:
+def input_view(name: str, interpolation: str | None = None, crop_pct: float | None = None) -> tuple[str, float | None]:
     """(interpolation, crop_pct) a run of model ``name`` resizes with (``decode.resize_uint8``).
 
-    The interpolation is ``interpolation`` (``--interpolation``) or the pretrained config's. timm and
-    Hub models get their config's eval crop (timm's own eval view); torchvision's models keep the
-    reference job's squash to size (crop None), as every visiontune run before did.
+    The interpolation is ``interpolation`` (``--interpolation``) or the pretrained config's; the crop is
+    ``crop_pct`` (``--crop-pct``) or, for timm and Hub models, their config's eval crop (timm's own eval
+    view). torchvision's models keep the reference job's squash to size (crop None) unless asked.
     """
     spec = get_spec(name)
-    crop = None if spec.source == "torchvision" else spec.preprocess.crop_pct
+    crop = crop_pct if crop_pct is not None else None if spec.source == "torchvision" else spec.preprocess.crop_pct
     return interpolation or spec.preprocess.interpolation, crop
 
 

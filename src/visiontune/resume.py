@@ -1,5 +1,5 @@
 """Resuming a run: the checkpoint ``--resume`` or an elastic restart names (the newest intact one),
-checked against this run (``checkpoint.compatible``), and loaded into the Accelerator -- model,
+checked against this run (``compatible``), and loaded into the Accelerator -- model,
 optimizer, scaler, every process's RNG state and the lr scheduler. Everything is read back with
 ``weights_only=True`` or safetensors; Accelerate's RNG files are plain tensors and numpy arrays,
 and one that does not load is refused. A run resumed into another folder takes its best weights along.
@@ -14,9 +14,57 @@ from pathlib import Path
 import torch
 
 from visiontune import launch
-from visiontune.checkpoint import SCHEDULER, SUBDIR, Checkpoint, compatible, latest, listed
+from visiontune.checkpoint import SCHEDULER, SUBDIR, Checkpoint, latest, listed
 from visiontune.config import TrainConfig, UserError
 from visiontune.statedict import load_error
+
+
+def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
+    """``ckpt`` with its position in this run's batches; refuse a different split, model or global batch.
+
+    ``current["batch_samples"]`` is this run's samples per loader batch over all processes. The position
+    is kept in samples: with the same global batch, a checkpoint (taken at an optimizer step) lands on an
+    optimizer step of any split between --batch-size, --grad-accum and processes.
+    """
+    meta = ckpt.meta
+    what = {
+        "split_sha256": "the data split (split.json sha256)",
+        "model": "the model",
+        "num_classes": "the number of classes",
+        "global_batch": "the global batch",
+    }
+    for key, label in what.items():
+        if meta.get(key) != current[key]:
+            raise UserError(
+                f"cannot resume: {label} differs from the checkpoint's ({meta.get(key)!r} there, "
+                f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
+                "x processes, or start a new run"
+            )
+    # The remaining steps must see the images the first ones saw; another size is a new run (--init-from).
+    saved = meta.get("config", {})
+    view = [k for k in ("image_size", "interpolation", "crop_pct") if k in saved and k in current]  # older: fewer
+    if any(saved[k] != current[k] for k in view):
+        words = {"image_size": "{} px", "interpolation": "{}", "crop_pct": "crop {}"}
+        there, here = (
+            " ".join("no crop" if d[k] is None else words[k].format(d[k]) for k in view) for d in (saved, current)
+        )
+        raise UserError(
+            f"cannot resume: the images are resized differently from the checkpoint's ({there} there, {here} now);"
+            " resume with the same --image-size, --interpolation and --crop-pct, or train on from its weights in"
+            " a new run with --init-from"
+        )
+    # Checkpoints written before the position was kept in samples: the batch was in the saving run's units.
+    samples = meta.get("samples", meta["batch"] * meta["config"]["batch_size"] * meta.get("world_size", 1))
+    batch, rest = divmod(samples, current["batch_samples"])
+    if rest or (batch and batch % current["grad_accum"]):
+        raise UserError(
+            f"cannot resume exactly: the checkpoint is {samples} samples into epoch {meta['epoch']}, "
+            f"which is not an optimizer step of --batch-size {current['batch_samples']} (all processes)"
+            f" x --grad-accum {current['grad_accum']}; resume with the checkpoint's settings "
+            f"(--batch-size {meta['config']['batch_size']} --grad-accum {meta['config']['grad_accum']}"
+            f" on {meta.get('world_size', 1)} process(es))"
+        )
+    return Checkpoint(ckpt.path, {**meta, "batch": batch})
 
 
 def _check_rng_file(accelerator, ckpt: Checkpoint, say) -> None:

@@ -105,6 +105,7 @@ def _identity(job: _Job, split_rec: dict, num_classes: int) -> dict:
         "grad_accum": job.cfg.grad_accum,
         "image_size": job.cfg.image_size,
         "interpolation": job.cfg.interpolation,
+        "crop_pct": job.cfg.crop_pct,
     }
 
 
@@ -138,7 +139,7 @@ def _start(accelerator, resumed) -> engine.StartAt:
     if resumed is None:
         return engine.StartAt()
     totals = meter.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
-    # checkpoint.compatible already put the position in this run's batches (it is kept in samples), so an
+    # resume.compatible already put the position in this run's batches (it is kept in samples), so an
     # elastic job back with another number of processes, or another batch split, starts at the same sample.
     return engine.StartAt(resumed.epoch, resumed.batch, totals)
 
@@ -172,9 +173,10 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
     spec = get_spec(cfg.model)
-    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)
+    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
     # Recorded resolved in config.json.
-    cfg = cfg.replace(image_size=cfg.image_size or spec.preprocess.size, interpolation=interpolation)
+    size = cfg.image_size or spec.preprocess.size
+    cfg = cfg.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
     job = _open_job(cfg, run_folder)
     cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
     # The job's one listing (handed over by the command or its launcher): the model and the input are

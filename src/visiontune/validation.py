@@ -76,6 +76,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         v = getattr(cfg, name)
         if not (low <= v <= high if closed else low <= v < high):
             raise UserError(f"--{name.replace('_', '-')} must be in [{low}, {high}{']' if closed else ')'}, got {v}")
+    if cfg.crop_pct is not None and not 0 < cfg.crop_pct <= 1:
+        raise UserError(f"--crop-pct must be in (0, 1], got {cfg.crop_pct}")
     if cfg.backbone_lr_mult <= 0:
         raise UserError(f"--backbone-lr-mult must be positive, got {cfg.backbone_lr_mult}")
     if not cfg.data:

@@ -131,7 +131,7 @@ def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], 
     if cfg.cache:
         from visiontune.models import input_view
 
-        interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)  # as the loaders resize
+        interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)  # as the loaders resize
         cache = open_or_build(
             cfg.cache, images.paths, cfg.image_size, available_cores(), interpolation=interpolation, crop_pct=crop_pct
         )

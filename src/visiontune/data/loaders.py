@@ -27,7 +27,8 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
     """The config with its normalisation measured if needed, and the train and val loaders over the
     split: from the cache when asked for, else from the files."""
     images = data.images
-    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation)  # the run's one resize, val and train
+    # The run's one resize, for val and train.
+    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
     if data.cache:
 
         def subset(idx, augment):
