@@ -19,13 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DISTRIBUTED = {
     "test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once",
     "jobs",
-    "ddp_baseline",
     "bench_dir",  # fixtures
     "test_ddp_with_batch_b_matches_one_process_with_batch_2b",
     "test_two_ddp_processes_share_one_cache_built_once",
     "test_two_processes_write_the_same_bytes",
     "test_two_processes_give_exactly_the_same_numbers",
     "test_signal_to_the_launcher_stops_every_worker_at_the_same_step",
+    "test_killed_worker_without_restarts_ends_every_process",
     "cluster_reference",  # test_cluster.py: two "nodes" on localhost, Slurm/Kubernetes/c10d
     "test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch",
     "test_killing_the_launcher_with_sigkill_leaves_no_worker",
@@ -107,14 +107,15 @@ def pytest_xdist_make_scheduler(config, log):
     """`pytest -n N`: a module's tests run in one worker, so its module fixtures are made once.
 
     The fault matrix is the exception: each (augmentation, strategy) pair has its own reference run,
-    so its four pairs are spread over the workers.
+    so its four pairs (the ``[aug-strategy...]`` of a test's id) are spread over the workers.
     """
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module, _, test = nodeid.partition("::")
-            return module + test.rpartition("-")[0] if module.endswith("test_fault_matrix.py") else module
+            pair = "-".join(test.partition("[")[2].rstrip("]").split("-")[:2])
+            return module + pair if module.endswith("test_fault_matrix.py") else module
 
     return ByModule(config, log)
 

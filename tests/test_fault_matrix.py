@@ -6,7 +6,7 @@ of a seeded random step is on disk -- so the kill lands anywhere in the steps af
 writes included -- and ``--resume auto`` finishes it. Every tensor of the final model and optimizer
 must equal the uninterrupted run's. The uninterrupted runs are shared by the 0- and 1-worker cases:
 where the samples come from must not change the numbers either. 16 train images at 32 px, 4 steps an
-epoch, 2 epochs.
+epoch, 2 epochs. One more case kills a single DDP worker, which the agent restarts (--max-restarts).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import os
 import random
 import signal
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, run, start, wait_for
+from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, run, start, wait_for, worker_of
 from visiontune import checkpoint, cli, runlock
 from visiontune.sample_data import make_sample_data
 
@@ -117,3 +118,19 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors(
     ]
     assert [p.name for p in checkpoints(out)] == [checkpoint.name(1, STEPS_PER_EPOCH - 1), checkpoint.name(EPOCHS, 0)]
     assert (out / "best.safetensors").is_file()
+
+
+@pytest.mark.parametrize("aug,strategy", [("plain", "ddp")], ids=["plain-ddp"])
+def test_a_killed_worker_is_restarted_and_the_run_ends_with_the_uninterrupted_tensors(
+    tmp_path, matrix_data, worker_env, uninterrupted, aug, strategy
+):
+    """One DDP worker SIGKILLed, not the job: with --max-restarts 1 the agent starts the workers again,
+    and they resume from the newest checkpoint."""
+    env, out, log = env_for(worker_env, tmp_path), tmp_path / "run", tmp_path / "run.log"
+    proc = start([*_argv(matrix_data, out, aug, strategy, 0), "--max-restarts", "1"], env, log)
+    wait_for(out / "checkpoints" / checkpoint.name(0, 3), proc)
+    worker_of(psutil.Process(proc.pid), 1).kill()
+    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert "resuming from" in log.read_text()
+    got, want = _tensors(_final(out)), _tensors(uninterrupted(aug, strategy))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

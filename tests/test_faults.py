@@ -1,4 +1,6 @@
-"""Faults: signals stop at a checkpoint, dead DDP workers restart or end the job, non-finite losses."""
+"""Faults: signals stop at a checkpoint, a dead DDP worker without restarts ends the job, non-finite losses.
+
+A dead worker that is restarted is a case of the kill -9 matrix (test_fault_matrix.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ from trainrun import (
     env_for,
     final_weights,
     pids_alive,
-    run,
     start,
     train_argv,
     wait_for,
+    worker_of,
 )
 from visiontune import checkpoint, cli
 
@@ -99,48 +101,6 @@ def test_nan_loss_skip_skips_the_step_and_counts_it(tmp_path, small_data, monkey
 DDP = ["--strategy", "ddp", "--nproc", "2", "--batch-size", "2", "--save-every-steps", "3"]  # global batch 4
 
 
-@pytest.fixture(scope="module")
-def ddp_baseline(tmp_path_factory, small_data):
-    """An uninterrupted 2-process run: the reference for the DDP kill tests."""
-    tmp = tmp_path_factory.mktemp("ddp-baseline")
-    out = tmp / "run"
-    done = run([*train_argv(small_data, out), *DDP], _src_env(env_for(dict(os.environ), tmp)))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
-
-
-def _src_env(env: dict) -> dict:
-    from conftest import ROOT
-
-    env = dict(env)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _worker(launcher: psutil.Process, rank: int) -> psutil.Process:
-    for p in launcher.children(recursive=True):
-        try:
-            if p.environ().get("RANK") == str(rank) and "visiontune" in " ".join(p.cmdline()):
-                return p
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no worker with rank {rank}")
-
-
-def test_killed_worker_with_a_restart_resumes_and_finishes_with_the_same_weights(
-    tmp_path, small_data, ddp_baseline, worker_env
-):
-    env = env_for(worker_env, tmp_path)
-    out = tmp_path / "run"
-    proc = start([*train_argv(small_data, out), *DDP, "--max-restarts", "1"], env, tmp_path / "run.log")
-    wait_for(out / "checkpoints" / "e0000-b0000003", proc)
-    _worker(psutil.Process(proc.pid), 1).kill()
-    assert proc.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
-    assert "resuming from" in (tmp_path / "run.log").read_text()
-    assert_same_weights(final_weights(out), final_weights(ddp_baseline))
-
-
 def test_killed_worker_without_restarts_ends_every_process(tmp_path, small_data, worker_env):
     env = env_for(worker_env, tmp_path)
     out = tmp_path / "run"
@@ -148,7 +108,7 @@ def test_killed_worker_without_restarts_ends_every_process(tmp_path, small_data,
     wait_for(out / "checkpoints" / "e0000-b0000003", proc)
     launcher = psutil.Process(proc.pid)
     everyone = [proc.pid] + [p.pid for p in launcher.children(recursive=True)]
-    _worker(launcher, 1).kill()
+    worker_of(launcher, 1).kill()
     rc = proc.wait(timeout=120)  # the agent stops the others (SIGTERM, then SIGKILL after 30 s)
     log = (tmp_path / "run.log").read_text()
     assert rc != 0

@@ -121,3 +121,14 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
         for k in a
         if a[k].is_floating_point()
     )
+
+
+def worker_of(launcher: psutil.Process, rank: int) -> psutil.Process:
+    """The training process of ``rank`` under ``launcher`` (the agent's child with that RANK)."""
+    for p in launcher.children(recursive=True):
+        try:
+            if p.environ().get("RANK") == str(rank) and "visiontune" in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no worker with rank {rank}")
