@@ -117,6 +117,7 @@ def pytest_xdist_make_scheduler(config, log):
             pair = "-".join(test.partition("[")[2].rstrip("]").split("-")[:2])
             return module + pair if module.endswith("test_fault_matrix.py") else module
 
+    config.option.loadscopereorder = False  # keep the longest-first order above, not most-tests-first
     return ByModule(config, log)
 
 
