@@ -4,6 +4,7 @@ input order, --nproc 2 byte-identical, unreadable files reported, loading withou
 from __future__ import annotations
 
 import csv
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -37,6 +38,18 @@ def corrupt_test(tmp_path_factory, sample_data) -> Path:
 def read_submission(path: Path) -> tuple[list[str], list[int], list[float]]:
     rows = list(csv.reader(path.open()))
     return rows[0], [int(r[0]) for r in rows[1:]], [float(r[1]) for r in rows[1:]]
+
+
+def test_a_run_from_an_earlier_version_still_predicts(run, sample_data, tmp_path):
+    # Its config.json holds settings in the forms they had then: --augment a switch, --nnodes a count.
+    old = shutil.copytree(run, tmp_path / "old")
+    record = json.loads((old / "config.json").read_text())
+    record["config"].update(augment=True, nnodes=1)
+    (old / "config.json").write_text(json.dumps(record))
+    outs = [tmp_path / "new.csv", tmp_path / "old.csv"]
+    for folder, out in zip((run, old), outs):
+        assert main(["predict", *flags(run=folder, data=sample_data / "test", out=out, no_progress=True)]) == 0
+    assert outs[0].read_bytes() == outs[1].read_bytes()
 
 
 def test_kaggle_submission_is_p_dog_in_numeric_id_order(run, sample_data, tmp_path):

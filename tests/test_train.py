@@ -155,6 +155,16 @@ def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
     assert not (tmp_path / "r2").exists()
 
 
+@pytest.mark.parametrize("augment,expected", [(True, "flip-crop"), (False, "none")])
+def test_an_earlier_version_s_config_json_reads_in_today_s_forms(sample_data, tmp_path, monkeypatch, augment, expected):
+    given = []
+    monkeypatch.setattr(trainer, "train", lambda cfg, images=None: given.append(cfg))
+    old = tmp_path / "config.json"  # --augment was a switch and --nnodes a count
+    old.write_text(json.dumps({"config": {"model": "resnet18", "augment": augment, "nnodes": 1}}))
+    assert main(["train", *flags(data=sample_data, config=old)]) == 0
+    assert (given[-1].augment, given[-1].nnodes) == (expected, "1")
+
+
 @pytest.mark.parametrize(
     "args,msg",
     [

@@ -114,7 +114,7 @@ def load_model(
     batch = TrainConfig.batch_size
     if run:
         info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
-        batch = TrainConfig(**load_config_file(f"{run}/config.json")).batch_size
+        batch = TrainConfig(**load_config_file(where)).batch_size
     else:
         if Path(weights).suffix not in WEIGHT_SUFFIXES:
             raise UserError(f"--weights must be a {'/'.join(WEIGHT_SUFFIXES)} file, got {weights!r}")

@@ -113,6 +113,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+# Settings whose form changed, as earlier runs' config.json files (and config files) still hold them.
+_EARLIER = {
+    "augment": lambda v: {True: "flip-crop", False: "none"}.get(v, v) if isinstance(v, bool) else v,  # was a switch
+    "nnodes": lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v,  # now N or MIN:MAX
+}
+
+
 def load_config_file(path: str) -> dict[str, Any]:
     """Read settings from a TOML file or an earlier run's ``config.json``."""
     p = Path(path)
@@ -128,6 +135,7 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UserError(f"cannot parse config file {path}: {e}") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path} holds a {type(raw).__name__}, not a table of settings")
+    raw = {k: _EARLIER.get(k, lambda v: v)(v) for k, v in raw.items()}
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
