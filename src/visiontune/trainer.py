@@ -124,10 +124,21 @@ def _hooks(
                 accelerator, ema_model, parts.val_loader, normalize, progress=cfg.progress, desc="val ema"
             )
 
-    outputs = (job.run_dir, parts.model, parts.optimizer, history, info.metadata(), cfg.save_pth, per_epoch)
     return RunHooks(
         Checkpointer(accelerator, cfg, job.run_dir, parts.scheduler, policy, identity, history),
-        EpochOutputs(accelerator, *outputs, cfg.best_metric, ema, evaluate_ema),
+        EpochOutputs(
+            accelerator,
+            job.run_dir,
+            parts.model,
+            parts.optimizer,
+            history,
+            info.metadata(),
+            cfg.save_pth,
+            per_epoch,
+            cfg.best_metric,
+            ema,
+            evaluate_ema,
+        ),
         stop,
         cfg.epochs,
         steps,
@@ -154,8 +165,16 @@ def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
     with faults.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
         hooks = _hooks(job, parts, normalize, identity, resumed, stop, info)
-        run = (cfg.epochs, cfg.on_nan, cfg.progress, cfg.timing_warmup, recipe.criterion(cfg), mix)
-        opts = engine.LoopOptions(*run, on_step=hooks.on_step, on_epoch_end=hooks.on_epoch_end)
+        opts = engine.LoopOptions(
+            cfg.epochs,
+            cfg.on_nan,
+            cfg.progress,
+            cfg.timing_warmup,
+            criterion=recipe.criterion(cfg),
+            mix=mix,
+            on_step=hooks.on_step,
+            on_epoch_end=hooks.on_epoch_end,
+        )
         loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, normalize)
         engine.fit(accelerator, *loop, opts, _start(accelerator, resumed))
     return hooks.history
