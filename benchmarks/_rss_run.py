@@ -4,7 +4,7 @@ import json
 import resource
 import sys
 
-from visiontune.cli import main
+from visiontune.cli.commands import main
 
 code = main(["train", *sys.argv[1:]])
 peak = {

@@ -7,7 +7,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from visiontune.models import build_model
+from visiontune.models.build import build_model
 
 dist.init_process_group("gloo")
 grads = [torch.randn_like(p) for p in build_model(sys.argv[1], 2, "none").parameters()]

@@ -30,7 +30,7 @@ import torch.optim as optim  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
 from common import BlogDataset  # noqa: E402
-from visiontune.models import build_model  # noqa: E402
+from visiontune.models.build import build_model  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--data", required=True)

@@ -54,7 +54,7 @@ class BlogDataset(Dataset):
 
 def sample_data(per_class: int) -> Path:
     """Synthetic Kaggle-layout JPEGs, 300-500 px, made once per size and reused."""
-    from visiontune.sample_data import make_sample_data
+    from visiontune.data.sample import make_sample_data
 
     out = WORK / f"data-{per_class}"
     if not (out / ".done").exists():

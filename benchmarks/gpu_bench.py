@@ -51,13 +51,13 @@ def measure(args, mode: str) -> list[dict]:
     """In this process: one mode, every source."""
     import torch
 
-    from visiontune.config import TrainConfig
+    from visiontune.cluster.strategy import loader_workers, make_accelerator, prepare
     from visiontune.data.cache import CachedDataset, open_or_build
     from visiontune.data.layouts import discover
     from visiontune.data.pipeline import DeviceNormalize, make_loader
-    from visiontune.engine import LoopOptions, train_one_epoch
-    from visiontune.models import build_model
-    from visiontune.strategy import loader_workers, make_accelerator, prepare
+    from visiontune.models.build import build_model
+    from visiontune.settings.config import TrainConfig
+    from visiontune.training.engine import LoopOptions, train_one_epoch
 
     precision, channels_last, compile_ = MODES[mode]
     cfg = TrainConfig(
@@ -124,7 +124,7 @@ def measure(args, mode: str) -> list[dict]:
 def prepare_data(args) -> None:
     from visiontune.data.cache import open_or_build
     from visiontune.data.layouts import discover
-    from visiontune.sample_data import make_sample_data
+    from visiontune.data.sample import make_sample_data
 
     if not Path(args.data, "train").is_dir():
         make_sample_data(args.data, per_class=args.images // 2, test_count=0, seed=0)

@@ -21,14 +21,14 @@ import torch
 import torch.nn.functional as F
 
 from common import WORK, interleave, sample_data, write_result
-from visiontune.config import TrainConfig
+from visiontune.cluster.launch import cpu_budget
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import DeviceNormalize
 from visiontune.data.split import make_split
-from visiontune.models import build_model
-from visiontune.strategy import cpu_budget
-from visiontune.trainer import train
+from visiontune.models.build import build_model
+from visiontune.settings.config import TrainConfig
+from visiontune.training.trainer import train
 
 # 480 train images (30 steps an epoch): with fewer, one-off stalls on a shared machine swing the ratio by 10%.
 SIZE, BATCH, MODEL, PER_CLASS, LR = 32, 16, "resnet18", 300, 0.01

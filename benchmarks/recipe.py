@@ -62,7 +62,7 @@ def digits(out: Path) -> Path:
 
 
 def synthetic(out: Path) -> Path:
-    from visiontune.sample_data import make_sample_data
+    from visiontune.data.sample import make_sample_data
 
     if not (out / ".done").exists():
         make_sample_data(out, per_class=150, test_count=0, seed=0)

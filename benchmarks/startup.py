@@ -54,7 +54,7 @@ TRAIN = [
 HOOK = """
 import os, time
 if os.environ.get("VT_STARTUP_MARK"):
-    import visiontune.engine as engine
+    import visiontune.training.engine as engine
     import visiontune.data.decode as decode
     real_read = decode.read_image
 

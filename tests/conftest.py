@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from visiontune.sample_data import make_sample_data
+from visiontune.data.sample import make_sample_data
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -128,7 +128,7 @@ def test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact(tmp_path, s
 
 def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     """2 processes x batch 2 = 1 process x batch 4, with every random and scheduled option on."""
-    from visiontune.sample_data import make_sample_data
+    from visiontune.data.sample import make_sample_data
 
     data = tmp_path / "data"
     make_sample_data(data, per_class=6, test_count=0, seed=1)  # 12 images: 8 train, 2 steps of 4

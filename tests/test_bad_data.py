@@ -17,7 +17,7 @@ from badfiles import make_bad_files, make_odd_mode_images, natural_ish
 from trainrun import TINY, flags
 from visiontune import cli
 from visiontune.data.pipeline import UNREADABLE, ImageDataset
-from visiontune.sample_data import make_sample_data
+from visiontune.data.sample import make_sample_data
 
 
 def _report(path: Path) -> dict[str, str]:

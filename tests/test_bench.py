@@ -9,7 +9,7 @@ from PIL import Image
 
 from conftest import FAST
 from trainrun import flags
-from visiontune.cli import main
+from visiontune.cli.commands import main
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +66,8 @@ def test_the_bench_and_each_of_its_runs_get_a_page_with_the_table(bench_dir):
 
 
 def test_per_device_plan_reproduces_the_blogs_setting():
-    from visiontune.bench import plan
-    from visiontune.config import TrainConfig
+    from visiontune.reports.bench import plan
+    from visiontune.settings.config import TrainConfig
 
     rows = plan(TrainConfig(data="x", batch_size=50), ["single", "ddp"], 4, "per-device")
     assert [(r["per_process_batch"], r["global_batch"]) for r in rows] == [(50, 50), (50, 200)]
@@ -110,7 +110,7 @@ def _row(strategy, speed, stall=0.0, devices=1):
     ],
 )
 def test_a_super_linear_speedup_is_explained_only_by_what_was_measured(base_stall, spread, start_load, note):
-    from visiontune.bench import compare
+    from visiontune.reports.bench import compare
 
     base = {**_row("single", 100.0, base_stall), "spread": spread, "repeats": 3}
     rows = compare([base, _row("ddp", 250.0, devices=2)], start_load)
@@ -121,8 +121,8 @@ def test_a_super_linear_speedup_is_explained_only_by_what_was_measured(base_stal
 
 
 def test_repeats_interleave_and_report_the_median_run_and_its_spread(monkeypatch, tmp_path):
-    from visiontune import bench
-    from visiontune.config import TrainConfig
+    from visiontune.reports import bench
+    from visiontune.settings.config import TrainConfig
 
     speeds = {"single": iter([100.0, 80.0, 120.0]), "ddp": iter([150.0, 160.0, 155.0])}
     calls = []

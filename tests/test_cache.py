@@ -15,7 +15,7 @@ from torch.utils.data import default_collate
 import visiontune.data.cache as cache_mod
 from conftest import FAST, PYTHON
 from trainrun import flags
-from visiontune.cli import main
+from visiontune.cli.commands import main
 from visiontune.data.augment import sample_augment
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.decode import read_image, resize_uint8

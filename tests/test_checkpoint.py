@@ -19,7 +19,9 @@ from trainrun import (
     final_weights,
     train_argv,
 )
-from visiontune import checkpoint, cli, resume
+from visiontune import cli
+from visiontune.errors import UserError
+from visiontune.runs import checkpoint, resume
 
 
 class Killed(BaseException):
@@ -250,7 +252,7 @@ def test_the_position_is_translated_in_samples_and_refused_off_an_optimizer_step
     assert resume.compatible(ckpt, {**same, "batch_samples": 2, "grad_accum": 4}).batch == 8
     assert resume.compatible(ckpt, {**same, "batch_samples": 8, "grad_accum": 1}).batch == 2
     odd = checkpoint.Checkpoint("c", {**meta, "samples": 12})  # mid-window: not a point any run saves at
-    with pytest.raises(cli.UserError, match="cannot resume exactly: the checkpoint is 12 samples into epoch 0"):
+    with pytest.raises(UserError, match="cannot resume exactly: the checkpoint is 12 samples into epoch 0"):
         resume.compatible(odd, {**same, "batch_samples": 8, "grad_accum": 1})
 
 

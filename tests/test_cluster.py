@@ -22,8 +22,12 @@ import psutil
 import pytest
 
 from trainrun import assert_same_weights, checkpoints, env_for, flags, pids_alive, train_argv, wait_for
-from visiontune import cli, elastic, launch, slurm
-from visiontune.config import TrainConfig, UserError
+from visiontune import cli
+from visiontune.cli import commands
+from visiontune.cluster import launch, slurm
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig
+from visiontune.training import elastic
 
 # 1 epoch, 8 steps of global batch 4 (2 processes x 2), a checkpoint every 3 steps.
 RUN = ["--epochs", "1", "--batch-size", "2", "--save-every-steps", "3", "--strategy", "ddp"]
@@ -245,8 +249,8 @@ def test_an_elastic_world_keeps_the_global_batch_of_max_nodes_or_is_refused(monk
         elastic.keep_global_batch(cfg)
     # A checkpoint's position is kept in samples: 3 batches of 2 processes are 6 batches of one
     # process accumulating 2 (the same global batch of 4 at --batch-size 2).
-    from visiontune.checkpoint import Checkpoint
-    from visiontune.resume import compatible
+    from visiontune.runs.checkpoint import Checkpoint
+    from visiontune.runs.resume import compatible
 
     same = {"split_sha256": "s", "model": "m", "num_classes": 2, "global_batch": 4}
     saved = Checkpoint(
@@ -306,7 +310,7 @@ def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_pat
     # The srun line is a train command visiontune itself accepts, with --resume auto in a fixed folder.
     words = shlex.split(next(line for line in text.splitlines() if line.startswith("srun ")))
     train = words[words.index("train") + 1 :]
-    cfg = cli.config_from_args(cli.build_parser().parse_args(["train", *train]))
+    cfg = commands.config_from_args(commands.build_parser().parse_args(["train", *train]))
     assert (cfg.data, cfg.model, cfg.epochs, cfg.strategy, cfg.resume, cfg.output_dir) == (
         str(small_data),
         "resnet18",

@@ -10,7 +10,8 @@ from torchvision import transforms
 
 from visiontune.data.augment import EpochIndex, sample_augment
 from visiontune.data.layouts import discover
-from visiontune.data.pipeline import MEAN, STD, UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
+from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
+from visiontune.settings.config import MEAN, STD
 
 
 def test_epoch_sampler_depends_only_on_seed_and_epoch():
@@ -64,7 +65,7 @@ def test_unreadable_file_keeps_its_slot_and_is_reported(tmp_path, sample_data, c
 def test_unreadable_samples_add_nothing_to_the_metrics():
     from accelerate import Accelerator
 
-    from visiontune.engine import evaluate
+    from visiontune.training.engine import evaluate
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2))

@@ -13,8 +13,8 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 from visiontune.data.pipeline import UNREADABLE
-from visiontune.engine import LoopOptions, NonFiniteLoss, readable_cross_entropy, train_one_epoch
-from visiontune.meter import StepClock, Totals
+from visiontune.training.engine import LoopOptions, NonFiniteLoss, readable_cross_entropy, train_one_epoch
+from visiontune.training.meter import StepClock, Totals
 
 LR = 0.1
 

@@ -14,7 +14,7 @@ from sklearn import metrics as skm
 
 from trained import independent_eval, one_thread, reference_probs  # noqa: F401  (one_thread: autouse)
 from trainrun import flags
-from visiontune.cli import main
+from visiontune.cli.commands import main
 
 CLASSES = ["cat", "dog"]
 

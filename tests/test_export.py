@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trained import one_thread, preprocess, reference_model  # noqa: F401  (one_thread: autouse)
-from visiontune.cli import main
+from visiontune.cli.commands import main
 
 TOL = 1e-4
 

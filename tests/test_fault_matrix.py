@@ -22,8 +22,9 @@ import torch
 from safetensors.torch import load_file
 
 from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, run, start, wait_for, worker_of
-from visiontune import checkpoint, cli, runlock
-from visiontune.sample_data import make_sample_data
+from visiontune import cli
+from visiontune.data.sample import make_sample_data
+from visiontune.runs import checkpoint, runlock
 
 STEPS_PER_EPOCH, EPOCHS = 4, 2
 RUN = [*SQUEEZENET, *flags(timeout=60, epochs=EPOCHS, save_every_steps=1)]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import visiontune.engine as engine
+import visiontune.training.engine as engine
 from trainrun import (
     assert_same_weights,
     checkpoints,
@@ -26,7 +26,8 @@ from trainrun import (
     wait_for,
     worker_of,
 )
-from visiontune import checkpoint, cli
+from visiontune import cli
+from visiontune.runs import checkpoint
 
 
 def _on_train_call(monkeypatch, n: int, action) -> None:

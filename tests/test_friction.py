@@ -10,8 +10,8 @@ import torch
 
 from conftest import FAST
 from visiontune import TrainConfig, train
-from visiontune.cli import main
-from visiontune.config import UserError
+from visiontune.cli.commands import main
+from visiontune.errors import UserError
 
 
 def _one_error_line(capsys) -> str:

@@ -6,8 +6,8 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from trainrun import flags
-from visiontune.config import TrainConfig
-from visiontune.launch import launcher_argv, needs_launcher, without_flags
+from visiontune.cluster.launch import launcher_argv, needs_launcher, without_flags
+from visiontune.settings.config import TrainConfig
 
 ARGV = [
     "--data",
@@ -85,7 +85,8 @@ def test_needs_launcher(monkeypatch, changes, env, expected):
     ],
 )
 def test_the_launcher_hands_every_worker_one_run_folder(sample_data, tmp_path, monkeypatch, extra, expected):
-    from visiontune import cli, launch
+    from visiontune import cli
+    from visiontune.cluster import launch
 
     seen = {}
     monkeypatch.setattr(launch, "relaunch", lambda cfg, argv, command="train": seen.update(cfg=cfg, argv=argv) or 0)

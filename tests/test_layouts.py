@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from trainrun import SQUEEZENET, flags
-from visiontune.config import UserError
 from visiontune.data.layouts import discover, write_kaggle_manifest
 from visiontune.data.split import make_split, split_record
+from visiontune.errors import UserError
 
 
 def _touch(path, data=b"x"):
@@ -147,7 +147,7 @@ def test_class_folders_whose_images_are_all_in_subfolders_are_classes(tmp_path):
 
 
 def test_check_train_and_evaluate_use_the_nested_rule_and_report_counts(tmp_path, capsys):
-    from visiontune.cli import main
+    from visiontune.cli.commands import main
 
     data = _nested(tmp_path / "data")
     for i in range(4, 8):  # enough images for a split with batches of 2
@@ -189,7 +189,7 @@ def test_manifest_with_bom_and_trailing_blank_lines_reads_normally(tmp_path):
 
 
 def test_latin1_manifest_is_one_line_naming_the_encoding_exit_2(tmp_path, capsys):
-    from visiontune.cli import main
+    from visiontune.cli.commands import main
 
     data = _manifest_dir(tmp_path, "filename,label\na.jpg,chat\nb.jpg,ch\u00e8vre\n".encode("latin-1"))
     assert main(["check", data]) == 2

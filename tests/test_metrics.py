@@ -9,7 +9,7 @@ import torch
 from sklearn import metrics as skm
 from sklearn.calibration import calibration_curve
 
-from visiontune import metrics
+from visiontune.reports import metrics
 
 CLASSES = ["apple", "banana", "cherry (never predicted)", "durian (no images)", "elder", "fig", "grape"]
 # 12 images of 7 classes. Nothing is predicted as class 2 although 2 images are of it; no image is of
@@ -118,7 +118,7 @@ def test_top_losses_are_the_wrong_images_with_the_highest_loss():
 def test_text_tables_and_the_figure_stay_readable_with_100_long_class_names(tmp_path):
     from PIL import Image
 
-    from visiontune import figures
+    from visiontune.reports import figures
 
     k = 100
     names = [f"a rather long class name number {i:03d} from the catalogue" for i in range(k)]

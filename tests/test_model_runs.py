@@ -25,8 +25,8 @@ from torchvision.io import decode_image
 
 from trained import one_thread, preprocess  # noqa: F401  (one_thread: autouse)
 from trainrun import flags
-from visiontune.cli import main
-from visiontune.runinfo import read_file
+from visiontune.cli.commands import main
+from visiontune.runs.runinfo import read_file
 
 TINY = ["--image-size", "32", "--no-progress", "--num-workers", "0", "--epochs", "1", "--batch-size", "8"]
 TOL = 1e-4
@@ -172,7 +172,7 @@ def test_timm_under_ddp_saves_a_self_describing_model_and_counts_val_once(small_
 
     from conftest import PYTHON
     from trained import hand_resize
-    from visiontune.inference import load_model
+    from visiontune.inference.loaded import load_model
 
     run, batch = tmp_path / "run", 4
     argv = ["train", "--data", str(small_data), "--output-dir", str(run), *TINY, "--batch-size", str(batch)]

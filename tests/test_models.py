@@ -11,8 +11,8 @@ import torchvision
 from torch.overrides import TorchFunctionMode
 from torchvision.models import regnet
 
-from visiontune.config import UserError
-from visiontune.models import build_model, load_state_file, model_names
+from visiontune.errors import UserError
+from visiontune.models.build import build_model, load_state_file, model_names
 
 _from_init_params = regnet.BlockParams.from_init_params.__func__
 

@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from visiontune import outputs
+from visiontune import files
+from visiontune.reports import figures
+from visiontune.runs import records
 
 
 def _row(epoch, acc, loss):
@@ -17,13 +19,13 @@ def _row(epoch, acc, loss):
 
 def test_best_epoch_is_highest_val_accuracy_then_lowest_val_loss():
     history = [_row(0, 0.90, 0.30), _row(1, 0.95, 0.20), _row(2, 0.95, 0.10), _row(3, 0.94, 0.01)]
-    assert outputs.best_epoch(history)["epoch"] == 2
-    assert outputs.best_epoch(history[:2] + [_row(2, 0.95, 0.20)])["epoch"] == 1  # full tie: the earlier
+    assert figures.best_epoch(history)["epoch"] == 2
+    assert figures.best_epoch(history[:2] + [_row(2, 0.95, 0.20)])["epoch"] == 1  # full tie: the earlier
 
 
 def test_metrics_csv_has_a_row_per_epoch_and_phase(tmp_path):
     path = tmp_path / "metrics.csv"
-    outputs.write_metrics_csv(path, [_row(0, 0.5, 0.7), _row(1, 0.75, 0.5)])
+    records.write_metrics_csv(path, [_row(0, 0.5, 0.7), _row(1, 0.75, 0.5)])
     rows = list(csv.DictReader(open(path)))
     assert [(r["epoch"], r["phase"], r["accuracy"]) for r in rows] == [
         ("0", "train", "0.500000"),
@@ -35,14 +37,14 @@ def test_metrics_csv_has_a_row_per_epoch_and_phase(tmp_path):
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
     target = tmp_path / "sub" / "f.json"
-    outputs.atomic_write(target, "old")
+    files.atomic_write(target, "old")
 
     def boom(*a):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError):
-        outputs.atomic_write(target, "new")
+        files.atomic_write(target, "new")
     assert target.read_text() == "old" and os.listdir(target.parent) == ["f.json"]
 
 
@@ -53,7 +55,7 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
         {**_row(e, acc, loss), "lr": lr}
         for e, acc, loss, lr in ((0, 0.6, 0.9, 0.01), (1, 0.9, 0.4, 0.008), (2, 0.8, 0.5, 0.002))
     ]
-    fig = outputs.history_figure(history)
+    fig = figures.history_figure(history)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     acc_ax, _, lr_ax = fig.axes
@@ -65,18 +67,18 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
     assert (list(star.get_xdata()), list(star.get_ydata())) == ([1], [0.9])
     assert [list(line.get_ydata()) for line in lr_ax.get_lines() if line.get_marker() == "o"] == [[0.01, 0.008, 0.002]]
     plt.close(fig)
-    outputs.plot_history(tmp_path / "c.png", history)
+    figures.plot_history(tmp_path / "c.png", history)
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_atomic_files_respect_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
-        outputs.atomic_write(tmp_path / "a.bin", b"x")
-        with outputs.atomic_file(tmp_path / "b.bin") as f:
+        files.atomic_write(tmp_path / "a.bin", b"x")
+        with files.atomic_file(tmp_path / "b.bin") as f:
             f.write(b"y")
         os.umask(0o077)
-        outputs.atomic_write(tmp_path / "private.bin", b"z")
+        files.atomic_write(tmp_path / "private.bin", b"z")
     finally:
         os.umask(old)
     assert [(tmp_path / n).stat().st_mode & 0o777 for n in ("a.bin", "b.bin", "private.bin")] == [0o644, 0o644, 0o600]
@@ -85,7 +87,7 @@ def test_atomic_files_respect_the_umask(tmp_path):
 
 
 def test_the_image_cache_and_the_scan_use_one_cache_folder(tmp_path, monkeypatch):
-    from visiontune import host
+    from visiontune.cluster import host
     from visiontune.data import cache, check
 
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "vt"))

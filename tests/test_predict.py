@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from trained import one_thread, reference_probs  # noqa: F401  (one_thread: autouse fixture)
 from trainrun import flags
-from visiontune.cli import main
+from visiontune.cli.commands import main
 
 TOL = 1e-5
 

@@ -10,11 +10,15 @@ import torch
 from torch import nn
 
 from trainrun import flags
-from visiontune import recipe
-from visiontune.config import TrainConfig, UserError
-from visiontune.ema import EMA
-from visiontune.schedule import warmup_steps
-from visiontune.validation import validate
+from visiontune.data import loaders
+from visiontune.errors import UserError
+from visiontune.runs import records
+from visiontune.settings import presets
+from visiontune.settings.config import TrainConfig
+from visiontune.settings.validation import validate
+from visiontune.training import optim
+from visiontune.training.ema import EMA
+from visiontune.training.schedule import warmup_steps
 
 
 def _cfg(**kw) -> TrainConfig:
@@ -57,7 +61,7 @@ def test_presets_fill_only_what_was_not_given_and_keep_the_old_augment_flag():
 
 
 def test_the_cli_takes_plain_augment_and_named_ones():
-    from visiontune.cli import build_parser, config_from_args
+    from visiontune.cli.commands import build_parser, config_from_args
 
     def parse(*flags):
         return config_from_args(build_parser().parse_args(["train", "--data", "d", *flags]))
@@ -83,7 +87,7 @@ class Tiny(nn.Module):
 
 def test_adamw_leaves_norms_and_biases_undecayed_and_the_backbone_gets_its_multiplier():
     model = Tiny()
-    opt, _ = recipe.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 1e-3, 10)
+    opt, _ = optim.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 1e-3, 10)
     assert type(opt) is torch.optim.AdamW
     groups = {(g["initial_lr"], g["weight_decay"]): {id(p) for p in g["params"]} for g in opt.param_groups}
     named = {id(p): n for n, p in model.named_parameters()}
@@ -94,17 +98,17 @@ def test_adamw_leaves_norms_and_biases_undecayed_and_the_backbone_gets_its_multi
         (1e-3, 0.05): ["fc.weight"],
         (1e-3, 0.0): ["fc.bias"],
     }
-    sgd, _ = recipe.optimization(_cfg(), Tiny(), 1e-3, 10)  # the reference job: one group, SGD
+    sgd, _ = optim.optimization(_cfg(), Tiny(), 1e-3, 10)  # the reference job: one group, SGD
     assert type(sgd) is torch.optim.SGD and len(sgd.param_groups) == 1
     assert sgd.param_groups[0]["momentum"] == 0.9 and len(sgd.param_groups[0]["params"]) == 6
 
 
 def test_the_head_is_the_one_the_model_spec_names_both_of_a_distilled_model():
-    from visiontune.models import build_model
+    from visiontune.models.build import build_model
 
     # DeiT-distilled has two classifiers, head and head_dist: both get the head's lr.
     model = build_model("timm/deit_tiny_distilled_patch16_224", 3, "none")
-    opt, _ = recipe.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 1e-3, 10)
+    opt, _ = optim.optimization(_cfg(recipe="modern", backbone_lr_mult=0.1), model, 1e-3, 10)
     named = {id(p): n for n, p in model.named_parameters()}
     head_lr = sorted(named[id(p)] for g in opt.param_groups if g["initial_lr"] == 1e-3 for p in g["params"])
     assert head_lr == ["head.bias", "head.weight", "head_dist.bias", "head_dist.weight"]
@@ -124,7 +128,7 @@ def test_the_head_is_the_one_the_model_spec_names_both_of_a_distilled_model():
 def test_the_lr_of_each_step_follows_warm_up_then_the_schedule(schedule, expected):
     model = Tiny()
     cfg = _cfg(recipe="modern", lr_schedule=schedule, warmup_epochs=0.4, epochs=2)
-    opt, stepper = recipe.optimization(cfg, model, 0.01, 5)
+    opt, stepper = optim.optimization(cfg, model, 0.01, 5)
     seen = []
     for _ in range(10):
         seen.append(opt.param_groups[0]["lr"])  # the lr this optimizer step uses
@@ -168,7 +172,7 @@ def _step(model, opt, stepper):
 
 def test_freeze_epochs_hold_the_backbone_and_its_batchnorm_still_then_release_them():
     model = Tiny()
-    opt, stepper = recipe.optimization(_cfg(freeze_epochs=1, lr=0.1), model, 0.1, 2)
+    opt, stepper = optim.optimization(_cfg(freeze_epochs=1, lr=0.1), model, 0.1, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for _ in range(2):  # the first epoch: 2 steps, head only
         _step(model, opt, stepper)
@@ -185,7 +189,7 @@ def test_freeze_backbone_keeps_batchnorm_statistics_fixed():
     model = Tiny()
     for n, p in model.named_parameters():
         p.requires_grad = n.startswith("fc.")
-    opt, stepper = recipe.optimization(_cfg(freeze_backbone=True, lr=0.1), model, 0.1, 2)
+    opt, stepper = optim.optimization(_cfg(freeze_backbone=True, lr=0.1), model, 0.1, 2)
     stats = model.features[1].running_mean.clone(), model.features[1].running_var.clone()
     for _ in range(3):
         _step(model, opt, stepper)
@@ -197,11 +201,11 @@ def test_freeze_backbone_keeps_batchnorm_statistics_fixed():
 def test_soft_targets_give_the_mixed_cross_entropy_and_unreadable_rows_none():
     logits = torch.randn(3, 4)
     targets = torch.tensor([[0.7, 0.3, 0, 0], [0, 0, 0, 0], [0, 0, 0.4, 0.6]])
-    got = recipe.per_sample_loss(0.0)(logits, targets)
+    got = optim.per_sample_loss(0.0)(logits, targets)
     logp = logits.log_softmax(1)
     hand = -(targets * logp).sum(1)
     assert torch.allclose(got, hand) and got[1] == 0
-    smooth = recipe.per_sample_loss(0.1)(logits, torch.tensor([2, -100, 1]))
+    smooth = optim.per_sample_loss(0.1)(logits, torch.tensor([2, -100, 1]))
     hand2 = -(0.9 * logp[0, 2] + 0.1 * logp[0].mean())
     assert torch.allclose(smooth[0], hand2) and smooth[1] == 0
 
@@ -211,8 +215,8 @@ def test_best_picks_ema_or_raw_by_the_chosen_metric():
         {"epoch": 0, "val": {"accuracy": 0.8, "loss": 0.5}, "val_ema": {"accuracy": 0.9, "loss": 0.6}},
         {"epoch": 1, "val": {"accuracy": 0.85, "loss": 0.4}},
     ]
-    assert (recipe.best(history)[0]["epoch"], recipe.best(history)[1]) == (0, "val_ema")
-    assert (recipe.best(history, "loss")[0]["epoch"], recipe.best(history, "loss")[1]) == (1, "val")
+    assert (records.best_of(history)[0]["epoch"], records.best_of(history)[1]) == (0, "val_ema")
+    assert (records.best_of(history, "loss")[0]["epoch"], records.best_of(history, "loss")[1]) == (1, "val")
 
 
 def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, monkeypatch):
@@ -221,7 +225,8 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
     from safetensors.torch import load_file
 
     from conftest import FAST
-    from visiontune import cli, engine
+    from visiontune import cli
+    from visiontune.training import engine
 
     # Scripted validation: raw 0.5, 0.6, 0.55...; EMA 0.4, 0.7, 0.5...: the EMA of epoch 1 is best,
     # and with patience 2 the run stops after epoch 3 of 6.
@@ -276,13 +281,13 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
 
 
 def test_normalize_modes_resolve_to_recorded_statistics():
-    from visiontune.config import MEAN, STD
+    from visiontune.settings.config import MEAN, STD
 
-    assert recipe.mean_std(_cfg()) == (MEAN, STD)
+    assert presets.mean_std(_cfg()) == (MEAN, STD)
     w = _cfg(model="resnet18", weights="DEFAULT", normalize="weights")  # torchvision's metadata, no download
-    assert recipe.mean_std(w) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert presets.mean_std(w) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     assert _cfg(normalize="data").mean is None  # measured by the trainer on the train split
-    assert recipe.mean_std(_cfg(mean="0.1,0.2,0.3", std="1,1,1")) == ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0))
+    assert presets.mean_std(_cfg(mean="0.1,0.2,0.3", std="1,1,1")) == ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0))
     with pytest.raises(UserError, match="needs named pretrained weights"):
         _cfg(weights="none", normalize="weights")
     with pytest.raises(UserError, match="three numbers"):
@@ -292,10 +297,10 @@ def test_normalize_modes_resolve_to_recorded_statistics():
 def test_data_statistics_are_those_of_the_pixels():
     images = torch.randint(0, 256, (10, 3, 4, 4), dtype=torch.uint8)
     dataset = [(img, 0) for img in images] + [(torch.zeros(3, 4, 4, dtype=torch.uint8), -100)]
-    mean, std = recipe.data_stats(dataset)
+    mean, std = loaders.data_stats(dataset)
     x = images.double() / 255
-    assert mean == recipe.stats_text(x.mean((0, 2, 3)).tolist())
-    assert std == recipe.stats_text(x.std((0, 2, 3), unbiased=False).tolist())
+    assert mean == presets.stats_text(x.mean((0, 2, 3)).tolist())
+    assert std == presets.stats_text(x.std((0, 2, 3), unbiased=False).tolist())
 
 
 def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp_path, small_data, capsys):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trained import one_thread  # noqa: F401  (one_thread: autouse fixture)
-from visiontune.cli import main
+from visiontune.cli.commands import main
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_the_page_in_a_headless_browser(run, tmp_path):
 
 def test_a_bench_row_without_a_speedup_shows_a_dash():
     # The single row failed, so the ddp row has no baseline to be a speedup of: the page still renders.
-    from visiontune.report import _bench
+    from visiontune.reports.report import _bench
 
     rows = [
         {"strategy": "single", "failed": "exit code 1"},
@@ -169,7 +169,7 @@ def test_a_bench_row_without_a_speedup_shows_a_dash():
 
 
 def test_a_cropping_model_s_resize_is_named():
-    from visiontune.report import _setup
+    from visiontune.reports.report import _setup
 
     page = _setup(Path("no-run"), {"model": {"interpolation": "bicubic", "crop_pct": 0.95}}, None)
     assert '<th class="l">resize</th><td class="l">bicubic, short side to size / 0.95, centre crop</td>' in page

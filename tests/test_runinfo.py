@@ -8,8 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from visiontune.config import MEAN, STD, UserError
-from visiontune.runinfo import RunInfo, describe, read_file, read_run, reconcile
+from visiontune.errors import UserError
+from visiontune.runs.runinfo import RunInfo, describe, read_file, read_run, reconcile
+from visiontune.settings.config import MEAN, STD
 
 
 def _info() -> RunInfo:

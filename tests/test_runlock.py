@@ -12,8 +12,10 @@ import sys
 import pytest
 
 from trainrun import TINY
-from visiontune import cli, runlock
+from visiontune import cli
 from visiontune.data import jobdata
+from visiontune.errors import UserError
+from visiontune.runs import runlock
 
 HOLD = (
     "import sys, time; from visiontune import runlock\n"
@@ -48,7 +50,7 @@ def test_the_lock_of_a_killed_holder_is_free_at_once(tmp_path, worker_env):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=worker_env, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(cli.UserError, match=f"pid {holder.pid} on host"):
+    with pytest.raises(UserError, match=f"pid {holder.pid} on host"):
         with runlock.hold(str(out)):
             pass
     holder.send_signal(signal.SIGKILL)

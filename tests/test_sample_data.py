@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visiontune.sample_data import make_sample_data
+from visiontune.data.sample import make_sample_data
 
 PER_CLASS = 20
 

@@ -12,8 +12,9 @@ import pytest
 
 from conftest import PYTHON, _worker_env
 from trainrun import SQUEEZENET, flags
-from visiontune.cli import main
+from visiontune.cli.commands import main
 from visiontune.data import check, decode, layouts
+from visiontune.data.sample import make_sample_data
 from visiontune.data.split import (
     make_split,
     read_record,
@@ -21,7 +22,6 @@ from visiontune.data.split import (
     split_summary,
     write_split,
 )
-from visiontune.sample_data import make_sample_data
 
 TINY = [*SQUEEZENET, *flags(epochs=1, batch_size=4, num_workers=0)]
 
@@ -149,7 +149,7 @@ def test_split_record_round_trips_at_100k_files_with_a_stable_hash(tmp_path):
     assert raw.count(b"\n") == 1 and b", " not in raw  # compact: no indentation, no padding
     record_text = json.dumps(record)
     (tmp_path / "edited.json").write_text(record_text.replace("img_000001", "img_999999"))
-    from visiontune.config import UserError
+    from visiontune.errors import UserError
 
     with pytest.raises(UserError, match="do not match its sha256"):
         read_record(str(tmp_path / "edited.json"))

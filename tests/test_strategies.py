@@ -26,10 +26,12 @@ from safetensors.torch import load_file
 from conftest import FAST, PYTHON, _worker_env
 from trained import independent_eval
 from trainrun import flags, relative_difference, train_ddp_beside_one
-from visiontune import strategy, trainer
-from visiontune.cli import main
-from visiontune.config import TrainConfig, UserError
-from visiontune.sample_data import make_sample_data
+from visiontune.cli.commands import main
+from visiontune.cluster import strategy
+from visiontune.data.sample import make_sample_data
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig
+from visiontune.training import trainer
 
 PER_PROCESS, WORLD, TRAIN, VAL = 5, 2, 19, 101
 LR, REFERENCE = 0.01, 5

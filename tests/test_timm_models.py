@@ -7,10 +7,10 @@ import timm
 import torch
 
 from trainrun import flags
-from visiontune import models
-from visiontune.cli import main
-from visiontune.config import UserError
-from visiontune.models import build_model, get_spec, head_names
+from visiontune.cli.commands import main
+from visiontune.errors import UserError
+from visiontune.models import build
+from visiontune.models.build import build_model, get_spec, head_names
 
 # A convnet, a transformer and a model whose classifier is not called fc: timm's tiny test models.
 FAMILIES = {"timm/test_convnext": "head.fc", "timm/test_vit": "head", "timm/test_efficientnet": "classifier"}
@@ -70,7 +70,7 @@ def test_models_command_lists_and_filters(capsys):
     listed = capsys.readouterr().out.split()
     assert "resnet18" in listed and "timm/resnet18" in listed
     assert main(["models"]) == 0
-    assert len(capsys.readouterr().out.split()) == len(models.torchvision_names())
+    assert len(capsys.readouterr().out.split()) == len(build.torchvision_names())
     assert main(["models", "--filter", "zzz"]) == 2
 
 

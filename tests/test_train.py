@@ -21,8 +21,9 @@ from safetensors.torch import load_file
 from conftest import FAST
 from trained import independent_eval
 from trainrun import flags
-from visiontune import TrainConfig, train, trainer
-from visiontune.cli import main
+from visiontune import TrainConfig, train
+from visiontune.cli.commands import main
+from visiontune.training import trainer
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from visiontune import tta
-from visiontune.config import UserError
+from visiontune.errors import UserError
+from visiontune.inference import tta
 
 
 def test_flip_and_crop_average_the_four_views_computed_independently():

@@ -20,7 +20,7 @@ from conftest import FAST
 from trainrun import flags
 from visiontune import cli
 from visiontune.data import jobdata
-from visiontune.sample_data import make_sample_data
+from visiontune.data.sample import make_sample_data
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_a_batch_of_one_is_refused_when_batchnorm_would_see_one_value(tmp_path, 
 def test_predict_out_under_a_file_is_refused_before_the_forward_pass(tmp_path, small_data, capsys, monkeypatch):
     save_file(torchvision.models.squeezenet1_1(num_classes=2).state_dict(), str(tmp_path / "w.safetensors"))
     (tmp_path / "file").write_text("x")
-    from visiontune import inference
+    from visiontune.inference import loaded as inference
 
     monkeypatch.setattr(inference, "forward", lambda *a, **kw: pytest.fail("the forward pass ran"))
     args = [

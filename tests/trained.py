@@ -25,8 +25,8 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2.functional import center_crop, resize
 
 from conftest import FAST
-from visiontune import strategy
-from visiontune.cli import main
+from visiontune.cli.commands import main
+from visiontune.cluster import strategy
 
 SIZE = 32
 MEAN = torch.tensor([0.4883, 0.4551, 0.4170]).view(3, 1, 1)

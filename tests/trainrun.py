@@ -94,7 +94,7 @@ def pids_alive(pids: list[int]) -> list[int]:
 def train_ddp_beside_one(common: list[str], ddp: list[str], one: list[str], out: Path, env: dict) -> None:
     """``train common + ddp`` as a job of its own into ``out/ddp`` and, meanwhile, ``train common + one``
     in this process into ``out/one``; both must succeed."""
-    from visiontune.cli import main
+    from visiontune.cli.commands import main
 
     job = subprocess.Popen(
         [PYTHON, "-m", "visiontune", "train", *common, *ddp, "--output-dir", str(out / "ddp")],

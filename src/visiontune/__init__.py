@@ -1,17 +1,33 @@
-"""visiontune: fine-tune torchvision image classifiers on a folder of images,
-on one CPU or many GPUs, with the same command.
+"""visiontune: fine-tune torchvision and timm image classifiers on a folder of images, on one CPU or
+many GPUs, with the same command.
 
-Python API: ``visiontune.train(TrainConfig(data=..., ...)) -> summary dict``.
+Python API::
+
+    summary = visiontune.train(visiontune.TrainConfig(data="data", model="resnet18"))
+    run = visiontune.load("runs/x")            # a trained run (or a best.safetensors file)
+    run.predict(["a.jpg", pil_image, tensor])  # one row per image: label and probabilities
+    run.evaluate("data/val")                   # metrics on a labelled folder
+
+The wings (``cli``, ``inference``, ``training``, ``runs``, ``reports``, ``data``, ``cluster``,
+``settings``, ``models``) are described in ``docs/architecture.md``.
 """
 
-from visiontune.config import TrainConfig, UserError
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig
+from visiontune.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["TrainConfig", "UserError", "train", "__version__"]
+__all__ = ["TrainConfig", "UserError", "load", "train", "__version__"]
 
 
 def train(config: TrainConfig) -> dict:
-    """Run one training job in this process (see ``visiontune.trainer.train``)."""
-    from visiontune.trainer import train as _train
+    """Run one training job in this process and return its summary (``summary.json``'s contents)."""
+    from visiontune.training.trainer import train as _train
 
     return _train(config)
+
+
+def load(path: str, device: str | None = None):
+    """A trained run folder or model file, loaded once: ``.predict(images)`` and ``.evaluate(folder)``."""
+    from visiontune.inference.api import Predictor
+
+    return Predictor.load(path, device=device)

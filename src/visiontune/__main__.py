@@ -2,7 +2,7 @@
 
 import sys
 
-from visiontune.cli import entry
+from visiontune.cli.commands import entry
 
 if __name__ == "__main__":
     sys.exit(entry())

@@ -30,12 +30,12 @@ import torch
 import torchvision
 from torch.utils.data import Dataset
 
-from visiontune.config import UserError
+from visiontune.cluster.host import available_cores, user_cache_dir
 from visiontune.data.check import bounded_map, file_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
 from visiontune.data.pipeline import UNREADABLE
-from visiontune.host import available_cores, user_cache_dir
-from visiontune.outputs import atomic_file, atomic_write
+from visiontune.errors import UserError
+from visiontune.files import atomic_file, atomic_write
 
 CACHE_VERSION = 2  # 2: rows stored height x width x channel
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)

@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from visiontune.config import UserError
+from visiontune.cluster.host import user_cache_dir
 from visiontune.data.decode import MAX_PIXELS, BadImage, read_image
-from visiontune.host import user_cache_dir
-from visiontune.outputs import atomic_write
+from visiontune.errors import UserError
+from visiontune.files import atomic_write
 
 _CACHE_VERSION = 2
 _FLUSH = 4096  # verdicts appended to the cache per write: Ctrl-C loses at most this many

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from visiontune.config import TrainConfig, UserError
+from visiontune.cluster.host import available_cores
 from visiontune.data import layouts
 from visiontune.data.cache import ImageCache, open_or_build
 from visiontune.data.check import (
@@ -37,8 +37,9 @@ from visiontune.data.check import (
 )
 from visiontune.data.layouts import ImageSet
 from visiontune.data.pathlist import PathList
-from visiontune.host import available_cores
-from visiontune.outputs import atomic_file
+from visiontune.errors import UserError
+from visiontune.files import atomic_file
+from visiontune.settings.config import TrainConfig
 
 LISTING_ENV = "VISIONTUNE_IMAGE_LIST"  # {"data": abs path, "file": listing} set by the launching command
 
@@ -129,7 +130,7 @@ def listed(data: str) -> ImageSet:
 def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None]:
     """The bad files (layout rejects first) and, with --cache, the cache: each file decoded once."""
     if cfg.cache:
-        from visiontune.models import input_view
+        from visiontune.models.build import input_view
 
         interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)  # as the loaders resize
         cache = open_or_build(
@@ -174,7 +175,7 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
     import torch.distributed as dist
 
     store = dist.distributed_c10d._get_default_store()
-    from visiontune import launch
+    from visiontune.cluster import launch
 
     prefix = f"visiontune/data/{launch.restart_count()}/"
     local = launch.local_world_size()

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from visiontune.config import UserError
 from visiontune.data.pathlist import PathList
+from visiontune.errors import UserError
 
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
@@ -226,7 +226,7 @@ def write_kaggle_manifest(data: str) -> tuple[str, int]:
     found = _kaggle(Path(data)) if Path(data).is_dir() else None
     if found is None:
         raise UserError(f"{data} is not in the Kaggle layout (train/<class>.<n>.jpg)")
-    from visiontune.outputs import atomic_write
+    from visiontune.files import atomic_write
 
     out = Path(data) / "train.csv"
     buf = io.StringIO()

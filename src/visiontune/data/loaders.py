@@ -10,15 +10,15 @@ import os
 
 import torch
 
-from visiontune import recipe
-from visiontune.config import TrainConfig
+from visiontune.cluster.strategy import decode_threads, loader_workers
 from visiontune.data.augment import sample_augment
 from visiontune.data.cache import CachedDataset
 from visiontune.data.jobdata import JobData
 from visiontune.data.pipeline import ImageDataset, make_loader
 from visiontune.data.split import Split
-from visiontune.models import input_view
-from visiontune.strategy import decode_threads, loader_workers
+from visiontune.models.build import input_view
+from visiontune.settings.config import TrainConfig
+from visiontune.settings.presets import stats_text
 
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
 
@@ -50,7 +50,7 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
     augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing, interpolation)
     if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
-        mean, std = recipe.data_stats(subset(split.train, None), seed=cfg.seed)
+        mean, std = data_stats(subset(split.train, None), seed=cfg.seed)
         cfg = cfg.replace(mean=mean, std=std)
     return cfg, *(
         make_loader(
@@ -63,3 +63,19 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
         )
         for idx, train in ((split.train, True), (split.val, False))
     )
+
+
+def data_stats(dataset, limit: int = 2000, seed: int = 0) -> tuple[str, str]:
+    """Per-channel mean and std (as --mean/--std text) of up to ``limit`` images of ``dataset``, seeded."""
+    from torch.utils.data import DataLoader, Subset
+
+    pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].tolist()
+    total = torch.zeros(2, 3, dtype=torch.float64)
+    n = 0
+    for images, labels in DataLoader(Subset(dataset, pick), batch_size=64):
+        x = images[labels >= 0].double().div_(255)  # unreadable images are black stand-ins: left out
+        total += torch.stack([x.sum((0, 2, 3)), x.square().sum((0, 2, 3))])
+        n += x.numel() // 3
+    mean = total[0] / max(n, 1)
+    std = (total[1] / max(n, 1) - mean.square()).clamp_min(1e-12).sqrt()
+    return stats_text(mean.tolist()), stats_text(std.tolist())

@@ -24,11 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from visiontune.data.augment import EpochIndex, SampleAugment
 from visiontune.data.decode import try_read
 from visiontune.data.pathlist import PathList
-
-# The blog's normalisation statistics, measured on Dogs vs Cats.
-MEAN = (0.4883, 0.4551, 0.4170)
-STD = (0.2257, 0.2211, 0.2214)
-
+from visiontune.settings.config import MEAN, STD
 
 # The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count.
 UNREADABLE = -100

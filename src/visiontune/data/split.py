@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from visiontune.config import UserError
 from visiontune.data.pathlist import PathList, root_prefixes
+from visiontune.errors import UserError
 
 _CHUNK = 16384  # paths turned into JSON at a time
 

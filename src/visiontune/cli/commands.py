@@ -1,0 +1,253 @@
+"""The ``visiontune`` command line: one function per subcommand, each called with ``(args, argv)``.
+
+This module and ``flags`` (every subcommand's flags, the training ones made
+from ``TrainConfig``) are the only ones that see argparse. A ``UserError`` from
+anywhere below, argparse's own complaints included, becomes one line on stderr
+and exit code 2; ``argv`` is the subcommand's own arguments, for relaunching
+under torch.distributed.run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+
+from visiontune.cli import flags
+from visiontune.cli.flags import config_from_args
+from visiontune.cluster import slurm, strategy
+from visiontune.cluster.signals import RunStopped
+from visiontune.errors import UserError
+from visiontune.models import build
+
+
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.cluster import jobplan, launch
+    from visiontune.data.layouts import discover
+    from visiontune.runs import runlock
+
+    cfg = config_from_args(args)
+    launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
+    # Check what can be checked before any worker starts: one error line, not N. The listing is the
+    # job's only one: the run in this process or the workers take it over (a worker lists nothing here).
+    images = None if launch.is_worker() else discover(cfg.data)
+    strategy.check(cfg)
+    build.get_spec(cfg.model)  # an unknown or unreachable model: one line now
+    if launch.needs_launcher(cfg):
+        from visiontune.data.jobdata import shared_listing
+
+        build.ensure_weights(cfg.model, cfg.weights)
+        if cfg.output_dir is None:  # fixed here, so that every worker writes the same folder
+            cfg = cfg.replace(output_dir=launch.run_folder(cfg))
+            argv = [*argv, "--output-dir", cfg.output_dir]
+        # One machine: this process outlives any worker restart, so it holds the run folder's lock.
+        one_machine = jobplan.node_range(launch.plan(cfg).nnodes) == (1, 1)
+        with runlock.hold_for_workers(cfg.output_dir if one_machine else None), shared_listing(images, cfg.data):
+            return launch.relaunch(cfg, argv)
+    from visiontune.training.trainer import train
+
+    train(cfg, images)
+    return 0
+
+
+def cmd_lr_find(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.training.lrfind import lr_find
+
+    cfg = config_from_args(args)
+    found = lr_find(cfg, start=args.start_lr, end=args.end_lr, steps=args.steps)
+    print(f"visiontune: suggested lr {found['suggested_lr']:.2g} (loss against lr: {found['dir']}/lr_find.png)")
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.data.layouts import write_kaggle_manifest
+
+    out, n = write_kaggle_manifest(args.data)
+    print(f"visiontune: wrote {out} ({n} rows)")
+    return 0
+
+
+def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.data.sample import clear_folder, make_sample_data
+
+    clear_folder(args.dir, args.force)
+    info = make_sample_data(args.dir, per_class=args.per_class, seed=args.seed)
+    print(
+        f"visiontune: wrote a SYNTHETIC data set to {args.dir}: {info['train']} labelled images "
+        f"({', '.join(info['classes'])}) in train/, {info['test']} in test/"
+    )
+    return 0
+
+
+def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.models.build import model_names
+
+    names = model_names(args.source, args.filter)
+    if not names:
+        raise UserError(f"no {args.source} model name contains {args.filter!r}")
+    print("\n".join(names))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.data.check import check_folder
+
+    return check_folder(args.data, args.report, args.workers)
+
+
+def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.cluster import jobplan, launch
+    from visiontune.data.layouts import discover
+    from visiontune.reports.bench import bench, train_flags
+
+    cfg = config_from_args(args)
+    discover(cfg.data)
+    # Each strategy re-runs `visiontune train` with these flags.
+    cfg, train_argv = train_flags(cfg, argv, "epochs" in vars(args))
+    out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)
+    bench(
+        cfg,
+        train_argv,
+        [s.strip() for s in args.strategies.split(",") if s.strip()],
+        cfg.nproc or jobplan.default_nproc(),
+        args.same,
+        out,
+        args.repeats,
+    )
+    return 0
+
+
+def _inference(args: argparse.Namespace):
+    """The model of ``--run`` or ``--weights`` (``--model``/``--classes`` for a bare file) and how to run it."""
+    from visiontune.inference.loaded import InferenceConfig, load_model
+
+    classes = [c.strip() for c in args.classes.split(",")] if getattr(args, "classes", None) else None
+    loaded = load_model(
+        args.run,
+        getattr(args, "weights", None),
+        model=getattr(args, "model", None),
+        classes=classes,
+        image_size=getattr(args, "image_size", None),
+    )
+    return loaded, InferenceConfig(args.batch_size or loaded.batch_size, args.mixed_precision, args.progress)
+
+
+def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.cluster import launch
+    from visiontune.inference.predict import check_clip, list_inputs, predict, skipped_path
+    from visiontune.runs.runlock import writable_file
+
+    loaded, icfg = _inference(args)
+    inputs = list_inputs(args.data)
+    check_clip(args.clip)
+    writable_file(args.out, "--out")  # before the forward pass, not after it
+    return launch.here_or_relaunched(
+        args.nproc,
+        argv,
+        "predict",
+        skipped_path(args.out).exists,
+        lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta),
+    )
+
+
+def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
+    import json
+    from pathlib import Path
+
+    from visiontune.cluster import launch
+    from visiontune.inference.evaluate import evaluate
+
+    loaded, icfg = _inference(args)
+    out = args.out or str(Path(args.run) / "eval.json")
+    return launch.here_or_relaunched(
+        args.nproc,
+        argv,
+        "evaluate",
+        lambda: json.loads(Path(out).read_text())["skipped"],
+        lambda: evaluate(
+            loaded, icfg, args.data, out, run_dir=args.run, split=args.split, tta_mode=args.tta, top_n=args.top_losses
+        ),
+    )
+
+
+def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.inference.export import SUFFIX, check_format, described, export
+    from visiontune.inference.loaded import load_model
+
+    check_format(args.format)
+    loaded = load_model(args.run)
+    out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
+    diff = export(loaded.model, loaded.info, args.format, out)
+    print(described(out, loaded.info, diff))
+    return 0
+
+
+def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.cluster import launch
+
+    cfg = config_from_args(args)  # the train flags must make a valid run before a job is queued
+    own = tuple(flag for flag, _, _ in slurm.FLAGS) + ("--output-dir", "--strategy")
+    script = slurm.batch_script(
+        launch.without_flags(argv, own),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time,
+        partition=args.partition,
+        cpus_per_task=args.cpus_per_task,
+        job_name=args.job_name,
+        output_dir=cfg.output_dir,
+    )
+    slurm.write(script, args.out)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.reports.report import write
+
+    print(f"visiontune: wrote {write(args.run)}")
+    return 0
+
+
+# "cmd_sample_data" runs `visiontune sample-data`, and so on.
+COMMANDS = {name[4:].replace("_", "-"): f for name, f in list(globals().items()) if name.startswith("cmd_")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return flags.build_parser(COMMANDS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from visiontune.cluster import launch
+
+    launch.die_with_launcher()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        code = args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:  # `visiontune models | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell tool killed by the signal
+    except UserError as e:
+        print(f"visiontune: error: {e}", file=sys.stderr)
+        launch.leave_process_group()
+        return 2
+    except RunStopped as e:  # a signal or a non-finite loss: the checkpoint is written, say where
+        if launch.rank() == 0:  # every worker stops alike; one line is enough
+            print(f"visiontune: {e}", file=sys.stderr)
+        launch.leave_process_group()
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def entry() -> int:
+    """The ``visiontune`` command and ``python -m visiontune``: ``main``, then a quick exit."""
+    code = main()
+    # The interpreter's exit runs garbage collections over every object the imports made (340,000 with torch
+    # and torchvision): about 0.6 CPU s a process, for each worker of a job. Frozen, they are skipped;
+    # everything is still closed and flushed as before.
+    gc.freeze()
+    return code

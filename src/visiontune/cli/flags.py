@@ -1,0 +1,218 @@
+"""Every subcommand's flags (the training ones made from ``TrainConfig``), and an argparse that complains in one line.
+
+Training flags default to "not given" so that the precedence is explicit:
+``TrainConfig`` defaults, then ``--config FILE``, then the flags on the command
+line. A ``Literal[...]`` field becomes a flag with argparse ``choices``; a bool
+field ``--x/--no-x``. ``validate`` checks the same choices for values that come
+from a config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+
+from visiontune.cluster import slurm
+from visiontune.cluster.host import available_cores
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig, choices
+from visiontune.settings.validation import load_config_file, validate
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _workers(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
+
+
+# How a TrainConfig field's annotation is parsed from the command line (bool fields are --x/--no-x).
+_PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": float, "float | None": float}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose complaints are a ``UserError``: one line and exit 2, like every other input error."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per ``TrainConfig`` field, --field-name, with the field's help and default."""
+    p.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
+    allowed = choices()
+    for f in fields(TrainConfig):
+        flag, help_text = "--" + f.name.replace("_", "-"), f.metadata["help"]
+        if f.type == "bool":
+            help_text += " (default on)" if f.default else ""
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+            continue
+        if f.default not in (None, ""):
+            help_text += f" (default {f.default})"
+        if f.name == "augment":  # plain --augment keeps its old meaning, flip-crop
+            p.add_argument(
+                flag, nargs="?", const="flip-crop", choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text
+            )
+            p.add_argument(
+                "--no-augment",
+                dest="augment",
+                action="store_const",
+                const="none",
+                default=argparse.SUPPRESS,
+                help="no augmentation",
+            )
+            continue
+        if f.name in allowed:
+            p.add_argument(flag, choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text)
+            continue
+        kind = _workers if f.name == "num_workers" else _PARSERS[f.type]
+        p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults, then the config file, then the flags given."""
+    names = {f.name for f in fields(TrainConfig)}
+    merged = load_config_file(args.config) if getattr(args, "config", None) else {}
+    merged.update({k: v for k, v in vars(args).items() if k in names})
+    if merged.get("init_from"):  # continuing an earlier run: its model, size and resize unless said otherwise
+        from visiontune.runs.runinfo import read_run
+
+        earlier = read_run(merged["init_from"])
+        merged = {
+            "model": earlier.model,
+            "image_size": earlier.image_size,
+            "interpolation": earlier.interpolation,
+            "crop_pct": earlier.crop_pct,
+            **merged,
+        }
+    return validate(TrainConfig(**merged))
+
+
+def _add_inference_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-size", type=positive, help="images per batch PER PROCESS (default: the run's)")
+    p.add_argument("--mixed-precision", choices=choices()["mixed_precision"], default="no")
+    p.add_argument("--nproc", type=positive, default=1, help="processes (DDP-style sharding; same output)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
+    p.add_argument(
+        "--tta",
+        choices=("none", "flip", "flip+crop"),
+        default="none",
+        help="test-time augmentation: average the probabilities of mirrored (and centre-cropped) views",
+    )
+
+
+def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
+    """Every subcommand and its flags; ``commands`` maps each name to the function that runs it."""
+    parser = OneLineParser(
+        prog="visiontune",
+        description="Fine-tune torchvision and timm image classifiers on a folder of images, on one CPU or many GPUs.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
+    add_train_flags(p)
+    p.set_defaults(func=commands["train"])
+    p = sub.add_parser("lr-find", help="a short exponential lr sweep: loss-vs-lr PNG and a suggested lr")
+    add_train_flags(p)
+    p.add_argument("--steps", type=positive, default=100, help="batches in the sweep (default 100)")
+    p.add_argument("--start-lr", type=float, default=1e-7, help="first lr (default 1e-7)")
+    p.add_argument("--end-lr", type=float, default=10.0, help="last lr (default 10)")
+    p.set_defaults(func=commands["lr-find"])
+    p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
+    p.add_argument("data")
+    p.set_defaults(func=commands["prepare"])
+    p = sub.add_parser("sample-data", help="write a small synthetic data set in the Kaggle layout")
+    p.add_argument("dir")
+    p.add_argument("--per-class", type=positive, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace the data set in a folder that is not empty")
+    p.set_defaults(func=commands["sample-data"])
+    p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
+    p.add_argument("--source", choices=("torchvision", "timm", "all"), default="torchvision")
+    p.add_argument("--filter", default="", help="only names containing this text (any case)")
+    p.set_defaults(func=commands["models"])
+    p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
+    p.add_argument("data")
+    p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
+    p.add_argument("--workers", type=positive, default=available_cores(), help="decoding threads (default: cores)")
+    p.set_defaults(func=commands["check"])
+    p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
+    add_train_flags(p)
+    p.add_argument("--strategies", default="single,dp,ddp", help="comma-separated (default single,dp,ddp)")
+    p.add_argument(
+        "--same",
+        default="global",
+        choices=("global", "per-device"),
+        help="keep the global batch (default) or the per-device batch equal across strategies",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="train each strategy N times, interleaved; report the median run and the spread",
+    )
+    p.set_defaults(func=commands["bench"])
+    p = sub.add_parser("slurm", help="write a Slurm batch script for `visiontune train` (requeued on preemption)")
+    add_train_flags(p)
+    for flag, kind, help_text in slurm.FLAGS:
+        p.add_argument(
+            flag,
+            type=kind,
+            required=help_text.startswith("required"),
+            default="visiontune" if flag == "--job-name" else None,
+            help=help_text,
+        )
+    p.set_defaults(func=commands["slurm"])
+    p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
+    p.add_argument("--run", help="a training run folder")
+    p.add_argument(
+        "--weights",
+        help="instead of --run: a visiontune .safetensors file (it says what it is), "
+        "or a .pth/.safetensors state_dict with --model and --classes",
+    )
+    p.add_argument("--model", help="with --weights: the model name (checked against the file's own)")
+    p.add_argument("--classes", help="with --weights: class names in training order, comma-separated")
+    p.add_argument(
+        "--image-size",
+        type=int,
+        help="with --weights: input size (default: the file's, else the model's pretrained size)",
+    )
+    p.add_argument("--data", required=True, help="a folder of images, Kaggle's test/, or a file listing paths")
+    p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
+    p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
+    _add_inference_flags(p)
+    p.set_defaults(func=commands["predict"])
+    p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
+    p.add_argument("--run", required=True, help="a training run folder")
+    p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
+    p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
+    p.add_argument(
+        "--split",
+        choices=("val", "train", "all"),
+        help="with the run's own data: which images to score (default val); other data is scored whole",
+    )
+    p.add_argument("--top-losses", type=int, default=16, help="misclassified images in top_losses.png/.csv")
+    _add_inference_flags(p)
+    p.set_defaults(func=commands["evaluate"])
+    p = sub.add_parser("export", help="export a run's best model to ONNX or a torch.export .pt2 archive")
+    p.add_argument("--run", required=True, help="a training run folder")
+    p.add_argument("--format", required=True, help="onnx or pt2 (torch.export; TorchScript's successor)")
+    p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.pt2)")
+    p.set_defaults(func=commands["export"])
+    p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
+    p.add_argument("run", help="a training run folder (or a bench folder)")
+    p.set_defaults(func=commands["report"])
+    return parser

@@ -1,0 +1,250 @@
+"""Every launcher and cluster variable visiontune reads, and the hand-over to torch.distributed.run.
+
+Who started this process decides what happens. Inside a launcher's worker
+(torchrun, ``accelerate launch``: LOCAL_RANK is set) nothing is started. Slurm with
+one task per GPU started every process already: each joins under the ranks Slurm
+gave it. Otherwise ``visiontune train --strategy ddp`` becomes, in this same process,
+the elastic agent of ``torchrun ... -m visiontune train ...`` for this machine; its
+nodes, node rank and rendezvous are planned by ``jobplan`` from the flags and the
+environment read here (Slurm, Kubernetes-style variables). Workers die with their agent (a parent-death signal), so
+a launcher killed with SIGKILL leaves nothing running. The run folder is fixed
+here, before the workers start, so that they all agree on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+
+from visiontune.cluster import jobplan, slurm
+from visiontune.cluster.host import available_cores
+from visiontune.cluster.jobplan import Plan
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig
+
+LAUNCHER_PID = "VISIONTUNE_LAUNCHER_PID"  # set by relaunch for its workers: who they must die with
+ENV = os.environ  # the one place the process environment is read from
+
+
+# --- inside a worker: what the launcher said ----------------------------------------------------------
+
+
+def is_worker() -> bool:
+    """Started by a launcher (even one of a single process): never start a second one."""
+    return "LOCAL_RANK" in ENV
+
+
+def world_size() -> int:
+    return int(ENV.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(ENV.get("RANK", "0"))
+
+
+def local_world_size() -> int:
+    """Processes on this machine, as the launcher says (1 outside a launcher)."""
+    return int(ENV.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def inside_launcher() -> bool:
+    """A worker of a job of several processes: that is DDP, whatever --strategy says."""
+    return is_worker() and world_size() > 1
+
+
+def group_rank(default: int) -> int:
+    """This machine's index among the job's machines, as the launcher says (``default`` outside one)."""
+    return int(ENV.get("GROUP_RANK", default))
+
+
+def restart_count() -> int:
+    """How often torch.distributed.run restarted this job's workers (0 on the first attempt)."""
+    return int(ENV.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def rendezvous() -> tuple[str, int] | None:
+    """The address and port of the store the agent keeps for every attempt; None when rank 0 makes one per attempt."""
+    if ENV.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
+        return None
+    return ENV["MASTER_ADDR"], int(ENV["MASTER_PORT"])
+
+
+def accelerate_cpu_single() -> bool:
+    """``accelerate launch --cpu`` without mpirun: it started one process where N were asked for."""
+    return (
+        ENV.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and "MASTER_ADDR" in ENV and "WORLD_SIZE" not in ENV
+    )
+
+
+def die_with_launcher() -> None:
+    """In a torchrun worker: ask Linux to SIGKILL this process when its parent, the agent, dies.
+
+    The agent starts each worker in a session of its own, so a SIGKILLed agent
+    (``kill -9``, the OOM killer) would otherwise leave its workers training on as orphans.
+    """
+    if "TORCHELASTIC_RUN_ID" not in ENV or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if ENV.get(LAUNCHER_PID) and os.getppid() != int(ENV[LAUNCHER_PID]):
+        os._exit(128 + signal.SIGKILL)  # the agent died before the line above took effect
+
+
+def leave_process_group() -> None:
+    """Tear this worker's process group down before it exits on an error it has reported.
+
+    Left to the interpreter's exit, the group's C++ threads can end the process with SIGABRT
+    ("terminate called without an active exception") once a peer has gone, and the launcher
+    then reports a crash instead of the worker's own exit code (2 for a user error).
+    """
+    if "torch" not in sys.modules:  # nothing to tear down, and no reason to import torch for it
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- before any worker: how this machine's part of the job starts -------------------------------------
+
+
+def run_folder(cfg: TrainConfig) -> str:
+    """The folder a run writes: --output-dir, else the run --resume names, else a new timestamped one."""
+    return cfg.output_dir or (cfg.resume if cfg.resume not in (None, "auto") else default_output_dir())
+
+
+def default_output_dir() -> str:
+    return os.path.join("runs", datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+
+
+def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -> Plan:
+    """``jobplan.plan`` for this machine: from the process environment unless ``env`` is given."""
+    return jobplan.plan(cfg, env, cluster)
+
+
+def join_cluster(cfg: TrainConfig) -> None:
+    """Under Slurm with one task per GPU, become the rank Slurm started (Accelerate reads these variables).
+
+    Also refuse a cluster job of several processes that --strategy would not make one job.
+    """
+    if is_worker():
+        return
+    alloc = slurm.allocation(ENV)
+    started = alloc.ntasks if alloc else (world_size() if jobplan.kubernetes(ENV) else 1)
+    if cfg.strategy != "ddp" and started > 1:
+        raise UserError(
+            f"the cluster started {started} processes but --strategy is {cfg.strategy}: each would "
+            "train alone; pass --strategy ddp"
+        )
+    if cfg.strategy == "ddp":
+        p = plan(cfg)
+        if p.join:
+            ENV.update(p.join)
+
+
+def needs_launcher(cfg: TrainConfig, command: str = "train") -> bool:
+    if cfg.strategy != "ddp" or is_worker():
+        return False
+    p = plan(cfg, cluster=command == "train")
+    return p.nproc > 1 or p.nnodes != "1" or cfg.max_restarts > 0 or p.rdzv_endpoint is not None
+
+
+def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """``argv`` less each of ``flags`` and its value (``--f v`` or ``--f=v``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif not arg.startswith(tuple(f + "=" for f in flags)):
+            out.append(arg)
+    return out
+
+
+def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> list[str]:
+    """torchrun's arguments for this run, then the workers' ``visiontune <command>`` arguments."""
+    p = plan(cfg, cluster=command == "train")
+    args = [f"--nproc-per-node={p.nproc}", f"--nnodes={p.nnodes}", f"--max-restarts={cfg.max_restarts}"]
+    if p.rdzv_endpoint:  # elastic: the c10d store at the endpoint assigns the node ranks
+        args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={p.rdzv_endpoint}", f"--rdzv-id={p.rdzv_id}"]
+    elif p.nnodes == "1":
+        args.append("--standalone")  # rendezvous on a free local port
+    else:
+        args += [f"--node-rank={p.node_rank}", f"--master-addr={p.master_addr}", f"--master-port={p.master_port}"]
+    # "--" ends torchrun's own options: its parser takes abbreviations, so a worker's
+    # ``--run`` would otherwise clash with its ``--run-path``.
+    return [*args, "-m", "--", "visiontune", command, *argv]
+
+
+def here_or_relaunched(
+    nproc: int | None, argv: list[str], command: str, skipped: Callable[[], object], run: Callable[[], object]
+) -> int:
+    """``run()`` here, or with ``nproc`` > 1 in that many processes; exit 1 when ``skipped()`` files were unreadable.
+
+    Under a launcher a worker exits 0 with skips (exit 1 would read as a crashed worker); the
+    launching process reads ``skipped()`` from the output the workers wrote and reports it.
+    """
+    cfg = TrainConfig(data="-", strategy="ddp", nproc=nproc)
+    if needs_launcher(cfg, command):
+        code = relaunch(cfg, argv, command)
+        return 1 if code == 0 and skipped() else code
+    run()
+    return 1 if not inside_launcher() and skipped() else 0
+
+
+def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
+    """Run the workers under the elastic agent; return the job's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import (
+        SignalException,
+        _terminate_process_handler,
+    )
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    torchrun_args = launcher_argv(cfg, argv, command)
+    # Each worker takes cores / processes threads (cpu_budget); tell
+    # OpenMP the same before the workers start so nothing oversubscribes.
+    nproc = int(torchrun_args[0].split("=")[1])
+    ENV.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
+    ENV[LAUNCHER_PID] = str(os.getpid())
+    if cfg.rdzv_endpoint:
+        # torch shares the rendezvous store with the workers, but a node that joins a later round
+        # then waits forever for keys the first round's rank 0 never writes again: opt out.
+        ENV.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # The agent already passes SIGTERM and SIGINT on to the workers (which checkpoint and stop);
+    # make SIGUSR1 take the same path instead of killing the agent alone.
+    old_usr1 = signal.signal(signal.SIGUSR1, _terminate_process_handler)
+    try:
+        run(get_args_parser().parse_args(torchrun_args))
+    except SignalException as e:
+        print(
+            f"visiontune: stopped by {signal.Signals(e.sigval).name}; the workers wrote a checkpoint "
+            "(continue with --resume auto and the same --output-dir)",
+            file=sys.stderr,
+        )
+        return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        rank_, failure = e.get_first_failure()
+        code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        print(
+            f"visiontune: worker rank {rank_} failed with exit code {failure.exitcode} "
+            f"(its output is above); the job stopped",
+            file=sys.stderr,
+        )
+        return code
+    finally:
+        # Called from the Python API the process lives on: workers it starts later, through another
+        # launcher, must not take it for their launcher and kill themselves.
+        ENV.pop(LAUNCHER_PID, None)
+        signal.signal(signal.SIGUSR1, old_usr1)
+    return 0
+
+
+def cpu_budget() -> int:
+    """This process's share of the machine's cores."""
+    return max(1, available_cores() // local_world_size())

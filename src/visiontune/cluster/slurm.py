@@ -1,0 +1,211 @@
+"""Slurm: what an allocation says, and the batch script ``visiontune slurm`` writes.
+
+``allocation(env)`` reads the variables Slurm sets in a job step (``srun``, or the
+batch script itself): the nodes, this node's index, the first node's name from
+the hostlist (``scontrol show hostnames`` where Slurm is installed, else the same
+expansion here), a port derived from the job id, the GPUs on this node and the
+tasks started. ``launch`` decides from it how the processes start; nothing here
+starts any. ``batch_script`` writes a job that asks for the resources, runs
+``srun visiontune train ... --resume auto`` with one task per node, has Slurm send
+USR1 two minutes before the time limit (the run checkpoints and exits 138) and
+then puts itself back in the queue, where the same command resumes at that batch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from visiontune.errors import UserError
+
+PREEMPTED = 138  # 128 + SIGUSR1: what a run stopped by USR1 exits with
+SIGNAL_LEAD_S = 120
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """``gpu[01-02,7]-ib,login1`` -> ``gpu01-ib, gpu02-ib, gpu7-ib, login1`` (zero padding kept)."""
+    hosts: list[str] = []
+    for entry in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):
+        names = [""]
+        for literal, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", entry):
+            items = []
+            for part in ranges.split(",") if ranges else []:
+                lo, _, hi = part.partition("-")
+                items += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi or lo) + 1)]
+            names = [n + literal + i for n in names for i in (items or [""])]
+        hosts += names
+    return hosts
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """Slurm's own expansion when ``scontrol`` is on PATH, else ``expand_hostlist``."""
+    if shutil.which("scontrol"):
+        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
+        if done.returncode == 0 and done.stdout.split():
+            return done.stdout.split()
+    return expand_hostlist(nodelist)
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE``: ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for n, times in re.findall(r"(\d+)(?:\(x(\d+)\))?", text):
+        counts += [int(n)] * int(times or 1)
+    return counts
+
+
+def port_for_job(job_id: str) -> int:
+    """15000 + the job id's last four digits: every node of a job derives the same port, and
+    neighbouring jobs on a node differ (the convention PyTorch Lightning uses)."""
+    return 15000 + int(re.sub(r"\D", "", job_id)[-4:] or 0)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: str
+    nnodes: int
+    node_rank: int  # SLURM_NODEID
+    first_host: str
+    port: int
+    gpus: int | None  # on this node, when Slurm says
+    ntasks: int  # tasks of the step, over every node
+    tasks_here: int
+    task_rank: int  # SLURM_PROCID
+    local_task: int  # SLURM_LOCALID
+
+    @property
+    def one_task_per_gpu(self) -> bool:
+        """Slurm started every process (``--ntasks-per-node G``); else one task per node starts them."""
+        return self.ntasks > self.nnodes
+
+
+def _first(env: Mapping[str, str], *names: str) -> str | None:
+    return next((env[n] for n in names if env.get(n)), None)
+
+
+def allocation(env: Mapping[str, str]) -> Allocation | None:
+    """The job step this process runs in, or None outside Slurm (or in a bare ``salloc`` shell)."""
+    if not env.get("SLURM_JOB_ID") or "SLURM_NODEID" not in env:
+        return None
+    nnodes = int(_first(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES") or 1)
+    nodelist = _first(env, "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST") or "localhost"
+    node = int(env["SLURM_NODEID"])
+    per_node = tasks_per_node(_first(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") or "")
+    ntasks = int(_first(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") or sum(per_node) or nnodes)
+    gpus = _first(env, "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")  # the latter may read "a100:4"
+    return Allocation(
+        env["SLURM_JOB_ID"],
+        nnodes,
+        node,
+        hostnames(nodelist)[0],
+        port_for_job(env["SLURM_JOB_ID"]),
+        int(gpus.rsplit(":", 1)[-1]) if gpus else None,
+        ntasks,
+        per_node[node] if node < len(per_node) else max(1, ntasks // nnodes),
+        int(env.get("SLURM_PROCID", node)),
+        int(env.get("SLURM_LOCALID", 0)),
+    )
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's ``--time`` formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m:
+        raise UserError(f"--time {text!r} is not a Slurm time limit; write e.g. 90 (minutes), 4:00:00 or 1-12:00:00")
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    if days is not None:  # D-H[:M[:S]]
+        return ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+    if c is not None:  # H:M:S
+        return (a * 60 + b) * 60 + c
+    return a * 60 + (b or 0)  # M[:S]
+
+
+# The ``visiontune slurm`` options besides the train flags: (flag, type, help).
+FLAGS = (
+    ("--nodes", int, "required: nodes to allocate"),
+    ("--gpus-per-node", int, "required: GPUs per node (0 for CPU nodes); one process per GPU"),
+    ("--time", str, "required: time limit, as Slurm writes it (90, 4:00:00, 1-12:00:00)"),
+    ("--partition", str, "Slurm partition"),
+    ("--cpus-per-task", int, "CPU cores per node (default 4 per GPU)"),
+    ("--job-name", str, "job name (default visiontune); the log is NAME-JOBID.out"),
+    ("--out", str, "file to write (default: standard output, e.g. piped into sbatch)"),
+)
+
+
+def write(script: str, out: str | None) -> None:
+    """The script to ``out`` (made executable), or to standard output."""
+    if out is None:
+        print(script, end="")
+        return
+    from visiontune.files import atomic_write
+
+    try:
+        atomic_write(out, script)
+    except OSError as e:
+        raise UserError(f"cannot write {out} ({e.strerror}); pass another --out PATH") from None
+    os.chmod(out, 0o755)
+    print(f"visiontune: wrote {out}; submit it with `sbatch {out}`", file=sys.stderr)
+
+
+# Train flags a batch script may not carry: Slurm decides them, or the requeue needs --resume auto.
+_SLURM_DECIDES = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--resume")
+
+
+def batch_script(
+    train_argv: list[str],
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    time: str,
+    partition: str | None,
+    cpus_per_task: int | None,
+    job_name: str,
+    output_dir: str | None,
+) -> str:
+    """An sbatch script running ``visiontune train`` with ``train_argv`` on the allocation."""
+    if nodes < 1 or gpus_per_node < 0:
+        raise UserError(f"--nodes must be >= 1 and --gpus-per-node >= 0, got {nodes} and {gpus_per_node}")
+    if time_limit_seconds(time) <= SIGNAL_LEAD_S:
+        raise UserError(f"--time {time} leaves no time to train: Slurm warns {SIGNAL_LEAD_S} s before the limit")
+    for flag in _SLURM_DECIDES:
+        if any(a == flag or a.startswith(flag + "=") for a in train_argv):
+            raise UserError(
+                f"{flag} has no place in a batch script: the allocation decides the nodes, ranks and "
+                "address, and a requeued job resumes with --resume auto (to continue a run, give "
+                "its folder as --output-dir)"
+            )
+    cpus = cpus_per_task or 4 * max(1, gpus_per_node)
+    run_dir = shlex.quote(output_dir) if output_dir else '"runs/slurm-$SLURM_JOB_ID"'
+    train = " ".join(shlex.quote(a) for a in train_argv)
+    gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else ""
+    part = f"#SBATCH --partition={partition}\n" if partition else ""
+    return f"""#!/bin/bash
+# Written by `visiontune slurm`. One task per node: on each node visiontune starts
+# its processes under torch.distributed.run, and reads nodes, ranks and the address
+# of the first node from the allocation. Submit with: sbatch THIS_FILE
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+{gpus}#SBATCH --cpus-per-task={cpus}
+#SBATCH --time={time}
+{part}#SBATCH --signal=USR1@{SIGNAL_LEAD_S}
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.out
+
+# {SIGNAL_LEAD_S} s before the time limit Slurm sends USR1: the run finishes its step, writes a
+# checkpoint and exits with {PREEMPTED}; the job then goes back in the queue, and the same command
+# (--resume auto, same run folder) continues at that batch. A requeued job keeps its id and log.
+srun --kill-on-bad-exit=1 visiontune train {train} --strategy ddp --output-dir {run_dir} --resume auto
+code=$?
+if [ "$code" -eq {PREEMPTED} ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$code"
+"""

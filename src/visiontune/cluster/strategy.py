@@ -1,0 +1,178 @@
+"""single | dp | ddp: the one module that builds the Accelerator and DataParallel.
+
+``single`` is one process on one device; ``ddp`` is one process per device
+(or N gloo processes on a CPU), started by ``torch.distributed.run`` and
+joined up by Accelerate; ``dp`` is one process with the model wrapped in
+``torch.nn.DataParallel`` over every visible GPU. All three then run the
+same loop. Threads are budgeted here: each process gets cores / local
+processes, and loader workers come out of that budget.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, LoggerType, gather_object
+from torch import nn
+
+from visiontune.cluster.launch import accelerate_cpu_single, cpu_budget, inside_launcher, local_world_size, rank
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig
+
+
+def effective_strategy(cfg: TrainConfig) -> str:
+    # Started by torchrun/accelerate launch with several processes: that is DDP.
+    return "ddp" if inside_launcher() else cfg.strategy
+
+
+def loader_workers(cfg: TrainConfig) -> int:
+    """``--num-workers auto``: decoding workers out of this process's core budget."""
+    if cfg.num_workers is not None:
+        return cfg.num_workers
+    if torch.cuda.is_available():
+        return max(1, min(8, cpu_budget() - 1))  # the GPU computes; the cores decode
+    # On a CPU the model needs the cores too: a worker process would fight the model's threads
+    # for them (measured: slower than either alone), so the batch is decoded in this process.
+    return 0
+
+
+def decode_threads(cfg: TrainConfig) -> int:
+    """Threads that decode a batch inside this process: the whole budget when there are no workers."""
+    return cpu_budget() if loader_workers(cfg) == 0 else 1
+
+
+def enable_gpu_speedups() -> None:
+    """TF32 tensor cores for float32 matmuls/convolutions (ignored by GPUs without them), and cuDNN
+    autotuning: the input shape is fixed (full batches of SxS), so the search pays once per run."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+
+
+def check_runnable(cfg: TrainConfig) -> None:
+    """Refuse settings that would quietly do something else here: fp16 on a CPU, a missing tracker."""
+    if cfg.mixed_precision == "fp16" and not torch.cuda.is_available():
+        # Accelerate would train in fp32 on a CPU while config.json said fp16.
+        raise UserError(
+            "--mixed-precision fp16 needs a GPU (on a CPU it would train in fp32); use --mixed-precision bf16 or no"
+        )
+    trackers = {t.value for t in LoggerType} - {"all"}  # their values are also their module names
+    if cfg.log_with in trackers and importlib.util.find_spec(cfg.log_with) is None:
+        # Accelerate leaves out trackers it cannot import, so the run would log nothing.
+        extra = "'visiontune[tensorboard]'" if cfg.log_with == "tensorboard" else cfg.log_with
+        raise UserError(f"--log-with {cfg.log_with}: {cfg.log_with} is not installed; pip install {extra}")
+
+
+def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accelerator:
+    """Create the run's only Accelerator, then set this process's thread budget."""
+    check_runnable(cfg)
+    if not torch.distributed.is_initialized():
+        # Accelerate keeps one state per process; a second run in the same process
+        # (the Python API, a notebook) may ask for other settings.
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    if torch.cuda.is_available():
+        enable_gpu_speedups()
+    try:
+        accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(),  # makes Accelerate join gloo processes on a CPU
+            mixed_precision=cfg.mixed_precision,
+            gradient_accumulation_steps=cfg.grad_accum,
+            log_with=cfg.log_with,
+            project_dir=project_dir,
+            dataloader_config=DataLoaderConfiguration(non_blocking=True),
+            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.timeout))],
+        )
+    except ValueError as e:  # e.g. fp16 asked for on a CPU, an unknown tracker
+        raise UserError(f"cannot set up the run: {e}") from None
+    # After Accelerate, which sets its own count on a CPU when OMP_NUM_THREADS is unset.
+    torch.set_num_threads(cpu_budget())
+    return accelerator
+
+
+def check(cfg: TrainConfig) -> None:
+    """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
+    check_runnable(cfg)
+    if cfg.sync_batchnorm and effective_strategy(cfg) == "ddp" and not torch.cuda.is_available():
+        raise UserError(
+            "--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
+            "drop the flag (each process then normalises its own batch)"
+        )
+    if rank() != 0:
+        return  # one note per job, not one per process
+    if inside_launcher() and cfg.nproc is not None and cfg.nproc != local_world_size():
+        print(
+            f"visiontune: --nproc {cfg.nproc} ignored: the launcher started {local_world_size()} "
+            "process(es) on this machine"
+        )
+    elif accelerate_cpu_single() and cfg.strategy != "ddp":
+        # `accelerate launch --cpu --num_processes N` needs mpirun to start N processes; without it, one runs.
+        print(
+            "visiontune: accelerate launch started one process (its --cpu mode needs mpirun for more); for N "
+            "CPU processes use `accelerate launch --multi_gpu --num_processes N` or --strategy ddp --nproc N"
+        )
+
+
+@dataclass(frozen=True)
+class Setup:
+    strategy: str
+    world_size: int
+    per_process_batch: int
+    global_batch: int
+    lr: float
+    devices: list[str]  # one entry per process (dp: every GPU of its one process)
+    threads: int  # this process's intra-op threads (cores / processes on a machine)
+    loader_workers: int
+    decode_threads: int  # threads decoding each batch in a loader worker, or here without workers
+
+
+def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
+    """Global batch, the learning rate actually used, and the devices in play (a collective)."""
+    strategy = effective_strategy(cfg)
+    global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
+    lr = cfg.lr * global_batch / cfg.reference_batch if cfg.scale_lr else cfg.lr
+    if strategy == "dp" and torch.cuda.device_count() > 1:
+        devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    else:  # every process says which device it holds
+        devices = (
+            gather_object([str(accelerator.device)]) if accelerator.num_processes > 1 else [str(accelerator.device)]
+        )
+    return Setup(
+        strategy,
+        accelerator.num_processes,
+        cfg.batch_size,
+        global_batch,
+        lr,
+        devices,
+        torch.get_num_threads(),
+        loader_workers(cfg),
+        decode_threads(cfg),
+    )
+
+
+def prepare(accelerator: Accelerator, cfg: TrainConfig, model: nn.Module, optimizer, *loaders):
+    """Hand everything to Accelerate; add DataParallel for ``dp``."""
+    if cfg.sync_batchnorm and accelerator.num_processes > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if effective_strategy(cfg) == "dp":
+        if torch.cuda.device_count() < 2:
+            accelerator.print(
+                f"visiontune: {torch.cuda.device_count()} GPU(s) visible: DataParallel gives no "
+                "parallelism here; running its code path on one device"
+            )
+        # Prepare the inner model first so its forward carries the autocast of
+        # mixed precision: DataParallel's replica threads would not inherit it.
+        model = nn.DataParallel(accelerator.prepare_model(model))
+        optimizer, *loaders = accelerator.prepare(optimizer, *loaders)
+    else:
+        model, optimizer, *loaders = accelerator.prepare(model, optimizer, *loaders)
+    if cfg.compile:
+        model = torch.compile(model)
+    return model, optimizer, loaders

@@ -1,0 +1,121 @@
+"""A synthetic stand-in for Kaggle's Dogs vs Cats, for demos and tests without the download.
+
+The files are laid out exactly like the Kaggle archive (``train/cat.<n>.jpg``,
+``train/dog.<n>.jpg``, unlabelled ``test/<id>.jpg``) and sized like it (300 to
+500 px each way, independently), so every layout, decode and resize path runs
+as it would on the real data. The classes differ the way a small CNN notices
+quickly and a 64 px resize keeps: cats sit on a warm background with
+horizontal stripes and a bright blob, dogs on a cool one with vertical stripes
+and a dark blob. Random tone, brightness, stripe period and phase, blob
+position and pixel noise keep it from being one constant picture per class.
+Each image draws from its own seeded generator, so output is byte-identical
+for a seed and images can be built in parallel.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from visiontune.cluster.host import available_cores
+from visiontune.errors import UserError
+
+CLASSES = ("cat", "dog")
+_TONES = {"cat": (200.0, 135.0, 80.0), "dog": (80.0, 135.0, 200.0)}  # warm vs cool mean RGB
+_MIN_SIDE, _MAX_SIDE = 300, 500
+_QUALITY = 85
+
+
+def _picture(label: str, rng: np.random.Generator) -> np.ndarray:
+    """One uint8 [h, w, 3] image of ``label``."""
+    w, h = (int(v) for v in rng.integers(_MIN_SIDE, _MAX_SIDE + 1, size=2))
+    tone = np.asarray(_TONES[label], np.float32) + rng.normal(0, 15, 3).astype(np.float32)
+    brightness = np.float32(rng.uniform(0.7, 1.2))
+
+    # Stripes 30-70 px apart are still 4-11 px apart after a 64 px resize, so they survive it.
+    period, phase = rng.uniform(30, 70), rng.uniform(0, 2 * np.pi)
+    along = np.arange(h if label == "cat" else w, dtype=np.float32)
+    wave = (25 * np.sin(2 * np.pi * along / period + phase)).astype(np.float32)
+    stripes = wave[:, None] if label == "cat" else wave[None, :]
+
+    # A separable Gaussian blob: two 1-D profiles instead of an h x w distance map.
+    cy, cx = rng.uniform(0.2, 0.8) * h, rng.uniform(0.2, 0.8) * w
+    radius = rng.uniform(0.08, 0.15) * min(w, h)
+    gy = np.exp(-(((np.arange(h) - cy) / radius) ** 2)).astype(np.float32)
+    gx = np.exp(-(((np.arange(w) - cx) / radius) ** 2)).astype(np.float32)
+    blob = (70 if label == "cat" else -70) * gy[:, None] * gx[None, :]
+
+    luma = stripes + blob  # [h, w] after broadcasting
+    img = brightness * (tone[None, None, :] + luma[:, :, None])
+    img += rng.normal(0, 12, (h, w, 3)).astype(np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _write(path: Path, label: str, seed_key: list[int]) -> None:
+    buf = io.BytesIO()
+    Image.fromarray(_picture(label, np.random.default_rng(seed_key))).save(buf, "JPEG", quality=_QUALITY)
+    path.write_bytes(buf.getvalue())
+
+
+# What sample-data (and `visiontune prepare`) write: --force removes these and nothing else.
+WRITTEN = ("train", "test", "train.csv")
+
+
+def clear_folder(out_dir: str | os.PathLike, force: bool) -> None:
+    """Refuse a folder that already holds files (old images would sit beside the new ones) unless
+    ``force``, which removes the data set there first."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file; give a folder to write the data set into")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
+        raise UserError(
+            f"{out} is not empty; choose an empty or new folder, or pass --force to replace the data set there"
+        )
+    for name in WRITTEN:
+        target = out / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+
+
+def make_sample_data(
+    out_dir: str | os.PathLike,
+    *,
+    per_class: int = 200,
+    test_count: int | None = None,
+    seed: int = 0,
+) -> dict:
+    """Write a synthetic Dogs-vs-Cats set into ``out_dir``; returns counts and the test labels."""
+    if per_class < 1:
+        raise ValueError(f"per_class must be at least 1, got {per_class}")
+    test_count = per_class // 2 if test_count is None else test_count
+    if test_count < 0:
+        raise ValueError(f"test_count must not be negative, got {test_count}")
+    train_dir, test_dir = Path(out_dir) / "train", Path(out_dir) / "test"
+    train_dir.mkdir(parents=True, exist_ok=True)
+    test_dir.mkdir(parents=True, exist_ok=True)
+
+    # Test labels come from their own generator so the train images do not depend on test_count.
+    test_rng = np.random.default_rng([seed, 2])
+    test_labels = {i: CLASSES[int(test_rng.integers(2))] for i in range(1, test_count + 1)}
+    jobs = [
+        (train_dir / f"{label}.{n}.jpg", label, [seed, 0, c, n])
+        for c, label in enumerate(CLASSES)
+        for n in range(per_class)
+    ]
+    jobs += [(test_dir / f"{i}.jpg", label, [seed, 1, i]) for i, label in test_labels.items()]
+    # numpy and PIL's encoder release the GIL for the heavy parts, so threads use both cores.
+    with ThreadPoolExecutor(max_workers=min(4, available_cores())) as pool:
+        list(pool.map(lambda job: _write(*job), jobs))
+    return {
+        "train": per_class * len(CLASSES),
+        "test": test_count,
+        "classes": list(CLASSES),
+        "test_labels": test_labels,
+    }

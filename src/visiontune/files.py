@@ -1,0 +1,49 @@
+"""Files written whole or not at all: a temp file beside the target, fsync, ``os.replace``.
+
+Every wing writes through these (run records, caches, batch scripts, reports), so a kill or a full
+disk never leaves half a file. Only the main process writes run files: callers invoke these after
+``accelerator.wait_for_everyone()`` inside ``if accelerator.is_main_process``, which is safe
+because none of them runs a collective. Imports nothing from visiontune.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` whole or not at all: a unique temp file beside it, fsync, rename.
+
+    Its mode is what the user's umask makes of 0666, as for any new file (and Accelerate's own).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Not mkstemp: its files are mode 0600; 0666 here is narrowed by the user's umask, like any new file.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` whole or not at all (see ``atomic_file``)."""
+    with atomic_file(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")

@@ -1,0 +1,178 @@
+"""``visiontune evaluate``: a trained run measured honestly on labelled data.
+
+The data is read with the same ``discover`` as ``train`` (any layout it
+accepts) and must have the run's classes. When it is the run's own data, only
+the run's validation split is scored by default (``--split train|all`` for the
+others), since scoring the images a model trained on says little; other data is
+scored whole. The forward pass is predict's (``inference.forward``), so every image
+counts once whatever the number of processes, and the numbers (see
+``metrics``) are computed once, on the main process, from the gathered logits
+in data order: N processes give exactly the same figures as one. Unreadable
+images are left out of every figure and listed. Beside ``eval.json`` go the
+confusion matrix, the top losses (PNG and CSV), and the run's report is rebuilt.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+from visiontune import files
+from visiontune.cluster import launch
+from visiontune.data.layouts import ImageSet, discover
+from visiontune.data.pipeline import UNREADABLE
+from visiontune.errors import UserError
+from visiontune.inference import loaded as inference
+from visiontune.inference import tta
+from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
+from visiontune.reports import figures, metrics
+
+SPLITS = ("val", "train", "all")
+
+
+def _run_data_root(run_dir: str | None) -> str | None:
+    try:
+        return json.loads((Path(run_dir) / "config.json").read_text())["data"]["root"] if run_dir else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[list[str], list[int], dict]:
+    """The paths and labels to score, and what they are: a split of the run's own data, or all of ``images``."""
+    if split is not None and split not in SPLITS:
+        raise UserError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+    root = _run_data_root(run_dir)
+    own = root is not None and os.path.realpath(root) == os.path.realpath(images.root)
+    if not own:
+        if split in ("val", "train"):
+            raise UserError(
+                f"--split {split} needs the run's own data ({root or 'unknown'}); "
+                f"{images.root} is other data and is scored whole"
+            )
+        return images.paths, images.labels, {"split": "all", "own_data": False}
+    split = split or "val"
+    if split == "all":
+        return images.paths, images.labels, {"split": "all", "own_data": True}
+    split_file = Path(run_dir) / "split.json"
+    try:
+        wanted = set(json.loads(split_file.read_text())[split])
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"cannot read the {split} list of {split_file} ({e}); pass --split all") from None
+    keep = [i for i, p in enumerate(images.paths) if os.path.relpath(p, images.root) in wanted]
+    if not keep:
+        raise UserError(
+            f"none of the {len(wanted)} {split} files of {split_file} is in {images.root} now; pass --split all"
+        )
+    return (
+        [images.paths[i] for i in keep],
+        [images.labels[i] for i in keep],
+        {"split": split, "own_data": True, "split_files_missing": len(wanted) - len(keep)},
+    )
+
+
+def describe(scored: dict, n: int, total: int) -> str:
+    if not scored["own_data"]:
+        return f"all {n} images (not the run's own data)"
+    name = {
+        "val": "the run's validation split",
+        "train": "the run's TRAINING split (the model has seen these)",
+        "all": "all of the run's data, training images included",
+    }[scored["split"]]
+    return f"{name}: {n} of {total} images" + (" (--split train|all for the rest)" if scored["split"] == "val" else "")
+
+
+def write_top_losses(folder: Path, items: list[dict], paths: list[str], classes: list[str]) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["rank", "path", "true", "predicted", "probability", "true_probability", "loss"])
+    for rank, it in enumerate(items, 1):
+        w.writerow(
+            [
+                rank,
+                paths[it["index"]],
+                classes[it["true"]],
+                classes[it["predicted"]],
+                f"{it['probability']:.6f}",
+                f"{it['true_probability']:.6f}",
+                f"{it['loss']:.6f}",
+            ]
+        )
+    files.atomic_write(folder / "top_losses.csv", buf.getvalue())
+    figures.plot_top_losses(folder / "top_losses.png", items, paths, classes)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def print_report(report: dict) -> None:
+    print(metrics.confusion_text(report))
+    print(metrics.per_class_table(report))
+    top = f", top-{report['top_k']} {_num(report['top_k_accuracy'])}" if report["top_k"] else ""
+    print(
+        f"visiontune: scored {report['scored']}{'; TTA ' + report['tta'] if report['tta'] != 'none' else ''}\n"
+        f"visiontune: accuracy {_num(report['accuracy'])}, balanced accuracy {_num(report['balanced_accuracy'])}"
+        f"{top}, macro F1 {_num(report['averages']['macro']['f1'])}, log loss {_num(report['log_loss'])}, "
+        f"ECE {_num(report['ece'])}"
+    )
+
+
+def evaluate(
+    loaded: LoadedModel,
+    icfg: InferenceConfig,
+    data: str,
+    out: str,
+    *,
+    run_dir: str | None = None,
+    split: str | None = None,
+    tta_mode: str = "none",
+    top_n: int = 16,
+) -> dict:
+    """Measure ``model`` on ``data`` (its val split when it is the run's data); write ``out`` and the figures."""
+    if top_n < 0:
+        raise UserError(f"--top-losses must be 0 or more, got {top_n}")
+    images, classes = discover(data), loaded.classes
+    # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
+    if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
+        raise UserError(
+            f"{data} has classes {images.classes} but the model was trained on {classes}; "
+            "evaluate on data with the same classes"
+        )
+    if launch.rank() == 0:
+        print(images.describe())
+    paths, labels, scored = select(images, run_dir, split)
+    accelerator = inference.start(icfg)
+    logits, got = inference.forward(accelerator, tta.wrap_loaded(loaded, tta_mode), icfg, paths, labels, "evaluate")
+    report: dict = {}
+    if accelerator.is_main_process:
+        skipped = unreadable_reasons(paths, got)
+        ok = got != UNREADABLE
+        kept = [p for p, k in zip(paths, ok.tolist()) if k]
+        report = {
+            "data": images.root,
+            "layout": images.layout,
+            **scored,
+            "scored": describe(scored, int(ok.sum()), len(images.paths)),
+            "tta": tta_mode,
+            "classes": classes,
+            **metrics.classification_metrics(logits[ok], got[ok], classes),
+            "world_size": accelerator.num_processes,
+            "skipped": [{"path": p, "reason": r} for p, r in skipped],
+        }
+        losses = metrics.top_losses(logits[ok], got[ok], top_n)
+        report["top_losses"] = [{**it, "path": kept[it["index"]]} for it in losses]
+        folder = Path(out).parent
+        figures.plot_confusion(folder / "confusion_matrix.png", report)
+        write_top_losses(folder, losses, kept, classes)
+        files.write_json(out, report)
+        print_report(report)
+        print(f"visiontune: wrote {out}, confusion_matrix.png, top_losses.png and top_losses.csv in {folder}")
+        if run_dir:
+            from visiontune.reports import report as run_report
+
+            print(f"visiontune: report {run_report.write(run_dir, eval_json=out)}")
+    accelerator.wait_for_everyone()
+    return report

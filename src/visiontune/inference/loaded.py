@@ -1,0 +1,184 @@
+"""What ``predict`` and ``evaluate`` share: a trained model loaded, and one forward pass over files.
+
+A run folder or a weights file loads without unpickling anything:
+``best.safetensors`` (or a ``.pth`` read with ``weights_only=True``), and the
+run's description (``runinfo``: model, classes, image size, mean/std, resize)
+from ``config.json`` or from the file's own metadata. Images go through
+training's own code -- ``read_image`` and ``resize_uint8`` (with the run's
+interpolation and crop) in the loader,
+``DeviceNormalize`` on the device -- and the forward pass is
+``engine.evaluate``'s, so with N processes Accelerate shards the files and
+``gather_for_metrics`` hands every output back exactly once, in input order.
+An unreadable file keeps its slot (a blank image labelled ``UNREADABLE``) so
+the sharding and the order stay the same.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator
+from visiontune.data.decode import BadImage, read_image
+from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, ImageDataset, make_loader
+from visiontune.errors import UserError
+from visiontune.models.build import build_model, get_spec, input_view
+from visiontune.models.spec import WEIGHT_SUFFIXES
+from visiontune.runs import runinfo
+from visiontune.runs.runinfo import RunInfo
+from visiontune.settings.config import MEAN, STD, TrainConfig
+from visiontune.settings.validation import load_config_file
+from visiontune.training import engine
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: nn.Module  # eval mode, on the CPU
+    info: RunInfo  # what it is and how it must be fed: name, classes, image size, mean/std
+    batch_size: int  # the run's per-process batch: the default for inference
+
+    @property
+    def name(self) -> str:
+        return self.info.model
+
+    @property
+    def image_size(self) -> int:
+        return self.info.image_size
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.info.classes)
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """How the forward pass runs (``strategy.make_accelerator`` and the loader read these)."""
+
+    batch_size: int  # per process
+    mixed_precision: str = "no"
+    progress: bool = True
+    num_workers: int | None = None  # None: strategy.loader_workers' choice
+    timeout: float = 600.0  # seconds any collective may wait
+    # Never accumulated or logged: fixed, for make_accelerator.
+    grad_accum: ClassVar[int] = 1
+    log_with: ClassVar[None] = None
+
+
+def _check_classes(classes, where: str) -> list[str]:
+    if not (isinstance(classes, list) and len(classes) >= 2 and all(isinstance(c, str) and c for c in classes)):
+        raise UserError(f"{where}: expected at least two class names, got {classes!r}")
+    return classes
+
+
+def _describe(weights: str, model: str | None, classes: list[str] | None, image_size: int | None) -> RunInfo:
+    """A file that does not describe itself, described by the flags (and the model's pretrained size)."""
+    if not model or not classes:
+        raise UserError(
+            f"{weights} does not say what it is (a .pth, or saved outside visiontune): "
+            "give --model NAME and --classes a,b (the class names in training order)"
+        )
+    if image_size is not None and image_size < 1:
+        raise UserError(f"--image-size must be a positive integer, got {image_size}")
+    spec = get_spec(model)
+    return runinfo.describe(
+        model,
+        spec.source,
+        _check_classes(classes, "--classes"),
+        image_size or spec.preprocess.size,
+        MEAN,
+        STD,
+        *input_view(model),
+    )
+
+
+def load_model(
+    run: str | None = None,
+    weights: str | None = None,
+    *,
+    model: str | None = None,
+    classes: list[str] | None = None,
+    image_size: int | None = None,
+) -> LoadedModel:
+    """A run's best model, or a weights file's, with its description.
+
+    A file made by visiontune describes itself (``best.safetensors`` metadata); ``model``, ``classes``
+    and ``image_size`` are then only checked against it. A file that does not needs ``model`` and ``classes``.
+    """
+    if weights is None and not run:
+        raise UserError("give --run RUN_DIR (a training run folder), or --weights FILE")
+    if weights and run:
+        raise UserError("give --run RUN_DIR or --weights FILE, not both")
+    batch = TrainConfig.batch_size
+    if run:
+        info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
+        batch = TrainConfig(**load_config_file(where)).batch_size
+    else:
+        if Path(weights).suffix not in WEIGHT_SUFFIXES:
+            raise UserError(f"--weights must be a {'/'.join(WEIGHT_SUFFIXES)} file, got {weights!r}")
+        path, where = weights, weights
+        info = runinfo.read_file(weights) or _describe(weights, model, classes, image_size)
+    runinfo.reconcile(info, where, model=model, classes=tuple(classes) if classes else None, image_size=image_size)
+    net = build_model(info.model, len(info.classes), path, head_may_differ=False).eval()
+    return LoadedModel(net, info, batch)
+
+
+def start(icfg: InferenceConfig) -> Accelerator:
+    """The process's one Accelerator (mixed precision, the process group under a launcher)."""
+    return make_accelerator(icfg)
+
+
+def forward(
+    accelerator: Accelerator, loaded: LoadedModel, icfg: InferenceConfig, paths: list[str], labels: list[int], desc: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and labels (``UNREADABLE`` for files that failed) of every path, in order, on every process."""
+    dataset = ImageDataset(
+        paths,
+        labels,
+        loaded.image_size,
+        report=False,  # reported once, by the caller
+        threads=decode_threads(icfg),
+        interpolation=loaded.info.interpolation,  # resized as the model was trained
+        crop_pct=loaded.info.crop_pct,
+    )
+    loader = make_loader(
+        dataset,
+        icfg.batch_size,
+        train=False,
+        seed=0,
+        num_workers=loader_workers(icfg),
+        pin_memory=torch.cuda.is_available(),
+    )
+    # evaluation_mode: device placement and mixed precision, no DDP wrapper (nothing to synchronise).
+    model = accelerator.prepare_model(loaded.model, evaluation_mode=True)
+    loader = accelerator.prepare_data_loader(loader)
+    kept: list = []
+    engine.evaluate(
+        accelerator,
+        model,
+        loader,
+        DeviceNormalize(accelerator.device, False, loaded.info.mean, loaded.info.std),
+        progress=icfg.progress,
+        desc=desc,
+        keep=kept,
+    )
+    return torch.cat([lg for lg, _ in kept]).cpu(), torch.cat([lb for _, lb in kept]).cpu()
+
+
+def unreadable_reasons(paths: list[str], labels: torch.Tensor) -> list[tuple[str, str]]:
+    """(path, reason) for each file that came back ``UNREADABLE``, printed on stderr."""
+    skipped = []
+    for i in (labels == UNREADABLE).nonzero().flatten().tolist():
+        try:
+            read_image(paths[i])
+            reason = "unreadable while predicting"  # it failed in the loader, not now
+        except BadImage as e:
+            reason = str(e)
+        print(f"visiontune: skipped unreadable image {paths[i]}: {reason}", file=sys.stderr)
+        skipped.append((paths[i], reason))
+    return skipped

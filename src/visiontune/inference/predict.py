@@ -1,0 +1,122 @@
+"""``visiontune predict``: a trained model over a folder, a file list or Kaggle's ``test/``.
+
+The model and the forward pass come from ``inference`` (training's own image
+code, sharded over N processes and gathered back in input order), so the
+output file has the same bytes however many processes made it. An unreadable
+file keeps its row, which says "no prediction", and is listed on stderr and in
+``OUT.skipped.txt``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from visiontune import files
+from visiontune.data.decode import IMAGE_EXTENSIONS
+from visiontune.data.pipeline import UNREADABLE
+from visiontune.errors import UserError
+from visiontune.inference import loaded as inference
+from visiontune.inference import tta
+from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
+
+
+@dataclass(frozen=True)
+class Inputs:
+    paths: list[str]
+    kaggle_ids: list[int] | None  # a Kaggle test folder (every file <number>.<ext>): rows are id,label
+
+
+def list_inputs(data: str) -> Inputs:
+    """A folder (images anywhere below it), one image, or a text file listing one path per line."""
+    p = Path(data)
+    if p.is_dir():
+        files = sorted(
+            f
+            for f in p.rglob("*")
+            if f.is_file()
+            and f.suffix.lower() in IMAGE_EXTENSIONS
+            and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
+        if not files:
+            raise UserError(f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) in {data}")
+        if all(f.parent == p and f.stem.isdigit() for f in files):
+            files.sort(key=lambda f: int(f.stem))  # Kaggle's ids: 2.jpg before 10.jpg
+            return Inputs([str(f) for f in files], [int(f.stem) for f in files])
+        return Inputs([str(f) for f in files], None)
+    if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS:
+        return Inputs([str(p)], None)
+    if p.is_file():
+        lines = [line.strip() for line in p.read_text(errors="replace").splitlines()]
+        paths = [line for line in lines if line and not line.startswith("#")]
+        if not paths:
+            raise UserError(f"{data}: no paths listed; expected one image path per line")
+        return Inputs(paths, None)
+    raise UserError(f"not found: {data} (expected a folder of images, an image, or a file listing image paths)")
+
+
+def positive_class(classes: list[str]) -> int:
+    """Kaggle's ``label`` is P(dog); for other two-class models, P(the second class)."""
+    lower = [c.lower() for c in classes]
+    return lower.index("dog") if "dog" in lower else 1
+
+
+def check_clip(clip: float) -> None:
+    if not 0.0 <= clip < 0.5:
+        raise UserError(f"--clip must be in [0, 0.5), got {clip}")
+
+
+def format_rows(inputs: Inputs, classes: list[str], probs: torch.Tensor, readable: torch.Tensor, clip: float) -> str:
+    """The CSV text: ``id,label`` for a Kaggle test folder, else ``path,prediction,prob_<class>...``."""
+    predicted = probs.argmax(1).tolist()
+    probs = probs.clamp(clip, 1 - clip) if clip > 0 else probs
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    if inputs.kaggle_ids is not None and len(classes) == 2:
+        pos = positive_class(classes)
+        w.writerow(["id", "label"])
+        for i, ok, p in zip(inputs.kaggle_ids, readable.tolist(), probs[:, pos].tolist()):
+            w.writerow([i, f"{p if ok else 0.5:.6f}"])  # 0.5: the log-loss-safest guess for a missing image
+        return buf.getvalue()
+    w.writerow(["path", "prediction", *(f"prob_{c}" for c in classes)])
+    for path, ok, c, row in zip(inputs.paths, readable.tolist(), predicted, probs.tolist()):
+        if ok:
+            w.writerow([path, classes[c], *(f"{p:.6f}" for p in row)])
+        else:  # no prediction: empty fields rather than numbers that look real
+            w.writerow([path, "", *([""] * len(classes))])
+    return buf.getvalue()
+
+
+def skipped_path(out: str) -> Path:
+    return Path(f"{out}.skipped.txt")
+
+
+def predict(
+    loaded: LoadedModel, icfg: InferenceConfig, inputs: Inputs, out: str, clip: float = 0.0, tta_mode: str = "none"
+) -> int:
+    """Write ``out`` (and ``out.skipped.txt`` when files were unreadable); return how many were skipped."""
+    check_clip(clip)
+    classes = loaded.classes
+    accelerator = inference.start(icfg)
+    logits, labels = inference.forward(
+        accelerator, tta.wrap_loaded(loaded, tta_mode), icfg, inputs.paths, [0] * len(inputs.paths), "predict"
+    )
+    readable = labels != UNREADABLE
+    skipped = []
+    if accelerator.is_main_process:
+        skipped = unreadable_reasons(inputs.paths, labels)
+        files.atomic_write(out, format_rows(inputs, classes, logits.softmax(1), readable, clip))
+        if skipped:
+            files.atomic_write(skipped_path(out), "".join(f"{p}\t{r}\n" for p, r in skipped))
+        else:
+            skipped_path(out).unlink(missing_ok=True)  # an earlier run's list would now be wrong
+        print(
+            f"visiontune: predicted {int(readable.sum())} of {len(inputs.paths)} images -> {out}"
+            + (f"; {len(skipped)} unreadable, listed in {skipped_path(out)}" if skipped else "")
+        )
+    accelerator.wait_for_everyone()
+    return int((~readable).sum())

@@ -1,0 +1,41 @@
+"""What every model source describes the same way: a ``ModelSpec`` (how to build it, its head, the
+preprocessing its weights expect) and the weight-file suffixes. The torchvision builders
+(``build``) and the timm/Hub ones (``timm_models``) both import these, so neither imports the other's
+types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+IMAGENET_CLASSES = 1000
+
+
+SOURCES = ("torchvision", "timm", "hf-hub")
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """What the model's pretrained weights were trained with."""
+
+    size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str  # torchvision InterpolationMode value: bilinear, bicubic, ...
+    crop_pct: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # as given to --model
+    source: str  # torchvision | timm | hf-hub
+    arch: str  # the source's own name
+    preprocess: Preprocess
+
+
+def is_weights_file(weights: str) -> bool:
+    return Path(weights).suffix in WEIGHT_SUFFIXES

@@ -1,0 +1,159 @@
+"""The evaluation figures: the confusion matrix (counts beside row shares) and the top losses.
+
+Both stay readable from 2 to 100 classes: tick labels are cut to 24 characters
+(the full names are in ``eval.json``), the font shrinks and the cells lose
+their numbers as classes grow, and the figure grows with the classes up to a
+cap. Matplotlib runs headless (Agg); files are written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from visiontune.files import atomic_write
+from visiontune.reports.metrics import short
+
+
+def plot_confusion(path: str | Path, report: dict) -> None:
+    """Counts (left) and each row divided by its class's images (right)."""
+    plt = pyplot()
+    names = [short(c) for c in report["classes"]]
+    k = len(names)
+    side = min(18.0, 3.2 + 0.15 * k)  # inches per panel: about 0.15 in (12 px) per class at 100 classes
+    font = max(5.5, min(10.0, 10.5 - 0.05 * k))
+    fig, axes = plt.subplots(1, 2, figsize=(2 * side + 2, side + 1), constrained_layout=True)
+    for ax, key, title, fmt in (
+        (axes[0], "confusion_matrix", "counts", "{:d}"),
+        (axes[1], "confusion_matrix_normalized", "row shares", "{:.0%}"),
+    ):
+        m = report[key]
+        image = ax.imshow(
+            m, cmap="Blues", vmin=0, vmax=1 if key.endswith("normalized") else None, interpolation="nearest"
+        )
+        fig.colorbar(image, ax=ax, shrink=0.6)
+        if k <= 20:  # beyond that the numbers would not fit in the cells
+            top = max(max(row) for row in m) or 1
+            for t in range(k):
+                for p in range(k):
+                    ax.text(
+                        p,
+                        t,
+                        fmt.format(m[t][p]),
+                        ha="center",
+                        va="center",
+                        fontsize=font,
+                        color="white" if m[t][p] > top / 2 else "black",
+                    )
+        ax.set_xticks(range(k), names, rotation=90 if k > 4 or max(map(len, names)) > 6 else 0, fontsize=font)
+        ax.set_yticks(range(k), names, fontsize=font)
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("true")
+        ax.set_title(f"Confusion matrix, {title}")
+    save_figure(path, fig)
+
+
+def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], classes: list[str], size: int = 160) -> None:
+    """A grid of the images, each titled true / predicted (probability) and its loss."""
+    import torch
+
+    from visiontune.data.decode import BadImage, read_image, resize_uint8
+
+    plt = pyplot()
+    if not items:
+        fig = plt.figure(figsize=(6, 1))
+        fig.text(0.5, 0.5, "Top losses: no misclassified images", ha="center", va="center", fontsize=12)
+        save_figure(path, fig)
+        return
+    cols = min(4, len(items))
+    rows = max(1, -(-len(items) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.6 * rows + 0.4), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, it in zip(axes.flat, items):
+        try:
+            img = resize_uint8(read_image(paths[it["index"]]), size)
+        except BadImage:
+            img = torch.zeros(3, size, size, dtype=torch.uint8)
+        ax.imshow(img.permute(1, 2, 0).numpy())
+        ax.set_title(
+            f"true: {short(classes[it['true']], 20)}\npredicted: {short(classes[it['predicted']], 20)} "
+            f"({it['probability']:.2f})\nloss {it['loss']:.2f}",
+            fontsize=8,
+        )
+    fig.suptitle("Top losses: the most confidently wrong images")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # keep the titles clear of the heading
+    save_figure(path, fig)
+
+
+def save_figure(path: str | os.PathLike, fig, dpi: int = 80) -> None:
+    """A matplotlib figure as a PNG, written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display on servers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
+    """``training_results.png``: the figure of ``history_figure``."""
+    save_figure(path, history_figure(history))
+
+
+def history_figure(history: list[dict]):
+    """Accuracy and loss, train against val, and the learning rate; the best epoch marked.
+
+    The legend sits below the panels, never over a curve; the best epoch (``best_epoch``) is a
+    dotted line with its val points starred, so the curve and the saved model can be matched.
+    """
+    import matplotlib.ticker
+
+    plt = pyplot()
+    epochs = [row["epoch"] for row in history]
+    best = best_epoch(history)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    for ax, key, title in ((axes[0], "accuracy", "Accuracy"), (axes[1], "loss", "Loss")):
+        for phase, label in (("train", "Training"), ("val", "Validation")):
+            ax.plot(epochs, [row[phase][key] for row in history], marker="o", label=label)
+        ax.plot(
+            [best["epoch"]],
+            [best["val"][key]],
+            marker="*",
+            markersize=16,
+            color="tab:red",
+            linestyle="none",
+            label=f"best epoch ({best['epoch']}): val accuracy {best['val']['accuracy']:.4f}",
+        )
+        ax.set_title(f"Training and Validation {title}")
+    lrs = [(row["epoch"], row["lr"]) for row in history if "lr" in row]
+    axes[2].plot([e for e, _ in lrs], [lr for _, lr in lrs], marker="o", color="tab:gray", label="learning rate")
+    axes[2].set_title("Learning rate (at the end of each epoch)")
+    axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    for ax in axes:
+        ax.axvline(best["epoch"], color="tab:red", linestyle=":", linewidth=1)
+        ax.set_xlabel("epoch")
+        if len(epochs) <= 15:  # every epoch a tick (a one-epoch run would otherwise get fractional ones)
+            ax.set_xticks(epochs)
+        else:
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    legend = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}  # one per label
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # room below the panels for the legend
+    return fig
+
+
+def best_epoch(history: list[dict]) -> dict:
+    """Highest val accuracy; ties go to the lower val loss, then the earlier epoch."""
+    return max(history, key=lambda r: (r["val"]["accuracy"], -r["val"]["loss"], -r["epoch"]))

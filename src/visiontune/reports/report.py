@@ -1,0 +1,247 @@
+"""``RUN/report.html``: one self-contained page that shows what a run did and how good it is.
+
+The page is built from the run folder's own files -- ``config.json``,
+``summary.json``, ``eval.json``, the PNGs and, when the run belongs to a
+``bench``, its ``bench.json`` -- so it can be rebuilt at any time
+(``visiontune report RUN``). Images are embedded as data URIs and the page has
+no script and no external reference: it opens the same offline, attached to
+an email or archived. Every number shown carries ``data-src``/``data-path``
+naming the JSON value it shows, which is how the browser test checks them.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+from visiontune.errors import UserError
+from visiontune.files import atomic_write
+
+CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;margin-top:2em}table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}
+td.name{text-align:left;max-width:28em;overflow-wrap:anywhere}img{max-width:100%;height:auto;display:block}
+.note{color:#666}"""
+
+
+def _read(path: Path) -> dict | list | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _fmt(v) -> str:
+    """How a JSON value is shown (the browser test formats the JSON the same way)."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return str(v) if isinstance(v, int) else f"{v:.4f}"
+
+
+def _num(src: str, data: dict, *path) -> str:
+    """A table cell with the value at ``path`` in ``data`` and where it comes from."""
+    v = data
+    for key in path:  # a value a file does not hold (a row without a speedup: no single baseline) shows "-"
+        try:
+            v = v[key]
+        except (KeyError, IndexError, TypeError):
+            v = None
+            break
+    where = html.escape(json.dumps(list(path)), quote=True)
+    return f'<td data-src="{src}" data-path="{where}">{html.escape(_fmt(v))}</td>'
+
+
+def _img(path: Path, alt: str) -> str:
+    if not path.is_file():
+        return ""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _rows(pairs: list[tuple[str, str]]) -> str:
+    return "<table>" + "".join(f'<tr><th class="l">{html.escape(k)}</th>{cell}</tr>' for k, cell in pairs) + "</table>"
+
+
+def _setup(run: Path, config: dict, summary: dict | None) -> str:
+    cfg, setup, view = config.get("config", {}), config.get("setup", {}), config.get("model") or {}
+    resize = view.get("interpolation")
+    if resize:  # as the run resized every image (runinfo's record)
+        crop = view.get("crop_pct")
+        resize += f", short side to size / {crop}, centre crop" if crop else ", whole image squashed to size"
+    plain = [
+        ("data", config.get("data", {}).get("root")),
+        ("layout", config.get("data", {}).get("layout")),
+        ("model", cfg.get("model")),
+        ("weights", cfg.get("weights")),
+        ("image size", cfg.get("image_size")),
+        ("resize", resize),
+        ("epochs", cfg.get("epochs")),
+        ("strategy", setup.get("strategy")),
+        ("processes", setup.get("world_size")),
+        ("batch per process", setup.get("per_process_batch")),
+        ("global batch", setup.get("global_batch")),
+        ("learning rate", setup.get("lr")),
+        ("devices", ", ".join(sorted(set(setup.get("devices") or [])))),
+        ("versions", ", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items())),
+    ]
+    out = [_rows([(k, f'<td class="l">{html.escape(_fmt(v))}</td>') for k, v in plain])]
+    if summary:
+        keys = [
+            ("best epoch", "best_epoch"),
+            ("best val accuracy", "best_val_accuracy"),
+            ("best val loss", "best_val_loss"),
+            ("epochs run", "epochs"),
+            ("train images", "train_split_size"),
+            ("val images", "val_split_size"),
+            ("train images/s", "train_images_per_s"),
+            ("data-stall share", "data_wait_fraction"),
+            ("total seconds", "total_seconds"),
+        ]
+        out += ["<h3>Results</h3>", _rows([(label, _num("summary", summary, k)) for label, k in keys if k in summary])]
+    else:
+        out.append('<p class="note">No summary.json: the training did not finish.</p>')
+    return "".join(out)
+
+
+def _evaluation(folder: Path, ev: dict) -> str:
+    top = f"top-{ev['top_k']} accuracy" if ev.get("top_k") else None
+    overall = [
+        ("images", "images"),
+        ("accuracy", "accuracy"),
+        ("balanced accuracy", "balanced_accuracy"),
+        (top, "top_k_accuracy"),
+        ("log loss", "log_loss"),
+        (f"ECE ({ev['ece_bins']} bins)", "ece"),
+    ]
+    avgs = [
+        (f"{kind} {m}", ("averages", kind, m)) for kind in ("macro", "weighted") for m in ("precision", "recall", "f1")
+    ]
+    out = [
+        (
+            f"<p>Scored: {html.escape(ev['scored'])}; test-time augmentation: {html.escape(ev['tta'])}; "
+            f"data {html.escape(ev['data'])}.</p>"
+        ),
+        _rows(
+            [(label, _num("eval", ev, k)) for label, k in overall if label]
+            + [(label, _num("eval", ev, *path)) for label, path in avgs]
+        ),
+        (
+            "<h3>Per class</h3><table><tr><th>#</th><th class='l'>class</th><th>precision</th><th>recall</th>"
+            "<th>f1</th><th>images</th></tr>"
+        ),
+    ]
+    for i, name in enumerate(ev["per_class"]):
+        out.append(
+            f"<tr><td>{i}</td><td class='name'>{html.escape(name)}</td>"
+            + "".join(_num("eval", ev, "per_class", name, k) for k in ("precision", "recall", "f1", "support"))
+            + "</tr>"
+        )
+    out += [
+        "</table><h3>Confusion matrix</h3>",
+        _img(folder / "confusion_matrix.png", "confusion matrix"),
+        "<h3>Top losses</h3>",
+        _img(folder / "top_losses.png", "top losses"),
+    ]
+    if ev.get("top_losses"):
+        out.append(
+            "<table><tr><th>#</th><th class='l'>image</th><th class='l'>true</th><th class='l'>predicted</th>"
+            "<th>probability</th><th>loss</th></tr>"
+        )
+        for i, it in enumerate(ev["top_losses"]):
+            out.append(
+                f"<tr><td>{i + 1}</td><td class='name'>{html.escape(it['path'])}</td>"
+                f"<td class='name'>{html.escape(ev['classes'][it['true']])}</td>"
+                f"<td class='name'>{html.escape(ev['classes'][it['predicted']])}</td>"
+                + _num("eval", ev, "top_losses", i, "probability")
+                + _num("eval", ev, "top_losses", i, "loss")
+                + "</tr>"
+            )
+        out.append("</table>")
+    return "".join(out)
+
+
+def _bench(bench: dict) -> str:
+    cols = [
+        ("processes", "processes"),
+        ("global batch", "global_batch"),
+        ("images/s", "images_per_s"),
+        ("spread", "spread"),
+        ("speedup", "speedup"),
+        ("data stall", "data_stall"),
+        ("val acc", "val_accuracy"),
+    ]
+    out = [
+        f"<p>{html.escape(bench.get('load_note', ''))}</p><table><tr><th class='l'>strategy</th>"
+        + "".join(f"<th>{c}</th>" for c, _ in cols)
+        + "<th class='l'>note</th></tr>"
+    ]
+    for i, r in enumerate(bench["rows"]):
+        if "images_per_s" not in r:
+            out.append(
+                f"<tr><td class='l'>{html.escape(r['strategy'])}</td><td colspan='{len(cols)}'></td>"
+                f"<td class='l'>not run: {html.escape(r.get('skipped') or r.get('failed', ''))}</td></tr>"
+            )
+            continue
+        out.append(
+            f"<tr><td class='l'>{html.escape(r['strategy'])}</td>"
+            + "".join(_num("bench", bench, "rows", i, k) for _, k in cols)
+            + f"<td class='l'>{html.escape(r.get('note', ''))}</td></tr>"
+        )
+    return "".join(out) + "</table>"
+
+
+def _bench_of(run: Path) -> tuple[Path | None, dict | None]:
+    """The bench folder's own ``bench.json``, or the parent's when this run is one of its rows."""
+    own = _read(run / "bench.json")
+    if isinstance(own, dict):
+        return run / "bench.json", own
+    parent = _read(run.parent / "bench.json")
+    mine = isinstance(parent, dict) and any(
+        Path(r.get("run_dir", "")).resolve() == run.resolve() for r in parent.get("rows", []) if r.get("run_dir")
+    )
+    return (run.parent / "bench.json", parent) if mine else (None, None)
+
+
+def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
+    """The page's HTML for ``run_dir`` (``eval_json`` defaults to ``RUN/eval.json``)."""
+    run = Path(run_dir)
+    config, summary = _read(run / "config.json"), _read(run / "summary.json")
+    bench_file, bench = _bench_of(run)
+    if config is None and bench is None:
+        raise UserError(f"{run} is not a visiontune run folder (no config.json) nor a bench folder (no bench.json)")
+    eval_path = Path(eval_json) if eval_json else run / "eval.json"
+    ev = _read(eval_path)
+    ev = ev if isinstance(ev, dict) and "averages" in ev else None  # an older visiontune's eval.json: evaluate again
+    title = f"visiontune run {run.name}" if config else f"visiontune bench {run.name}"
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    if config:
+        body += [
+            "<h2>Setup</h2>",
+            _setup(run, config, summary),
+            "<h2>Training curves</h2>",
+            _img(run / "training_results.png", "training curves") or '<p class="note">No epoch finished.</p>',
+            "<h2>Evaluation</h2>",
+        ]
+        body.append(
+            _evaluation(eval_path.parent, ev)
+            if ev
+            else f'<p class="note">Not evaluated yet: <code>visiontune evaluate --run {html.escape(str(run))} '
+            f"--data DATA</code> adds per-class metrics, the confusion matrix and the top losses.</p>"
+        )
+    if bench:
+        body += ["<h2>Benchmark</h2>", _bench(bench), _img(bench_file.parent / "bench.png", "benchmark")]
+    return (
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )
+
+
+def write(run_dir: str | Path, eval_json: str | Path | None = None) -> Path:
+    """Write ``RUN/report.html`` and return its path."""
+    out = Path(run_dir) / "report.html"
+    atomic_write(out, build(run_dir, eval_json))
+    return out

@@ -1,0 +1,206 @@
+"""Full training state on disk: written atomically, resumed to the exact batch.
+
+A checkpoint is a folder ``RUN/checkpoints/e<epoch>-b<batch>`` meaning "the next
+thing to do is batch ``<batch>`` of epoch ``<epoch>``" (batches of the
+per-process train loader; an epoch-end checkpoint is ``e<epoch+1>-b0000000``).
+It holds what ``Accelerator.save_state`` writes (model, optimizer, gradient
+scaler, every process's RNG state), the LR scheduler's state, and
+``visiontune.json``: position, history, partial epoch totals, the split's
+sha256, the model, the global batch, the config and the size and sha256 of every
+other file in the folder. Every process writes into ``.tmp-<name>``; the main
+process adds ``visiontune.json`` last and renames the folder, so a folder under
+a final name is always complete, and a folder whose files no longer match their
+recorded hashes (a truncated copy, a full disk) is skipped in favour of the
+previous one. Before writing, the main process checks that the disk has room
+for the checkpoint; when it has not, or the disk fills up while writing, the
+temp folder is removed, the previous checkpoint stays, and the run ends with
+one line saying how much room it needs. The position is also recorded in
+samples, so a run resumed with the same global batch split differently between
+--batch-size, --grad-accum and processes starts at the same sample. Everything
+is read back by ``resume``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from visiontune.errors import UserError
+from visiontune.runs.diskspace import MB, needed_bytes, out_of_space
+
+SUBDIR = "checkpoints"
+META = "visiontune.json"
+SCHEDULER = "lr_scheduler.pt"
+FORMAT = 1
+_NAME = re.compile(r"^e(\d{4,})-b(\d{7,})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: str
+    meta: dict
+
+    @property
+    def epoch(self) -> int:
+        return self.meta["epoch"]
+
+    @property
+    def batch(self) -> int:
+        return self.meta["batch"]
+
+
+def name(epoch: int, batch: int) -> str:
+    return f"e{epoch:04d}-b{batch:07d}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def listed(run_dir: str) -> list[str]:
+    """Final-named checkpoint folders of ``run_dir``, newest first (temp folders ignored)."""
+    root = Path(run_dir) / SUBDIR
+    if not root.is_dir():
+        return []
+    found = [
+        (tuple(int(g) for g in m.groups()), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
+    ]
+    return [str(p) for _, p in sorted(found, reverse=True)]
+
+
+def verify(path: str) -> dict:
+    """The checkpoint's metadata, or ValueError naming what is missing or damaged."""
+    folder = Path(path)
+    try:
+        meta = json.loads((folder / META).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{META} unreadable ({e.__class__.__name__})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
+        raise ValueError(f"{META} is not a visiontune checkpoint record")
+    for fname, (size, digest) in meta["files"].items():
+        f = folder / fname
+        if not f.is_file():
+            raise ValueError(f"{fname} is missing")
+        if f.stat().st_size != size:
+            raise ValueError(f"{fname} has {f.stat().st_size} bytes, expected {size} (truncated?)")
+        if _sha256(f) != digest:
+            raise ValueError(f"{fname} does not match its recorded sha256")
+    return meta
+
+
+def latest(run_dir: str, say=print) -> Checkpoint | None:
+    """The newest intact checkpoint; each damaged newer one is named through ``say``."""
+    skipped = []
+    for path in listed(run_dir):
+        try:
+            meta = verify(path)
+        except ValueError as e:
+            skipped.append(path)
+            say(f"visiontune: checkpoint {path} is unusable ({e}); trying the previous one")
+            continue
+        if skipped:
+            say(f"visiontune: falling back to checkpoint {path}")
+        return Checkpoint(path, meta)
+    if skipped:
+        raise UserError(
+            f"no intact checkpoint in {run_dir}/{SUBDIR} ({len(skipped)} damaged); start over "
+            f"in a new folder: the same command with --output-dir NEW_DIR and without --resume"
+        )
+    return None
+
+
+def _free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def _no_space(root: Path, what: str, needed: int, free: int) -> UserError:
+    previous = listed(str(root.parent))
+    kept = f"{previous[0]} is kept" if previous else "no earlier checkpoint exists"
+    return UserError(
+        f"no space left on the disk of {root} for checkpoint {what}: it needs about "
+        f"{needed / MB:.0f} MB, {free / MB:.0f} MB are free; {kept}. Free some space "
+        f"(or move the run folder) and continue with --resume {root.parent}"
+    )
+
+
+def save(
+    accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any], scheduler=None, keep_last: int = 2
+) -> str:
+    """Write a checkpoint from every process (a collective); return its final path."""
+    from accelerate.utils import broadcast_object_list
+
+    root = Path(run_dir) / SUBDIR
+    final, tmp = root / name(epoch, batch), root / f".tmp-{name(epoch, batch)}"
+    needed, problem = needed_bytes(accelerator), [None]
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-*"):  # left by a killed process; this run holds the folder's lock
+            shutil.rmtree(stale, ignore_errors=True)
+        if _free_bytes(root) < needed:
+            problem = [str(_no_space(root, final.name, needed, _free_bytes(root)))]
+        else:
+            tmp.mkdir()
+    if accelerator.num_processes > 1:
+        broadcast_object_list(problem)  # every process stops here, not in the next collective
+    if problem[0]:
+        raise UserError(problem[0])
+    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp))  # each process writes its own RNG file
+        if accelerator.is_main_process and scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / SCHEDULER)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            files = {p.name: [p.stat().st_size, _sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
+            record = {"format": FORMAT, "epoch": epoch, "batch": batch, **meta, "files": files}
+            if "batch_samples" in meta:  # the position in the units any split of the global batch shares
+                record["samples"] = batch * meta["batch_samples"]
+            (tmp / META).write_text(json.dumps(record, indent=1, default=str))
+            _fsync_tree(tmp)
+    except (OSError, RuntimeError) as e:
+        full, free = out_of_space(e, tmp, needed), shutil.disk_usage(root).free
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise _no_space(root, final.name, needed, free) from None
+        raise
+    if accelerator.is_main_process:
+        _publish(tmp, final)
+        for old in listed(run_dir)[keep_last:]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return str(final)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    # A resumed run can reach a position it saved before: swap, never delete first.
+    if final.exists():
+        trash = final.with_name(f".old-{final.name}")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(final, trash)
+        os.replace(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, final)

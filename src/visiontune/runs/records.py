@@ -1,0 +1,175 @@
+"""The run folder's records and the run's opening and closing lines: ``config.json``,
+``classes.json``, ``split.json``, ``bad_files.csv`` and the trackers at the start, the summary's
+figures (best epoch, steady-state throughput) and ``summary.json`` with the report at the end.
+Only the main process writes files; ``summary.json`` after every process has arrived.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from visiontune import files
+from visiontune.cluster import host
+from visiontune.data.check import write_report
+from visiontune.data.layouts import ImageSet
+from visiontune.data.split import Split, write_split
+from visiontune.files import atomic_write
+from visiontune.runs import runinfo
+from visiontune.settings.config import TrainConfig
+
+
+def results(history: list[dict], metric: str) -> dict:
+    """The summary's figures: the best epoch, and train images/s over the steady steps of every epoch."""
+    best, which = best_of(history, metric)
+    steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds", "data_wait_seconds")}
+    if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
+        steady = {
+            "steady_images": sum(r["train"]["images"] for r in history),
+            "steady_seconds": sum(r["train"]["seconds"] for r in history),
+            "data_wait_seconds": 0.0,
+        }
+    seconds = steady["steady_seconds"]
+    return {
+        "best_val_accuracy": best[which]["accuracy"],
+        "best_val_loss": best[which]["loss"],
+        "best_epoch": best["epoch"],
+        "best_weights": "ema" if which == "val_ema" else "raw",
+        "epochs": len(history),
+        "train_images_per_s": steady["steady_images"] / seconds if seconds else 0.0,
+        "data_wait_fraction": steady["data_wait_seconds"] / seconds if seconds else 0.0,
+        **steady,
+        "val_images_counted": history[-1]["val"]["images"],
+    }
+
+
+def announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Split, run_dir: str) -> None:
+    """The run's opening line: strategy, devices, split sizes, batch, lr and run folder."""
+    accelerator.print(
+        f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
+        f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
+        f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
+        f"lr {setup.lr:g} | run folder {run_dir}"
+    )
+
+
+def write_records(
+    accelerator,
+    cfg: TrainConfig,
+    setup,
+    images: ImageSet,
+    split: Split,
+    split_rec: dict,
+    bad: list,
+    run_dir: str,
+    info: runinfo.RunInfo,
+) -> None:
+    """The run folder's records (main process), and the trackers, which write into it."""
+    record = {
+        "config": cfg.to_dict(),
+        "setup": setup.__dict__,
+        "versions": host.versions(),
+        "data": {"root": images.root, "layout": images.layout},
+        "model": info.to_dict(),
+    }
+    if accelerator.is_main_process:
+        files.write_json(f"{run_dir}/config.json", record)
+        files.write_json(f"{run_dir}/classes.json", images.classes)
+        write_split(f"{run_dir}/split.json", split_rec, split, images.paths, images.root)
+        write_report(bad, f"{run_dir}/bad_files.csv")
+    if cfg.log_with:
+        # Trackers write into the run folder, known only now that the main process chose it.
+        accelerator.project_configuration.project_dir = run_dir
+        accelerator.project_configuration.logging_dir = run_dir
+        accelerator.init_trackers(
+            "visiontune", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+        )
+
+
+def finish(
+    accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet, setup, metric: str
+) -> dict:
+    elapsed = time.time() - since
+    summary = {
+        "run_dir": run_dir,
+        "total_seconds": round(elapsed, 3),
+        **results(history, metric),
+        "val_split_size": len(split.val),
+        "train_split_size": len(split.train),
+        "classes": images.classes,
+        **setup.__dict__,
+    }
+    accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
+    accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        files.write_json(f"{run_dir}/summary.json", summary)
+        from visiontune.reports import report
+
+        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
+    accelerator.end_training()
+    return summary
+
+
+PHASES = ("train", "val")
+
+
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the unwrapped model's tensors (no ``module.``/``_orig_mod.``)."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+
+
+def save_model(
+    run_dir: str | os.PathLike,
+    state: dict[str, torch.Tensor],
+    stem: str = "best",
+    metadata: dict[str, str] | None = None,
+    pth: bool = False,
+) -> None:
+    """``<stem>.safetensors`` (carrying ``metadata``), and with ``pth`` the same tensors as ``<stem>.pth``
+    (loads with weights_only=True)."""
+    from safetensors.torch import save as st_save
+
+    atomic_write(Path(run_dir) / f"{stem}.safetensors", st_save(state, metadata=metadata))
+    if pth:  # opt-in: a second copy of every tensor (about 0.5 GB for VGG16)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        atomic_write(Path(run_dir) / f"{stem}.pth", buf.getvalue())
+
+
+def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["epoch", "phase", "loss", "accuracy", "images", "seconds", "images_per_s"])
+    for row in history:
+        for phase in PHASES:
+            r = row[phase]
+            w.writerow(
+                [
+                    row["epoch"],
+                    phase,
+                    f"{r['loss']:.6f}",
+                    f"{r['accuracy']:.6f}",
+                    r["images"],
+                    f"{r['seconds']:.3f}",
+                    f"{r['images_per_s']:.2f}",
+                ]
+            )
+    atomic_write(path, out.getvalue())
+
+
+def best_of(history: list[dict], metric: str = "accuracy") -> tuple[dict, str]:
+    """The best (epoch row, "val" or "val_ema") by ``metric``; ties: the other metric, then earlier."""
+
+    def key(item):
+        r = item[0][item[1]]
+        main = r["accuracy"] if metric == "accuracy" else -r["loss"]
+        other = -r["loss"] if metric == "accuracy" else r["accuracy"]
+        return main, other, -item[0]["epoch"], item[1] == "val"
+
+    return max(((row, w) for row in history for w in ("val", "val_ema") if w in row), key=key)

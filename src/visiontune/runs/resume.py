@@ -1,0 +1,138 @@
+"""Resuming a run: the checkpoint ``--resume`` or an elastic restart names (the newest intact one),
+checked against this run (``compatible``), and loaded into the Accelerator -- model,
+optimizer, scaler, every process's RNG state and the lr scheduler. Everything is read back with
+``weights_only=True`` or safetensors; Accelerate's RNG files are plain tensors and numpy arrays,
+and one that does not load is refused. A run resumed into another folder takes its best weights along.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from visiontune.cluster import launch
+from visiontune.errors import UserError
+from visiontune.models.statedict import load_error
+from visiontune.runs.checkpoint import SCHEDULER, SUBDIR, Checkpoint, latest, listed
+from visiontune.settings.config import TrainConfig
+
+
+def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
+    """``ckpt`` with its position in this run's batches; refuse a different split, model or global batch.
+
+    ``current["batch_samples"]`` is this run's samples per loader batch over all processes. The position
+    is kept in samples: with the same global batch, a checkpoint (taken at an optimizer step) lands on an
+    optimizer step of any split between --batch-size, --grad-accum and processes.
+    """
+    meta = ckpt.meta
+    what = {
+        "split_sha256": "the data split (split.json sha256)",
+        "model": "the model",
+        "num_classes": "the number of classes",
+        "global_batch": "the global batch",
+    }
+    for key, label in what.items():
+        if meta.get(key) != current[key]:
+            raise UserError(
+                f"cannot resume: {label} differs from the checkpoint's ({meta.get(key)!r} there, "
+                f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
+                "x processes, or start a new run"
+            )
+    # The remaining steps must see the images the first ones saw; another size is a new run (--init-from).
+    saved = meta.get("config", {})
+    view = [k for k in ("image_size", "interpolation", "crop_pct") if k in saved and k in current]  # older: fewer
+    if any(saved[k] != current[k] for k in view):
+        words = {"image_size": "{} px", "interpolation": "{}", "crop_pct": "crop {}"}
+        there, here = (
+            " ".join("no crop" if d[k] is None else words[k].format(d[k]) for k in view) for d in (saved, current)
+        )
+        raise UserError(
+            f"cannot resume: the images are resized differently from the checkpoint's ({there} there, {here} now);"
+            " resume with the same --image-size, --interpolation and --crop-pct, or train on from its weights in"
+            " a new run with --init-from"
+        )
+    # Checkpoints written before the position was kept in samples: the batch was in the saving run's units.
+    samples = meta.get("samples", meta["batch"] * meta["config"]["batch_size"] * meta.get("world_size", 1))
+    batch, rest = divmod(samples, current["batch_samples"])
+    if rest or (batch and batch % current["grad_accum"]):
+        raise UserError(
+            f"cannot resume exactly: the checkpoint is {samples} samples into epoch {meta['epoch']}, "
+            f"which is not an optimizer step of --batch-size {current['batch_samples']} (all processes)"
+            f" x --grad-accum {current['grad_accum']}; resume with the checkpoint's settings "
+            f"(--batch-size {meta['config']['batch_size']} --grad-accum {meta['config']['grad_accum']}"
+            f" on {meta.get('world_size', 1)} process(es))"
+        )
+    return Checkpoint(ckpt.path, {**meta, "batch": batch})
+
+
+def _check_rng_file(accelerator, ckpt: Checkpoint, say) -> None:
+    """Accelerate skips an RNG file it cannot load without a word: refuse it, and say when one is missing."""
+    from accelerate.utils import load as accelerate_load
+
+    folder = Path(ckpt.path)
+    missing = [r for r in range(accelerator.num_processes) if not (folder / f"random_states_{r}.pkl").is_file()]
+    if missing:  # resumed on more processes than saved it: the new ones start from the seed
+        say(
+            f"visiontune: {ckpt.path} has no RNG state for process(es) {', '.join(map(str, missing))}; their "
+            "random draws will differ from the original run's"
+        )
+    rng = folder / f"random_states_{accelerator.process_index}.pkl"
+    if accelerator.process_index in missing:
+        return
+    try:
+        states = accelerate_load(rng, map_location="cpu")
+    except Exception as e:
+        raise UserError(f"cannot load checkpoint {ckpt.path}: {rng.name}: {load_error(e)}") from None
+    if not isinstance(states, dict) or not {"random_state", "torch_manual_seed"} <= set(states):
+        raise UserError(f"cannot load checkpoint {ckpt.path}: {rng.name} holds no RNG states")
+
+
+def load(accelerator, ckpt: Checkpoint, scheduler=None, say=print) -> None:
+    """Restore model, optimizer, scaler, RNG states (and the scheduler) from ``ckpt``."""
+    sched_file = Path(ckpt.path) / SCHEDULER
+    _check_rng_file(accelerator, ckpt, say)
+    try:
+        accelerator.load_state(ckpt.path)
+        if scheduler is not None and sched_file.is_file():
+            scheduler.load_state_dict(torch.load(sched_file, map_location="cpu", weights_only=True))
+    except Exception as e:  # weights_only refusals, shape mismatches: the files are not this run's
+        raise UserError(f"cannot load checkpoint {ckpt.path}: {load_error(e)}") from None
+
+
+def find_resume(resume: str | None, run_dir: str, restarted: bool, say=print) -> Checkpoint | None:
+    """What ``--resume`` (or an elastic restart) points at; None for a fresh start."""
+    if resume is None and not restarted:
+        if listed(run_dir):
+            raise UserError(
+                f"{run_dir} already holds checkpoints of a run; to continue it, add --resume auto "
+                f"(with --output-dir {run_dir}); to start over, give another --output-dir"
+            )
+        return None
+    source = run_dir if resume in (None, "auto") else resume
+    if resume not in (None, "auto") and not Path(source).is_dir():
+        raise UserError(f"--resume {resume}: no such run folder")
+    found = latest(source, say)
+    if found is None and resume not in (None, "auto"):
+        raise UserError(f"--resume {resume}: no checkpoint in {source}/{SUBDIR}")
+    if found is None:
+        say(f"visiontune: no checkpoint in {source}; starting from the beginning")
+    return found
+
+
+def restore(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler) -> Checkpoint | None:
+    """Load the checkpoint ``--resume`` (or an elastic restart) names; return it or None."""
+    found = find_resume(cfg.resume, run_dir, launch.restart_count() > 0, accelerator.print)
+    if found is None:
+        return None
+    found = compatible(found, current)
+    load(accelerator, found, scheduler, accelerator.print)
+    source = os.path.dirname(os.path.dirname(found.path))
+    if accelerator.is_main_process and os.path.abspath(source) != os.path.abspath(run_dir):
+        for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
+            if os.path.isfile(os.path.join(source, name)):
+                shutil.copy2(os.path.join(source, name), os.path.join(run_dir, name))
+    accelerator.print(f"visiontune: resuming from {found.path} (epoch {found.epoch}, batch {found.batch})")
+    return found

@@ -1,0 +1,144 @@
+"""Run configuration: one frozen dataclass and its defaults (``validation`` checks the values).
+
+Everything below the CLI takes a ``TrainConfig``; nothing mutates it after it
+is built. Defaults follow the reference job (VGG16, SGD lr 1e-3 momentum 0.9,
+batch 50 per process, 2 epochs, 80/20 split with seed 42). ``MEAN``/``STD`` are
+the reference job's normalisation (``--normalize blog``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_type_hints
+
+
+def _setting(default: Any, help_text: str) -> Any:
+    # The CLI makes each field the flag --field-name with this help (and the default appended).
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str = _setting("", "data folder (Kaggle layout, train.csv manifest, or class subfolders)")
+    output_dir: str | None = _setting(None, "run folder (default runs/<UTC timestamp>)")
+    # model
+    model: str = _setting("vgg16", "torchvision name, timm/NAME or hf-hub:ORG/NAME; see `visiontune models`")
+    weights: str = _setting(
+        "DEFAULT",
+        "DEFAULT (pretrained), none, a torchvision weights name, or a "
+        ".pth/.safetensors path (a head of another shape is re-initialised)",
+    )
+    init_from: str | None = _setting(
+        None,
+        "start from an earlier run's best model (its --model, --interpolation and "
+        "--image-size unless given; a new head when the classes differ)",
+    )
+    freeze_backbone: bool = _setting(False, "train only the new head")
+    # data
+    image_size: int | None = _setting(None, "square input size in pixels (default: the model's pretrained size)")
+    interpolation: Literal["bilinear", "bicubic", "nearest", "nearest-exact"] | None = _setting(
+        None, "resize interpolation of every image (default: the model's pretrained config; recorded)"
+    )
+    crop_pct: float | None = _setting(
+        None,
+        "centre crop: the short side resized to size / CROP_PCT, then the centre size x size kept, as timm "
+        "evaluates (default: the model's for timm and Hub models; torchvision's squash the whole image; recorded)",
+    )
+    augment: Literal["none", "flip-crop", "light", "trivial", "randaugment"] | None = _setting(
+        None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"
+    )
+    random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
+    mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see README")
+    cutmix: float | None = _setting(None, "cutmix alpha (0: off); with --mixup each pair uses one of them")
+    normalize: Literal["weights", "data", "blog"] | None = _setting(
+        None, "weights (the pretrained weights' mean/std), data (the train split's) or blog (the reference constants)"
+    )
+    mean: str | None = _setting(None, "per-channel mean R,G,B in [0, 1] (default: from --normalize; recorded)")
+    std: str | None = _setting(None, "per-channel std R,G,B (default: from --normalize; recorded)")
+    val_fraction: float = _setting(0.2, "share of images held out for validation")
+    seed: int = _setting(42, "seed of the split, the sampler and the head's init")
+    num_workers: int | None = _setting(
+        None,
+        "loader worker processes per process, or auto (default: "
+        "cores - 1 with a GPU, none on a CPU, where threads decode)",
+    )
+    cache: str | None = _setting(None, "decode once into a memory-mapped uint8 cache: a folder or auto")
+    max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
+    # optimisation (settings left None come from --recipe; see recipe.py)
+    recipe: Literal["blog", "modern"] = _setting(
+        "blog",
+        "blog (the reference job, unchanged) or modern (AdamW, "
+        "warm-up + cosine, label smoothing, TrivialAugment, EMA); flags win",
+    )
+    epochs: int = _setting(2, "epochs")
+    batch_size: int = _setting(50, "batch size PER PROCESS, as in the reference job")
+    optimizer: Literal["sgd", "adamw"] | None = _setting(
+        None, "sgd or adamw (AdamW: no weight decay on norms and biases)"
+    )
+    lr: float | None = _setting(None, "learning rate")
+    momentum: float = _setting(0.9, "SGD momentum")
+    weight_decay: float | None = _setting(None, "weight decay")
+    lr_schedule: Literal["none", "cosine", "linear", "step"] | None = _setting(
+        None, "none, cosine, linear or step, stepped per optimizer step"
+    )
+    warmup_epochs: float | None = _setting(None, "linear lr warm-up, in epochs (fractions allowed)")
+    warmup_steps: int = _setting(0, "linear lr warm-up in optimizer steps (wins over --warmup-epochs)")
+    label_smoothing: float | None = _setting(None, "label smoothing of the training loss")
+    ema: float | None = _setting(None, "decay of an EMA of the weights, evaluated each epoch (0: off)")
+    freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
+    backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")
+    early_stop: int = _setting(0, "stop after this many epochs without a better --best-metric (0: off)")
+    best_metric: Literal["accuracy", "loss"] = _setting(
+        "accuracy", "accuracy or loss: what picks the best epoch (and EMA or raw weights)"
+    )
+    grad_accum: int = _setting(1, "gradient accumulation steps")
+    scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")
+    reference_batch: int = _setting(50, "the batch --lr was tuned for")
+    mixed_precision: Literal["no", "fp16", "bf16"] = _setting("no", "no, fp16 or bf16")
+    channels_last: bool = _setting(False, "channels-last memory format")
+    compile: bool = _setting(False, "torch.compile the model")
+    sync_batchnorm: bool = _setting(False, "synchronise BatchNorm statistics across processes")
+    on_nan: Literal["stop", "skip"] = _setting("stop", "stop or skip when the loss is not finite")
+    # distribution
+    strategy: Literal["single", "dp", "ddp"] = _setting("single", "single, dp (nn.DataParallel) or ddp")
+    nproc: int | None = _setting(None, "processes per machine for ddp (default: GPUs, or 2 on a CPU)")
+    # The four below default to what a Slurm allocation or a Kubernetes job says, else 1, 0, 127.0.0.1, 29500.
+    nnodes: str | None = _setting(None, "machines in a ddp job: N, or MIN:MAX with --rdzv-endpoint")
+    node_rank: int | None = _setting(None, "this machine's rank in a ddp job")
+    master_addr: str | None = _setting(None, "address of the rank-0 machine")
+    master_port: int | None = _setting(None, "port of the rank-0 machine")
+    rdzv_endpoint: str | None = _setting(None, "HOST:PORT of a c10d rendezvous (elastic) instead of a fixed master")
+    max_restarts: int = _setting(0, "restart the workers this often when one dies")
+    timeout: float = _setting(600.0, "seconds any collective may wait")
+    # checkpoints and logging
+    save_every_steps: int = _setting(0, "also checkpoint every N optimizer steps (0: at epoch ends only)")
+    keep_last: int = _setting(2, "checkpoints to keep")
+    save_pth: bool = _setting(False, "also write best.pth beside best.safetensors (the same tensors)")
+    resume: str | None = _setting(None, "a run folder to continue, or auto")
+    log_with: str | None = _setting(None, "an Accelerate tracker: tensorboard, wandb, mlflow, ...")
+    progress: bool = _setting(True, "progress bars")
+    timing_warmup: int = _setting(5, "steps per epoch left out of the steady-state images/s")
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def choices(cls: type = TrainConfig) -> dict[str, tuple[str, ...]]:
+    """The allowed values of each ``Literal[...]`` field, optional ones too (argparse ``choices`` and
+    ``validate`` use them; an optional one is None only until its recipe fills it in)."""
+    found = {}
+    for name, hint in get_type_hints(cls).items():
+        options = [hint, *get_args(hint)] if getattr(hint, "__origin__", None) is not Literal else [hint]
+        literal = next((h for h in options if getattr(h, "__origin__", None) is Literal), None)
+        if literal is not None:
+            found[name] = get_args(literal)
+    return found
+
+
+# The blog's normalisation statistics, measured on Dogs vs Cats.
+MEAN = (0.4883, 0.4551, 0.4170)
+STD = (0.2257, 0.2211, 0.2214)

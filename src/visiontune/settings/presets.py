@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from visiontune.settings.config import MEAN, STD
+
+PRESETS: dict[str, dict] = {
+    "blog": {
+        "optimizer": "sgd",
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "lr_schedule": "none",
+        "warmup_epochs": 0.0,
+        "label_smoothing": 0.0,
+        "augment": "none",
+        "random_erasing": 0.0,
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "ema": 0.0,
+        "normalize": "blog",
+    },
+    "modern": {
+        "optimizer": "adamw",
+        "lr": 1e-3,
+        "weight_decay": 0.05,
+        "lr_schedule": "cosine",
+        "warmup_epochs": 1.0,
+        "label_smoothing": 0.1,
+        "augment": "none",
+        "random_erasing": 0.0,
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "ema": 0.0,
+        "normalize": None,
+    },  # normalize: see _normalize
+}
+
+
+def _normalize(cfg) -> str:
+    # Pretrained weights see inputs normalised as in their own training; a model trained from
+    # scratch (or from a file without metadata) is best served by the data's own statistics.
+    named = cfg.weights.lower() != "none" and Path(cfg.weights).suffix not in (".pth", ".pt", ".safetensors")
+    return "weights" if named else "data"
+
+
+def resolve(cfg):
+    """``cfg`` with every setting the preset governs filled in (explicit values kept)."""
+    from visiontune.errors import UserError
+
+    if cfg.recipe not in PRESETS:
+        raise UserError(f"--recipe must be one of {', '.join(PRESETS)}, got {cfg.recipe!r}")
+    changes = {k: v for k, v in PRESETS[cfg.recipe].items() if getattr(cfg, k) is None}
+    if "normalize" in changes and changes["normalize"] is None:
+        changes["normalize"] = _normalize(cfg)
+    augment = changes.get("augment", cfg.augment)
+    if isinstance(augment, bool):  # the old boolean --augment / `augment = true` in a config file
+        changes["augment"] = "flip-crop" if augment else "none"
+    cfg = cfg.replace(**changes) if changes else cfg
+    if (cfg.mean is None) != (cfg.std is None):
+        raise UserError("give --mean and --std together (or neither, to take them from --normalize)")
+    if cfg.mean is None and cfg.normalize != "data":  # data: the trainer measures the train split
+        mean, std = _weights_stats(cfg) if cfg.normalize == "weights" else (MEAN, STD)
+        cfg = cfg.replace(mean=stats_text(mean), std=stats_text(std))
+    mean_std(cfg)  # refuses malformed values now, not after the data is read
+    return cfg
+
+
+def stats_text(values) -> str:
+    return ",".join(f"{float(v):.6g}" for v in values)
+
+
+def mean_std(cfg) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The run's normalisation (the reference constants for runs that predate --normalize)."""
+    from visiontune.errors import UserError
+
+    if cfg.mean is None:
+        return MEAN, STD
+    try:
+        mean, std = (tuple(float(x) for x in text.split(",")) for text in (cfg.mean, cfg.std))
+    except ValueError:
+        mean = std = ()
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise UserError(f"--mean/--std must be three numbers each, std positive: got {cfg.mean!r}, {cfg.std!r}")
+    return mean, std
+
+
+def _weights_stats(cfg) -> tuple:
+    from visiontune.errors import UserError
+    from visiontune.models.build import get_spec
+
+    if _normalize(cfg) != "weights":
+        raise UserError(
+            f"--normalize weights needs named pretrained weights (--weights {cfg.weights} has no "
+            "metadata); use --normalize data or blog"
+        )
+    preprocess = get_spec(cfg.model).preprocess  # timm's pretrained_cfg, torchvision's weights.transforms()
+    return preprocess.mean, preprocess.std

@@ -1,0 +1,145 @@
+"""Checking settings: ``validate`` fills in the recipe's settings and refuses, in one line naming
+the flag, any value out of its range or choices; ``load_config_file`` reads a TOML file or an
+earlier run's ``config.json``, refusing unknown settings and values of the wrong type ("no" is not
+a bool).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig, choices
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+# (low, high, high included): ranges of the recipe's numbers.
+RANGES = {
+    "weight_decay": (0, math.inf, False),
+    "warmup_epochs": (0, math.inf, False),
+    "warmup_steps": (0, math.inf, False),
+    "label_smoothing": (0, 1, False),
+    "random_erasing": (0, 1, True),
+    "mixup": (0, math.inf, False),
+    "cutmix": (0, math.inf, False),
+    "ema": (0, 1, False),
+    "freeze_epochs": (0, math.inf, False),
+    "early_stop": (0, math.inf, False),
+}
+
+
+FROM_MODEL = ("interpolation",)  # None: the model's pretrained config's, known once the model is
+POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    """Whether ``value`` has the annotated type (``bool`` is no integer here, an int is a float)."""
+    origin, args = get_origin(kind), get_args(kind)
+    if origin is Literal:  # of the choices' type here; which choice, ``validate`` says with the flag's name
+        return any(type(value) is type(a) for a in args)
+    if args:  # X | None
+        return any(_fits(value, k) for k in args)
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def check_types(values: dict[str, Any], where: str) -> None:
+    """Refuse, in one line, a setting whose value does not have its field's type ("no" is not a bool)."""
+    hints = get_type_hints(TrainConfig)
+    for name, value in values.items():
+        if name in hints and not _fits(value, hints[name]):
+            kind = str(hints[name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise UserError(f"{where}: {name} = {value!r} is not of type {kind}")
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its recipe's settings filled in, if it is usable; else raise ``UserError``."""
+    from visiontune.settings.presets import resolve  # the presets live there, with the rest of the recipe
+
+    if isinstance(cfg.augment, bool):  # `augment = true` from before the named augmentations: flip-crop
+        cfg = cfg.replace(augment="flip-crop" if cfg.augment else "none")
+    check_types(cfg.to_dict(), "settings")
+    if cfg.recipe not in choices()["recipe"]:
+        raise UserError(f"--recipe must be one of {', '.join(choices()['recipe'])}, got {cfg.recipe!r}")
+    cfg = resolve(cfg)
+    for name, (low, high, closed) in RANGES.items():
+        v = getattr(cfg, name)
+        if not (low <= v <= high if closed else low <= v < high):
+            raise UserError(f"--{name.replace('_', '-')} must be in [{low}, {high}{']' if closed else ')'}, got {v}")
+    if cfg.crop_pct is not None and not 0 < cfg.crop_pct <= 1:
+        raise UserError(f"--crop-pct must be in (0, 1], got {cfg.crop_pct}")
+    if cfg.backbone_lr_mult <= 0:
+        raise UserError(f"--backbone-lr-mult must be positive, got {cfg.backbone_lr_mult}")
+    if not cfg.data:
+        raise UserError("no data folder given: pass --data DIR (try `visiontune sample-data DIR`)")
+    for name in POSITIVE:
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)}")
+    for name, allowed in choices().items():
+        if getattr(cfg, name) not in allowed and not (name in FROM_MODEL and getattr(cfg, name) is None):
+            raise UserError(
+                f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}"
+            )
+    if not 0.0 < cfg.val_fraction < 1.0:
+        raise UserError(f"--val-fraction must be between 0 and 1, got {cfg.val_fraction}")
+    if cfg.lr <= 0:
+        raise UserError(f"--lr must be positive, got {cfg.lr}")
+    if cfg.nproc is not None and cfg.nproc < 1:
+        raise UserError(f"--nproc must be a positive integer, got {cfg.nproc}")
+    if cfg.num_workers is not None and cfg.num_workers < 0:
+        raise UserError(f"--num-workers must be 'auto' or >= 0, got {cfg.num_workers}")
+    if cfg.timing_warmup < 0:
+        raise UserError(f"--timing-warmup must be >= 0, got {cfg.timing_warmup}")
+    if cfg.save_every_steps < 0 or cfg.max_restarts < 0:
+        raise UserError("--save-every-steps and --max-restarts must be >= 0")
+    if cfg.init_from and cfg.weights != "DEFAULT":
+        raise UserError(f"give --weights {cfg.weights} or --init-from {cfg.init_from}, not both")
+    if not 0.0 <= cfg.max_bad_fraction <= 1.0:
+        raise UserError(f"--max-bad-fraction must be between 0 and 1, got {cfg.max_bad_fraction}")
+    if cfg.momentum < 0 or cfg.weight_decay < 0:
+        raise UserError(f"--momentum and --weight-decay must be >= 0, got {cfg.momentum} and {cfg.weight_decay}")
+    if cfg.timeout <= 0:
+        raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
+    return cfg
+
+
+# Settings whose form changed, as earlier runs' config.json files (and config files) still hold them.
+_EARLIER = {
+    "augment": lambda v: {True: "flip-crop", False: "none"}.get(v, v) if isinstance(v, bool) else v,  # was a switch
+    "nnodes": lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v,  # now N or MIN:MAX
+}
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read settings from a TOML file or an earlier run's ``config.json``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        if p.suffix == ".json":
+            raw = json.loads(p.read_text())
+            raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # a run's config.json nests them
+        else:
+            raw = tomllib.loads(p.read_text())
+    except (ValueError, tomllib.TOMLDecodeError) as e:
+        raise UserError(f"cannot parse config file {path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} holds a {type(raw).__name__}, not a table of settings")
+    raw = {k: _EARLIER.get(k, lambda v: v)(v) for k, v in raw.items()}
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"unknown setting(s) in {path}: {', '.join(unknown)}")
+    check_types(raw, path)
+    return raw

@@ -1,0 +1,234 @@
+"""The training and evaluation loops, and ``fit`` that alternates them.
+
+Metrics accumulate as device tensors (``meter.Totals``) and are reduced across
+processes once per phase, so the hot loop never waits on the GPU for a number
+(the progress bar reads them once per redraw, at most every ``meter.REDRAW_SECONDS``).
+Training counts exactly the samples it trained on (full batches: the loader
+drops the ragged tail); evaluation counts every validation sample exactly once,
+because ``gather_for_metrics`` drops the duplicates Accelerate pads the last
+batch with.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+
+from visiontune.cluster.signals import RunStopped
+from visiontune.data.pipeline import UNREADABLE
+from visiontune.training.meter import PhaseResult, StepClock, Totals, progress_bar
+
+# criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that
+# ``backward`` is called on (0, not NaN, for a batch without any). ``labels`` holds class indices,
+# ``UNREADABLE`` for samples the loader could not decode; the epoch's loss is this mean weighted by
+# the readable count. Label smoothing or soft targets keep the same contract.
+Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def readable_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The default criterion: cross-entropy averaged over the readable samples."""
+    return F.cross_entropy(logits, labels, reduction="sum") / (labels != UNREADABLE).sum().clamp(min=1)
+
+
+class NonFiniteLoss(RunStopped):
+    """The training loss became NaN or infinite (exit code 3)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 3)
+
+
+OnStep = Callable[[int, int, Totals], None]  # (epoch, batches done in it, this process's totals)
+
+
+@dataclass(frozen=True)
+class StartAt:
+    """Where a run begins: a resumed run at batch ``batch`` of ``epoch``, with that epoch's sums."""
+
+    epoch: int = 0
+    batch: int = 0
+    totals: Totals | None = None
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    epochs: int
+    on_nan: str = "stop"  # stop: raise NonFiniteLoss at the epoch end; skip: skip steps with non-finite grads
+    progress: bool = True
+    timing_warmup: int = 5
+    criterion: Criterion | None = None  # None: ``readable_cross_entropy``
+    # mix(inputs, labels, epoch, step) -> (inputs, soft targets [B, classes]): mixup/cutmix. The
+    # criterion then gets the soft targets (all-zero rows: unreadable samples), and the accuracy
+    # counts a prediction as right when it names the class with the largest share of the target.
+    mix: Callable[[torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
+    on_step: OnStep | None = None
+    on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None
+
+
+def _grads_finite(model: torch.nn.Module) -> bool:
+    # After the all-reduce every process holds the same gradients, so all decide alike.
+    return bool(torch.stack([torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None]).all())
+
+
+def _optimizer_step(accelerator: Accelerator, model, optimizer, scheduler, on_nan: str) -> bool:
+    """Step unless --on-nan skip finds non-finite gradients; True if a due step was not taken."""
+    # skip: one host sync per step, the price of not stepping on inf/NaN gradients.
+    bad = on_nan == "skip" and accelerator.sync_gradients and not _grads_finite(model)
+    if not bad:
+        optimizer.step()
+    skipped = accelerator.sync_gradients and (bad or optimizer.step_was_skipped)  # NaN skip, fp16 overflow
+    if accelerator.sync_gradients and not skipped and scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return skipped
+
+
+def train_one_epoch(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    prepare_input: Callable,
+    opts: LoopOptions,
+    *,
+    epoch: int = 0,
+    start_step: int = 0,
+    totals: Totals | None = None,
+) -> PhaseResult:
+    """One pass over ``loader``; returns loss/accuracy summed over every process.
+
+    ``totals`` continues a resumed epoch whose first ``start_step`` batches ``loader`` already
+    skips; ``opts.on_step(epoch, batches_done, totals)`` runs after every batch.
+    """
+    model.train()
+    criterion = opts.criterion or readable_cross_entropy
+    totals = Totals(totals.values if totals is not None else None, accelerator.device)
+    clock = StepClock(opts.timing_warmup)
+    bar = progress_bar(accelerator, loader, "train", opts.progress)
+    for step, (images, labels) in enumerate(bar, start=start_step):
+        steady = clock.batch_ready()
+        with accelerator.accumulate(model):
+            inputs, targets = prepare_input(images), labels
+            if opts.mix is not None:
+                inputs, targets = opts.mix(inputs, labels, epoch, step)
+                labels = torch.where(targets.sum(1) > 0, targets.argmax(1), UNREADABLE)
+            logits = model(inputs)
+            loss = criterion(logits, targets)
+            accelerator.backward(loss)
+            if _optimizer_step(accelerator, model, optimizer, scheduler, opts.on_nan):
+                # Counted on the main process only: every process skips the same steps, and the
+                # totals are summed over processes.
+                totals.count_skipped(float(accelerator.is_main_process))
+        n, loss = (labels != UNREADABLE).sum().double(), loss.detach().double()
+        if opts.on_nan == "skip":  # keep the epoch's loss finite; the skipped images are not counted
+            n, loss = n * torch.isfinite(loss), loss.nan_to_num(0.0, 0.0, 0.0)
+        totals.add(loss, (logits.argmax(1) == labels).sum().double() * (n > 0), n, steady)
+        if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:  # tqdm's clock: it redraws next
+            loss_sum, correct, images = totals.values.tolist()[:3]  # one sync
+            bar.set_postfix(
+                loss=f"{loss_sum / max(images, 1):.4f}",
+                acc=f"{correct / max(images, 1):.4f}",
+                img_s=f"{images / (time.perf_counter() - clock.start):.0f}",
+                refresh=False,
+            )
+        if opts.on_step is not None:
+            opts.on_step(epoch, step + 1, totals)
+        clock.step_done()
+    totals = totals.reduced(accelerator)
+    if opts.on_nan == "stop" and not math.isfinite(totals.loss_sum):
+        raise NonFiniteLoss(
+            "training loss became non-finite in this epoch; the last checkpoint before it is "
+            "kept (lower --lr, or pass --on-nan skip)"
+        )
+    n = max(totals.images, 1)
+    return PhaseResult(
+        totals.loss_sum / n,
+        totals.correct / n,
+        int(totals.images),
+        skipped=int(totals.skipped),
+        steady_images=int(totals.steady_images),
+        **clock.split(),
+    )
+
+
+@torch.inference_mode()
+def evaluate(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    loader: Iterable,
+    prepare_input: Callable,
+    *,
+    progress: bool = True,
+    desc: str = "val",
+    keep: list | None = None,
+) -> PhaseResult:
+    """Loss and accuracy over every sample of ``loader`` exactly once.
+
+    The loss is plain cross-entropy whatever the training criterion, so validation losses compare
+    across recipes. With ``keep``, each batch's gathered ``(logits, labels)`` is appended to it,
+    padding removed (prediction and evaluation reports use them).
+    """
+    model.eval()
+    totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
+    start = time.perf_counter()
+    for images, labels in progress_bar(accelerator, loader, desc, progress):
+        logits = model(prepare_input(images))
+        per_sample = torch.stack(
+            [
+                F.cross_entropy(logits.float(), labels, reduction="none"),
+                (logits.argmax(1) == labels).float(),
+                (labels != UNREADABLE).float(),
+            ],
+            dim=1,
+        )
+        # Every rank gets the same gathered rows, padding removed: sum them once.
+        totals += accelerator.gather_for_metrics(per_sample).double().sum(0)
+        if keep is not None:
+            keep.append(accelerator.gather_for_metrics((logits.float(), labels)))
+    loss_sum, correct, count = totals.tolist()
+    return PhaseResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), time.perf_counter() - start)
+
+
+def fit(
+    accelerator: Accelerator,
+    model,
+    optimizer,
+    scheduler,
+    train_loader,
+    val_loader,
+    prepare_input: Callable,
+    opts: LoopOptions,
+    start: StartAt = StartAt(),
+) -> None:
+    """Train and validate each epoch from ``start``; print the reference job's epoch lines."""
+    for epoch in range(start.epoch, opts.epochs):
+        accelerator.print(f"Epoch {epoch}/{opts.epochs - 1}\n" + "-" * 10)
+        train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
+        skip = start.batch if epoch == start.epoch else 0
+        loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        tr = train_one_epoch(
+            accelerator,
+            model,
+            loader,
+            optimizer,
+            scheduler,
+            prepare_input,
+            opts,
+            epoch=epoch,
+            start_step=skip,
+            totals=start.totals if skip else None,
+        )
+        va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress)
+        for phase, r in (("train", tr), ("val", va)):
+            accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}")
+        if tr.skipped:
+            accelerator.print(f"train skipped {tr.skipped} optimizer step(s) (non-finite gradients or fp16 overflow)")
+        accelerator.print()
+        if opts.on_epoch_end is not None:
+            opts.on_epoch_end(epoch, tr, va)

@@ -1,0 +1,180 @@
+"""What a run does between steps, in three small pieces that ``RunHooks`` joins.
+
+``engine.fit`` calls ``on_step`` after every batch and ``on_epoch_end`` after
+each validation. ``CheckpointPolicy`` decides when a step is a checkpoint (every
+``--save-every-steps`` optimizer steps, an epoch end, a stop signal that every
+process agreed on at the same optimizer step); ``Checkpointer`` writes one with
+the run's identity and raises ``RunStopped`` when a signal asked for it; and
+``EpochOutputs`` evaluates the EMA weights when there are some, and writes the run
+folder's history, metrics, curves and best model (raw or EMA, as ``--best-metric``
+picks); ``--early-stop`` then ends the run through ``EarlyStop``.
+The stop signals themselves are owned by the caller (``with StopSignals(...)``).
+Every process calls every method: the collectives inside (reduce, the stop
+agreement, ``save_state``) run everywhere, and only the main process writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from accelerate import Accelerator
+
+from visiontune import files
+from visiontune.cluster import signals
+from visiontune.reports import figures
+from visiontune.runs import checkpoint, records
+from visiontune.settings.config import TrainConfig
+from visiontune.training import engine
+from visiontune.training.meter import PhaseResult, Totals
+from visiontune.training.steplog import StepLog
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    per_epoch: int  # batches per epoch and process
+    grad_accum: int
+    save_every_steps: int
+
+    def optimizer_steps(self, epoch: int, batch: int) -> int:
+        return (epoch * self.per_epoch + batch) // self.grad_accum
+
+    def at_step_boundary(self, batch: int) -> bool:
+        """False inside an accumulation window: no optimizer step yet, nothing to save or agree on."""
+        return batch % self.grad_accum == 0 or batch == self.per_epoch
+
+    def due(self, epoch: int, batch: int) -> bool:
+        """A periodic checkpoint here (an epoch's last step saves at the epoch end instead)."""
+        return (
+            bool(self.save_every_steps)
+            and batch != self.per_epoch
+            and self.optimizer_steps(epoch, batch) % self.save_every_steps == 0
+        )
+
+
+@dataclass
+class Checkpointer:
+    accelerator: Accelerator
+    cfg: TrainConfig
+    run_dir: str
+    scheduler: object
+    policy: CheckpointPolicy
+    identity: dict  # what a resume must match: split hash, model, classes, global batch
+    history: list[dict]  # shared with EpochOutputs: the epochs so far
+
+    def save(self, epoch: int, batch: int, totals: Totals | None = None) -> str:
+        row, which = records.best_of(self.history, self.cfg.best_metric) if self.history else ({}, "")
+        best = row.get(which)
+        meta = {
+            **self.identity,
+            "world_size": self.accelerator.num_processes,
+            "history": self.history,
+            "best_val": best,
+            "optimizer_steps": self.policy.optimizer_steps(epoch, batch),
+            "partial_totals": totals.to_list() if totals is not None else None,
+            "config": self.cfg.to_dict(),
+        }
+        return checkpoint.save(self.accelerator, self.run_dir, epoch, batch, meta, self.scheduler, self.cfg.keep_last)
+
+    def stopped(self, signum: int, path: str) -> signals.RunStopped:
+        return signals.stopped(signum, f"checkpoint {path}; continue with --resume {self.run_dir}")
+
+    def mid_epoch(self, epoch: int, batch: int, totals: Totals, signum: int) -> None:
+        """Save the partial epoch (its sums over every process); raise if a signal asked to stop."""
+        reduced = totals.reduced(self.accelerator)
+        if self.cfg.on_nan == "stop" and not torch.isfinite(reduced.values[0]):
+            raise engine.NonFiniteLoss(
+                f"training loss became non-finite in epoch {epoch} before batch {batch}; "
+                "the last checkpoint before it is kept (lower --lr, or --on-nan skip)"
+            )
+        path = self.save(epoch, batch, reduced)
+        if signum:
+            raise self.stopped(signum, path)
+
+
+@dataclass
+class EpochOutputs:
+    accelerator: Accelerator
+    run_dir: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    history: list[dict]
+    model_metadata: dict[str, str] = field(default_factory=dict)  # the run's description, inside best.safetensors
+    save_pth: bool = False  # also best.pth (--save-pth)
+    per_epoch: int = 1  # batches per epoch and process: trackers get an epoch's figures at its last step
+    best_metric: str = "accuracy"
+    ema: torch.nn.Module | None = None  # the EMA model, evaluated after each epoch beside the raw one
+    evaluate: Callable[[torch.nn.Module], PhaseResult] | None = None
+
+    def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> int:
+        """Record the epoch and save the best model; return the best epoch so far."""
+        acc, history = self.accelerator, self.history
+        row = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(), "val": va.as_dict()}
+        if self.ema is not None:
+            ve = self.evaluate(self.ema)
+            acc.print(f"val (EMA) Loss: {ve.loss:.4f} Acc: {ve.accuracy:.4f}\n")
+            row["val_ema"] = ve.as_dict()
+        history.append(row)
+        # At the epoch's last step, so that per-step (StepLog) and per-epoch values share one rising axis.
+        acc.log(
+            {
+                "epoch": epoch,
+                **{f"{p}/{k}": v for p in ("train", "val", "val_ema") if p in row for k, v in row[p].items()},
+            },
+            step=(epoch + 1) * self.per_epoch,
+        )
+        best, which = records.best_of(history, self.best_metric)
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            if best["epoch"] == epoch:  # best.* holds the weights the best metric picked: EMA or raw
+                chosen = self.ema if which == "val_ema" else acc.unwrap_model(self.model, keep_torch_compile=False)
+                records.save_model(
+                    self.run_dir, records.plain_state_dict(chosen), metadata=self.model_metadata, pth=self.save_pth
+                )
+            files.write_json(f"{self.run_dir}/history.json", history)
+            records.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
+            figures.plot_history(f"{self.run_dir}/training_results.png", history)
+        return best["epoch"]
+
+
+class EarlyStop(Exception):
+    """``--early-stop``: the best metric stopped improving; the run ends normally after this epoch."""
+
+
+@dataclass
+class RunHooks:
+    checkpointer: Checkpointer
+    outputs: EpochOutputs
+    stop: signals.StopSignals
+    epochs: int
+    steps: StepLog | None = None  # per-step loss and lr for the trackers (--log-with)
+    early_stop: int = 0  # epochs without a better best metric before stopping (0: never)
+    history: list[dict] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.history = self.outputs.history
+
+    def on_step(self, epoch: int, batch: int, totals: Totals) -> None:
+        policy = self.checkpointer.policy
+        if self.steps:
+            self.steps.record(epoch, batch, totals.values)
+        if not policy.at_step_boundary(batch):
+            return
+        signum = self.stop.agreed()
+        if signum or policy.due(epoch, batch):
+            self.checkpointer.mid_epoch(epoch, batch, totals, signum)
+
+    def on_epoch_end(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
+        if self.steps:
+            self.steps.flush()
+        best = self.outputs.record(epoch, tr, va)
+        path = self.checkpointer.save(epoch + 1, 0)
+        signum = self.stop.agreed()
+        if signum and epoch + 1 < self.epochs:
+            raise self.checkpointer.stopped(signum, path)
+        if self.early_stop and epoch - best >= self.early_stop and epoch + 1 < self.epochs:
+            self.outputs.accelerator.print(
+                f"visiontune: early stop: no better val {self.outputs.best_metric} for {self.early_stop} epoch(s)"
+            )
+            raise EarlyStop(epoch)

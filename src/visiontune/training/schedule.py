@@ -1,0 +1,84 @@
+"""What follows every optimizer step: the lr schedule (linear warm-up, then cosine, linear, step
+or constant) and the EMA update, in ``Stepper``, which stands in the lr scheduler's place for the
+engine and the checkpoint. Everything counts optimizer steps, so a resume, which restores that
+count, repeats the schedule exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from visiontune.training.ema import EMA
+
+STEP_MILESTONES, STEP_GAMMA = (0.5, 0.75), 0.1  # --lr-schedule step: x0.1 at half and three quarters
+
+
+def warmup_steps(cfg, steps_per_epoch: int) -> int:
+    return cfg.warmup_steps or round(cfg.warmup_epochs * steps_per_epoch)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """The lr multiplier before optimizer step ``step`` (0-based) of ``total``.
+
+    Warm-up rises linearly to 1 over ``warmup`` steps ((step + 1) / warmup, so the first step
+    already learns); then ``schedule`` runs over the remaining steps.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+    if schedule == "linear":
+        return max(0.0, 1 - t)
+    if schedule == "step":
+        return STEP_GAMMA ** sum(t >= m for m in STEP_MILESTONES)
+    return 1.0
+
+
+class Stepper:
+    """What follows every optimizer step: the lr schedule and the EMA update.
+
+    The engine calls ``step()`` where it would step an lr scheduler, and the checkpoint
+    saves ``state_dict()`` (plain tensors and numbers) in the scheduler's place. Its step
+    count also says whether the head-only phase of ``--freeze-epochs`` is still on.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int):
+        total, warm, schedule = cfg.epochs * steps_per_epoch, warmup_steps(cfg, steps_per_epoch), cfg.lr_schedule
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warm, schedule))
+        self.ema_decay, self.ema = cfg.ema, None
+        self.freeze_steps = cfg.freeze_epochs * steps_per_epoch
+
+    def attach_ema(self, model: nn.Module) -> None:
+        """Start the EMA from ``model`` (the unwrapped model, on its device), if ``--ema`` asks for one."""
+        if self.ema_decay:
+            self.ema = EMA(model, self.ema_decay)
+
+    @property
+    def steps(self) -> int:
+        return self.scheduler.last_epoch
+
+    @property
+    def frozen(self) -> bool:
+        return self.steps < self.freeze_steps
+
+    def step(self) -> None:
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update()
+
+    def state_dict(self) -> dict:
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if "scheduler" not in state:  # a checkpoint written before recipes: a plain scheduler's state
+            state = {"scheduler": state, "ema": None}
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None and state["ema"] is not None:
+            self.ema.load_state_dict(state["ema"])

@@ -1,0 +1,238 @@
+"""``train(config) -> summary``: one run, from data folder to run folder.
+
+This is the Python API (``visiontune.train``) and what ``visiontune train``
+runs in every process. It wires the pieces in order -- Accelerator, data and
+split, model, loaders, ``engine.fit``, outputs -- and keeps every collective
+outside rank checks: all processes call ``wait_for_everyone`` before the main
+process writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
+
+from visiontune.cluster import launch, signals
+from visiontune.cluster.strategy import Setup, describe, make_accelerator, prepare
+from visiontune.data.augment import BatchMix
+from visiontune.data.jobdata import listed
+from visiontune.data.jobdata import prepare as prepare_data
+from visiontune.data.layouts import ImageSet
+from visiontune.data.loaders import loaders
+from visiontune.data.pipeline import DeviceNormalize
+from visiontune.data.split import make_split, split_summary
+from visiontune.errors import UserError
+from visiontune.models.build import build_model, check_input, get_spec, input_view
+from visiontune.runs import records, resume, runinfo, runlock
+from visiontune.settings import presets
+from visiontune.settings.config import TrainConfig
+from visiontune.settings.validation import validate
+from visiontune.training import elastic, engine, meter, optim
+from visiontune.training.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
+from visiontune.training.schedule import Stepper
+from visiontune.training.steplog import StepLog
+
+
+def _run_dir(accelerator, cfg: TrainConfig) -> str:
+    # The main process picks the folder (a timestamp) and every process uses it.
+    # ``--resume RUN_DIR`` goes on writing into RUN_DIR unless --output-dir says otherwise.
+    choice = [launch.run_folder(cfg)]
+    broadcast_object_list(choice) if accelerator.num_processes > 1 else None
+    return choice[0]
+
+
+def _same_split_everywhere(accelerator, record: dict) -> None:
+    # Each process splits its own machine's copy of the data; copies that differ would train the
+    # processes on different splits without a word, so compare the split's hash across processes.
+    digests = gather_object([record["sha256"]]) if accelerator.num_processes > 1 else [record["sha256"]]
+    if len(set(digests)) > 1:
+        raise UserError(
+            "the processes see different data (split.json hashes differ between ranks: "
+            f"{', '.join(d[:8] for d in digests)}); give every machine the same files under --data"
+        )
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every step of a run reads: its settings, its processes and its folder."""
+
+    cfg: TrainConfig
+    accelerator: Accelerator
+    setup: Setup
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class _Trainables:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Stepper  # the lr schedule and the EMA, stepped after every optimizer step
+    train_loader: Iterable
+    val_loader: Iterable
+
+
+def _open_job(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> _Job:
+    """Join the job's processes and take the run folder (its lock comes before any long work)."""
+    elastic.join_restarted_group(cfg.timeout)
+    cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
+    accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
+    job = _Job(cfg, accelerator, describe(cfg, accelerator), _run_dir(accelerator, cfg))
+    run_folder.enter_context(runlock.hold_run(accelerator, job.run_dir))
+    elastic.check_shared_folder(accelerator, job.run_dir)
+    return job
+
+
+def _check_one_global_batch(job: _Job, split) -> None:
+    batch = job.setup.per_process_batch * job.setup.world_size
+    if len(split.train) < batch:
+        raise UserError(
+            f"the train split has {len(split.train)} images, fewer than one global batch of {batch}; "
+            "lower --batch-size or add images"
+        )
+
+
+def _identity(job: _Job, split_rec: dict, num_classes: int) -> dict:
+    """What a checkpoint must match for this run to resume it."""
+    return {
+        "split_sha256": split_rec["sha256"],
+        "model": job.cfg.model,
+        "num_classes": num_classes,
+        "global_batch": job.setup.global_batch,
+        "batch_samples": job.setup.per_process_batch * job.setup.world_size,
+        "grad_accum": job.cfg.grad_accum,
+        "image_size": job.cfg.image_size,
+        "interpolation": job.cfg.interpolation,
+        "crop_pct": job.cfg.crop_pct,
+    }
+
+
+def _hooks(
+    job: _Job, parts: _Trainables, normalize, identity: dict, resumed, stop: signals.StopSignals, info: runinfo.RunInfo
+) -> RunHooks:
+    accelerator, cfg, per_epoch = job.accelerator, job.cfg, len(parts.train_loader)
+    history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
+    policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
+    steps = StepLog(accelerator, parts.optimizer, per_epoch) if cfg.log_with else None
+    ema = parts.scheduler.ema.module if parts.scheduler.ema else None
+
+    def evaluate_ema(ema_model):  # evaluated as the raw model is (its forward carries no autocast)
+        with accelerator.autocast():
+            return engine.evaluate(
+                accelerator, ema_model, parts.val_loader, normalize, progress=cfg.progress, desc="val ema"
+            )
+
+    return RunHooks(
+        Checkpointer(accelerator, cfg, job.run_dir, parts.scheduler, policy, identity, history),
+        EpochOutputs(
+            accelerator,
+            job.run_dir,
+            parts.model,
+            parts.optimizer,
+            history,
+            info.metadata(),
+            cfg.save_pth,
+            per_epoch,
+            cfg.best_metric,
+            ema,
+            evaluate_ema,
+        ),
+        stop,
+        cfg.epochs,
+        steps,
+        cfg.early_stop,
+    )
+
+
+def _start(accelerator, resumed) -> engine.StartAt:
+    if resumed is None:
+        return engine.StartAt()
+    totals = meter.Totals.from_checkpoint(resumed.meta.get("partial_totals"), accelerator.is_main_process)
+    # resume.compatible already put the position in this run's batches (it is kept in samples), so an
+    # elastic job back with another number of processes, or another batch split, starts at the same sample.
+    return engine.StartAt(resumed.epoch, resumed.batch, totals)
+
+
+def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info: runinfo.RunInfo) -> list[dict]:
+    """The epochs, with checkpoints, outputs and stop signals; the run's per-epoch history."""
+    accelerator, cfg = job.accelerator, job.cfg
+    mix = None
+    if cfg.mixup or cfg.cutmix:
+        ranks = (accelerator.process_index, accelerator.num_processes)
+        mix = BatchMix(len(info.classes), cfg.mixup, cfg.cutmix, cfg.seed, *ranks)
+    # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
+    with signals.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
+        hooks = _hooks(job, parts, normalize, identity, resumed, stop, info)
+        opts = engine.LoopOptions(
+            cfg.epochs,
+            cfg.on_nan,
+            cfg.progress,
+            cfg.timing_warmup,
+            criterion=optim.criterion(cfg),
+            mix=mix,
+            on_step=hooks.on_step,
+            on_epoch_end=hooks.on_epoch_end,
+        )
+        loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, normalize)
+        engine.fit(accelerator, *loop, opts, _start(accelerator, resumed))
+    return hooks.history
+
+
+def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
+    """Fine-tune ``cfg.model`` on ``cfg.data`` (listed as ``images`` when given); return the run's summary."""
+    with contextlib.ExitStack() as run_folder:  # holds the run folder's lock, released however the run ends
+        return _train(cfg, images, run_folder)
+
+
+def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack) -> dict:
+    cfg = validate(cfg)
+    if cfg.resume == "auto" and not cfg.output_dir:
+        raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
+    since = time.time()
+    spec = get_spec(cfg.model)
+    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
+    # Recorded resolved in config.json.
+    size = cfg.image_size or spec.preprocess.size
+    cfg = cfg.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
+    job = _open_job(cfg, run_folder)
+    cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
+    # The job's one listing (handed over by the command or its launcher): the model and the input are
+    # checked against it before the bad-file scan, which can take minutes on a large folder.
+    images = images or listed(cfg.data)
+    # The new head's init and dropout repeat run to run (so resumes can be compared); processes
+    # differ by their index, and DDP copies rank 0's weights to the others anyway.
+    set_seed(cfg.seed, device_specific=True)
+    weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
+    with accelerator.local_main_process_first():  # a weights download happens once per machine
+        model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
+    check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
+    data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
+    images, bad = data.images, data.bad
+    split = make_split(len(images), cfg.val_fraction, cfg.seed)
+    split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
+    _same_split_everywhere(accelerator, split_rec)
+    _check_one_global_batch(job, split)
+    cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
+    job = dataclasses.replace(job, cfg=cfg)
+    mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
+    info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct)
+    per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
+    optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
+    model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
+    scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
+    identity = _identity(job, split_rec, len(images.classes))
+    resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
+    records.announce(accelerator, cfg, setup, images, split, run_dir)
+    records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
+    if accelerator.is_main_process:
+        elastic.record_world(run_dir, setup, cfg, resumed)
+    normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
+    parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader)
+    history = _fit(job, parts, normalize, identity, resumed, info)
+    return records.finish(accelerator, run_dir, since, history, split, images, setup, cfg.best_metric)
