@@ -26,8 +26,8 @@ def train(config: TrainConfig) -> dict:
     return _train(config)
 
 
-def load(path: str, device: str | None = None):
+def load(path: str):
     """A trained run folder or model file, loaded once: ``.predict(images)`` and ``.evaluate(folder)``."""
     from visiontune.inference.api import Predictor
 
-    return Predictor.load(path, device=device)
+    return Predictor.load(path)

@@ -118,6 +118,11 @@ def read_image(path: str | os.PathLike, *, max_pixels: int = MAX_PIXELS) -> torc
             data = f.read()
     except OSError as exc:
         raise BadImage(f"cannot read file ({exc.strerror or type(exc).__name__})") from None
+    return decode_bytes(data, max_pixels=max_pixels)
+
+
+def decode_bytes(data: bytes, *, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
+    """Decode an encoded image (a file's bytes, an upload) as ``read_image`` does, or raise BadImage."""
     if not data:
         raise BadImage("empty file")
 
@@ -164,13 +169,27 @@ def resize_uint8(
     return F.center_crop(img, [size, size])
 
 
+def read_source(source: str | os.PathLike | bytes | torch.Tensor) -> torch.Tensor:
+    """A path, an encoded image's bytes, or an already decoded uint8 [3, H, W] tensor, as uint8 [3, H, W]."""
+    if isinstance(source, torch.Tensor):
+        if source.dtype != torch.uint8 or source.ndim != 3 or source.shape[0] != 3:
+            raise BadImage(f"expected a uint8 [3, H, W] RGB tensor, got {source.dtype} {tuple(source.shape)}")
+        return source
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return decode_bytes(bytes(source))
+    return read_image(source)
+
+
 def try_read(
-    path: str | os.PathLike, size: int | None = None, interpolation: str = "bilinear", crop_pct: float | None = None
+    source: str | os.PathLike | bytes | torch.Tensor,
+    size: int | None = None,
+    interpolation: str = "bilinear",
+    crop_pct: float | None = None,
 ) -> torch.Tensor | str:
-    """``read_image`` brought to size x size by ``resize_uint8`` (full size without ``size``), or why it
+    """``read_source`` brought to size x size by ``resize_uint8`` (full size without ``size``), or why it
     cannot be read."""
     try:
-        img = read_image(path)
+        img = read_source(source)
     except BadImage as e:
         return str(e)
     return img if size is None else resize_uint8(img, size, interpolation, crop_pct)

@@ -33,7 +33,8 @@ from visiontune.reports import figures, metrics
 SPLITS = ("val", "train", "all")
 
 
-def _run_data_root(run_dir: str | None) -> str | None:
+def run_data(run_dir: str | None) -> str | None:
+    """The data folder a run recorded in its config.json (None when unknown)."""
     try:
         return json.loads((Path(run_dir) / "config.json").read_text())["data"]["root"] if run_dir else None
     except (OSError, ValueError, KeyError, TypeError):
@@ -44,7 +45,7 @@ def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[li
     """The paths and labels to score, and what they are: a split of the run's own data, or all of ``images``."""
     if split is not None and split not in SPLITS:
         raise UserError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
-    root = _run_data_root(run_dir)
+    root = run_data(run_dir)
     own = root is not None and os.path.realpath(root) == os.path.realpath(images.root)
     if not own:
         if split in ("val", "train"):

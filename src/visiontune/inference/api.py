@@ -1,0 +1,110 @@
+"""The Python API over a trained model: ``visiontune.load(path)`` returns a ``Predictor``.
+
+``Predictor.predict`` takes paths, encoded bytes, PIL images or uint8 [3, H, W] tensors and runs
+them through the code ``visiontune predict`` runs (``loaded.forward``: the run's resize, its
+normalisation on the device, the same forward pass), so a path gives the probabilities the CLI
+writes for it. ``Predictor.evaluate`` is ``visiontune evaluate`` on a labelled folder, returning
+the report it writes. The model is loaded once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from visiontune.data.pipeline import UNREADABLE
+from visiontune.errors import UserError
+from visiontune.inference import loaded as inference
+from visiontune.inference import tta
+from visiontune.inference.evaluate import evaluate, run_data
+from visiontune.inference.loaded import InferenceConfig, LoadedModel, load_model
+
+Image = str | os.PathLike | bytes | torch.Tensor  # or a PIL image, converted to a tensor here
+
+
+def _as_source(image) -> str | bytes | torch.Tensor:
+    """What the loader reads: a path or bytes as they are, a PIL image as its RGB uint8 tensor."""
+    if isinstance(image, (str, os.PathLike, bytes, bytearray, torch.Tensor)):
+        return os.fspath(image) if isinstance(image, os.PathLike) else image
+    if hasattr(image, "convert") and hasattr(image, "mode"):  # a PIL image, without importing PIL here
+        from torchvision.transforms.v2.functional import pil_to_tensor
+
+        return pil_to_tensor(image.convert("RGB"))
+    raise UserError(f"cannot predict on a {type(image).__name__}: give paths, bytes, PIL images or uint8 tensors")
+
+
+@dataclass
+class Predictor:
+    """A trained model and how to feed it; ``classes``, ``image_size`` and ``info`` describe it."""
+
+    loaded: LoadedModel
+    run_dir: str | None = None  # set when loaded from a run folder: its own data and split are known
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Predictor:
+        """A run folder (its best model) or a self-describing model file (``best.safetensors``); the
+        forward pass runs where ``visiontune predict`` would (a GPU when there is one)."""
+        path = os.fspath(path)
+        if Path(path).is_dir():
+            return cls(load_model(run=path), path)
+        return cls(load_model(weights=path))
+
+    @property
+    def classes(self) -> list[str]:
+        return self.loaded.classes
+
+    @property
+    def info(self):
+        return self.loaded.info
+
+    def _config(self, batch_size: int | None) -> InferenceConfig:
+        return InferenceConfig(batch_size or self.loaded.batch_size, progress=False, num_workers=0)
+
+    def predict(self, images: Image | Sequence[Image], *, tta_mode: str = "none", batch_size: int | None = None):
+        """One dict per image -- ``label`` (None when unreadable), ``score`` and ``probabilities`` per class --
+        or a single dict for a single image."""
+        single = not isinstance(images, (list, tuple))
+        sources = [_as_source(im) for im in ([images] if single else images)]
+        if not sources:
+            return []
+        icfg = self._config(batch_size)
+        accelerator = inference.start(icfg)
+        model = tta.wrap_loaded(self.loaded, tta_mode)
+        logits, labels = inference.forward(accelerator, model, icfg, sources, [0] * len(sources), "predict")
+        rows = []
+        for row, label in zip(logits.softmax(1).tolist(), labels.tolist()):
+            if label == UNREADABLE:
+                rows.append({"label": None, "score": None, "probabilities": None})
+                continue
+            top = max(range(len(row)), key=row.__getitem__)
+            rows.append({"label": self.classes[top], "score": row[top], "probabilities": dict(zip(self.classes, row))})
+        return rows[0] if single else rows
+
+    def evaluate(
+        self,
+        data: str | os.PathLike | None = None,
+        *,
+        split: str | None = None,
+        out: str | os.PathLike | None = None,
+        tta_mode: str = "none",
+    ) -> dict:
+        """``visiontune evaluate``: metrics on a labelled folder, returned as the report it writes.
+
+        As on the command line, a run's own data is scored on its val split (``split`` chooses) and
+        ``data`` defaults to it; the report goes to ``out`` (default ``RUN/eval.json``, or a temporary
+        folder for a model file), figures beside it.
+        """
+        data = os.fspath(data) if data is not None else run_data(self.run_dir)
+        if data is None:
+            raise UserError("evaluate needs the data folder: this model file does not name its data")
+        icfg = self._config(None)
+        if out is None and self.run_dir is None:
+            with tempfile.TemporaryDirectory(prefix="visiontune-eval-") as tmp:
+                return evaluate(self.loaded, icfg, data, f"{tmp}/eval.json", split=split, tta_mode=tta_mode)
+        out = os.fspath(out) if out is not None else f"{self.run_dir}/eval.json"
+        return evaluate(self.loaded, icfg, data, out, run_dir=self.run_dir, split=split, tta_mode=tta_mode)
