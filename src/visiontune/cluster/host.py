@@ -1,4 +1,5 @@
-"""What this machine offers a run: the cores this process may use, and the user's cache folder.
+"""What this machine offers a run: the cores this process may use, the user's cache folder, and the
+library versions a run records.
 
 One rule each, so the scan, the image cache, the loaders and ``check`` agree. Only ``os``:
 the CLI reads these before it imports torch.

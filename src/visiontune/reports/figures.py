@@ -1,4 +1,5 @@
-"""The evaluation figures: the confusion matrix (counts beside row shares) and the top losses.
+"""The figures: a run's curves (``training_results.png``), the confusion matrix (counts beside row
+shares) and the top losses, and the headless pyplot they are drawn with.
 
 Both stay readable from 2 to 100 classes: tick labels are cut to 24 characters
 (the full names are in ``eval.json``), the font shrinks and the cells lose

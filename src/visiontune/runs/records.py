@@ -1,6 +1,8 @@
 """The run folder's records and the run's opening and closing lines: ``config.json``,
 ``classes.json``, ``split.json``, ``bad_files.csv`` and the trackers at the start, the summary's
-figures (best epoch, steady-state throughput) and ``summary.json`` with the report at the end.
+figures (best epoch, steady-state throughput) and ``summary.json`` with the report at the end;
+during the run, ``metrics.csv`` and the best model (``best.safetensors``, carrying the run's
+description).
 Only the main process writes files; ``summary.json`` after every process has arrived.
 """
 

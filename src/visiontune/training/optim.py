@@ -1,15 +1,7 @@
-"""Recipes: presets resolved into settings, and the optimizer, freezing and loss they ask for.
+"""The optimizer, the loss and the freezing a resolved config asks for, for a built model.
 
-``--recipe blog`` is the reference job (SGD lr 1e-3 momentum 0.9, constant lr,
-no augmentation, the blog's normalisation). ``--recipe modern`` is what won on
-real images (see benchmarks/recipe.py): AdamW with decoupled weight decay
-(none on norms and biases), one warm-up epoch then cosine decay, label
-smoothing, no augmentation and no EMA (on 32 px digits from scratch in 10
-epochs, a mild crop and flip cost 3 points of accuracy and the EMA gained none
-worth its time; --augment and --ema add them). A preset only
-fills the settings left unset (None): a flag or config file value always wins,
-and the resolved config records every value. Nothing else in visiontune knows
-the presets. The lr schedule and the EMA step in ``schedule.Stepper``; every
+The presets that chose these values live in ``settings.presets``; this module
+only builds them. The lr schedule and the EMA step in ``schedule.Stepper``; every
 per-step rule counts optimizer steps, so a resume, which restores that count,
 repeats it exactly.
 """
