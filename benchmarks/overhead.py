@@ -62,8 +62,8 @@ def hand_rate(images: torch.Tensor, labels: torch.Tensor, seed: int = 42) -> flo
     return rate
 
 
-def main() -> None:
-    data = sample_data(PER_CLASS)
+def cached_images(data) -> tuple[TrainConfig, torch.Tensor, torch.Tensor]:
+    """The run's config (reading visiontune's cache) and the train split's cached pixels and labels."""
     cache_dir = str(WORK / "cache")
     cfg = TrainConfig(
         data=str(data),
@@ -83,6 +83,11 @@ def main() -> None:
     ds = CachedDataset(cache, split.train, [images_set.labels[i] for i in split.train])
     images = torch.stack([ds[i][0] for i in range(len(ds))])
     labels = torch.tensor([ds[i][1] for i in range(len(ds))])
+    return cfg, images, labels
+
+
+def main() -> None:
+    cfg, images, labels = cached_images(sample_data(PER_CLASS))
     # One core for both: with 2 intra-op threads on cores other work also wants, OpenMP's barriers
     # stall and single runs swing 5x; one thread keeps the comparison about the loops.
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})

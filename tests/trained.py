@@ -36,7 +36,7 @@ STD = torch.tensor([0.2257, 0.2211, 0.2214]).view(3, 1, 1)
 def train_run(out: Path, data: Path) -> Path:
     # One thread: on a shared 2-core machine two threads contend and run several times slower.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(strategy, "cpu_budget", lambda: 1)
+        mp.setattr(strategy, "cpu_budget", lambda *_: 1)
         rc = main(
             [
                 "train",
@@ -106,4 +106,4 @@ def independent_eval(run: Path, data_root: Path) -> tuple[float, float, int]:
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
     """In-process runs use one thread, as ``train_run`` does (imported by the test modules)."""
-    monkeypatch.setattr(strategy, "cpu_budget", lambda: 1)
+    monkeypatch.setattr(strategy, "cpu_budget", lambda *_: 1)

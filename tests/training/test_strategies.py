@@ -60,8 +60,10 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    # A wrong thread count on purpose: each worker must replace it with its budget (cores / local processes).
-    return {**_worker_env(), "OMP_NUM_THREADS": "7"}
+    # No OMP_NUM_THREADS: each worker must size its threads as its share of the cores (cores / local processes).
+    env = _worker_env()
+    env.pop("OMP_NUM_THREADS")
+    return env
 
 
 def _run_all(commands: dict[str, tuple[list[str], Path]], logs: Path, timeout: float = 900) -> dict[str, tuple]:
@@ -204,7 +206,7 @@ def test_setup_is_printed_and_recorded(jobs):
     for record in (setup, summary):
         assert {k: record[k] for k in expected} == expected
         assert len(record["devices"]) == WORLD and all(d.startswith("cpu") for d in record["devices"])
-    # Threads: cores / processes on this machine (OMP_NUM_THREADS=7 in the environment is overridden).
+    # Threads: cores / processes on this machine, set by visiontune's launcher for its workers.
     assert setup["threads"] == max(1, CORES // WORLD)
     assert jobs["machine0"].read("config.json")["setup"]["threads"] == CORES  # one process per "machine"
     # On a CPU no loader processes compete with the model: each process decodes with its own budget.

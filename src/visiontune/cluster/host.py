@@ -7,14 +7,70 @@ the CLI reads these before it imports torch.
 
 from __future__ import annotations
 
+import math
 import os
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _quota(text: str) -> float | None:
+    """Cores a cgroup grants from ``cpu.max`` ("200000 100000"; "max ..." is none), or None."""
+    parts = text.split()
+    if len(parts) < 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_limit(root: str = CGROUP_ROOT, proc_cgroup: str = "/proc/self/cgroup") -> float | None:
+    """The CPU quota of this process's cgroup and its parents (the smallest), in cores, or None.
+
+    A container limited to 2 CPUs on a 64-core host (Kubernetes ``limits.cpu``, ``docker --cpus``)
+    still has all 64 in its affinity; only the quota says 2. cgroup v2 keeps it in ``cpu.max``
+    along the process's path; v1 in ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us``.
+    """
+    limits = []
+    own = ""
+    for line in (_read(proc_cgroup) or "").splitlines():
+        if line.startswith("0::"):  # v2: the unified hierarchy
+            own = line[3:].strip().strip("/")
+    parts = own.split("/") if own else []
+    for depth in range(len(parts), -1, -1):  # the process's own cgroup first, then each parent
+        text = _read(os.path.join(root, *parts[:depth], "cpu.max"))
+        if text is not None and (q := _quota(text)) is not None:
+            limits.append(q)
+    v1 = os.path.join(root, "cpu")
+    quota, period = _read(os.path.join(v1, "cpu.cfs_quota_us")), _read(os.path.join(v1, "cpu.cfs_period_us"))
+    if quota is not None and period is not None and (q := _quota(f"{quota.strip()} {period.strip()}")):
+        limits.append(q)
+    return min(limits) if limits else None
+
+
+def core_limits() -> dict[str, float | int | None]:
+    """What bounds this process's cores: its affinity and its cgroup quota (None: no quota)."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"affinity": affinity, "cgroup_quota": cgroup_cpu_limit()}
 
 
 def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity, e.g. a Slurm or container limit), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
+    """Cores this process may run on: its CPU affinity (a Slurm or taskset limit) and its cgroup quota
+    (a container's CPU limit, rounded up: a quota of 1.5 lets two threads run half the time), at least 1."""
+    limits = core_limits()
+    cores = limits["affinity"]
+    if limits["cgroup_quota"] is not None:
+        cores = min(cores, math.ceil(limits["cgroup_quota"]))
+    return max(1, int(cores))
 
 
 def user_cache_dir() -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
 from visiontune.cluster import jobplan, slurm
-from visiontune.cluster.host import available_cores
+from visiontune.cluster.host import available_cores, core_limits
 from visiontune.cluster.jobplan import Plan
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
@@ -210,6 +210,8 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     # Each worker takes cores / processes threads (cpu_budget); tell
     # OpenMP the same before the workers start so nothing oversubscribes.
     nproc = int(torchrun_args[0].split("=")[1])
+    if cfg.threads:
+        ENV["OMP_NUM_THREADS"] = str(cfg.threads)
     ENV.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
     ENV[LAUNCHER_PID] = str(os.getpid())
     if cfg.rdzv_endpoint:
@@ -245,6 +247,26 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     return 0
 
 
-def cpu_budget() -> int:
-    """This process's share of the machine's cores."""
-    return max(1, available_cores() // local_world_size())
+def threads_choice(threads: int | None = None) -> tuple[int, str]:
+    """This process's intra-op threads and what chose them.
+
+    ``--threads N`` first, then ``OMP_NUM_THREADS`` (set by the user to share a machine, by
+    visiontune's own launcher for its workers, or by torchrun, whose default is 1), then this
+    process's share of the cores it may use (affinity and cgroup quota, over the processes on
+    this machine). Decoding shares the same budget (``strategy.decode_threads``).
+    """
+    if threads:
+        return threads, "--threads"
+    omp = ENV.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp), "OMP_NUM_THREADS"
+    limits = core_limits()
+    quota = "" if limits["cgroup_quota"] is None else f", cgroup quota {limits['cgroup_quota']:g}"
+    return max(1, available_cores() // local_world_size()), (
+        f"cores (affinity {limits['affinity']}{quota}) / {local_world_size()} local processes"
+    )
+
+
+def cpu_budget(threads: int | None = None) -> int:
+    """This process's share of the machine's cores (``threads_choice``)."""
+    return threads_choice(threads)[0]

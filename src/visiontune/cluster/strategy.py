@@ -20,7 +20,14 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, LoggerType, gather_object
 from torch import nn
 
-from visiontune.cluster.launch import accelerate_cpu_single, cpu_budget, inside_launcher, local_world_size, rank
+from visiontune.cluster.launch import (
+    accelerate_cpu_single,
+    cpu_budget,
+    inside_launcher,
+    local_world_size,
+    rank,
+    threads_choice,
+)
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 
@@ -30,12 +37,16 @@ def effective_strategy(cfg: TrainConfig) -> str:
     return "ddp" if inside_launcher() else cfg.strategy
 
 
+def _threads(cfg) -> int | None:
+    return getattr(cfg, "threads", None)  # inference's config has no --threads: the budget decides
+
+
 def loader_workers(cfg: TrainConfig) -> int:
     """``--num-workers auto``: decoding workers out of this process's core budget."""
     if cfg.num_workers is not None:
         return cfg.num_workers
     if torch.cuda.is_available():
-        return max(1, min(8, cpu_budget() - 1))  # the GPU computes; the cores decode
+        return max(1, min(8, cpu_budget(_threads(cfg)) - 1))  # the GPU computes; the cores decode
     # On a CPU the model needs the cores too: a worker process would fight the model's threads
     # for them (measured: slower than either alone), so the batch is decoded in this process.
     return 0
@@ -43,7 +54,7 @@ def loader_workers(cfg: TrainConfig) -> int:
 
 def decode_threads(cfg: TrainConfig) -> int:
     """Threads that decode a batch inside this process: the whole budget when there are no workers."""
-    return cpu_budget() if loader_workers(cfg) == 0 else 1
+    return cpu_budget(_threads(cfg)) if loader_workers(cfg) == 0 else 1
 
 
 def enable_gpu_speedups() -> None:
@@ -91,7 +102,7 @@ def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accele
     except ValueError as e:  # e.g. fp16 asked for on a CPU, an unknown tracker
         raise UserError(f"cannot set up the run: {e}") from None
     # After Accelerate, which sets its own count on a CPU when OMP_NUM_THREADS is unset.
-    torch.set_num_threads(cpu_budget())
+    torch.set_num_threads(cpu_budget(_threads(cfg)))
     return accelerator
 
 
@@ -129,6 +140,7 @@ class Setup:
     threads: int  # this process's intra-op threads (cores / processes on a machine)
     loader_workers: int
     decode_threads: int  # threads decoding each batch in a loader worker, or here without workers
+    threads_from: str  # what chose ``threads``: --threads, OMP_NUM_THREADS, or the cores and quota
 
 
 def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
@@ -152,6 +164,7 @@ def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
         torch.get_num_threads(),
         loader_workers(cfg),
         decode_threads(cfg),
+        threads_choice(_threads(cfg))[1],
     )
 
 

@@ -58,6 +58,11 @@ class TrainConfig:
     std: str | None = _setting(None, "per-channel std R,G,B (default: from --normalize; recorded)")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
     seed: int = _setting(42, "seed of the split, the sampler and the head's init")
+    threads: int | None = _setting(
+        None,
+        "intra-op threads per process (default: OMP_NUM_THREADS when set, else this process's share of "
+        "the cores its affinity and cgroup CPU quota allow)",
+    )
     num_workers: int | None = _setting(
         None,
         "loader worker processes per process, or auto (default: "

@@ -97,6 +97,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--lr must be positive, got {cfg.lr}")
     if cfg.nproc is not None and cfg.nproc < 1:
         raise UserError(f"--nproc must be a positive integer, got {cfg.nproc}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise UserError(f"--threads must be 1 or more, got {cfg.threads}")
     if cfg.num_workers is not None and cfg.num_workers < 0:
         raise UserError(f"--num-workers must be 'auto' or >= 0, got {cfg.num_workers}")
     if cfg.timing_warmup < 0:
