@@ -46,6 +46,7 @@ SLOW = {
     "test_run_skips_exactly_the_bad_files_and_trains_on_odd_modes",
     "test_kill_while_writing_a_checkpoint_leaves_a_resumable_run",
     "test_signal_finishes_the_step_checkpoints_it_and_exits",
+    "test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninterrupted_tensors",  # and a subprocess
     "test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint",
     "test_nan_loss_skip_skips_the_step_and_counts_it",
     "test_dp_on_a_cpu_says_so_and_saves_the_plain_model",

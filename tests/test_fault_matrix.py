@@ -134,3 +134,95 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_with_the_uninterrupted_te
     assert "resuming from" in log.read_text()
     got, want = _tensors(_final(out)), _tensors(uninterrupted(aug, strategy))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+# --- Signals in each phase of a run: one run stopped five times, then ended; its tensors are the uninterrupted ones --
+
+
+def _signal_on(monkeypatch, owner, name: str, sig: signal.Signals, call: int = 1, after: bool = False) -> None:
+    """Send ``sig`` to this process on the ``call``-th call of ``owner.name`` (before it runs, or ``after``)."""
+    real, calls = getattr(owner, name), {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call and not after:
+            os.kill(os.getpid(), sig)
+        result = real(*args, **kwargs)
+        if calls["n"] == call and after:
+            os.kill(os.getpid(), sig)
+        return result
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+# A run in a subprocess whose SIGTERM lands while the report is being built, after the last checkpoint:
+# there the handlers of the training loop are gone and the signal ends the process as it would any program.
+_REPORT_KILLED = """
+import os, signal, sys
+from visiontune import cli, report
+real = report.build
+def build(*args, **kwargs):
+    html = real(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return html
+report.build = build
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("aug,strategy", [("plain", "single")], ids=["plain-single-signals"])
+def test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninterrupted_tensors(
+    tmp_path, matrix_data, worker_env, uninterrupted, monkeypatch, capsys, aug, strategy
+):
+    from visiontune import engine, trainer
+
+    env, out = env_for(worker_env, tmp_path), tmp_path / "run"
+    argv = _argv(matrix_data, out, aug, strategy, 0)
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", env["VISIONTUNE_CACHE_DIR"])
+
+    def stopped_run(owner, name: str, sig: signal.Signals, code: int, call: int = 1, after: bool = False) -> str:
+        """One in-process run of ``--resume auto`` stopped by ``sig`` at a call of ``owner.name``; its stderr."""
+        with monkeypatch.context() as m:
+            _signal_on(m, owner, name, sig, call, after)
+            assert cli.main([*argv[3:], "--resume", "auto"]) == code
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, err
+        return err
+
+    # 1. SIGINT (Ctrl-C) during start-up, while the data is screened: exit 130, no checkpoint, the folder's lock freed.
+    assert stopped_run(trainer, "prepare_data", signal.SIGINT, 130) == ""
+    assert checkpoints(out) == []
+    # 2. SIGTERM during validation: the epoch's end is saved, and the run says where it stopped.
+    err = stopped_run(engine, "evaluate", signal.SIGTERM, 143)
+    assert [p.name for p in checkpoints(out)][-1] == checkpoint.name(1, 0)
+    assert (
+        err.strip() == f"visiontune: stopped by SIGTERM: checkpoint {out / 'checkpoints' / 'e0001-b0000000'}; "
+        f"continue with --resume {out}"
+    )
+    # 3. SIGUSR1 (Slurm's warning) during the second step of epoch 1: that step is finished and saved.
+    err = stopped_run(engine, "readable_cross_entropy", signal.SIGUSR1, 138, call=2)
+    assert "stopped by SIGUSR1" in err and checkpoints(out)[-1].name == checkpoint.name(1, 2)
+    # 4. SIGTERM while that run writes its next checkpoint: the run exits once that checkpoint is published.
+    err = stopped_run(checkpoint, "_fsync_tree", signal.SIGTERM, 143)
+    assert f"checkpoint {out / 'checkpoints' / 'e0001-b0000003'};" in err
+    assert checkpoint.verify(str(checkpoints(out)[-1]))["optimizer_steps"] == STEPS_PER_EPOCH + 3
+    # 5. SIGTERM while the report is built, after the last checkpoint: the process ends by the signal, with
+    # the training and summary.json on disk whole and no report (it is built, then written whole, or not at all).
+    killed = run([PYTHON, "-c", _REPORT_KILLED, *argv[3:], "--resume", "auto"], env)
+    assert killed.returncode == -signal.SIGTERM and "Traceback" not in killed.stderr, killed.stderr
+    assert _final(out).is_dir() and json.loads((out / "summary.json").read_text())["epochs"] == EPOCHS
+    assert not (out / "report.html").exists()
+    # 6. The same command again writes the report and ends, with the uninterrupted run's every tensor and history.
+    assert cli.main([*argv[3:], "--resume", "auto"]) == 0
+    assert "resuming from" in capsys.readouterr().out and (out / "report.html").is_file()
+    got, want = _tensors(_final(out)), _tensors(uninterrupted(aug, strategy))
+    assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
+    assert _record(out) == _record(uninterrupted(aug, strategy).parents[1])
+
+
+def _record(run_dir) -> list[tuple]:
+    """The per-epoch numbers of a run's history.json (its times aside)."""
+    history = json.loads((run_dir / "history.json").read_text())
+    return [
+        (h["lr"], h["train"]["images"], h["train"]["loss"], h["val"]["loss"], h["val"]["accuracy"]) for h in history
+    ]
