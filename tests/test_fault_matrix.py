@@ -6,7 +6,11 @@ of a seeded random step is on disk -- so the kill lands anywhere in the steps af
 writes included -- and ``--resume auto`` finishes it. Every tensor of the final model and optimizer
 must equal the uninterrupted run's. The uninterrupted runs are shared by the 0- and 1-worker cases:
 where the samples come from must not change the numbers either. 16 train images at 32 px, 4 steps an
-epoch, 2 epochs. One more case kills a single DDP worker, which the agent restarts (--max-restarts).
+epoch, 2 epochs. More cases: a single DDP worker killed, which the agent restarts (--max-restarts 1) or
+which ends the job (0), continued by hand; a kill after the unfreeze of --freeze-epochs with --augment
+trivial, mixup, cutmix and --grad-accum 2; a DDP checkpoint resumed on one process (the same sample, not the
+same bits); and one run stopped by a signal in each phase (start-up, a step, validation, a checkpoint write,
+the report), resumed each time.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 
 import psutil
@@ -21,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, run, start, wait_for, worker_of
+from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, pids_alive, run, start, wait_for, worker_of
 from visiontune import checkpoint, cli, runlock
 from visiontune.sample_data import make_sample_data
 
@@ -226,3 +231,86 @@ def _record(run_dir) -> list[tuple]:
     return [
         (h["lr"], h["train"]["images"], h["train"]["loss"], h["val"]["loss"], h["val"]["accuracy"]) for h in history
     ]
+
+
+# --- kill -9 with the options that change what a step does, and of one DDP worker -------------------------------
+
+
+@pytest.mark.parametrize("aug,strategy", [("plain", "ddp")], ids=["plain-ddp-no-restarts"])
+def test_a_killed_worker_without_restarts_ends_the_job_and_resume_auto_gives_the_uninterrupted_tensors(
+    tmp_path, matrix_data, worker_env, uninterrupted, aug, strategy
+):
+    env, out, log = env_for(worker_env, tmp_path), tmp_path / "run", tmp_path / "run.log"
+    argv = _argv(matrix_data, out, aug, strategy, 0)
+    proc = start([*argv, "--max-restarts", "0"], env, log)
+    wait_for(out / "checkpoints" / checkpoint.name(0, 2), proc)
+    launcher = psutil.Process(proc.pid)
+    everyone = [proc.pid] + [p.pid for p in launcher.children(recursive=True)]
+    worker_of(launcher, 1).kill()
+    rc = proc.wait(timeout=120)  # the agent stops the others (SIGTERM, then SIGKILL after 30 s)
+    assert rc != 0 and "visiontune: worker rank 1 failed with exit code -9" in log.read_text()
+    assert pids_alive(everyone) == [] and not _final(out).exists()
+    resumed = run([*argv, "--resume", "auto"], env)  # by hand, as after a job that failed
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stderr[-3000:]
+    got, want = _tensors(_final(out)), _tensors(uninterrupted(aug, strategy))
+    assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
+    assert _record(out) == _record(uninterrupted(aug, strategy).parents[1])
+
+
+# What a step does changes with each: head-only steps, then all; a policy of random ops per image; mixed
+# images and soft targets; two batches per optimizer step (2 steps an epoch, checkpoints at batches 2 and 4).
+CHANGING = flags(freeze_epochs=1, augment="trivial", mixup=0.2, cutmix=1.0, grad_accum=2, keep_last=10)
+
+
+@pytest.mark.parametrize("aug,strategy", [("augment", "single")], ids=["augment-single-unfreeze-mix-accum"])
+def test_kill_9_after_the_unfreeze_with_trivial_augment_mixing_and_accumulation_resumes_exactly(
+    tmp_path, matrix_data, worker_env, monkeypatch, capsys, aug, strategy
+):
+    env, out = env_for(worker_env, tmp_path), tmp_path / "run"
+    argv = [*_argv(matrix_data, out, "plain", strategy, 0), *CHANGING]
+    proc = start(argv, env, tmp_path / "killed.log")
+    wait_for(out / "checkpoints" / checkpoint.name(1, 2), proc)  # the first optimizer step after the unfreeze
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not _final(out).exists(), "the run ended before the kill"
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", env["VISIONTUNE_CACHE_DIR"])
+    assert cli.main([*argv[3:], "--resume", "auto"]) == 0
+    assert "resuming from" in capsys.readouterr().out
+    ref = tmp_path / "uninterrupted"
+    assert cli.main([*_argv(matrix_data, ref, "plain", strategy, 0)[3:], *CHANGING]) == 0
+    got, want = _tensors(_final(out)), _tensors(_final(ref))
+    assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
+    assert _record(out) == _record(ref)
+    # The case is what it says: the backbone held still through epoch 0's two steps, and trained after.
+    names = {"epoch 0": checkpoint.name(0, 2), "unfrozen": checkpoint.name(1, 0), "end": checkpoint.name(EPOCHS, 0)}
+    weights = {k: load_file(str(ref / "checkpoints" / n / "model.safetensors")) for k, n in names.items()}
+    backbone = [k for k in weights["end"] if k.startswith("features.")]
+    assert backbone and all(torch.equal(weights["epoch 0"][k], weights["unfrozen"][k]) for k in backbone)
+    assert not any(torch.equal(weights["unfrozen"][k], weights["end"][k]) for k in backbone)
+
+
+@pytest.mark.parametrize("aug,strategy", [("plain", "ddp")], ids=["plain-ddp-then-one-process"])
+def test_a_ddp_checkpoint_resumed_on_one_process_goes_on_from_the_same_sample(
+    tmp_path, matrix_data, uninterrupted, monkeypatch, capsys, aug, strategy
+):
+    """Same global batch, other world size (2 x 2 -> 1 x 4): promised is the same sample and schedule, not
+    the same bits (the sums are taken in another order, and dropout draws from one process's generator)."""
+    reference = uninterrupted(aug, strategy).parents[1]
+    out, at = tmp_path / "run", checkpoint.name(1, STEPS_PER_EPOCH - 1)  # 12 of the 16 samples of epoch 1
+    shutil.copytree(reference / "checkpoints" / at, out / "checkpoints" / at)
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    assert cli.main([*_argv(matrix_data, out, aug, "single", 0)[3:], "--resume", "auto"]) == 0
+    assert f"resuming from {out / 'checkpoints' / at} (epoch 1, batch 3)" in capsys.readouterr().out
+    world = json.loads((out / "world.jsonl").read_text().splitlines()[-1])
+    assert (world["world_size"], world["checkpoint_world_size"], world["global_batch"], world["grad_accum"]) == (
+        1,
+        2,
+        4,
+        1,
+    )
+    final = checkpoint.verify(str(_final(out)))
+    assert final["optimizer_steps"] == checkpoint.verify(str(_final(reference)))["optimizer_steps"] == 8
+    got, want = _record(out), _record(reference)
+    assert got[0] == want[0]  # the epoch the checkpoint carried
+    assert (got[1][0], got[1][1]) == (want[1][0], want[1][1])  # epoch 1: the same lr, every sample once
