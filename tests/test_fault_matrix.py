@@ -144,18 +144,15 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_with_the_uninterrupted_te
 # --- Signals in each phase of a run: one run stopped five times, then ended; its tensors are the uninterrupted ones --
 
 
-def _signal_on(monkeypatch, owner, name: str, sig: signal.Signals, call: int = 1, after: bool = False) -> None:
-    """Send ``sig`` to this process on the ``call``-th call of ``owner.name`` (before it runs, or ``after``)."""
+def _signal_on(monkeypatch, owner, name: str, sig: signal.Signals, call: int = 1) -> None:
+    """Send ``sig`` to this process as the ``call``-th call of ``owner.name`` begins."""
     real, calls = getattr(owner, name), {"n": 0}
 
     def wrapped(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == call and not after:
-            os.kill(os.getpid(), sig)
-        result = real(*args, **kwargs)
-        if calls["n"] == call and after:
-            os.kill(os.getpid(), sig)
-        return result
+        if calls["n"] == call:
+            os.kill(os.getpid(), sig)  # the handler runs before the next line: the signal lands in this phase
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, wrapped)
 
@@ -185,19 +182,19 @@ def test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninter
     argv = _argv(matrix_data, out, aug, strategy, 0)
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", env["VISIONTUNE_CACHE_DIR"])
 
-    def stopped_run(owner, name: str, sig: signal.Signals, code: int, call: int = 1, after: bool = False) -> str:
+    def stopped_run(owner, name: str, sig: signal.Signals, code: int, call: int = 1) -> str:
         """One in-process run of ``--resume auto`` stopped by ``sig`` at a call of ``owner.name``; its stderr."""
         with monkeypatch.context() as m:
-            _signal_on(m, owner, name, sig, call, after)
+            _signal_on(m, owner, name, sig, call)
             assert cli.main([*argv[3:], "--resume", "auto"]) == code
         err = capsys.readouterr().err
         assert "Traceback" not in err, err
         return err
 
-    # 1. SIGINT (Ctrl-C) during start-up, while the data is screened: exit 130, no checkpoint, the folder's lock freed.
+    # 1. SIGINT (Ctrl-C) during start-up, as the data screen begins: exit 130, no checkpoint, the folder's lock freed.
     assert stopped_run(trainer, "prepare_data", signal.SIGINT, 130) == ""
     assert checkpoints(out) == []
-    # 2. SIGTERM during validation: the epoch's end is saved, and the run says where it stopped.
+    # 2. SIGTERM as validation begins: it is finished, the epoch's end saved, and the run says where it stopped.
     err = stopped_run(engine, "evaluate", signal.SIGTERM, 143)
     assert [p.name for p in checkpoints(out)][-1] == checkpoint.name(1, 0)
     assert (
