@@ -25,7 +25,7 @@ DISTRIBUTED = {
     "test_two_processes_write_the_same_bytes",
     "test_two_processes_give_exactly_the_same_numbers",
     "test_signal_to_the_launcher_stops_every_worker_at_the_same_step",
-    "test_killed_worker_without_restarts_ends_every_process",
+    "test_a_killed_worker_without_restarts_ends_the_job_and_resume_auto_gives_the_uninterrupted_tensors",
     "cluster_reference",  # test_cluster.py: two "nodes" on localhost, Slurm/Kubernetes/c10d
     "test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch",
     "test_killing_the_launcher_with_sigkill_leaves_no_worker",
@@ -46,6 +46,9 @@ SLOW = {
     "test_run_skips_exactly_the_bad_files_and_trains_on_odd_modes",
     "test_kill_while_writing_a_checkpoint_leaves_a_resumable_run",
     "test_signal_finishes_the_step_checkpoints_it_and_exits",
+    "test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninterrupted_tensors",  # and a subprocess
+    "test_kill_9_after_the_unfreeze_with_trivial_augment_mixing_and_accumulation_resumes_exactly",
+    "test_a_ddp_checkpoint_resumed_on_one_process_goes_on_from_the_same_sample",
     "test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint",
     "test_nan_loss_skip_skips_the_step_and_counts_it",
     "test_dp_on_a_cpu_says_so_and_saves_the_plain_model",

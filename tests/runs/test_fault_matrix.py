@@ -6,7 +6,11 @@ of a seeded random step is on disk -- so the kill lands anywhere in the steps af
 writes included -- and ``--resume auto`` finishes it. Every tensor of the final model and optimizer
 must equal the uninterrupted run's. The uninterrupted runs are shared by the 0- and 1-worker cases:
 where the samples come from must not change the numbers either. 16 train images at 32 px, 4 steps an
-epoch, 2 epochs. One more case kills a single DDP worker, which the agent restarts (--max-restarts).
+epoch, 2 epochs. More cases: a single DDP worker killed, which the agent restarts (--max-restarts 1) or
+which ends the job (0), continued by hand; a kill after the unfreeze of --freeze-epochs with --augment
+trivial, mixup, cutmix and --grad-accum 2; a DDP checkpoint resumed on one process (the same sample, not the
+same bits); and one run stopped by a signal in each phase (start-up, a step, validation, a checkpoint write,
+the report), resumed each time.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 
 import psutil
@@ -21,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, run, start, wait_for, worker_of
+from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, pids_alive, run, start, wait_for, worker_of
 from visiontune import cli
 from visiontune.data.sample import make_sample_data
 from visiontune.runs import checkpoint, runlock
@@ -135,3 +140,176 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_with_the_uninterrupted_te
     assert "resuming from" in log.read_text()
     got, want = _tensors(_final(out)), _tensors(uninterrupted(aug, strategy))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+# --- Signals in each phase of a run: one run stopped five times, then ended; its tensors are the uninterrupted ones --
+
+
+def _signal_on(monkeypatch, owner, name: str, sig: signal.Signals, call: int = 1) -> None:
+    """Send ``sig`` to this process as the ``call``-th call of ``owner.name`` begins."""
+    real, calls = getattr(owner, name), {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            os.kill(os.getpid(), sig)  # the handler runs before the next line: the signal lands in this phase
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+# A run in a subprocess whose SIGTERM lands while the report is being built, after the last checkpoint:
+# there the handlers of the training loop are gone and the signal ends the process as it would any program.
+_REPORT_KILLED = """
+import os, signal, sys
+from visiontune import cli
+from visiontune.reports import report
+real = report.build
+def build(*args, **kwargs):
+    html = real(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return html
+report.build = build
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("aug,strategy", [("plain", "single")], ids=["plain-single-signals"])
+def test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninterrupted_tensors(
+    tmp_path, matrix_data, worker_env, uninterrupted, monkeypatch, capsys, aug, strategy
+):
+    from visiontune.training import engine, trainer
+
+    env, out = env_for(worker_env, tmp_path), tmp_path / "run"
+    argv = _argv(matrix_data, out, aug, strategy, 0)
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", env["VISIONTUNE_CACHE_DIR"])
+
+    def stopped_run(owner, name: str, sig: signal.Signals, code: int, call: int = 1) -> str:
+        """One in-process run of ``--resume auto`` stopped by ``sig`` at a call of ``owner.name``; its stderr."""
+        with monkeypatch.context() as m:
+            _signal_on(m, owner, name, sig, call)
+            assert cli.main([*argv[3:], "--resume", "auto"]) == code
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, err
+        return err
+
+    # 1. SIGINT (Ctrl-C) during start-up, as the data screen begins: exit 130, no checkpoint, the folder's lock freed.
+    assert stopped_run(trainer, "prepare_data", signal.SIGINT, 130) == ""
+    assert checkpoints(out) == []
+    # 2. SIGTERM as validation begins: it is finished, the epoch's end saved, and the run says where it stopped.
+    err = stopped_run(engine, "evaluate", signal.SIGTERM, 143)
+    assert [p.name for p in checkpoints(out)][-1] == checkpoint.name(1, 0)
+    assert (
+        err.strip() == f"visiontune: stopped by SIGTERM: checkpoint {out / 'checkpoints' / 'e0001-b0000000'}; "
+        f"continue with --resume {out}"
+    )
+    # 3. SIGUSR1 (Slurm's warning) during the second step of epoch 1: that step is finished and saved.
+    err = stopped_run(engine, "readable_cross_entropy", signal.SIGUSR1, 138, call=2)
+    assert "stopped by SIGUSR1" in err and checkpoints(out)[-1].name == checkpoint.name(1, 2)
+    # 4. SIGTERM while that run writes its next checkpoint: the run exits once that checkpoint is published.
+    err = stopped_run(checkpoint, "_fsync_tree", signal.SIGTERM, 143)
+    assert f"checkpoint {out / 'checkpoints' / 'e0001-b0000003'};" in err
+    assert checkpoint.verify(str(checkpoints(out)[-1]))["optimizer_steps"] == STEPS_PER_EPOCH + 3
+    # 5. SIGTERM while the report is built, after the last checkpoint: the process ends by the signal, with
+    # the training and summary.json on disk whole and no report (it is built, then written whole, or not at all).
+    killed = run([PYTHON, "-c", _REPORT_KILLED, *argv[3:], "--resume", "auto"], env)
+    assert killed.returncode == -signal.SIGTERM and "Traceback" not in killed.stderr, killed.stderr
+    assert _final(out).is_dir() and json.loads((out / "summary.json").read_text())["epochs"] == EPOCHS
+    assert not (out / "report.html").exists()
+    # 6. The same command again writes the report and ends, with the uninterrupted run's every tensor and history.
+    assert cli.main([*argv[3:], "--resume", "auto"]) == 0
+    assert "resuming from" in capsys.readouterr().out and (out / "report.html").is_file()
+    got, want = _tensors(_final(out)), _tensors(uninterrupted(aug, strategy))
+    assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
+    assert _record(out) == _record(uninterrupted(aug, strategy).parents[1])
+
+
+def _record(run_dir) -> list[tuple]:
+    """The per-epoch numbers of a run's history.json (its times aside)."""
+    history = json.loads((run_dir / "history.json").read_text())
+    return [
+        (h["lr"], h["train"]["images"], h["train"]["loss"], h["val"]["loss"], h["val"]["accuracy"]) for h in history
+    ]
+
+
+# --- kill -9 with the options that change what a step does, and of one DDP worker -------------------------------
+
+
+@pytest.mark.parametrize("aug,strategy", [("plain", "ddp")], ids=["plain-ddp-no-restarts"])
+def test_a_killed_worker_without_restarts_ends_the_job_and_resume_auto_gives_the_uninterrupted_tensors(
+    tmp_path, matrix_data, worker_env, uninterrupted, aug, strategy
+):
+    env, out, log = env_for(worker_env, tmp_path), tmp_path / "run", tmp_path / "run.log"
+    argv = _argv(matrix_data, out, aug, strategy, 0)
+    proc = start([*argv, "--max-restarts", "0"], env, log)
+    wait_for(out / "checkpoints" / checkpoint.name(0, 2), proc)
+    launcher = psutil.Process(proc.pid)
+    everyone = [proc.pid] + [p.pid for p in launcher.children(recursive=True)]
+    worker_of(launcher, 1).kill()
+    rc = proc.wait(timeout=120)  # the agent stops the others (SIGTERM, then SIGKILL after 30 s)
+    assert rc != 0 and "visiontune: worker rank 1 failed with exit code -9" in log.read_text()
+    assert pids_alive(everyone) == [] and not _final(out).exists()
+    resumed = run([*argv, "--resume", "auto"], env)  # by hand, as after a job that failed
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stderr[-3000:]
+    got, want = _tensors(_final(out)), _tensors(uninterrupted(aug, strategy))
+    assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
+    assert _record(out) == _record(uninterrupted(aug, strategy).parents[1])
+
+
+# What a step does changes with each: head-only steps, then all; a policy of random ops per image; mixed
+# images and soft targets; two batches per optimizer step (2 steps an epoch, checkpoints at batches 2 and 4).
+CHANGING = flags(freeze_epochs=1, augment="trivial", mixup=0.2, cutmix=1.0, grad_accum=2, keep_last=10)
+
+
+@pytest.mark.parametrize("aug,strategy", [("augment", "single")], ids=["augment-single-unfreeze-mix-accum"])
+def test_kill_9_after_the_unfreeze_with_trivial_augment_mixing_and_accumulation_resumes_exactly(
+    tmp_path, matrix_data, worker_env, monkeypatch, capsys, aug, strategy
+):
+    env, out = env_for(worker_env, tmp_path), tmp_path / "run"
+    argv = [*_argv(matrix_data, out, "plain", strategy, 0), *CHANGING]
+    proc = start(argv, env, tmp_path / "killed.log")
+    wait_for(out / "checkpoints" / checkpoint.name(1, 2), proc)  # the first optimizer step after the unfreeze
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not _final(out).exists(), "the run ended before the kill"
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", env["VISIONTUNE_CACHE_DIR"])
+    assert cli.main([*argv[3:], "--resume", "auto"]) == 0
+    assert "resuming from" in capsys.readouterr().out
+    ref = tmp_path / "uninterrupted"
+    assert cli.main([*_argv(matrix_data, ref, "plain", strategy, 0)[3:], *CHANGING]) == 0
+    got, want = _tensors(_final(out)), _tensors(_final(ref))
+    assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
+    assert _record(out) == _record(ref)
+    # The case is what it says: the backbone held still through epoch 0's two steps, and trained after.
+    names = {"epoch 0": checkpoint.name(0, 2), "unfrozen": checkpoint.name(1, 0), "end": checkpoint.name(EPOCHS, 0)}
+    weights = {k: load_file(str(ref / "checkpoints" / n / "model.safetensors")) for k, n in names.items()}
+    backbone = [k for k in weights["end"] if k.startswith("features.")]
+    assert backbone and all(torch.equal(weights["epoch 0"][k], weights["unfrozen"][k]) for k in backbone)
+    assert not any(torch.equal(weights["unfrozen"][k], weights["end"][k]) for k in backbone)
+
+
+@pytest.mark.parametrize("aug,strategy", [("plain", "ddp")], ids=["plain-ddp-then-one-process"])
+def test_a_ddp_checkpoint_resumed_on_one_process_goes_on_from_the_same_sample(
+    tmp_path, matrix_data, uninterrupted, monkeypatch, capsys, aug, strategy
+):
+    """Same global batch, other world size (2 x 2 -> 1 x 4): promised is the same sample and schedule, not
+    the same bits (the sums are taken in another order, and dropout draws from one process's generator)."""
+    reference = uninterrupted(aug, strategy).parents[1]
+    out, at = tmp_path / "run", checkpoint.name(1, STEPS_PER_EPOCH - 1)  # 12 of the 16 samples of epoch 1
+    shutil.copytree(reference / "checkpoints" / at, out / "checkpoints" / at)
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    assert cli.main([*_argv(matrix_data, out, aug, "single", 0)[3:], "--resume", "auto"]) == 0
+    assert f"resuming from {out / 'checkpoints' / at} (epoch 1, batch 3)" in capsys.readouterr().out
+    world = json.loads((out / "world.jsonl").read_text().splitlines()[-1])
+    assert (world["world_size"], world["checkpoint_world_size"], world["global_batch"], world["grad_accum"]) == (
+        1,
+        2,
+        4,
+        1,
+    )
+    final = checkpoint.verify(str(_final(out)))
+    assert final["optimizer_steps"] == checkpoint.verify(str(_final(reference)))["optimizer_steps"] == 8
+    got, want = _record(out), _record(reference)
+    assert got[0] == want[0]  # the epoch the checkpoint carried
+    assert (got[1][0], got[1][1]) == (want[1][0], want[1][1])  # epoch 1: the same lr, every sample once

@@ -4,7 +4,8 @@
 each validation. ``CheckpointPolicy`` decides when a step is a checkpoint (every
 ``--save-every-steps`` optimizer steps, an epoch end, a stop signal that every
 process agreed on at the same optimizer step); ``Checkpointer`` writes one with
-the run's identity and raises ``RunStopped`` when a signal asked for it; and
+the run's identity, and ``RunHooks`` then raises ``RunStopped`` when a signal asked for it (one
+that arrived during the write included); and
 ``EpochOutputs`` evaluates the EMA weights when there are some, and writes the run
 folder's history, metrics, curves and best model (raw or EMA, as ``--best-metric``
 picks); ``--early-stop`` then ends the run through ``EarlyStop``.
@@ -80,17 +81,15 @@ class Checkpointer:
     def stopped(self, signum: int, path: str) -> signals.RunStopped:
         return signals.stopped(signum, f"checkpoint {path}; continue with --resume {self.run_dir}")
 
-    def mid_epoch(self, epoch: int, batch: int, totals: Totals, signum: int) -> None:
-        """Save the partial epoch (its sums over every process); raise if a signal asked to stop."""
+    def mid_epoch(self, epoch: int, batch: int, totals: Totals) -> str:
+        """Save the partial epoch (its sums over every process); return the checkpoint's path."""
         reduced = totals.reduced(self.accelerator)
         if self.cfg.on_nan == "stop" and not torch.isfinite(reduced.values[0]):
             raise engine.NonFiniteLoss(
                 f"training loss became non-finite in epoch {epoch} before batch {batch}; "
                 "the last checkpoint before it is kept (lower --lr, or --on-nan skip)"
             )
-        path = self.save(epoch, batch, reduced)
-        if signum:
-            raise self.stopped(signum, path)
+        return self.save(epoch, batch, reduced)
 
 
 @dataclass
@@ -163,7 +162,11 @@ class RunHooks:
             return
         signum = self.stop.agreed()
         if signum or policy.due(epoch, batch):
-            self.checkpointer.mid_epoch(epoch, batch, totals, signum)
+            path = self.checkpointer.mid_epoch(epoch, batch, totals)
+            # A signal that came while the checkpoint was written stops here too: no further step, no second write.
+            signum = signum or self.stop.agreed()
+            if signum:
+                raise self.checkpointer.stopped(signum, path)
 
     def on_epoch_end(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
         if self.steps:
