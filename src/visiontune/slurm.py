@@ -115,7 +115,9 @@ def allocation(env: Mapping[str, str]) -> Allocation | None:
 
 def time_limit_seconds(text: str) -> int:
     """Slurm's ``--time`` formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    # The text goes into the script as given: no strip (a newline before it would start a shell line), and
+    # ASCII digits only (\d is any script's digit, which int() reads and Slurm does not).
+    m = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", text)
     if not m:
         raise UserError(f"--time {text!r} is not a Slurm time limit; write e.g. 90 (minutes), 4:00:00 or 1-12:00:00")
     days, a, b, c = (int(g) if g else None for g in m.groups())
@@ -156,6 +158,36 @@ def write(script: str, out: str | None) -> None:
 # Train flags a batch script may not carry: Slurm decides them, or the requeue needs --resume auto.
 _SLURM_DECIDES = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--resume")
 
+# Values written into ``#SBATCH`` lines, which sbatch reads without any quoting: each is held to Slurm's own
+# syntax for it, which has no room for a newline (the next line would be a shell command, or a directive of
+# its own), quotes, ``$``, backticks or ``;``.
+_NAME = r"[A-Za-z0-9_.-]+"
+_SBATCH_SYNTAX = {
+    "--partition": (
+        rf"{_NAME}(?:,{_NAME})*",
+        "a partition name, or several separated by commas (letters, digits, _ . -)",
+    ),
+    "--job-name": (r"[A-Za-z0-9_.+-]{1,128}", "up to 128 letters, digits and _ . + -"),
+}
+
+
+def _check_sbatch_value(flag: str, value: str) -> None:
+    pattern, wanted = _SBATCH_SYNTAX[flag]
+    if not re.fullmatch(pattern, value):
+        raise UserError(f"{flag} {value!r} is not a Slurm {flag[2:].replace('-', ' ')}: write {wanted}")
+
+
+def _check_printable(argv: list[str], output_dir: str | None) -> None:
+    """Every value of the srun line is shell-quoted, so ``$``, quotes and ``;`` stay text; a control character
+    (a newline, a tab, an escape) has no place in a path or a name, and would split or hide a line of the script."""
+    values = [(a.split("=", 1)[0] if a.startswith("--") else argv[i - 1] if i else "", a) for i, a in enumerate(argv)]
+    for flag, value in [*values, ("--output-dir", output_dir or "")]:
+        if not value.isprintable():
+            raise UserError(
+                f"{flag or 'an argument'} {value!r} holds a control character (a newline, a tab...), which a "
+                "batch script cannot carry: remove it"
+            )
+
 
 def batch_script(
     train_argv: list[str],
@@ -171,6 +203,12 @@ def batch_script(
     """An sbatch script running ``visiontune train`` with ``train_argv`` on the allocation."""
     if nodes < 1 or gpus_per_node < 0:
         raise UserError(f"--nodes must be >= 1 and --gpus-per-node >= 0, got {nodes} and {gpus_per_node}")
+    if cpus_per_task is not None and cpus_per_task < 1:
+        raise UserError(f"--cpus-per-task must be >= 1, got {cpus_per_task}")
+    _check_sbatch_value("--job-name", job_name)
+    if partition is not None:
+        _check_sbatch_value("--partition", partition)
+    _check_printable(train_argv, output_dir)
     if time_limit_seconds(time) <= SIGNAL_LEAD_S:
         raise UserError(f"--time {time} leaves no time to train: Slurm warns {SIGNAL_LEAD_S} s before the limit")
     for flag in _SLURM_DECIDES:
