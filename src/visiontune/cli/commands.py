@@ -16,7 +16,7 @@ import sys
 
 from visiontune.cli import flags
 from visiontune.cli.flags import config_from_args
-from visiontune.cluster import slurm, strategy
+from visiontune.cluster import sbatch, strategy
 from visiontune.cluster.signals import RunStopped
 from visiontune.errors import UserError
 from visiontune.models import build
@@ -187,8 +187,8 @@ def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import launch
 
     cfg = config_from_args(args)  # the train flags must make a valid run before a job is queued
-    own = tuple(flag for flag, _, _ in slurm.FLAGS) + ("--output-dir", "--strategy")
-    script = slurm.batch_script(
+    own = tuple(flag for flag, _, _ in sbatch.FLAGS) + ("--output-dir", "--strategy")
+    script = sbatch.batch_script(
         launch.without_flags(argv, own),
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
@@ -198,7 +198,7 @@ def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
         job_name=args.job_name,
         output_dir=cfg.output_dir,
     )
-    slurm.write(script, args.out)
+    sbatch.write(script, args.out)
     return 0
 
 

@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 
-from visiontune.cluster import slurm
+from visiontune.cluster import sbatch
 from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig, choices
@@ -167,7 +167,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.set_defaults(func=commands["bench"])
     p = sub.add_parser("slurm", help="write a Slurm batch script for `visiontune train` (requeued on preemption)")
     add_train_flags(p)
-    for flag, kind, help_text in slurm.FLAGS:
+    for flag, kind, help_text in sbatch.FLAGS:
         p.add_argument(
             flag,
             type=kind,

@@ -125,7 +125,22 @@ def load_model(
         info = runinfo.read_file(weights) or _describe(weights, model, classes, image_size)
     runinfo.reconcile(info, where, model=model, classes=tuple(classes) if classes else None, image_size=image_size)
     net = build_model(info.model, len(info.classes), path, head_may_differ=False).eval()
+    _check_size(net, info, where)
     return LoadedModel(net, info, batch)
+
+
+def _check_size(net: nn.Module, info: RunInfo, where: str) -> None:
+    """One blank image through the model at the described size: a size the model cannot take (too small for
+    its pooling, or not the one a ViT's position embedding was made for) is one line naming the file now,
+    not a traceback after the images were read."""
+    try:
+        with torch.inference_mode():
+            net(torch.zeros(1, 3, info.image_size, info.image_size))
+    except (RuntimeError, AssertionError, ValueError) as e:  # timm checks sizes with assertions
+        raise UserError(
+            f"{where}: {info.model} cannot take its image size {info.image_size} "
+            f"({str(e).splitlines()[0][:120]}); use a model file written by visiontune"
+        ) from None
 
 
 def start(icfg: InferenceConfig) -> Accelerator:

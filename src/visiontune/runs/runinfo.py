@@ -16,17 +16,81 @@ at the wrong size.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from visiontune.data.decode import INTERPOLATIONS
 from visiontune.errors import UserError
+from visiontune.models.spec import SOURCES
 from visiontune.settings.config import MEAN, STD
 
 KEY = "visiontune"
 # Fields added after descriptions were first written, with what older files mean by leaving them out.
 LATER: dict[str, Any] = {"interpolation": "bilinear", "crop_pct": None}
+
+# A model file may come from anyone, and every field below sizes an allocation or shapes an output: the
+# bounds keep a hostile or damaged description from asking for exabytes, or from giving NaN for every image.
+MAX_DESCRIPTION = 1 << 20  # characters of JSON: 100,000 class names of ten characters fit
+MAX_CLASSES = 100_000
+MAX_IMAGE_SIZE = 4096
+MAX_RESIZE = 8192  # the side an image is resized to before its centre crop: image_size / crop_pct
+
+
+def _number(v: Any, lo: float, hi: float) -> bool:
+    # bool is an int to Python, and JSON's true is no size; NaN fails every comparison, so the range check
+    # alone would let it through.
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+
+
+def _three(lo: float, hi: float) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and all(_number(x, lo, hi) for x in v)
+
+
+def _classes(v: Any) -> bool:
+    # A string is a sequence too: "abc" must not become the classes a, b and c.
+    if not isinstance(v, (list, tuple)) or not 2 <= len(v) <= MAX_CLASSES:
+        return False
+    return all(isinstance(c, str) and 0 < len(c) <= 1000 for c in v) and len(set(v)) == len(v)
+
+
+# Each field: the test it must pass, and what it should have been (said in the error).
+SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model": (lambda v: isinstance(v, str) and 0 < len(v) <= 300 and v.isprintable(), "a model name"),
+    "source": (lambda v: v in SOURCES, f"one of {', '.join(SOURCES)}"),
+    "classes": (_classes, f"a list of 2 to {MAX_CLASSES} distinct, non-empty class names"),
+    "image_size": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_IMAGE_SIZE,
+        f"an integer from 1 to {MAX_IMAGE_SIZE}",
+    ),
+    "mean": (_three(0.0, 1.0), "three finite numbers in [0, 1]"),
+    "std": (_three(0.01, 1.0), "three finite numbers in [0.01, 1]"),
+    "interpolation": (lambda v: v in INTERPOLATIONS, f"one of {', '.join(INTERPOLATIONS)}"),
+    "version": (lambda v: isinstance(v, str) and len(v) <= 100 and v.isprintable(), "a version string"),
+    "crop_pct": (lambda v: v is None or _number(v, 1e-6, 2.0), "null or a number in (0, 2]"),
+}
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check(d: dict[str, Any], where: str) -> None:
+    """Each field of a description against ``SCHEMA``: else one line naming the file and the field."""
+    for name, (ok, wanted) in SCHEMA.items():
+        if not ok(d[name]):
+            raise UserError(
+                f"{where}: damaged model description: {name} is {_shown(d[name])}, expected {wanted} "
+                "(use a model file written by visiontune)"
+            )
+    if d["crop_pct"] is not None and d["image_size"] / d["crop_pct"] > MAX_RESIZE:
+        raise UserError(
+            f"{where}: damaged model description: crop_pct {d['crop_pct']!r} with image_size {d['image_size']} "
+            f"resizes every image to more than {MAX_RESIZE} px (use a model file written by visiontune)"
+        )
 
 
 @dataclass(frozen=True)
@@ -56,18 +120,8 @@ class RunInfo:
         # Files written before the crop was recorded were all resized bilinearly, whatever interpolation
         # they name: they load as they were made.
         d = {**d, **LATER} if "crop_pct" not in d else {**LATER, **d}
-        info = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names or k in LATER})
-        classes_ok = len(info.classes) >= 2 and all(isinstance(c, str) and c for c in info.classes)
-        if not classes_ok or not isinstance(info.image_size, int) or info.image_size < 1:
-            raise UserError(
-                f"{where}: damaged model description (classes {info.classes!r}, image size {info.image_size!r})"
-            )
-        crop_ok = info.crop_pct is None or (isinstance(info.crop_pct, (int, float)) and info.crop_pct > 0)
-        if info.interpolation not in INTERPOLATIONS or not crop_ok:
-            raise UserError(
-                f"{where}: damaged model description (interpolation {info.interpolation!r}, crop_pct {info.crop_pct!r})"
-            )
-        return info
+        check(d, where)
+        return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in d.items() if k in SCHEMA})
 
 
 def describe(
@@ -135,14 +189,25 @@ def read_file(path: str) -> RunInfo | None:
     """The description inside a ``.safetensors`` file, or None (a ``.pth``, or a file saved elsewhere)."""
     if not path.endswith(".safetensors") or not Path(path).is_file():
         return None
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(path, "pt") as f:
             meta = f.metadata() or {}
-        return RunInfo.from_dict(json.loads(meta[KEY]), path) if KEY in meta else None
-    except (OSError, ValueError) as e:  # not a safetensors file, or broken JSON in it
-        raise UserError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+    except (OSError, SafetensorError) as e:  # truncated, or not a safetensors file at all
+        reason = str(e).splitlines()[0][:200] if str(e) else e.__class__.__name__
+        raise UserError(
+            f"{path} is not a readable safetensors file ({reason}); pass a model file visiontune wrote"
+        ) from None
+    if KEY not in meta:
+        return None
+    if len(meta[KEY]) > MAX_DESCRIPTION:
+        raise UserError(f"{path}: its model description is over {MAX_DESCRIPTION} characters; it is not visiontune's")
+    try:
+        d = json.loads(meta[KEY])
+    except (ValueError, RecursionError) as e:  # broken JSON, or nesting deep enough to exhaust the stack
+        raise UserError(f"{path}: its model description is not JSON ({str(e)[:100]})") from None
+    return RunInfo.from_dict(d, path)
 
 
 def reconcile(info: RunInfo, where: str, **given: Any) -> None:

@@ -1,0 +1,107 @@
+"""``visiontune slurm``: no value given to it becomes a line of its own in the batch script.
+
+Values that go into ``#SBATCH`` lines (which sbatch reads without quoting) are held to Slurm's syntax for them;
+values on the ``srun`` line are shell-quoted, so a path with ``$(...)``, backticks, quotes or ``;`` reaches
+``visiontune train`` intact. The written script is run by bash with stand-ins for srun, scontrol and sbatch that
+record their arguments, and a marker file shows whether anything injected ran.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from visiontune import cli
+
+REQUIRED = ["--nodes", "2", "--gpus-per-node", "4", "--time", "4:00:00"]
+
+
+def _hostile(marker: Path) -> list[str]:
+    """Each way a value could leave its place: a new line, command substitution, quotes, a second command."""
+    return [
+        f"gpu\ntouch {marker}",
+        f"x\n#SBATCH --wrap=touch {marker}",
+        f"$(touch {marker})",
+        f"`touch {marker}`",
+        f"gpu'; touch {marker}; '",
+        f'gpu"; touch {marker}; "',
+        f"gpu;touch {marker}",
+        f"gpu touch {marker}",
+        "gpu\rx",
+        "",
+    ]
+
+
+def _slurm(capsys, out: Path, *argv: str) -> tuple[int, list[str]]:
+    capsys.readouterr()
+    data = [] if "--data" in argv else ["--data", "/data/cats"]
+    code = cli.main(["slurm", *data, *REQUIRED, "--out", str(out), *argv])
+    return code, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("flag", ["--partition", "--job-name", "--time"])
+def test_a_value_outside_slurms_syntax_is_refused_and_nothing_is_written(tmp_path, capsys, flag):
+    marker = tmp_path / "pwned"
+    values = [*_hostile(marker), f"\n4:00:00\ntouch {marker}", "4:00:00\n", "٤:00:00"]  # the last: Arabic-Indic 4
+    for value in values if flag == "--time" else _hostile(marker):
+        out = tmp_path / "job.sbatch"
+        code, err = _slurm(capsys, out, flag, value)
+        assert code == 2, (flag, value, err)
+        assert len(err) == 1 and err[0].startswith(f"visiontune: error: {flag} "), (value, err)
+        assert not out.exists() and not marker.exists()
+
+
+@pytest.mark.parametrize("flag", ["--data", "--output-dir", "--model"])
+def test_a_control_character_in_any_value_of_the_srun_line_is_refused(tmp_path, capsys, flag):
+    for value in ["/runs/a\ntouch x", "/runs/a\tb", "/runs/a\x1b[2Jb", "/runs/a\u2028b"]:
+        out = tmp_path / "job.sbatch"
+        code, err = _slurm(capsys, out, flag, value)
+        assert code == 2, (flag, value, err)
+        assert len(err) == 1 and flag in err[0] and "control character" in err[0], err
+        assert not out.exists()
+
+
+def test_a_cpu_count_below_one_is_refused(tmp_path, capsys):
+    out = tmp_path / "job.sbatch"
+    for value in ("0", "-4"):  # 0 once meant "the default" without a word
+        code, err = _slurm(capsys, out, "--cpus-per-task", value)
+        assert code == 2 and len(err) == 1 and "--cpus-per-task must be >= 1" in err[0]
+        assert not out.exists()
+
+
+def _stand_ins(bin_: Path, log: Path, marker: Path) -> dict[str, str]:
+    """srun, scontrol and sbatch that write their arguments (NUL-separated) to ``log.NAME``; srun exits 138."""
+    bin_.mkdir()
+    for name, code in (("srun", 138), ("scontrol", 0), ("sbatch", 0)):
+        tool = bin_ / name
+        tool.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {log}.{name}\nexit {code}\n")
+        tool.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "MARKER": str(marker)}
+
+
+def test_paths_with_shell_characters_reach_the_train_command_intact_and_run_nothing(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    # Legal, if unwise, folder names: every shell character that could end a quote or start a command.
+    data = f"/data/cats $(touch {marker}) `touch {marker}`; touch {marker} 'q' \"dq\" $MARKER * ~ \\ &|<>"
+    run_dir = f'runs/it\'s "{marker.name}" $(touch {marker});`touch {marker}`&& touch {marker} #'
+    out = tmp_path / "job.sbatch"
+    code, err = _slurm(
+        capsys, out, "--data", data, "--output-dir", run_dir, "--partition", "gpu,gpu-long", "--job-name", "cats.v2"
+    )
+    assert code == 0, err
+    assert subprocess.run(["bash", "-n", str(out)], check=False).returncode == 0
+    log = tmp_path / "argv"
+    done = subprocess.run(["bash", str(out)], env=_stand_ins(tmp_path / "bin", log, marker), cwd=tmp_path, check=False)
+    assert done.returncode == 138  # srun's code, passed on after the requeue
+    assert not marker.exists()
+    srun = Path(f"{log}.srun").read_bytes().decode().split("\0")[:-1]
+    assert srun[srun.index("--data") + 1] == data
+    assert srun[srun.index("--output-dir") + 1] == run_dir
+    assert srun[:3] == ["--kill-on-bad-exit=1", "visiontune", "train"] and srun[-2:] == ["--resume", "auto"]
+    assert Path(f"{log}.scontrol").read_bytes() == b"requeue\x004242\x00"
+    assert not Path(f"{log}.sbatch").exists()
+    text = out.read_text()
+    assert "#SBATCH --partition=gpu,gpu-long\n" in text and "#SBATCH --job-name=cats.v2\n" in text
