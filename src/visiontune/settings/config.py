@@ -84,8 +84,11 @@ class TrainConfig:
     lr: float | None = _setting(None, "learning rate")
     momentum: float = _setting(0.9, "SGD momentum")
     weight_decay: float | None = _setting(None, "weight decay")
-    lr_schedule: Literal["none", "cosine", "linear", "step"] | None = _setting(
-        None, "none, cosine, linear or step, stepped per optimizer step"
+    lr_schedule: Literal["none", "cosine", "linear", "step", "onecycle"] | None = _setting(
+        None,
+        "none, cosine, linear, step or onecycle, stepped per optimizer step (onecycle: from lr/25 up to --lr over "
+        "the warm-up, a quarter of the run by default, then cosine down to lr/25e4, with SGD momentum or Adam's "
+        "beta1 cycled 0.95 -> 0.85 -> 0.95, as fastai's fit_one_cycle)",
     )
     warmup_epochs: float | None = _setting(None, "linear lr warm-up, in epochs (fractions allowed)")
     warmup_steps: int = _setting(0, "linear lr warm-up in optimizer steps (wins over --warmup-epochs)")

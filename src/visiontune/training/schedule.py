@@ -1,5 +1,5 @@
 """What follows every optimizer step: the lr schedule (linear warm-up, then cosine, linear, step
-or constant) and the EMA update, in ``Stepper``, which stands in the lr scheduler's place for the
+or constant; or torch's one-cycle) and the EMA update, in ``Stepper``, which stands in the lr scheduler's place for the
 engine and the checkpoint. Everything counts optimizer steps, so a resume, which restores that
 count, repeats the schedule exactly.
 """
@@ -14,6 +14,9 @@ from torch import nn
 from visiontune.training.ema import EMA
 
 STEP_MILESTONES, STEP_GAMMA = (0.5, 0.75), 0.1  # --lr-schedule step: x0.1 at half and three quarters
+# --lr-schedule onecycle, fastai's fit_one_cycle defaults: the rise takes a quarter of the run unless a
+# warm-up is given, from peak / 25 to the peak, then cosine down to peak / 25e4; momentum moves the other way.
+ONECYCLE_RISE, ONECYCLE_DIV, ONECYCLE_FINAL_DIV, ONECYCLE_MOMENTUM = 0.25, 25.0, 1e4, (0.85, 0.95)
 
 
 def warmup_steps(cfg, steps_per_epoch: int) -> int:
@@ -38,6 +41,25 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
     return 1.0
 
 
+def one_cycle(optimizer: torch.optim.Optimizer, total: int, warmup: int) -> torch.optim.lr_scheduler.OneCycleLR:
+    """torch's ``OneCycleLR`` over ``total`` optimizer steps, peaking at each group's own lr (the head's and
+    the backbone's may differ) after ``warmup`` steps (a quarter of the run when 0); SGD's momentum or
+    AdamW's beta1 cycles inversely, between the two ``ONECYCLE_MOMENTUM`` values."""
+    total = max(total, 2)
+    rise = min(max(warmup / total, 1 / total), 1 - 1 / total) if warmup else ONECYCLE_RISE
+    return torch.optim.lr_scheduler.OneCycleLR(
+        optimizer,
+        max_lr=[g["lr"] for g in optimizer.param_groups],
+        total_steps=total,
+        pct_start=rise,
+        anneal_strategy="cos",
+        div_factor=ONECYCLE_DIV,
+        final_div_factor=ONECYCLE_FINAL_DIV,
+        base_momentum=ONECYCLE_MOMENTUM[0],
+        max_momentum=ONECYCLE_MOMENTUM[1],
+    )
+
+
 class Stepper:
     """What follows every optimizer step: the lr schedule and the EMA update.
 
@@ -48,7 +70,10 @@ class Stepper:
 
     def __init__(self, optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int):
         total, warm, schedule = cfg.epochs * steps_per_epoch, warmup_steps(cfg, steps_per_epoch), cfg.lr_schedule
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warm, schedule))
+        if schedule == "onecycle":
+            self.scheduler = one_cycle(optimizer, total, warm)
+        else:
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warm, schedule))
         self.ema_decay, self.ema = cfg.ema, None
         self.freeze_steps = cfg.freeze_epochs * steps_per_epoch
 
