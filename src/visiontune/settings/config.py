@@ -49,7 +49,7 @@ class TrainConfig:
         None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"
     )
     random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
-    mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see README")
+    mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see docs/training.md")
     cutmix: float | None = _setting(None, "cutmix alpha (0: off); with --mixup each pair uses one of them")
     normalize: Literal["weights", "data", "blog"] | None = _setting(
         None, "weights (the pretrained weights' mean/std), data (the train split's) or blog (the reference constants)"

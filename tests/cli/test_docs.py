@@ -16,7 +16,7 @@ import pytest
 from visiontune.cli.commands import build_parser
 from visiontune.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 README_MAX_LINES = 250
 
