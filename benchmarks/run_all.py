@@ -15,7 +15,18 @@ from common import python_env  # noqa: E402
 from table import write_table  # noqa: E402
 
 start = time.perf_counter()
-for name in sys.argv[1:] or ("loader", "overhead", "e2e", "ddp", "rss", "startup", "tta", "recipe", "process", "shards"):
+for name in sys.argv[1:] or (
+    "loader",
+    "overhead",
+    "e2e",
+    "ddp",
+    "rss",
+    "startup",
+    "tta",
+    "recipe",
+    "process",
+    "shards",
+):
     t0 = time.perf_counter()
     print(f"== {name}", flush=True)
     subprocess.run([sys.executable, str(HERE / f"{name}.py")], env=python_env(), cwd=HERE, check=True)
