@@ -26,6 +26,7 @@ for name in sys.argv[1:] or (
     "tta",
     "recipe",
     "process",
+    "shards",
 ):
     t0 = time.perf_counter()
     print(f"== {name}", flush=True)

@@ -34,6 +34,7 @@ DISTRIBUTED = {
     "uninterrupted",  # the fault-injection matrix's reference runs (single and ddp)
     "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
     "test_timm_under_ddp_saves_a_self_describing_model_and_counts_val_once",
+    "test_ddp_on_hf_data_with_its_own_odd_validation_split_counts_each_image_once",
 }
 SLOW = {
     "test_check_train_and_evaluate_use_the_nested_rule_and_report_counts",
@@ -68,6 +69,8 @@ SLOW = {
     "test_the_resize_flags_reach_the_cache_the_loaders_and_the_record",
     "test_the_run_records_its_threads_and_what_chose_them",
     "test_a_run_with_onecycle_records_the_cycle",
+    "test_a_hub_id_offline_names_the_datasets_cache",  # a subprocess that imports datasets
+    "formats",  # test_formats_train.py: trains on a folder, its shards and an hf: copy
 }
 
 

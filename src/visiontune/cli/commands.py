@@ -31,7 +31,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     # Check what can be checked before any worker starts: one error line, not N. The listing is the
     # job's only one: the run in this process or the workers take it over (a worker lists nothing here).
-    images = None if launch.is_worker() else discover(cfg.data)
+    images = None if launch.is_worker() else discover(cfg.data, cfg.image_column, cfg.label_column)
     strategy.check(cfg)
     build.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
@@ -93,7 +93,15 @@ def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.check import check_folder
 
-    return check_folder(args.data, args.report, args.workers)
+    return check_folder(args.data, args.report, args.workers, (args.image_column, args.label_column))
+
+
+def cmd_shard(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.data.shards import write
+
+    columns = (args.image_column, args.label_column)
+    write(args.data, args.out, args.shard_size, seed=args.seed, val_fraction=args.val_fraction, columns=columns)
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
@@ -102,7 +110,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.reports.bench import bench, train_flags
 
     cfg = config_from_args(args)
-    discover(cfg.data)
+    discover(cfg.data, cfg.image_column, cfg.label_column)
     # Each strategy re-runs `visiontune train` with these flags.
     cfg, train_argv = train_flags(cfg, argv, "epochs" in vars(args))
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)
@@ -139,7 +147,7 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.runs.runlock import writable_file
 
     loaded, icfg = _inference(args)
-    inputs = list_inputs(args.data)
+    inputs = list_inputs(args.data, (args.image_column, args.label_column))
     check_clip(args.clip)
     writable_file(args.out, "--out")  # before the forward pass, not after it
     return launch.here_or_relaunched(
@@ -166,7 +174,15 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
         "evaluate",
         lambda: json.loads(Path(out).read_text())["skipped"],
         lambda: evaluate(
-            loaded, icfg, args.data, out, run_dir=args.run, split=args.split, tta_mode=args.tta, top_n=args.top_losses
+            loaded,
+            icfg,
+            args.data,
+            out,
+            run_dir=args.run,
+            split=args.split,
+            tta_mode=args.tta,
+            top_n=args.top_losses,
+            columns=(args.image_column, args.label_column),
         ),
     )
 

@@ -115,6 +115,11 @@ def _add_inference_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_column_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image-column", help="hf: data: the image column (default: the one with the Image feature)")
+    p.add_argument("--label-column", help="hf: data: the label column (default: the ClassLabel one)")
+
+
 def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     """Every subcommand and its flags; ``commands`` maps each name to the function that runs it."""
     parser = OneLineParser(
@@ -148,7 +153,16 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("data")
     p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
     p.add_argument("--workers", type=positive, default=available_cores(), help="decoding threads (default: cores)")
+    _add_column_flags(p)
     p.set_defaults(func=commands["check"])
+    p = sub.add_parser("shard", help="write any data visiontune reads as WebDataset tar shards with an index")
+    p.add_argument("data", help="a data folder, tar shards or hf:PATH|ORG/NAME")
+    p.add_argument("--out", required=True, help="folder for shards-NNNNNN.tar and index.json (new or empty)")
+    p.add_argument("--shard-size", default="1GB", help="bytes per shard, such as 1GB or 500MB (default 1GB)")
+    p.add_argument("--seed", type=int, default=42, help="seed of the recorded split, as train's (default 42)")
+    p.add_argument("--val-fraction", type=float, default=0.2, help="share recorded as validation (default 0.2)")
+    _add_column_flags(p)
+    p.set_defaults(func=commands["shard"])
     p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
     add_train_flags(p)
     p.add_argument("--strategies", default="single,dp,ddp", help="comma-separated (default single,dp,ddp)")
@@ -190,7 +204,10 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         type=int,
         help="with --weights: input size (default: the file's, else the model's pretrained size)",
     )
-    p.add_argument("--data", required=True, help="a folder of images, Kaggle's test/, or a file listing paths")
+    p.add_argument(
+        "--data", required=True, help="a folder of images, Kaggle's test/, a file listing paths, shards or hf:..."
+    )
+    _add_column_flags(p)
     p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
     p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
     _add_inference_flags(p)
@@ -198,6 +215,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
+    _add_column_flags(p)
     p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
     p.add_argument(
         "--split",

@@ -12,7 +12,9 @@ epoch reads the same file through the OS page cache: nothing is loaded into a
 process's own memory, and a process drops its page mappings after each read,
 so its resident memory does not grow with the data set. Files that fail to
 decode are stored as zeros, listed in the header, and skipped by
-``CachedDataset`` exactly as ``ImageDataset`` skips them.
+``CachedDataset`` exactly as ``ImageDataset`` skips them. Samples read through a
+reader (datasets rows, shard members) are keyed by their names and the reader's
+content fingerprint instead of each file's size and mtime.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torchvision
 from torch.utils.data import Dataset
 
 from visiontune.cluster.host import available_cores, user_cache_dir
-from visiontune.data.check import bounded_map, file_keys
+from visiontune.data.check import bounded_map, file_keys, name_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
 from visiontune.data.pipeline import UNREADABLE
 from visiontune.errors import UserError
@@ -54,14 +56,20 @@ def _resize_tag(interpolation: str, crop_pct: float | None) -> str:
 
 
 def cache_key(
-    paths: Sequence[str], image_size: int, interpolation: str = "bilinear", crop_pct: float | None = None
+    paths: Sequence[str],
+    image_size: int,
+    interpolation: str = "bilinear",
+    crop_pct: float | None = None,
+    reader=None,
 ) -> str:
     """sha256 over what decides the cached pixels: files (path, size, mtime), the size and the resize."""
     head = [CACHE_VERSION, image_size, torchvision.__version__]
     if _resize_tag(interpolation, crop_pct):
         head += [interpolation, crop_pct]
     h = hashlib.sha256(json.dumps(head).encode())
-    h.update(file_keys(paths, MAX_PIXELS).tobytes())  # a missing file is part of the key too: it is recorded as bad
+    # A missing file is part of the key too: it is recorded as bad.
+    keys = file_keys(paths, MAX_PIXELS) if reader is None else name_keys(paths, reader.fingerprint, MAX_PIXELS)
+    h.update(keys.tobytes())
     return h.hexdigest()
 
 
@@ -111,6 +119,7 @@ def build(
     threads: int,
     interpolation: str = "bilinear",
     crop_pct: float | None = None,
+    reader=None,
 ) -> ImageCache:
     """Decode + resize every file (in a thread pool: the decoders release the GIL) and write both files."""
     bad: dict[int, tuple[str, str]] = {}
@@ -119,10 +128,10 @@ def build(
     def write_array(f) -> None:
         # Bounded look-ahead: memory stays flat while building. Each file is decoded once, here: the
         # files that fail are the run's bad files, so no separate scan decodes them again.
-        def read(path: str) -> torch.Tensor | str:
-            return try_read(path, image_size, interpolation, crop_pct)
+        def read(i: int) -> torch.Tensor | str:
+            return try_read(paths[i] if reader is None else reader[i], image_size, interpolation, crop_pct)
 
-        for i, img in enumerate(bounded_map(read, paths, max(1, threads))):
+        for i, img in enumerate(bounded_map(read, range(len(paths)), max(1, threads))):
             if isinstance(img, str):
                 bad[i] = (paths[i], img)
                 print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
@@ -152,12 +161,13 @@ def open_or_build(
     *,
     interpolation: str = "bilinear",
     crop_pct: float | None = None,
+    reader=None,
 ) -> ImageCache:
     """The cache of ``paths`` at ``image_size`` (resized as ``decode.resize_uint8`` does with
     ``interpolation`` and ``crop_pct``) in folder ``cache`` (or auto), built if missing or stale."""
     folder = resolve_dir(cache)
     array_path, header_path = _files(folder, paths, image_size, _resize_tag(interpolation, crop_pct))
-    key = cache_key(paths, image_size, interpolation, crop_pct)
+    key = cache_key(paths, image_size, interpolation, crop_pct, reader)
     found = _load(array_path, header_path, key, len(paths), image_size)
     if found is not None:
         return found
@@ -170,7 +180,7 @@ def open_or_build(
         threads = available_cores()
     try:
         os.makedirs(folder, exist_ok=True)
-        return build(array_path, header_path, key, paths, image_size, threads, interpolation, crop_pct)
+        return build(array_path, header_path, key, paths, image_size, threads, interpolation, crop_pct, reader)
     except OSError as e:
         raise UserError(
             f"cannot write the image cache in {folder} ({e.strerror or e}); pass --cache a writable "

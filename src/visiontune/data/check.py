@@ -12,7 +12,9 @@ keys of good files as raw uint64, ``<cache>.bad`` one JSON line per bad file
 with its reason. A warm scan is one ``stat`` per file and a vectorised lookup;
 a changed file appends one record, never rewrites the cache; the key file is
 compacted only when stale keys outnumber live ones. A torn last record (a crash
-mid-append) is ignored and compacted away.
+mid-append) is ignored and compacted away. Samples read through an
+``ImageSet``'s reader (datasets rows, shard members) are keyed by their name and
+the reader's content fingerprint instead of a ``stat``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from visiontune.cluster.host import user_cache_dir
-from visiontune.data.decode import MAX_PIXELS, BadImage, read_image
+from visiontune.data.decode import MAX_PIXELS, BadImage, decode_bytes, read_image
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 
@@ -55,10 +57,13 @@ def bounded_map(fn: Callable, items: Iterable, threads: int, window: int | None 
                 f.cancel()
 
 
-def _check_one(path: str, max_pixels: int) -> str | None:
-    """The reason ``path`` is bad, or None when it decodes."""
+def _check_one(source: str | bytes, max_pixels: int) -> str | None:
+    """The reason ``source`` (a path or an image's bytes) is bad, or None when it decodes."""
     try:
-        read_image(path, max_pixels=max_pixels)
+        if isinstance(source, bytes):
+            decode_bytes(source, max_pixels=max_pixels)
+        else:
+            read_image(source, max_pixels=max_pixels)
     except BadImage as exc:
         return str(exc)
     return None
@@ -89,6 +94,15 @@ def file_keys(paths: Sequence[str], max_pixels: int) -> np.ndarray:
         ).view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
         part[missing] = 0
         keys[start : start + len(part)] = part
+    return keys
+
+
+def name_keys(names: Sequence[str], fingerprint: str, max_pixels: int) -> np.ndarray:
+    """``file_keys`` for samples read through a reader: one uint64 per (name, content fingerprint, limit)."""
+    salt = f"\0{max_pixels}\0{_CACHE_VERSION}\0{fingerprint}".encode("utf-8", "surrogateescape")
+    digests = (hashlib.blake2b(n.encode("utf-8", "surrogateescape") + salt, digest_size=8).digest() for n in names)
+    keys = np.frombuffer(b"".join(digests), np.uint64).copy()
+    keys[keys == 0] = 1  # 0 means "no key"
     return keys
 
 
@@ -139,13 +153,15 @@ def scan(
     workers: int = 2,
     cache_path: str | None = None,
     max_pixels: int = MAX_PIXELS,
+    reader=None,
 ) -> list[tuple[str, str]]:
-    """Fully decode every file; return [(path, reason)] for the bad ones, in input order."""
+    """Fully decode every file (``reader[i]``'s bytes when given, ``paths`` then being names); return
+    [(path, reason)] for the bad ones, in input order."""
     reasons: dict[int, str] = {}
     todo = np.arange(len(paths))
     keys = np.zeros(0, np.uint64)
     if cache_path:
-        keys = file_keys(paths, max_pixels)
+        keys = file_keys(paths, max_pixels) if reader is None else name_keys(paths, reader.fingerprint, max_pixels)
         good, bad, torn = _load_cache(cache_path)
         unknown = ~_isin(keys, good) | (keys == 0)
         bad_keys = np.array(list(bad), np.uint64)
@@ -170,7 +186,9 @@ def scan(
 
     try:
         order = todo.tolist()
-        verdicts = bounded_map(lambda i: _check_one(paths[i], max_pixels), order, max(1, workers))
+        verdicts = bounded_map(
+            lambda i: _check_one(paths[i] if reader is None else reader[i], max_pixels), order, max(1, workers)
+        )
         for i, reason in zip(order, verdicts):
             if reason is not None:
                 reasons[i] = reason
@@ -217,18 +235,21 @@ def bad_fraction_error(n_bad: int, n_files: int, limit: float, report: str) -> s
     return None
 
 
-def check_folder(data: str, report: str | None, workers: int | None) -> int:
+def check_folder(data: str, report: str | None, workers: int | None, columns: tuple = (None, None)) -> int:
     """``visiontune check``: list ``data``, name every bad file and write the report; 1 if any, else 0."""
     from visiontune.data.layouts import discover
 
-    images = discover(data)
+    images = discover(data, *columns)
     print(images.describe())
-    folder = data if os.path.isdir(data) else os.path.dirname(os.path.abspath(data))
+    local = data[3:] if data.startswith("hf:") else data  # a Hub id or a shard pattern: the working folder
+    folder = (
+        local if os.path.isdir(local) else os.path.dirname(os.path.abspath(local)) if os.path.exists(local) else "."
+    )
     report = report or os.path.join(folder, "bad_files.csv")
     if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):
         raise UserError(f"cannot write the report to {report}; pass --report PATH")
     # Layout rejects (Thumbs.db in a Kaggle folder, ...) first, then every file that does not decode.
-    bad = list(images.rejects) + scan(images.paths, workers=workers)
+    bad = list(images.rejects) + scan(images.paths, workers=workers, reader=images.reader)
     write_report(bad, report)
     for path, problem in bad:
         print(f"{path}: {problem}")

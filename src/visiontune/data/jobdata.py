@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -54,7 +54,8 @@ class JobData:
 
 def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None:
     """Write ``images`` (and a small JSON-able ``extra``) compactly: a JSON header line, then the
-    paths' bytes, their int64 end offsets and the int32 labels."""
+    paths' bytes, their int64 end offsets, the int32 labels and, when the data has its own split, one
+    byte per image for it. A reader travels as its ``spec()``, reopened on loading."""
     paths = images.paths.compact()
     head = {
         "root": images.root,
@@ -66,10 +67,16 @@ def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None
         "test_files": images.test_files,
         "rejects": images.rejects,
         "extra": extra or {},
+        "reader": None if images.reader is None else images.reader.spec(),
+        "val_mask": images.val_mask is not None,
+        "split_note": images.split_note,
     }
+    arrays = [paths.blob, paths.ends.astype("<i8"), images.labels.astype("<i4")]
+    if images.val_mask is not None:
+        arrays.append(images.val_mask.astype(np.uint8))
     with atomic_file(path) as f:
         f.write(json.dumps(head).encode() + b"\n")
-        for array in (paths.blob, paths.ends.astype("<i8"), images.labels.astype("<i4")):
+        for array in arrays:
             f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
@@ -78,12 +85,13 @@ def load_listing(path: str) -> tuple[ImageSet, dict]:
     with open(path, "rb") as f:
         head = json.loads(f.readline())
         raw = f.read()
-    n, size = head["count"], head["paths_bytes"]
-    if len(raw) != size + 12 * n:
+    n, size, has_mask = head["count"], head["paths_bytes"], head.get("val_mask", False)
+    if len(raw) != size + (13 if has_mask else 12) * n:
         raise ValueError(f"{path}: truncated image list")
     blob = np.frombuffer(raw, np.uint8, size)
     ends = np.frombuffer(raw, "<i8", n, size).astype(np.int64, copy=False)
     labels = np.frombuffer(raw, "<i4", n, size + 8 * n).astype(np.int32, copy=False)
+    mask = np.frombuffer(raw, np.uint8, n, size + 12 * n).astype(bool) if has_mask else None
     return ImageSet(
         head["root"],
         head["layout"],
@@ -92,7 +100,19 @@ def load_listing(path: str) -> tuple[ImageSet, dict]:
         head["classes"],
         head["test_files"],
         [tuple(r) for r in head["rejects"]],
+        reader=open_reader(head.get("reader")),
+        val_mask=mask,
+        split_note=head.get("split_note", ""),
     ), head["extra"]
+
+
+def open_reader(spec: dict | None):
+    """The reader a ``spec()`` describes, opened in this process (None for files)."""
+    if spec is None:
+        return None
+    from visiontune.data import hfdata, shards
+
+    return {"hf": hfdata.reopen, "shards": shards.reopen}[spec["kind"]](spec)
 
 
 def _data_key(data: str) -> str:
@@ -116,15 +136,15 @@ def shared_listing(images: ImageSet, data: str) -> Iterator[None]:
                 os.environ[LISTING_ENV] = before
 
 
-def listed(data: str) -> ImageSet:
-    """The listing the launching command shared, else ``discover(data)``."""
+def listed(data: str, image_column: str | None = None, label_column: str | None = None) -> ImageSet:
+    """The listing the launching command shared, else ``discover(data, image_column, label_column)``."""
     try:
         spec = json.loads(os.environ.get(LISTING_ENV) or "null")
         if spec and spec["data"] == _data_key(data):
             return load_listing(spec["file"])[0]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # gone or damaged: list again
-    return layouts.discover(data)
+    return layouts.discover(data, image_column, label_column)
 
 
 def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None]:
@@ -134,10 +154,16 @@ def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], 
 
         interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)  # as the loaders resize
         cache = open_or_build(
-            cfg.cache, images.paths, cfg.image_size, available_cores(), interpolation=interpolation, crop_pct=crop_pct
+            cfg.cache,
+            images.paths,
+            cfg.image_size,
+            available_cores(),
+            interpolation=interpolation,
+            crop_pct=crop_pct,
+            reader=images.reader,
         )
         return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache
-    found = scan(images.paths, workers=available_cores(), cache_path=scan_cache_path(images.root))
+    found = scan(images.paths, workers=available_cores(), cache_path=scan_cache_path(images.root), reader=images.reader)
     return list(images.rejects) + found, None
 
 
@@ -183,7 +209,7 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
     path = None
     if accelerator.is_local_main_process:
         try:
-            images = images or listed(cfg.data)
+            images = images or listed(cfg.data, cfg.image_column, cfg.label_column)
             bad, cache = _screen(cfg, images)
             fd, path = tempfile.mkstemp(prefix="visiontune-data-", suffix=".bin")
             os.close(fd)
@@ -216,7 +242,7 @@ def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None
     if accelerator.num_processes > 1:
         images, bad, cache = _screen_per_machine(accelerator, cfg, images)
     else:
-        images = images or listed(cfg.data)
+        images = images or listed(cfg.data, cfg.image_column, cfg.label_column)
         bad, cache = _screen(cfg, images)
     accelerator.print(images.describe())
     report = os.path.join(run_dir, "bad_files.csv")
@@ -232,5 +258,5 @@ def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None
     if not drop:  # the common case: no copies of the lists
         return JobData(images, bad, cache, np.arange(len(images.paths)) if cache else None)
     keep = np.flatnonzero(np.fromiter((p not in drop for p in images.paths), bool, len(images.paths)))
-    usable = replace(images, paths=images.paths.take(keep), labels=images.labels[keep])
+    usable = images.take(keep)
     return JobData(usable, bad, cache, keep if cache else None)

@@ -11,6 +11,15 @@ itself had to reject. Listing uses ``os.scandir`` (no ``stat`` per file), so an
 ImageNet-size folder is listed in seconds; the paths are kept as a ``PathList``
 and the labels as one int32 array, no Python object per file (``jobdata`` carries
 one listing to the other processes of a job as those arrays' bytes).
+
+Data kept in a container rather than as files -- a Hugging Face ``datasets`` set
+(``hf:PATH`` or ``hf:ORG/NAME``, ``data/hfdata.py``) or WebDataset tar shards
+(``data/shards.py``) -- is listed into the same ``ImageSet`` with a ``reader``:
+then ``paths`` are the samples' stable names (``root/<key>``: what ``split.json``,
+hashes and reports show) and ``reader[i]`` gives sample i's encoded bytes, read at
+random by index, so the split, sampler, sharding, resume, bad-file screen and cache
+treat them as a folder's files. Such data may bring its own validation split
+(``val_mask``).
 """
 
 from __future__ import annotations
@@ -19,8 +28,9 @@ import csv
 import io
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,10 +52,32 @@ class ImageSet:
     classes: list[str]
     test_files: list[str] = field(default_factory=list)
     rejects: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    # With a reader, ``paths`` are names and ``reader[i]`` is sample i's encoded bytes; it is picklable and
+    # has ``take(idx)``, ``spec()`` (JSON to reopen it in another process) and a content ``fingerprint``.
+    reader: Any = None
+    val_mask: np.ndarray | None = None  # bool per image: in the data's own validation split (None: ours)
+    split_note: str = ""  # where the split comes from when the data brings one, for the start line and split.json
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", PathList.from_paths(self.paths, self.root))
         object.__setattr__(self, "labels", np.asarray(self.labels, np.int32).reshape(-1))
+        if self.val_mask is not None:
+            object.__setattr__(self, "val_mask", np.asarray(self.val_mask, bool).reshape(-1))
+
+    def source(self, i: int) -> str | bytes:
+        """What ``decode.try_read`` reads for image i: its path, or its bytes from the reader."""
+        return self.paths[i] if self.reader is None else self.reader[i]
+
+    def take(self, idx) -> ImageSet:
+        """The images at ``idx`` (an int array), in that order: views, no file names or bytes copied."""
+        idx = np.asarray(idx, np.int64)
+        return replace(
+            self,
+            paths=self.paths.take(idx),
+            labels=self.labels[idx],
+            reader=None if self.reader is None else self.reader.take(idx),
+            val_mask=None if self.val_mask is None else self.val_mask[idx],
+        )
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -195,8 +227,22 @@ def _manifest(root: Path) -> ImageSet | None:
     return read_manifest(csv_path, root / "train" if (root / "train").is_dir() else root)
 
 
-def discover(data: str) -> ImageSet:
-    """Detect the layout of ``data`` and list its labelled images."""
+def discover(
+    data: str, image_column: str | None = None, label_column: str | None = None, *, every_split: bool = False
+) -> ImageSet:
+    """Detect the layout of ``data`` and list its labelled images.
+
+    ``hf:...`` is a Hugging Face data set (``image_column``/``label_column`` pick its columns when its
+    features do not; ``every_split`` lists its test rows too, for predict); tar shards are WebDataset's.
+    """
+    if data.startswith("hf:"):
+        from visiontune.data import hfdata
+
+        return _checked(hfdata.read(data, image_column, label_column, every_split=every_split), data, every_split)
+    from visiontune.data import shards
+
+    if shards.is_shards(data):
+        return _checked(shards.read(data), data)
     root = Path(data).expanduser()
     if not root.exists():
         raise UserError(f"data folder not found: {data} (make one with `visiontune sample-data {data}`)")
@@ -210,15 +256,19 @@ def discover(data: str) -> ImageSet:
                 f"cannot read {e.filename} (permission denied): fix its permissions or move it out of {data}"
             ) from None
         if found is not None:
-            if not found.paths:
-                raise UserError(f"no labelled images found in {data}")
-            if len(found.classes) < 2:
-                raise UserError(f"{data}: found only one class ({found.classes[0]}); a classifier needs at least two")
-            return found
+            return _checked(found, data)
     raise UserError(
         f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "
         "(Kaggle Dogs vs Cats) or one subfolder per class"
     )
+
+
+def _checked(found: ImageSet, data: str, unlabelled_ok: bool = False) -> ImageSet:
+    if not found.paths:
+        raise UserError(f"no labelled images found in {data}")
+    if len(found.classes) < 2 and not unlabelled_ok:
+        raise UserError(f"{data}: found only one class ({found.classes[0]}); a classifier needs at least two")
+    return found
 
 
 def write_kaggle_manifest(data: str) -> tuple[str, int]:

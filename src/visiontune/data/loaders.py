@@ -45,6 +45,7 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
                 threads=decode_threads(cfg),
                 interpolation=interpolation,
                 crop_pct=crop_pct,
+                reader=None if images.reader is None else images.reader.take(idx),
             )
 
     workers, pin = loader_workers(cfg), torch.cuda.is_available()

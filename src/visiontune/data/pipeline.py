@@ -55,7 +55,10 @@ class ImageDataset(Dataset):
         threads: int = 1,
         interpolation: str = "bilinear",
         crop_pct: float | None = None,
+        reader=None,
     ):
+        # ``reader`` (an ImageSet's): then paths are names and the bytes of sample i are reader[i].
+        self.reader = reader
         # A PathList and an int64 array stay as they are: no Python object per file to copy into workers.
         self.paths = paths if isinstance(paths, PathList) else list(paths)
         self.labels, self.size, self.report = np.asarray(labels, np.int64).reshape(-1), image_size, report
@@ -73,9 +76,10 @@ class ImageDataset(Dataset):
 
     def _decode(self, i: int) -> torch.Tensor | str:
         # Full size when augmenting: the random crop comes before the resize.
+        source = self.paths[i] if self.reader is None else self.reader[i]
         if self.augment and self.augment.resizes:
-            return try_read(self.paths[i])
-        return try_read(self.paths[i], self.size, self.interpolation, self.crop_pct)
+            return try_read(source)
+        return try_read(source, self.size, self.interpolation, self.crop_pct)
 
     def _finish(self, i: int, img: torch.Tensor | str):
         if isinstance(img, str):

@@ -49,7 +49,18 @@ def make_split(n: int, val_fraction: float, seed: int) -> Split:
     return Split(perm[:n_train].sort().values.numpy(), perm[n_train:].sort().values.numpy())
 
 
-def _relative(paths: Sequence[str], idx: list[int], root: str) -> list[str]:
+def split_of(images, val_fraction: float, seed: int) -> Split:
+    """The data's own train/validation split when it brings one (an ``ImageSet``'s ``val_mask``), else
+    ``make_split``."""
+    if images.val_mask is None:
+        return make_split(len(images), val_fraction, seed)
+    split = Split(np.flatnonzero(~images.val_mask), np.flatnonzero(images.val_mask))
+    if not len(split.train) or not len(split.val):
+        raise UserError(f"{images.root}: {images.split_note} leave an empty train or val set")
+    return split
+
+
+def relative_paths(paths: Sequence[str], idx: list[int], root: str) -> list[str]:
     """The paths at ``idx`` relative to ``root``, as ``os.path.relpath`` gives them."""
     # Slicing a known prefix off costs a fraction of os.path.relpath per path (seconds at ImageNet size).
     # Layouts list files under the root as given, or under its resolved form (manifests); a PathList
@@ -69,7 +80,7 @@ def _json_list(idx: Sequence[int], paths: Sequence[str], root: str, sep: str) ->
     yield "["
     for start in range(0, len(idx), _CHUNK):
         chunk = np.asarray(idx[start : start + _CHUNK], np.int64).tolist()
-        yield (sep if start else "") + json.dumps(_relative(paths, chunk, root), separators=(sep, ":"))[1:-1]
+        yield (sep if start else "") + json.dumps(relative_paths(paths, chunk, root), separators=(sep, ":"))[1:-1]
     yield "]"
 
 
@@ -82,8 +93,11 @@ def _hash_pieces(split: Split, paths: Sequence[str], root: str) -> Iterator[str]
     yield "}"
 
 
-def split_summary(split: Split, paths: Sequence[str], root: str, seed: int, val_fraction: float) -> dict:
-    """``split.json`` less its lists: seed, fraction, sha256 of the lists, counts."""
+def split_summary(
+    split: Split, paths: Sequence[str], root: str, seed: int, val_fraction: float, note: str = ""
+) -> dict:
+    """``split.json`` less its lists: seed, fraction, sha256 of the lists, counts (and ``from``: the data's own
+    split, when it brought one)."""
     h = hashlib.sha256()
     for piece in _hash_pieces(split, paths, root):
         h.update(piece.encode("utf-8", "surrogateescape"))
@@ -92,6 +106,7 @@ def split_summary(split: Split, paths: Sequence[str], root: str, seed: int, val_
         "val_fraction": val_fraction,
         "sha256": h.hexdigest(),
         "counts": {"train": len(split.train), "val": len(split.val)},
+        **({"from": note} if note else {}),
     }
 
 
@@ -105,7 +120,7 @@ def split_hash(train: list[str], val: list[str]) -> str:
 def split_record(split: Split, paths: Sequence[str], root: str, seed: int, val_fraction: float) -> dict:
     """The whole content of ``split.json``, in memory (small splits, tests)."""
     lists = {
-        name: _relative(paths, np.asarray(idx, np.int64).tolist(), root)
+        name: relative_paths(paths, np.asarray(idx, np.int64).tolist(), root)
         for name, idx in (("train", split.train), ("val", split.val))
     }
     return {**split_summary(split, paths, root, seed, val_fraction), **lists}

@@ -24,6 +24,7 @@ from visiontune import files
 from visiontune.cluster import launch
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.pipeline import UNREADABLE
+from visiontune.data.split import relative_paths
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
@@ -41,8 +42,8 @@ def run_data(run_dir: str | None) -> str | None:
         return None
 
 
-def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[list[str], list[int], dict]:
-    """The paths and labels to score, and what they are: a split of the run's own data, or all of ``images``."""
+def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[ImageSet, dict]:
+    """The images to score, and what they are: a split of the run's own data, or all of ``images``."""
     if split is not None and split not in SPLITS:
         raise UserError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     root = run_data(run_dir)
@@ -53,25 +54,21 @@ def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[li
                 f"--split {split} needs the run's own data ({root or 'unknown'}); "
                 f"{images.root} is other data and is scored whole"
             )
-        return images.paths, images.labels, {"split": "all", "own_data": False}
+        return images, {"split": "all", "own_data": False}
     split = split or "val"
     if split == "all":
-        return images.paths, images.labels, {"split": "all", "own_data": True}
+        return images, {"split": "all", "own_data": True}
     split_file = Path(run_dir) / "split.json"
     try:
         wanted = set(json.loads(split_file.read_text())[split])
     except (OSError, ValueError, KeyError) as e:
         raise UserError(f"cannot read the {split} list of {split_file} ({e}); pass --split all") from None
-    keep = [i for i, p in enumerate(images.paths) if os.path.relpath(p, images.root) in wanted]
+    keep = [i for i, p in enumerate(relative_paths(images.paths, range(len(images)), images.root)) if p in wanted]
     if not keep:
         raise UserError(
             f"none of the {len(wanted)} {split} files of {split_file} is in {images.root} now; pass --split all"
         )
-    return (
-        [images.paths[i] for i in keep],
-        [images.labels[i] for i in keep],
-        {"split": split, "own_data": True, "split_files_missing": len(wanted) - len(keep)},
-    )
+    return images.take(keep), {"split": split, "own_data": True, "split_files_missing": len(wanted) - len(keep)}
 
 
 def describe(scored: dict, n: int, total: int) -> str:
@@ -131,11 +128,12 @@ def evaluate(
     split: str | None = None,
     tta_mode: str = "none",
     top_n: int = 16,
+    columns: tuple[str | None, str | None] = (None, None),
 ) -> dict:
     """Measure ``model`` on ``data`` (its val split when it is the run's data); write ``out`` and the figures."""
     if top_n < 0:
         raise UserError(f"--top-losses must be 0 or more, got {top_n}")
-    images, classes = discover(data), loaded.classes
+    images, classes = discover(data, *columns), loaded.classes
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(
@@ -144,12 +142,14 @@ def evaluate(
         )
     if launch.rank() == 0:
         print(images.describe())
-    paths, labels, scored = select(images, run_dir, split)
+    chosen, scored = select(images, run_dir, split)
+    paths = list(chosen.paths)
     accelerator = inference.start(icfg)
-    logits, got = inference.forward(accelerator, tta.wrap_loaded(loaded, tta_mode), icfg, paths, labels, "evaluate")
+    model = tta.wrap_loaded(loaded, tta_mode)
+    logits, got = inference.forward(accelerator, model, icfg, paths, chosen.labels, "evaluate", chosen.reader)
     report: dict = {}
     if accelerator.is_main_process:
-        skipped = unreadable_reasons(paths, got)
+        skipped = unreadable_reasons(paths, got, chosen.reader)
         ok = got != UNREADABLE
         kept = [p for p, k in zip(paths, ok.tolist()) if k]
         report = {

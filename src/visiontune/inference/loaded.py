@@ -25,7 +25,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator
-from visiontune.data.decode import BadImage, read_image
+from visiontune.data.decode import BadImage, read_source
 from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, ImageDataset, make_loader
 from visiontune.errors import UserError
 from visiontune.models.build import build_model, get_spec, input_view
@@ -149,9 +149,16 @@ def start(icfg: InferenceConfig) -> Accelerator:
 
 
 def forward(
-    accelerator: Accelerator, loaded: LoadedModel, icfg: InferenceConfig, paths: list[str], labels: list[int], desc: str
+    accelerator: Accelerator,
+    loaded: LoadedModel,
+    icfg: InferenceConfig,
+    paths: list[str],
+    labels: list[int],
+    desc: str,
+    reader=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and labels (``UNREADABLE`` for files that failed) of every path, in order, on every process."""
+    """Logits and labels (``UNREADABLE`` for files that failed) of every path (or sample of ``reader``, whose
+    names ``paths`` are), in order, on every process."""
     dataset = ImageDataset(
         paths,
         labels,
@@ -160,6 +167,7 @@ def forward(
         threads=decode_threads(icfg),
         interpolation=loaded.info.interpolation,  # resized as the model was trained
         crop_pct=loaded.info.crop_pct,
+        reader=reader,
     )
     loader = make_loader(
         dataset,
@@ -185,12 +193,12 @@ def forward(
     return torch.cat([lg for lg, _ in kept]).cpu(), torch.cat([lb for _, lb in kept]).cpu()
 
 
-def unreadable_reasons(paths: list[str], labels: torch.Tensor) -> list[tuple[str, str]]:
+def unreadable_reasons(paths: list[str], labels: torch.Tensor, reader=None) -> list[tuple[str, str]]:
     """(path, reason) for each file that came back ``UNREADABLE``, printed on stderr."""
     skipped = []
     for i in (labels == UNREADABLE).nonzero().flatten().tolist():
         try:
-            read_image(paths[i])
+            read_source(paths[i] if reader is None else reader[i])
             reason = "unreadable while predicting"  # it failed in the loader, not now
         except BadImage as e:
             reason = str(e)

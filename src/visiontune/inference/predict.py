@@ -1,4 +1,5 @@
-"""``visiontune predict``: a trained model over a folder, a file list or Kaggle's ``test/``.
+"""``visiontune predict``: a trained model over a folder, a file list, Kaggle's ``test/``, every row of an
+``hf:`` data set or every sample of tar shards.
 
 The model and the forward pass come from ``inference`` (training's own image
 code, sharded over N processes and gathered back in input order), so the
@@ -13,6 +14,7 @@ import csv
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,10 +31,19 @@ from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable
 class Inputs:
     paths: list[str]
     kaggle_ids: list[int] | None  # a Kaggle test folder (every file <number>.<ext>): rows are id,label
+    reader: Any = None  # hf: data or shards: paths are the samples' names, reader[i] their bytes
 
 
-def list_inputs(data: str) -> Inputs:
-    """A folder (images anywhere below it), one image, or a text file listing one path per line."""
+def list_inputs(data: str, columns: tuple[str | None, str | None] = (None, None)) -> Inputs:
+    """A folder (images anywhere below it), one image, a text file listing one path per line, every row of
+    every split of ``hf:`` data, or every sample of tar shards."""
+    from visiontune.data import shards
+
+    if data.startswith("hf:") or shards.is_shards(data):
+        from visiontune.data.layouts import discover
+
+        images = discover(data, *columns, every_split=True)
+        return Inputs(list(images.paths), None, images.reader)
     p = Path(data)
     if p.is_dir():
         files = sorted(
@@ -103,12 +114,18 @@ def predict(
     classes = loaded.classes
     accelerator = inference.start(icfg)
     logits, labels = inference.forward(
-        accelerator, tta.wrap_loaded(loaded, tta_mode), icfg, inputs.paths, [0] * len(inputs.paths), "predict"
+        accelerator,
+        tta.wrap_loaded(loaded, tta_mode),
+        icfg,
+        inputs.paths,
+        [0] * len(inputs.paths),
+        "predict",
+        inputs.reader,
     )
     readable = labels != UNREADABLE
     skipped = []
     if accelerator.is_main_process:
-        skipped = unreadable_reasons(inputs.paths, labels)
+        skipped = unreadable_reasons(inputs.paths, labels, inputs.reader)
         files.atomic_write(out, format_rows(inputs, classes, logits.softmax(1), readable, clip))
         if skipped:
             files.atomic_write(skipped_path(out), "".join(f"{p}\t{r}\n" for p, r in skipped))

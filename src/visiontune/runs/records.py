@@ -54,7 +54,8 @@ def announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Spli
     """The run's opening line: strategy, devices, split sizes, batch, lr and run folder."""
     accelerator.print(
         f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
-        f"{len(split.train)} train / {len(split.val)} val images, {len(images.classes)} classes | "
+        f"{len(split.train)} train / {len(split.val)} val images"
+        f"{f' ({images.split_note})' if images.split_note else ''}, {len(images.classes)} classes | "
         f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
         f"lr {setup.lr:g} | run folder {run_dir}"
     )

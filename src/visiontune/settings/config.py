@@ -20,7 +20,9 @@ def _setting(default: Any, help_text: str) -> Any:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    data: str = _setting("", "data folder (Kaggle layout, train.csv manifest, or class subfolders)")
+    data: str = _setting(
+        "", "data folder (Kaggle layout, train.csv manifest, or class subfolders), tar shards, or hf:PATH|ORG/NAME"
+    )
     output_dir: str | None = _setting(None, "run folder (default runs/<UTC timestamp>)")
     # model
     model: str = _setting("vgg16", "torchvision name, timm/NAME or hf-hub:ORG/NAME; see `visiontune models`")
@@ -70,6 +72,8 @@ class TrainConfig:
     )
     cache: str | None = _setting(None, "decode once into a memory-mapped uint8 cache: a folder or auto")
     max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
+    image_column: str | None = _setting(None, "hf: data: the image column (default: the one with the Image feature)")
+    label_column: str | None = _setting(None, "hf: data: the label column (default: the ClassLabel one)")
     # optimisation (settings left None come from --recipe; see recipe.py)
     recipe: Literal["blog", "modern"] = _setting(
         "blog",

@@ -27,7 +27,7 @@ from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
 from visiontune.data.loaders import loaders
 from visiontune.data.pipeline import DeviceNormalize
-from visiontune.data.split import make_split, split_summary
+from visiontune.data.split import split_of, split_summary
 from visiontune.errors import UserError
 from visiontune.models.build import build_model, check_input, get_spec, input_view
 from visiontune.runs import records, resume, runinfo, runlock
@@ -204,7 +204,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
     # The job's one listing (handed over by the command or its launcher): the model and the input are
     # checked against it before the bad-file scan, which can take minutes on a large folder.
-    images = images or listed(cfg.data)
+    images = images or listed(cfg.data, cfg.image_column, cfg.label_column)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway.
     set_seed(cfg.seed, device_specific=True)
@@ -214,8 +214,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
     images, bad = data.images, data.bad
-    split = make_split(len(images), cfg.val_fraction, cfg.seed)
-    split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction)
+    split = split_of(images, cfg.val_fraction, cfg.seed)  # the data's own, or the seeded one
+    split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction, images.split_note)
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
     cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)

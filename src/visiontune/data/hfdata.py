@@ -1,0 +1,217 @@
+"""``--data hf:PATH`` and ``hf:ORG/NAME``: a Hugging Face ``datasets`` set as an ``ImageSet``.
+
+PATH is a folder written by ``save_to_disk``, a folder of Parquet files, or an
+image folder that ``load_dataset`` reads (its ``imagefolder`` builder); anything
+else after ``hf:`` is a Hub id, loaded through datasets' own cache. The image
+column is the one whose feature is ``Image`` and the label column the
+``ClassLabel`` one, unless ``--image-column``/``--label-column`` say otherwise;
+class names come from the ClassLabel (other labels: their sorted values). A
+``train`` split with a ``validation`` one is used as it is (``val_mask``); a
+lone split gets visiontune's seeded split. Images are read as the encoded bytes
+stored in the Arrow table (``Image(decode=False)``), never decoded by datasets:
+decoding, its failures and the resize are visiontune's, as for files. Each
+sample is named ``hf:PATH/<split>/<row>``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from visiontune.data.layouts import ImageSet
+from visiontune.errors import UserError
+
+INSTALL = "reading hf: data needs Hugging Face datasets: pip install 'visiontune[formats]'"
+VAL_SPLITS = ("validation", "valid", "val")
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(INSTALL) from None
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def _local(name: str) -> str | None:
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        return os.path.abspath(path)
+    if os.path.exists(path):
+        raise UserError(f"hf:{name} is a file; give the folder a datasets set was saved to, or a Hub id")
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise UserError(f"data folder not found: {name} (hf:PATH is a folder saved by datasets, or hf:ORG/NAME)")
+    return None
+
+
+def load(data: str) -> tuple[str, Any]:
+    """(root, the ``Dataset`` or ``DatasetDict``) of ``hf:...``; root names the data in records and sample names."""
+    ds, name = _datasets(), data[3:]
+    path = _local(name)
+    if path is not None:
+        saved = any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json"))
+        try:
+            return "hf:" + path, ds.load_from_disk(path) if saved else ds.load_dataset(path)
+        except Exception as e:  # datasets' own reasons (no data files, mixed formats, ...)
+            raise UserError(f"cannot read {data} with datasets ({_short(e)})") from None
+    try:
+        return data, ds.load_dataset(name)
+    except Exception as e:
+        cache = ds.config.HF_DATASETS_CACHE
+        why = "HF_HUB_OFFLINE is set" if ds.config.HF_HUB_OFFLINE else _short(e)
+        raise UserError(
+            f"{name} is not in the datasets cache {cache} and cannot be downloaded ({why}); "
+            "download it once with a connection, or save it with save_to_disk and pass hf:PATH"
+        ) from None
+
+
+def _short(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+
+
+def _parts(root: str, loaded, every_split: bool) -> tuple[list[tuple[str, Any]], str | None]:
+    """The splits to list, as (name, Dataset), and the validation one's name when the data has both."""
+    if not hasattr(loaded, "keys"):  # one Dataset
+        return [(str(loaded.split or "train"), loaded)], None
+    names = list(loaded.keys())
+    if every_split:
+        return [(n, loaded[n]) for n in names], None
+    train = "train" if "train" in loaded else names[0] if len(names) == 1 else None
+    if train is None:
+        raise UserError(f"{root} has the splits {', '.join(names)} and none is 'train'; save one as 'train'")
+    val = next((v for v in VAL_SPLITS if v in loaded), None)
+    return [(train, loaded[train])] + ([(val, loaded[val])] if val else []), val
+
+
+def _columns(root: str, features, image_column: str | None, label_column: str | None) -> tuple[str, str | None]:
+    ds = _datasets()
+    for flag, col in (("--image-column", image_column), ("--label-column", label_column)):
+        if col is not None and col not in features:
+            raise UserError(f"{root} has no column {col!r} ({flag}); its columns: {', '.join(features)}")
+    if image_column is None:
+        images = [k for k, f in features.items() if isinstance(f, ds.Image)]
+        if len(images) != 1:
+            raise UserError(
+                f"{root}: {'no' if not images else 'several'} Image column(s) among {', '.join(features)}; "
+                "pass --image-column NAME"
+            )
+        image_column = images[0]
+    elif not isinstance(features[image_column], ds.Image) and features[image_column] != ds.Value("binary"):
+        raise UserError(f"{root}: column {image_column!r} holds {features[image_column]}, not images")
+    if label_column is None:
+        labels = [k for k, f in features.items() if isinstance(f, ds.ClassLabel)]
+        if len(labels) > 1:
+            raise UserError(f"{root}: several ClassLabel columns ({', '.join(labels)}); pass --label-column NAME")
+        label_column = labels[0] if labels else "label" if "label" in features else None
+    return image_column, label_column
+
+
+class HFReader:
+    """Sample i's encoded bytes: row ``row[i]`` of split ``part[i]``, read from the memory-mapped Arrow table.
+
+    Picklable (a Dataset pickles as the paths of its Arrow files), and ``spec()`` reopens it from
+    the data's name in another process of the job.
+    """
+
+    def __init__(self, data: str, splits: list[str], column: str, parts: list, part: np.ndarray, row: np.ndarray):
+        self.data, self.splits, self.column, self.parts = data, splits, column, parts
+        self.part, self.row = part, row
+        self.fingerprint = "hf\0" + "\0".join([data, column, *(getattr(p, "_fingerprint", "") or "" for p in parts)])
+        ds = _datasets()
+        self._tables = [
+            p.select_columns([column]).cast_column(column, ds.Image(decode=False))
+            if isinstance(p.features[column], ds.Image)
+            else p.select_columns([column])
+            for p in parts
+        ]
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    def __getitem__(self, i: int) -> bytes:
+        item = self._tables[int(self.part[i])][int(self.row[i])][self.column]
+        if isinstance(item, dict):  # {"bytes", "path"}: an image folder's rows hold the path only
+            if item.get("bytes") is None and item.get("path"):
+                try:
+                    with open(item["path"], "rb") as f:
+                        return f.read()
+                except OSError:
+                    return b""  # decoding says "empty file"; the name says which row
+            item = item.get("bytes")
+        return bytes(item or b"")
+
+    def take(self, idx) -> HFReader:
+        out = object.__new__(HFReader)
+        out.__dict__.update(self.__dict__, part=self.part[idx], row=self.row[idx])
+        return out
+
+    def spec(self) -> dict:
+        whole = len(self.row) == sum(len(p) for p in self.parts) and bool(np.all(np.diff(self.part) >= 0))
+        whole = whole and bool(np.all(np.diff(self.row)[np.diff(self.part) == 0] == 1))
+        rows = None if whole else {"part": self.part.tolist(), "row": self.row.tolist()}
+        return {"kind": "hf", "data": self.data, "splits": self.splits, "column": self.column, "rows": rows}
+
+
+def reopen(spec: dict) -> HFReader:
+    """The reader ``spec()`` described, in this process."""
+    _, loaded = load(spec["data"])
+    parts = [loaded[s] if hasattr(loaded, "keys") else loaded for s in spec["splits"]]
+    if spec["rows"] is None:
+        part = np.repeat(np.arange(len(parts), dtype=np.int32), [len(p) for p in parts])
+        row = np.concatenate([np.arange(len(p), dtype=np.int64) for p in parts])
+    else:
+        part, row = np.asarray(spec["rows"]["part"], np.int32), np.asarray(spec["rows"]["row"], np.int64)
+    return HFReader(spec["data"], spec["splits"], spec["column"], parts, part, row)
+
+
+def _labels(root: str, parts, column: str | None, allow_missing: bool) -> tuple[np.ndarray, list[str]]:
+    ds = _datasets()
+    if column is None:
+        if allow_missing:
+            return np.zeros(sum(len(p) for _, p in parts), np.int32), []
+        raise UserError(f"{root}: no ClassLabel column; pass --label-column NAME")
+    feature = parts[0][1].features[column]
+    values = [np.asarray(p.with_format("numpy")[column]) for _, p in parts]
+    if isinstance(feature, ds.ClassLabel):
+        classes, labels = list(feature.names), np.concatenate(values).astype(np.int64)
+    else:
+        flat = np.concatenate(values)
+        uniq = sorted(set(flat.tolist()))
+        classes, index = [str(u) for u in uniq], {u: i for i, u in enumerate(uniq)}
+        labels = np.fromiter((index[v] for v in flat.tolist()), np.int64, len(flat))
+    missing = np.flatnonzero(labels < 0)
+    if len(missing) and not allow_missing:
+        where, offset = 0, int(missing[0])
+        while offset >= len(parts[where][1]):
+            offset -= len(parts[where][1])
+            where += 1
+        raise UserError(f"{root}: {len(missing)} rows have no label, the first {parts[where][0]}/{offset}")
+    return np.maximum(labels, 0).astype(np.int32), classes
+
+
+def read(
+    data: str, image_column: str | None = None, label_column: str | None = None, *, every_split: bool = False
+) -> ImageSet:
+    """List ``hf:...`` as an ImageSet whose ``reader`` gives each row's image bytes."""
+    root, loaded = load(data)
+    parts, val = _parts(root, loaded, every_split)
+    image_column, label_column = _columns(root, parts[0][1].features, image_column, label_column)
+    labels, classes = _labels(root, parts, label_column, allow_missing=every_split)
+    sizes = [len(p) for _, p in parts]
+    part = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
+    row = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes])
+    names = [f"{root}/{name}/{r}" for name, p in parts for r in range(len(p))]
+    reader = HFReader(root, [n for n, _ in parts], image_column, [p for _, p in parts], part, row)
+    return ImageSet(
+        root,
+        "hf",
+        names,
+        labels,
+        classes,
+        reader=reader,
+        val_mask=(part == len(parts) - 1) if val else None,
+        split_note=f"its own {parts[0][0]}/{val} splits" if val else "",
+    )

@@ -1,0 +1,342 @@
+"""WebDataset tar shards: written by ``visiontune shard``, read back by index for exact sampling.
+
+``--data DIR`` (a folder of ``*.tar``), ``DIR/shards-{000000..000127}.tar`` or one
+``.tar`` reads shards in WebDataset's naming (``KEY.jpg``/``KEY.png`` and
+``KEY.cls``). The tar headers are walked once (``tarfile``) into a per-sample
+index -- shard, byte offset and size of each image, and its label -- kept in
+the user's cache folder under the shards' names, sizes and mtimes; sample i is
+then one ``pread``, so the seeded sampler, the split, DDP sharding, exact resume,
+the bad-file screen and ``--cache`` treat shards as they treat a folder's files.
+Streaming remote shards (URLs) gives up that random access and is not read.
+
+``visiontune shard`` writes any data visiontune reads with ``webdataset.ShardWriter``,
+the bad files left out, beside an ``index.json`` in webdataset's ``wids`` shard-index
+format (each shard's sample count) with visiontune's own entry: the class names,
+each sample's name in the source (``split.json`` then lists the same names as a run
+on the source) and its split, which training from the shards uses as the data's own.
+Shards without an index (written by ShardWriter elsewhere) get classes from their
+``.cls`` integers and visiontune's seeded split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import tarfile
+
+import numpy as np
+
+from visiontune.data.decode import IMAGE_EXTENSIONS
+from visiontune.data.layouts import ImageSet
+from visiontune.errors import UserError
+
+INDEX = "index.json"
+PATTERN = "shards-%06d.tar"
+_IMAGE_EXTS = {e[1:] for e in IMAGE_EXTENSIONS} | {"img", "image"}
+_REMOTE = ("http://", "https://", "s3://", "gs://", "pipe:", "hf://")
+_MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"), (b"II*", "tiff"))
+_MAGIC += ((b"MM\0*", "tiff"),)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def expand(pattern: str) -> list[str]:
+    """A brace pattern's names: ``{000..012}`` (zero-padded as written) and ``{a,b}``, nested or repeated."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", m[1])
+    items = [f"{i:0{len(r[1])}d}" for i in range(int(r[1]), int(r[2]) + 1)] if r else m[1].split(",")
+    return [x for it in items for x in expand(pattern[: m.start()] + it + pattern[m.end() :])]
+
+
+def is_shards(data: str) -> bool:
+    """Whether ``data`` names tar shards: a brace pattern, a .tar file, or a folder of .tar files only."""
+    if data.startswith(_REMOTE):
+        raise UserError(
+            f"{data}: remote shards are not read (exact sampling and resume need random access); "
+            "download them and pass the local folder"
+        )
+    if "{" in data and ".tar" in data:
+        return True
+    if data.endswith(".tar") and os.path.isfile(data):
+        return True
+    if not os.path.isdir(data):
+        return False
+    with os.scandir(data) as it:
+        entries = [(e.name, e.is_dir()) for e in it if not e.name.startswith(".")]
+    return any(n.endswith(".tar") for n, _ in entries) and not any(d for _, d in entries)
+
+
+def _files(root: str) -> tuple[list[str], dict | None]:
+    """The shard files of ``root`` (a folder, pattern or file) in order, and the index that describes them."""
+    if "{" in root:
+        shards, folder = expand(root), os.path.dirname(root)
+    elif os.path.isdir(root):
+        folder = root
+        shards = sorted(os.path.join(root, n) for n in os.listdir(root) if n.endswith(".tar"))
+    else:
+        shards, folder = [root], os.path.dirname(root)
+    missing = [s for s in shards if not os.path.isfile(s)]
+    if missing:
+        raise UserError(f"shard not found: {missing[0]} ({len(missing)} of the {len(shards)} named are missing)")
+    index = None
+    try:
+        with open(os.path.join(folder, INDEX), encoding="utf-8") as f:
+            index = json.load(f)
+    except (OSError, ValueError):
+        pass
+    if index is not None:
+        listed = [os.path.join(folder, s["url"]) for s in index.get("shardlist", [])]
+        if "visiontune" not in index or listed != shards:
+            index = None  # another tool's index, or a subset of the shards: read them as ShardWriter's
+        else:
+            order = {s: i for i, s in enumerate(listed)}
+            shards.sort(key=order.__getitem__)
+    return shards, index
+
+
+def _walk(path: str) -> list[tuple[str, int, int, int]]:
+    """(key, image offset, image size, label) of each sample of one shard, in order; a damaged tar stops here."""
+    end, groups = os.path.getsize(path), {}
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for m in tar:
+                if not m.isfile():
+                    continue
+                folder, _, base = m.name.rpartition("/")
+                key, _, ext = base.partition(".")
+                entry = groups.setdefault(f"{folder}/{key}" if folder else key, {})
+                entry[ext.lower()] = (m.offset_data, m.size)
+                if m.offset_data + m.size > end:
+                    raise tarfile.ReadError(f"{m.name} ends past the end of the file")
+            last = tar.offset
+    except (tarfile.TarError, OSError) as e:
+        raise UserError(f"{path}: truncated or damaged shard ({e}); write it again (visiontune shard)") from None
+    if end < last + 1024:  # a tar ends with two zero blocks; a cut file lacks them
+        raise UserError(f"{path}: truncated shard (no end-of-archive marker); write it again (visiontune shard)")
+    out = []
+    with open(path, "rb") as f:
+        for key, entry in groups.items():
+            image = next((entry[e] for e in entry if e in _IMAGE_EXTS), None)
+            label = -1
+            if "cls" in entry:
+                try:
+                    label = int(os.pread(f.fileno(), entry["cls"][1], entry["cls"][0]).strip() or b"-1")
+                except ValueError:
+                    label = -1
+            out.append((key, *(image or (-1, 0)), label))
+    return out
+
+
+def _index(shards: list[str]) -> dict[str, np.ndarray]:
+    """The per-sample index of ``shards``, from the cache folder or walked once and kept there."""
+    from visiontune.cluster.host import user_cache_dir
+
+    h = hashlib.sha256(b"v1")
+    for s in shards:
+        st = os.stat(s)
+        h.update(f"\0{os.path.abspath(s)}\0{st.st_size}\0{st.st_mtime_ns}".encode("utf-8", "surrogateescape"))
+    path = os.path.join(user_cache_dir(), f"shards-{h.hexdigest()[:16]}.npz")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files} | {"fingerprint": np.asarray(h.hexdigest())}
+    except (OSError, ValueError, KeyError):
+        pass
+    rows = [(i, *r) for i, s in enumerate(shards) for r in _walk(s)]
+    cols = list(zip(*rows)) if rows else [[]] * 5
+    index = {
+        "shard": np.asarray(cols[0], np.int32),
+        "key": np.asarray(cols[1], str),
+        "offset": np.asarray(cols[2], np.int64),
+        "size": np.asarray(cols[3], np.int64),
+        "label": np.asarray(cols[4], np.int64),
+    }
+    try:
+        from visiontune.files import atomic_file
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with atomic_file(path) as f:
+            np.savez(f, **index)
+    except OSError:
+        pass  # walked again next time
+    return index | {"fingerprint": np.asarray(h.hexdigest())}
+
+
+class ShardReader:
+    """Sample i's image bytes: ``size[i]`` bytes at ``offset[i]`` of shard ``shard[i]``, one ``pread``.
+
+    Picklable (file descriptors are opened in each process); ``spec()`` reopens it elsewhere from the
+    shards' name and the cached index.
+    """
+
+    def __init__(self, root: str, shards: list[str], shard, offset, size, fingerprint: str):
+        self.root, self.shards, self.shard, self.offset, self.size = root, shards, shard, offset, size
+        self.fingerprint, self.order = fingerprint, None
+        self._fds: dict[int, int] = {}
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fds": {}}
+
+    def __getitem__(self, i: int) -> bytes:
+        s = int(self.shard[i])
+        if self._pid != os.getpid():  # a forked worker: its own descriptors (their offsets are not shared
+            self._fds, self._pid = {}, os.getpid()  # by pread, but closing them in one process would be)
+        if s not in self._fds:
+            self._fds[s] = os.open(self.shards[s], os.O_RDONLY)
+        if self.size[i] <= 0:
+            return b""
+        return os.pread(self._fds[s], int(self.size[i]), int(self.offset[i]))
+
+    def take(self, idx) -> ShardReader:
+        out = object.__new__(ShardReader)
+        out.__dict__.update(self.__getstate__(), shard=self.shard[idx], offset=self.offset[idx], size=self.size[idx])
+        out.order = idx if self.order is None else self.order[idx]
+        out._pid = os.getpid()
+        return out
+
+    def spec(self) -> dict:
+        return {"kind": "shards", "data": self.root, "order": None if self.order is None else self.order.tolist()}
+
+
+def reopen(spec: dict) -> ShardReader:
+    reader = read(spec["data"]).reader
+    return reader if spec["order"] is None else reader.take(np.asarray(spec["order"], np.int64))
+
+
+def read(data: str) -> ImageSet:
+    """List shards as an ImageSet whose ``reader`` reads each sample's image by offset."""
+    root = os.path.abspath(os.path.expanduser(data))
+    shards, index = _files(root)
+    found = _index(shards)
+    keys, labels = found["key"].tolist(), found["label"]
+    own = (index or {}).get("visiontune", {})
+    names = own.get("names") or keys
+    if len(names) != len(keys):
+        raise UserError(f"{root}: {INDEX} lists {len(names)} samples but the shards hold {len(keys)}; rewrite them")
+    if len(set(names)) != len(names):
+        raise UserError(f"{root}: the shards repeat sample keys; give each sample its own __key__")
+    no_image = found["offset"] < 0
+    rejects = [(f"{root}/{names[i]}", "no image in the sample") for i in np.flatnonzero(no_image).tolist()]
+    rejects += [(f"{root}/{names[i]}", "no .cls label") for i in np.flatnonzero(~no_image & (labels < 0)).tolist()]
+    keep = np.flatnonzero(~no_image & (labels >= 0))
+    if own.get("classes"):
+        classes = list(own["classes"])
+        if len(keep) and labels[keep].max() >= len(classes):
+            raise UserError(f"{root}: a .cls label is beyond the {len(classes)} classes of {INDEX}")
+        mapped = labels[keep]
+    else:
+        uniq = np.unique(labels[keep])
+        classes, mapped = [str(c) for c in uniq.tolist()], np.searchsorted(uniq, labels[keep])
+    reader = ShardReader(root, shards, found["shard"], found["offset"], found["size"], str(found["fingerprint"]))
+    val = None
+    if own.get("split"):
+        val = np.isin(np.asarray(keys, str), np.asarray(own["split"]["val"], str))[keep]
+    return ImageSet(
+        root,
+        "shards",
+        [f"{root}/{names[i]}" for i in keep.tolist()],
+        mapped,
+        classes,
+        rejects=rejects,
+        reader=reader.take(keep) if len(keep) != len(keys) else reader,
+        val_mask=val,
+        split_note=f"the split recorded in {INDEX}" if val is not None else "",
+    )
+
+
+def parse_size(text: str) -> int:
+    """``1GB``, ``500MB``, ``64KiB`` or a plain byte count."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m and m[2].upper()
+    if not m or unit not in _UNITS or float(m[1]) * _UNITS[unit] < 1:
+        raise UserError(f"--shard-size: expected a size such as 1GB, 500MB or 64KiB, got {text!r}")
+    return int(float(m[1]) * _UNITS[unit])
+
+
+def _ext(source: str | bytes, data: bytes) -> str:
+    if isinstance(source, str):
+        ext = os.path.splitext(source)[1][1:].lower()
+        if ext in _IMAGE_EXTS:
+            return ext
+    if data[8:12] == b"WEBP":
+        return "webp"
+    return next((e for magic, e in _MAGIC if data.startswith(magic)), "img")
+
+
+def write(
+    data: str,
+    out: str,
+    shard_size: str = "1GB",
+    *,
+    seed: int = 42,
+    val_fraction: float = 0.2,
+    columns: tuple[str | None, str | None] = (None, None),
+    workers: int = 2,
+) -> dict:
+    """``visiontune shard``: ``data``'s usable images into WebDataset shards in ``out``, with ``index.json``."""
+    try:
+        import webdataset
+    except ImportError:
+        raise UserError("writing shards needs webdataset: pip install 'visiontune[formats]'") from None
+    from visiontune.data.check import scan, scan_cache_path
+    from visiontune.data.layouts import discover
+    from visiontune.data.split import relative_paths, split_of
+    from visiontune.files import write_json
+
+    maxsize = parse_size(shard_size)
+    if os.path.isdir(out) and any(n.endswith(".tar") or n == INDEX for n in os.listdir(out)):
+        raise UserError(f"{out} already holds shards; choose an empty or new folder")
+    images = discover(data, *columns)
+    print(images.describe())
+    bad = list(images.rejects) + scan(
+        images.paths, workers=workers, cache_path=scan_cache_path(images.root), reader=images.reader
+    )
+    for path, problem in bad:
+        print(f"visiontune: left out {path}: {problem}", file=sys.stderr)
+    drop = {p for p, _ in bad}
+    images = images.take(np.flatnonzero(np.fromiter((p not in drop for p in images.paths), bool, len(images))))
+    split = split_of(images, val_fraction, seed)  # the split a run on ``data`` with this seed would make
+    names = relative_paths(images.paths, range(len(images)), images.root)
+    keys = [f"{i:09d}" for i in range(len(images))]
+    os.makedirs(out, exist_ok=True)
+    counts: dict[str, int] = {}
+    with webdataset.ShardWriter(os.path.join(out, PATTERN), maxsize=maxsize, maxcount=10**9, verbose=0) as w:
+        for i, key in enumerate(keys):
+            source = images.source(i)
+            if isinstance(source, str):
+                with open(source, "rb") as f:
+                    blob = f.read()
+            else:
+                blob = source
+            w.write({"__key__": key, _ext(source, blob): blob, "cls": int(images.labels[i])})
+            name = os.path.basename(w.fname)
+            counts[name] = counts.get(name, 0) + 1
+    index = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": [{"url": name, "nsamples": n} for name, n in counts.items()],
+        "visiontune": {
+            "source": images.root,
+            "classes": images.classes,
+            "names": names,
+            "split": {
+                "seed": seed,
+                "val_fraction": val_fraction,
+                **({"from": images.split_note} if images.split_note else {}),
+                "val": [keys[i] for i in split.val.tolist()],
+            },
+        },
+    }
+    write_json(os.path.join(out, INDEX), index)
+    print(
+        f"visiontune: wrote {len(keys)} images in {len(counts)} shard(s) to {out} ({len(split.train)} train / "
+        f"{len(split.val)} val recorded in {INDEX}); {len(bad)} bad file(s) left out"
+    )
+    return index
