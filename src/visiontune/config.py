@@ -13,6 +13,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_type_hints
 
+# Seeds run from 0 to SEEDS - 1: numpy's generators (which Accelerate's set_seed seeds too) take no others.
+SEEDS = 2**32
+
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""

@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import elastic, engine, faults, launch, meter, recipe, records, resume, runinfo, runlock
-from visiontune.config import TrainConfig, UserError
+from visiontune.config import SEEDS, TrainConfig, UserError
 from visiontune.data.augment import BatchMix
 from visiontune.data.jobdata import listed
 from visiontune.data.jobdata import prepare as prepare_data
@@ -202,8 +202,9 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     # checked against it before the bad-file scan, which can take minutes on a large folder.
     images = images or listed(cfg.data)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
-    # differ by their index, and DDP copies rank 0's weights to the others anyway.
-    set_seed(cfg.seed, device_specific=True)
+    # differ by their index, and DDP copies rank 0's weights to the others anyway. Accelerate's own
+    # device_specific adds the index unwrapped, which numpy refuses for the last seeds below SEEDS.
+    set_seed((cfg.seed + accelerator.process_index) % SEEDS)
     weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
     with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)

@@ -1,0 +1,114 @@
+"""Hostile input that once ended in a traceback, a false claim or a file outside the run: one line and exit 2,
+or a run that goes on and records what it skipped."""
+
+from __future__ import annotations
+
+from typing import get_args, get_type_hints
+
+import pytest
+
+from conftest import FAST
+from visiontune import cli
+from visiontune.config import TrainConfig
+from visiontune.data import jobdata
+
+
+@pytest.fixture
+def no_scan(monkeypatch):
+    """Fail the test if training gets as far as the bad-file scan: the problem must be found before it."""
+
+    def scan(*a, **kw):
+        raise AssertionError("the scan ran: the problem was found too late")
+
+    monkeypatch.setattr(jobdata, "scan", scan)
+
+
+def _one_line(capsys, *fragments: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for f in fragments:
+        assert f in err[0], err[0]
+    return err[0]
+
+
+def _train(data, out, *extra):
+    return ["train", "--data", str(data), "--output-dir", str(out), *FAST, *extra]
+
+
+FLOATS = sorted(n for n, k in get_type_hints(TrainConfig).items() if float in (k, *get_args(k)))
+
+
+def test_the_float_settings_are_the_ones_expected():
+    # The non-finite test below runs over FLOATS; if the hints stopped naming floats it would test nothing.
+    assert {"lr", "momentum", "timeout", "val_fraction", "max_bad_fraction", "mixup"} <= set(FLOATS)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize("name", FLOATS)
+def test_a_config_file_with_a_non_finite_float_is_refused(tmp_path, small_data, capsys, no_scan, name, value):
+    (tmp_path / "c.toml").write_text(f"{name} = {value}\n")  # TOML reads nan and inf as floats
+    assert cli.main([*_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
+    _one_line(capsys, f"--{name.replace('_', '-')} must be a finite number")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", ["--lr", "--timeout", "--ema", "--max-bad-fraction"])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_float_flag_is_refused(tmp_path, small_data, capsys, no_scan, flag, value):
+    assert cli.main(_train(small_data, tmp_path / "run", flag, value)) == 2
+    _one_line(capsys, flag, "must be a finite number", repr(value))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["lr-find", "--end-lr", "inf"],  # 0 < start < end held for inf: the sweep ran into nan losses
+        ["lr-find", "--start-lr", "nan"],
+    ],
+)
+def test_lr_find_refuses_a_non_finite_sweep(tmp_path, small_data, capsys, no_scan, argv):
+    assert cli.main([*argv, "--data", str(small_data), "--output-dir", str(tmp_path / "run"), *FAST]) == 2
+    _one_line(capsys, argv[1], "must be a finite number")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32), str(10**30)])
+def test_a_seed_numpy_cannot_take_is_refused_as_a_flag(tmp_path, small_data, capsys, no_scan, seed):
+    assert cli.main(_train(small_data, tmp_path / "run", "--seed", seed)) == 2
+    _one_line(capsys, "--seed", "from 0 to 4294967295", seed)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_numpy_cannot_take_is_refused_in_a_config_file(tmp_path, small_data, capsys, no_scan, seed):
+    (tmp_path / "c.toml").write_text(f"seed = {seed}\n")
+    assert cli.main([*_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
+    _one_line(capsys, "--seed must be an integer from 0 to 4294967295", str(seed))
+
+
+def test_sample_data_refuses_a_negative_seed(tmp_path, capsys):
+    assert cli.main(["sample-data", str(tmp_path / "d"), "--seed", "-1"]) == 2
+    _one_line(capsys, "--seed", "from 0 to 4294967295")
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_seeds_at_both_ends_are_accepted(small_data):
+    from visiontune.validation import validate
+
+    for seed in (0, 2**32 - 1):
+        assert validate(TrainConfig(data=str(small_data), seed=seed)).seed == seed
+
+
+@pytest.mark.parametrize("value", ["garbage", "-5", "nan"])
+def test_a_bad_progress_interval_is_refused_at_start_up(tmp_path, small_data, capsys, no_scan, monkeypatch, value):
+    monkeypatch.setenv("VISIONTUNE_PROGRESS_SECONDS", value)
+    assert cli.main(_train(small_data, tmp_path / "run")) == 2
+    _one_line(capsys, "VISIONTUNE_PROGRESS_SECONDS", repr(value))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["/proc/nonexistent", "{tmp}/a-file/cache"])
+def test_an_unusable_cache_folder_is_refused_at_start_up(tmp_path, small_data, capsys, no_scan, monkeypatch, where):
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", where.format(tmp=tmp_path))
+    assert cli.main(_train(small_data, tmp_path / "run")) == 2
+    _one_line(capsys, "VISIONTUNE_CACHE_DIR=", "writable folder")
+    assert not (tmp_path / "run").exists()
