@@ -14,7 +14,7 @@ import gc
 import os
 import sys
 
-from visiontune import flags, slurm
+from visiontune import flags, host, slurm
 from visiontune.config import UserError
 from visiontune.faults import RunStopped
 from visiontune.flags import config_from_args
@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
+        host.check_environment(trains=args.command in ("train", "lr-find", "bench"))
         code = args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
