@@ -3,6 +3,10 @@ or a run that goes on and records what it skipped."""
 
 from __future__ import annotations
 
+import csv
+import os
+import shutil
+from pathlib import Path
 from typing import get_args, get_type_hints
 
 import pytest
@@ -11,6 +15,7 @@ from conftest import FAST
 from visiontune import cli
 from visiontune.config import TrainConfig
 from visiontune.data import jobdata
+from visiontune.sample_data import make_sample_data
 
 
 @pytest.fixture
@@ -112,3 +117,34 @@ def test_an_unusable_cache_folder_is_refused_at_start_up(tmp_path, small_data, c
     assert cli.main(_train(small_data, tmp_path / "run")) == 2
     _one_line(capsys, "VISIONTUNE_CACHE_DIR=", "writable folder")
     assert not (tmp_path / "run").exists()
+
+
+def _image_folder(root, per_class: int = 4, classes=("cat", "dog")):
+    """An ImageFolder layout (DATA/<class>/*.jpg) from the synthetic Kaggle set's pictures."""
+    kaggle = root.parent / f"{root.name}-kaggle"
+    make_sample_data(kaggle, per_class=per_class, test_count=0, seed=3)
+    for i, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for n, f in enumerate(sorted((kaggle / "train").glob(f"{('cat', 'dog')[i % 2]}.*.jpg"))):
+            shutil.copy(f, root / name / f"{n}.jpg")
+    return root
+
+
+def _loops(root):
+    """A pair of links that point at each other, and a folder link to the data root (walked, it never ends)."""
+    os.symlink("l2", root / "cat" / "l1")
+    os.symlink("l1", root / "cat" / "l2")
+    os.symlink("..", root / "dog" / "up")
+
+
+def test_check_reports_symbolic_link_loops_as_bad_entries_and_goes_on(tmp_path, capsys):
+    data = _image_folder(tmp_path / "data")
+    _loops(data)
+    report = tmp_path / "bad.csv"
+    assert cli.main(["check", str(data), "--report", str(report)]) == 1  # 1: bad files found, none hidden
+    out = capsys.readouterr().out
+    assert "3 bad of 11 files" in out, out  # 8 pictures, 2 links listed as files, 1 folder link not followed
+    rows = {Path(p).relative_to(data).as_posix(): why for p, why in csv.reader(report.open()) if p != "path"}
+    assert set(rows) == {"cat/l1", "cat/l2", "dog/up"}, rows
+    assert "Too many levels of symbolic links" in rows["cat/l1"]
+    assert "loop" in rows["dog/up"]
