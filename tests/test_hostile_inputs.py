@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args, get_type_hints
 
@@ -148,3 +150,47 @@ def test_check_reports_symbolic_link_loops_as_bad_entries_and_goes_on(tmp_path, 
     assert set(rows) == {"cat/l1", "cat/l2", "dog/up"}, rows
     assert "Too many levels of symbolic links" in rows["cat/l1"]
     assert "loop" in rows["dog/up"]
+
+
+def _not_utf8_names(folder: Path) -> tuple[Path, Path]:
+    """A good picture and a junk file, each named with a byte that is not UTF-8 (Latin-1 é, 0xff)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    make_sample_data(folder.parent / "src", per_class=1, test_count=0, seed=5)
+    good = Path(os.fsdecode(bytes(folder) + b"/caf\xe9.jpg"))
+    junk = Path(os.fsdecode(bytes(folder) + b"/bad\xff.jpg"))
+    shutil.copy(next((folder.parent / "src" / "train").glob("*.jpg")), good)
+    junk.write_bytes(b"not a picture")
+    return good, junk
+
+
+def test_predict_writes_names_that_are_not_utf8_as_their_bytes_on_disk(trained_run, tmp_path):
+    good, junk = _not_utf8_names(tmp_path / "in")
+    out = tmp_path / "pred.csv"
+    argv = ["predict", "--run", str(trained_run), "--data", str(tmp_path / "in"), "--out", str(out)]
+    assert cli.main(argv) == 1  # 1: a file was skipped (the junk one)
+    raw = out.read_bytes()
+    assert b"caf\xe9.jpg" in raw and b"bad\xff.jpg" in raw  # the names' own bytes, not a replacement character
+    with open(out, newline="", encoding="utf-8", errors="surrogateescape") as f:
+        rows = {r["path"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {str(good), str(junk)}  # read back, each row names a file that exists
+    assert all(Path(p).exists() for p in rows)
+    assert rows[str(good)]["prediction"] in ("cat", "dog") and rows[str(junk)]["prediction"] == ""
+    skipped = Path(f"{out}.skipped.txt").read_bytes()
+    assert skipped.startswith(bytes(junk) + b"\t")
+
+
+def test_check_lists_and_reports_a_bad_file_whose_name_is_not_utf8(tmp_path, worker_env):
+    """Through the real command, with a stdout that refuses what is not UTF-8 (a UTF-8 locale's)."""
+    data = _image_folder(tmp_path / "data", per_class=2)
+    _, junk = _not_utf8_names(data / "cat")
+    env = {**worker_env, "PYTHONIOENCODING": "utf-8:strict", "VISIONTUNE_CACHE_DIR": str(tmp_path / "cache")}
+    report = tmp_path / "bad.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "visiontune", "check", str(data), "--report", str(report)],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr.decode(errors="replace")[-2000:]
+    assert bytes(junk) + b": not an image\n" in done.stdout
+    assert report.read_bytes() == b"path,problem\n" + bytes(junk) + b",not an image\n"

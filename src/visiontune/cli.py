@@ -243,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> int:
     """The ``visiontune`` command and ``python -m visiontune``: ``main``, then a quick exit."""
+    # File names that are not UTF-8 print as the bytes they have on disk, as `ls` prints them (a UTF-8
+    # locale's stdout would otherwise refuse them, with a traceback, halfway through `check`'s list).
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="surrogateescape")
     code = main()
     # The interpreter's exit runs garbage collections over every object the imports made (340,000 with torch
     # and torchvision): about 0.6 CPU s a process, for each worker of a job. Frozen, they are skipped;

@@ -46,9 +46,14 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` whole or not at all (see ``atomic_file``)."""
+    """Write ``data`` to ``path`` whole or not at all (see ``atomic_file``).
+
+    Text is UTF-8 with surrogate escapes: a file name that is not UTF-8 (read from the disk as
+    lone surrogates) is written back as the bytes it has on disk, as the split and the scan cache
+    store it, so a CSV row names the file it came from.
+    """
     with atomic_file(path) as f:
-        f.write(data.encode() if isinstance(data, str) else data)
+        f.write(data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data)
 
 
 def save_figure(path: str | os.PathLike, fig, dpi: int = 80) -> None:
