@@ -4,6 +4,7 @@ or a run that goes on and records what it skipped."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -194,3 +195,46 @@ def test_check_lists_and_reports_a_bad_file_whose_name_is_not_utf8(tmp_path, wor
     assert done.returncode == 1, done.stderr.decode(errors="replace")[-2000:]
     assert bytes(junk) + b": not an image\n" in done.stdout
     assert report.read_bytes() == b"path,problem\n" + bytes(junk) + b",not an image\n"
+
+
+def _run_recorded_elsewhere(trained_run: Path, tmp_path: Path, split_json: bool) -> Path:
+    """A copy of the shared run whose config.json names its data relative to another working folder, as
+    runs trained with a relative --data recorded it; without split.json when ``split_json`` is False."""
+    run = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    config = json.loads((run / "config.json").read_text())
+    config["data"]["root"] = "data"
+    (run / "config.json").write_text(json.dumps(config))
+    if not split_json:
+        (run / "split.json").unlink()
+    return run
+
+
+def _evaluate(run: Path, data: Path, *extra: str) -> int:
+    return cli.main(["evaluate", "--run", str(run), "--data", str(data), "--no-progress", *extra])
+
+
+def test_evaluate_knows_the_runs_own_data_by_its_listing_when_the_recorded_path_does_not_match(
+    trained_run, sample_data, tmp_path, capsys
+):
+    run = _run_recorded_elsewhere(trained_run, tmp_path, split_json=True)
+    assert _evaluate(run, sample_data) == 0
+    got = json.loads((run / "eval.json").read_text())
+    val = json.loads((run / "split.json").read_text())["val"]
+    assert (got["own_data"], got["split"], got["images"]) == (True, "val", len(val))
+    assert "not the run's own data" not in capsys.readouterr().out
+
+
+def test_evaluate_without_split_json_says_training_images_may_be_scored(trained_run, sample_data, tmp_path, capsys):
+    run = _run_recorded_elsewhere(trained_run, tmp_path, split_json=False)
+    assert _evaluate(run, sample_data) == 0
+    got = json.loads((run / "eval.json").read_text())
+    assert got["own_data"] is None and got["images"] == 120
+    out = capsys.readouterr().out
+    assert "not the run's own data" not in out and "training images possibly included" in out
+
+
+def test_evaluate_without_split_json_refuses_to_pick_the_validation_images(trained_run, sample_data, tmp_path, capsys):
+    run = _run_recorded_elsewhere(trained_run, tmp_path, split_json=False)
+    assert _evaluate(run, sample_data, "--split", "val") == 2
+    _one_line(capsys, "split.json is missing", "--split all")
+    assert not (run / "eval.json").exists()

@@ -6,6 +6,7 @@ Only the main process writes files; ``summary.json`` after every process has arr
 
 from __future__ import annotations
 
+import os
 import time
 
 from visiontune import outputs, recipe, runinfo
@@ -65,7 +66,8 @@ def write_records(
         "config": cfg.to_dict(),
         "setup": setup.__dict__,
         "versions": outputs.versions(),
-        "data": {"root": images.root, "layout": images.layout},
+        # Absolute: evaluate recognises the run's own data by it from any working folder.
+        "data": {"root": os.path.abspath(images.root), "layout": images.layout},
         "model": info.to_dict(),
     }
     if accelerator.is_main_process:
