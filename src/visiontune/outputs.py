@@ -9,6 +9,7 @@ which is safe because none of them runs a collective.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -20,6 +21,8 @@ from typing import BinaryIO
 
 import torch
 
+from visiontune.config import UserError
+
 PHASES = ("train", "val")
 
 
@@ -27,7 +30,8 @@ PHASES = ("train", "val")
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file that becomes ``path`` whole or not at all: a unique temp file beside it, fsync, rename.
 
-    Its mode is what the user's umask makes of 0666, as for any new file (and Accelerate's own).
+    Its mode is what the user's umask makes of 0666, as for any new file (and Accelerate's own). A full
+    disk (or quota) is a ``UserError`` saying that ``path`` is as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,8 +44,15 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            # The temp file is gone and ``path`` was never touched: say so, in one line, not a traceback.
+            kept = f"the previous {path.name} is kept whole" if path.exists() else f"no {path.name} was written"
+            raise UserError(
+                f"no space left on the disk of {path.parent} while writing {path.name} ({e.strerror}); "
+                f"{kept}; free some space and run the command again"
+            ) from None
         raise
 
 
