@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 from visiontune import outputs, recipe, runinfo
 from visiontune.config import TrainConfig
 from visiontune.data.check import write_report
@@ -48,6 +50,15 @@ def announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Spli
         f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
         f"lr {setup.lr:g} | run folder {run_dir}"
     )
+    # The split is not stratified: a class of one or two images can land wholly in val, and the model
+    # then never sees it. The run goes on (its other classes are worth training); the user is told.
+    unseen = np.flatnonzero(np.bincount(images.labels[split.train], minlength=len(images.classes)) == 0)
+    if len(unseen):
+        accelerator.print(
+            f"visiontune: warning: {len(unseen)} of {len(images.classes)} classes have no training image "
+            f"(e.g. {images.classes[unseen[0]]!r}), so the model cannot learn them; give every class "
+            "several images"
+        )
 
 
 def write_records(
