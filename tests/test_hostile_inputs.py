@@ -15,7 +15,8 @@ from typing import get_args, get_type_hints
 import pytest
 
 from conftest import FAST
-from visiontune import cli
+from trainrun import SQUEEZENET, TINY, assert_same_weights, final_weights, flags
+from visiontune import cli, strategy
 from visiontune.config import TrainConfig
 from visiontune.data import jobdata
 from visiontune.sample_data import make_sample_data
@@ -238,3 +239,143 @@ def test_evaluate_without_split_json_refuses_to_pick_the_validation_images(train
     assert _evaluate(run, sample_data, "--split", "val") == 2
     _one_line(capsys, "split.json is missing", "--split all")
     assert not (run / "eval.json").exists()
+
+
+# Item: what a run does when the world misbehaves while it runs. Each training here is one epoch or two of
+# squeezenet at 32 px on one thread (as trained.train_run, for a shared 2-core machine).
+RUN = [*TINY, *flags(lr=0.01)]
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    monkeypatch.setattr(strategy, "cpu_budget", lambda: 1)
+
+
+def _fill_the_disk_at(monkeypatch, name: str, nth: int = 1) -> list[str]:
+    """Make the ``nth`` write of ``name`` (through ``atomic_file``'s temp file) hit a full disk for real:
+    its temp file is created as usual, but the descriptor written to is /dev/full, where every write
+    fails with ENOSPC. Returns the temp files diverted."""
+    real, seen, diverted = os.open, [], []
+
+    def open_(path, flags, *mode, **kw):
+        if os.path.basename(os.fspath(path)).startswith(f".{name}.") and os.fspath(path).endswith(".tmp"):
+            seen.append(path)
+            if len(seen) == nth:
+                os.close(real(path, flags, *mode, **kw))  # the temp file exists, as on a real disk
+                diverted.append(os.fspath(path))
+                return real("/dev/full", os.O_WRONLY)
+        return real(path, flags, *mode, **kw)
+
+    monkeypatch.setattr(os, "open", open_)
+    return diverted
+
+
+def test_a_full_disk_while_writing_report_html_keeps_the_previous_page(trained_run, tmp_path, monkeypatch, capsys):
+    run = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    before = (run / "report.html").read_bytes()
+    diverted = _fill_the_disk_at(monkeypatch, "report.html")
+    assert cli.main(["report", str(run)]) == 2
+    _one_line(capsys, "no space left on the disk of", "report.html", "the previous report.html is kept whole")
+    assert diverted and (run / "report.html").read_bytes() == before
+    assert not [p for p in os.listdir(run) if p.endswith(".tmp")]
+
+
+def test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best(
+    tmp_path, small_data, monkeypatch, capsys, one_thread
+):
+    from safetensors.torch import load_file
+
+    from visiontune import recipe
+
+    # Each epoch is the best so far, so the second epoch writes best.safetensors again, onto a full disk.
+    monkeypatch.setattr(recipe, "best", lambda history, metric="accuracy": (history[-1], "val"))
+    diverted = _fill_the_disk_at(monkeypatch, "best.safetensors", nth=2)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--data", str(small_data), "--output-dir", str(out), *RUN]) == 2
+    _one_line(capsys, "best.safetensors", "the previous best.safetensors is kept whole")
+    assert len(diverted) == 1
+    assert_same_weights(load_file(str(out / "best.safetensors")), final_weights(out, epochs=1))  # epoch 1's, whole
+    assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
+
+
+@pytest.fixture(scope="module")
+def shaken_run(tmp_path_factory):
+    """Two epochs on an ImageFolder set with symbolic link loops in it, given as a relative --data, with
+    one picture deleted after the bad-file scan, before the first training step reads anything."""
+    from visiontune.data import pipeline
+
+    tmp = tmp_path_factory.mktemp("shaken")
+    data = _image_folder(tmp / "data", per_class=8)
+    _loops(data)
+    victim = data / "dog" / "3.jpg"
+    real_read = pipeline.try_read
+
+    def read(path, *a, **kw):
+        if victim.exists():
+            victim.unlink()
+        return real_read(path, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(strategy, "cpu_budget", lambda: 1)
+        mp.setattr(pipeline, "try_read", read)
+        mp.chdir(tmp)
+        # 3 bad entries of 19 (the loops) are more than the default 1%.
+        rc = cli.main(["train", "--data", "data", "--output-dir", str(tmp / "run"), *RUN, "--max-bad-fraction", "0.2"])
+    return rc, tmp / "run", data, victim
+
+
+def test_a_run_with_symbolic_link_loops_in_its_data_records_them_and_finishes(shaken_run):
+    rc, run, data, _ = shaken_run
+    assert rc == 0 and (run / "summary.json").is_file()
+    # Named as the run was given its data: relative to the folder it was started in.
+    rows = list(csv.reader((run / "bad_files.csv").open()))[1:]
+    bad = {os.path.relpath(data.parent / p, data): why for p, why in rows}
+    assert set(bad) == {"cat/l1", "cat/l2", "dog/up"}, bad
+    assert "Too many levels of symbolic links" in bad["cat/l1"] and "loop" in bad["dog/up"]
+
+
+def test_an_image_deleted_mid_run_is_skipped_recorded_and_the_run_finishes(shaken_run):
+    rc, run, _, victim = shaken_run
+    assert rc == 0 and json.loads((run / "summary.json").read_text())["best_val_accuracy"] is not None
+    rows = list(csv.reader((run / "load_failures.csv").open()))
+    assert rows and {victim.parents[2] / p for p, _ in rows} == {victim}, rows  # each epoch that read it says so
+    assert all("No such file" in why for _, why in rows), rows
+
+
+def test_the_run_records_its_data_folder_as_an_absolute_path(shaken_run):
+    _, run, data, _ = shaken_run
+    assert json.loads((run / "config.json").read_text())["data"]["root"] == str(data)  # given as "data"
+
+
+HOSTILE = ["../escape", "a/b", "..", "/abs", "..\\\\win", "./.hidden"]
+
+
+def test_a_thousand_one_image_classes_with_hostile_names_train_and_write_only_in_the_run(
+    tmp_path, monkeypatch, capsys, one_thread
+):
+    """Class names come from a manifest, so they may hold path separators and dots; they must stay text."""
+    work = tmp_path / "work" / "deep"  # ../escape from the run folder or the working folder lands in tmp_path
+    data = work / "data"
+    make_sample_data(tmp_path / "src", per_class=5, test_count=0, seed=2)
+    pictures = sorted((tmp_path / "src" / "train").glob("*.jpg"))
+    (data / "train").mkdir(parents=True)
+    names = HOSTILE + [f"c{i:04d}" for i in range(1000 - len(HOSTILE))]
+    rows = ["filename,label"]
+    for i, name in enumerate(names):
+        os.link(pictures[i % len(pictures)], data / "train" / f"{i}.jpg")
+        rows.append(f'{i}.jpg,"{name}"')
+    (data / "train.csv").write_text("\n".join(rows) + "\n")
+    monkeypatch.chdir(work)
+    before = {p for p in tmp_path.rglob("*")}
+    run = work / "run"
+    argv = ["--data", str(data), *SQUEEZENET, *flags(num_workers=0, batch_size=100, epochs=1, timeout=60)]
+    assert cli.main(["train", *argv, "--output-dir", str(run)]) == 0
+    assert cli.main(["evaluate", "--run", str(run), "--data", str(data), "--no-progress"]) == 0  # confusion, top losses
+    assert sorted(json.loads((run / "classes.json").read_text())) == sorted(names)
+    out = capsys.readouterr().out
+    train_files = set(json.loads((run / "split.json").read_text())["train"])
+    unseen = sum(f"{i}.jpg" not in train_files for i in range(1000))  # one image a class: file i is class i
+    assert 0 < unseen < 1000 and f"warning: {unseen} of 1000 classes have no training image" in out
+    new = {p for p in tmp_path.rglob("*")} - before
+    assert new and all(p == run or run in p.parents for p in new), sorted(map(str, new - {run}))[:5]
+    assert not Path("/escape").exists() and not Path("/abs").exists()
