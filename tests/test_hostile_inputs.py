@@ -4,10 +4,11 @@ or a run that goes on and records what it skipped."""
 from __future__ import annotations
 
 import csv
+import gc
+import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import get_args, get_type_hints
@@ -181,20 +182,20 @@ def test_predict_writes_names_that_are_not_utf8_as_their_bytes_on_disk(trained_r
     assert skipped.startswith(bytes(junk) + b"\t")
 
 
-def test_check_lists_and_reports_a_bad_file_whose_name_is_not_utf8(tmp_path, worker_env):
-    """Through the real command, with a stdout that refuses what is not UTF-8 (a UTF-8 locale's)."""
+def test_check_lists_and_reports_a_bad_file_whose_name_is_not_utf8(tmp_path, monkeypatch):
+    """Through the command's entry point, with a stdout that refuses what is not UTF-8 (a UTF-8 locale's)."""
     data = _image_folder(tmp_path / "data", per_class=2)
     _, junk = _not_utf8_names(data / "cat")
-    env = {**worker_env, "PYTHONIOENCODING": "utf-8:strict", "VISIONTUNE_CACHE_DIR": str(tmp_path / "cache")}
     report = tmp_path / "bad.csv"
-    done = subprocess.run(
-        [sys.executable, "-m", "visiontune", "check", str(data), "--report", str(report)],
-        env=env,
-        capture_output=True,
-        timeout=120,
-    )
-    assert done.returncode == 1, done.stderr.decode(errors="replace")[-2000:]
-    assert bytes(junk) + b": not an image\n" in done.stdout
+    raw = io.BytesIO()
+    stdout = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", write_through=True)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr(sys, "argv", ["visiontune", "check", str(data), "--report", str(report)])
+    try:
+        assert cli.entry() == 1  # 1: a bad file was found
+    finally:
+        gc.unfreeze()  # entry() freezes the objects alive for a quick exit; this process goes on
+    assert bytes(junk) + b": not an image\n" in raw.getvalue()
     assert report.read_bytes() == b"path,problem\n" + bytes(junk) + b",not an image\n"
 
 
