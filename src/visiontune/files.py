@@ -3,11 +3,12 @@
 Every wing writes through these (run records, caches, batch scripts, reports), so a kill or a full
 disk never leaves half a file. Only the main process writes run files: callers invoke these after
 ``accelerator.wait_for_everyone()`` inside ``if accelerator.is_main_process``, which is safe
-because none of them runs a collective. Imports nothing from visiontune.
+because none of them runs a collective. Imports only ``errors``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -16,12 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from visiontune.errors import UserError
+
 
 @contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file that becomes ``path`` whole or not at all: a unique temp file beside it, fsync, rename.
 
-    Its mode is what the user's umask makes of 0666, as for any new file (and Accelerate's own).
+    Its mode is what the user's umask makes of 0666, as for any new file (and Accelerate's own). A full
+    disk (or quota) is a ``UserError`` saying that ``path`` is as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,15 +38,27 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            # The temp file is gone and ``path`` was never touched: say so, in one line, not a traceback.
+            kept = f"the previous {path.name} is kept whole" if path.exists() else f"no {path.name} was written"
+            raise UserError(
+                f"no space left on the disk of {path.parent} while writing {path.name} ({e.strerror}); "
+                f"{kept}; free some space and run the command again"
+            ) from None
         raise
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` whole or not at all (see ``atomic_file``)."""
+    """Write ``data`` to ``path`` whole or not at all (see ``atomic_file``).
+
+    Text is UTF-8 with surrogate escapes: a file name that is not UTF-8 (read from the disk as
+    lone surrogates) is written back as the bytes it has on disk, as the split and the scan cache
+    store it, so a CSV row names the file it came from.
+    """
     with atomic_file(path) as f:
-        f.write(data.encode() if isinstance(data, str) else data)
+        f.write(data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data)
 
 
 def write_json(path: str | os.PathLike, obj) -> None:

@@ -16,7 +16,7 @@ import sys
 
 from visiontune.cli import flags
 from visiontune.cli.flags import config_from_args
-from visiontune.cluster import sbatch, strategy
+from visiontune.cluster import host, sbatch, strategy
 from visiontune.cluster.signals import RunStopped
 from visiontune.errors import UserError
 from visiontune.models import build
@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
+        host.check_environment(trains=args.command in ("train", "lr-find", "bench"))
         code = args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
@@ -261,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> int:
     """The ``visiontune`` command and ``python -m visiontune``: ``main``, then a quick exit."""
+    # File names that are not UTF-8 print as the bytes they have on disk, as `ls` prints them (a UTF-8
+    # locale's stdout would otherwise refuse them, with a traceback, halfway through `check`'s list).
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="surrogateescape")
     code = main()
     # The interpreter's exit runs garbage collections over every object the imports made (340,000 with torch
     # and torchvision): about 0.6 CPU s a process, for each worker of a job. Frozen, they are skipped;

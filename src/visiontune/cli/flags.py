@@ -10,13 +10,14 @@ from a config file.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 
 from visiontune.cluster import sbatch
 from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
-from visiontune.settings.config import TrainConfig, choices
+from visiontune.settings.config import SEEDS, TrainConfig, choices
 from visiontune.settings.validation import load_config_file, validate
 
 
@@ -31,6 +32,28 @@ def positive(text: str) -> int:
     return value
 
 
+def finite(text: str) -> float:
+    """argparse type: a float that is a number (float() also reads "nan" and "inf", which no setting can use)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse type: a seed numpy takes, 0 to 2**32 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < SEEDS:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {SEEDS - 1}, got {text!r}")
+    return value
+
+
 def _workers(text: str) -> int | None:
     if text == "auto":
         return None
@@ -41,7 +64,7 @@ def _workers(text: str) -> int | None:
 
 
 # How a TrainConfig field's annotation is parsed from the command line (bool fields are --x/--no-x).
-_PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": float, "float | None": float}
+_PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": finite, "float | None": finite}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -79,7 +102,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
         if f.name in allowed:
             p.add_argument(flag, choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text)
             continue
-        kind = _workers if f.name == "num_workers" else _PARSERS[f.type]
+        kind = {"num_workers": _workers, "seed": seed}.get(f.name, _PARSERS[f.type])
         p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
 
 
@@ -133,8 +156,8 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p = sub.add_parser("lr-find", help="a short exponential lr sweep: loss-vs-lr PNG and a suggested lr")
     add_train_flags(p)
     p.add_argument("--steps", type=positive, default=100, help="batches in the sweep (default 100)")
-    p.add_argument("--start-lr", type=float, default=1e-7, help="first lr (default 1e-7)")
-    p.add_argument("--end-lr", type=float, default=10.0, help="last lr (default 10)")
+    p.add_argument("--start-lr", type=finite, default=1e-7, help="first lr (default 1e-7)")
+    p.add_argument("--end-lr", type=finite, default=10.0, help="last lr (default 10)")
     p.set_defaults(func=commands["lr-find"])
     p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
     p.add_argument("data")
@@ -142,7 +165,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p = sub.add_parser("sample-data", help="write a small synthetic data set in the Kaggle layout")
     p.add_argument("dir")
     p.add_argument("--per-class", type=positive, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--force", action="store_true", help="replace the data set in a folder that is not empty")
     p.set_defaults(func=commands["sample-data"])
     p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
@@ -209,7 +232,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     )
     _add_column_flags(p)
     p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
-    p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
+    p.add_argument("--clip", type=finite, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
     _add_inference_flags(p)
     p.set_defaults(func=commands["predict"])
     p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")

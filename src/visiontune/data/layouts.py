@@ -98,11 +98,23 @@ def _numeric_key(path: str) -> tuple:
     return (0, int(stem), "") if stem.isdigit() else (1, 0, stem)
 
 
+def _is_dir(e: os.DirEntry) -> bool:
+    # A symbolic link in a loop (l1 -> l2 -> l1) raises ELOOP here: no folder, so it is listed as a file
+    # and the scan reports it as bad, as it does a broken link.
+    try:
+        return e.is_dir()
+    except OSError:
+        return False
+
+
 def _listed(e: os.DirEntry) -> bool:
-    # A broken symbolic link is listed so that the scan reports it; macOS "._" files are metadata too.
-    return (e.is_file() or (e.is_symlink() and not os.path.exists(e.path))) and not (
-        e.name in OS_METADATA or e.name.startswith("._")
-    )
+    # A broken symbolic link, or one in a loop, is listed so that the scan reports it; macOS "._" files are
+    # metadata too.
+    try:
+        target = e.is_file() or (e.is_symlink() and not os.path.exists(e.path))
+    except OSError:
+        target = True
+    return target and not (e.name in OS_METADATA or e.name.startswith("._"))
 
 
 def _files(folder: str) -> list[str]:
@@ -110,15 +122,37 @@ def _files(folder: str) -> list[str]:
         return sorted(e.path for e in it if _listed(e))
 
 
-def _files_under(folder: str) -> list[str]:
-    """Every file below ``folder``, at any depth, sorted; hidden subfolders are not entered."""
-    out, stack = [], [folder]
+def _folder_id(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+LOOP = "a folder reached again through a symbolic link (a loop); not followed"
+
+
+def _files_under(folder: str, rejects: list[tuple[str, str]], above: frozenset = frozenset()) -> list[str]:
+    """Every file below ``folder``, at any depth, sorted; hidden subfolders are not entered.
+
+    A folder reached again below itself through a link (a/up -> ..), or one of ``above`` (the data
+    root) reached from a class, would be walked forever: it goes to ``rejects`` instead. Other links
+    to folders are followed, as before.
+    """
+    if _folder_id(folder) in above:  # a class folder that links to the data root
+        rejects.append((folder, LOOP))
+        return []
+    out, stack = [], [(folder, above | {_folder_id(folder)})]
     while stack:
-        with os.scandir(stack.pop()) as it:
+        path, ancestors = stack.pop()
+        with os.scandir(path) as it:
             for e in it:
-                if e.is_dir():
-                    if not e.name.startswith("."):
-                        stack.append(e.path)
+                if _is_dir(e):
+                    if e.name.startswith("."):
+                        continue
+                    here = _folder_id(e.path)
+                    if here in ancestors:
+                        rejects.append((e.path, LOOP))
+                    else:
+                        stack.append((e.path, ancestors | {here}))
                 elif _listed(e):
                     out.append(e.path)
     out.sort()
@@ -147,13 +181,14 @@ def _kaggle(root: Path) -> ImageSet | None:
 def _image_folder(root: Path) -> ImageSet | None:
     base = root / "train" if (root / "train").is_dir() else root
     with os.scandir(base) as it:
-        dirs = sorted((e.name, e.path) for e in it if e.is_dir() and not e.name.startswith("."))
-    names, counts = [], []
+        dirs = sorted((e.name, e.path) for e in it if _is_dir(e) and not e.name.startswith("."))
+    names, counts, rejects = [], [], []
+    top = frozenset({_folder_id(str(root)), _folder_id(str(base))})
 
     def each_class():  # one class's file names at a time: never all of them as str at once
         for name, path in dirs:
             # One rule for every command: a class is every file below its folder, however deep.
-            files = _files_under(path)
+            files = _files_under(path, rejects, top)
             if files:
                 names.append(name)
                 counts.append(len(files))
@@ -163,7 +198,7 @@ def _image_folder(root: Path) -> ImageSet | None:
     if not names:
         return None
     labels = np.repeat(np.arange(len(names), dtype=np.int32), counts)
-    return ImageSet(str(root), "imagefolder", paths, labels, names)
+    return ImageSet(str(root), "imagefolder", paths, labels, names, rejects=sorted(rejects))
 
 
 def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:

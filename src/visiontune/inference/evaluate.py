@@ -24,7 +24,7 @@ from visiontune import files
 from visiontune.cluster import launch
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.pipeline import UNREADABLE
-from visiontune.data.split import relative_paths
+from visiontune.data.split import relative_paths, split_of, split_summary
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
@@ -37,21 +37,66 @@ SPLITS = ("val", "train", "all")
 def run_data(run_dir: str | None) -> str | None:
     """The data folder a run recorded in its config.json (None when unknown)."""
     try:
-        return json.loads((Path(run_dir) / "config.json").read_text())["data"]["root"] if run_dir else None
-    except (OSError, ValueError, KeyError, TypeError):
+        return _read_json(Path(run_dir) / "config.json")["data"]["root"] if run_dir else None
+    except (KeyError, TypeError):
         return None
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))
+    except (OSError, ValueError):
+        return None
+
+
+def _same_listing(images: ImageSet, run_dir: str, record: dict, root: str | None) -> bool:
+    """Whether ``images``, less the run's bad files, split as the run split its data, give ``split.json``'s
+    sha256: the run's own data, wherever it is now."""
+    try:
+        seed, fraction, want = int(record["seed"]), float(record["val_fraction"]), record["sha256"]
+        with open(Path(run_dir) / "bad_files.csv", newline="", encoding="utf-8", errors="surrogateescape") as f:
+            bad = {os.path.relpath(row[0], root or images.root) for row in list(csv.reader(f))[1:] if row}
+    except (OSError, KeyError, TypeError, ValueError, IndexError):
+        return False
+    names = relative_paths(images.paths, range(len(images)), images.root)
+    kept = images.take([i for i, name in enumerate(names) if name not in bad])
+    try:
+        split = split_of(kept, fraction, seed)
+    except UserError:  # too few images to split as the run did: not its data
+        return False
+    return split_summary(split, kept.paths, kept.root, seed, fraction)["sha256"] == want
+
+
+def own_data(images: ImageSet, run_dir: str | None) -> bool | None:
+    """Whether ``images`` are ``run_dir``'s own data: its recorded folder, or (moved, or recorded relative to
+    another working folder) the listing its ``split.json`` hashes. None: no ``split.json`` to tell by."""
+    if run_dir is None:
+        return False
+    root = run_data(run_dir)
+    if root is not None and (root == images.root or os.path.realpath(root) == os.path.realpath(images.root)):
+        return True
+    record = _read_json(Path(run_dir) / "split.json")
+    if not isinstance(record, dict):
+        return None
+    return _same_listing(images, run_dir, record, root)
 
 
 def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[ImageSet, dict]:
     """The images to score, and what they are: a split of the run's own data, or all of ``images``."""
     if split is not None and split not in SPLITS:
         raise UserError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
-    root = run_data(run_dir)
-    own = root is not None and os.path.realpath(root) == os.path.realpath(images.root)
+    own = own_data(images, run_dir)
+    if own is None:  # scoring it whole is all that can be done; describe() says training images may be in it
+        if split in ("val", "train"):
+            raise UserError(
+                f"{Path(run_dir) / 'split.json'} is missing, so the run's {split} images cannot be told apart "
+                f"in {images.root}; pass --split all to score every image, training images included"
+            )
+        return images, {"split": "all", "own_data": None}
     if not own:
         if split in ("val", "train"):
             raise UserError(
-                f"--split {split} needs the run's own data ({root or 'unknown'}); "
+                f"--split {split} needs the run's own data ({run_data(run_dir) or 'unknown'}); "
                 f"{images.root} is other data and is scored whole"
             )
         return images, {"split": "all", "own_data": False}
@@ -60,7 +105,7 @@ def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[Im
         return images, {"split": "all", "own_data": True}
     split_file = Path(run_dir) / "split.json"
     try:
-        wanted = set(json.loads(split_file.read_text())[split])
+        wanted = set(json.loads(split_file.read_text(encoding="utf-8", errors="surrogateescape"))[split])
     except (OSError, ValueError, KeyError) as e:
         raise UserError(f"cannot read the {split} list of {split_file} ({e}); pass --split all") from None
     keep = [i for i, p in enumerate(relative_paths(images.paths, range(len(images)), images.root)) if p in wanted]
@@ -72,6 +117,11 @@ def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[Im
 
 
 def describe(scored: dict, n: int, total: int) -> str:
+    if scored["own_data"] is None:
+        return (
+            f"all {n} images, training images possibly included (the run's split.json is missing: "
+            "it cannot be told whether this is the data the model trained on)"
+        )
     if not scored["own_data"]:
         return f"all {n} images (not the run's own data)"
     name = {

@@ -14,6 +14,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from visiontune import files
@@ -59,6 +60,15 @@ def announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Spli
         f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
         f"lr {setup.lr:g} | run folder {run_dir}"
     )
+    # The split is not stratified: a class of one or two images can land wholly in val, and the model
+    # then never sees it. The run goes on (its other classes are worth training); the user is told.
+    unseen = np.flatnonzero(np.bincount(images.labels[split.train], minlength=len(images.classes)) == 0)
+    if len(unseen):
+        accelerator.print(
+            f"visiontune: warning: {len(unseen)} of {len(images.classes)} classes have no training image "
+            f"(e.g. {images.classes[unseen[0]]!r}), so the model cannot learn them; give every class "
+            "several images"
+        )
 
 
 def write_records(
@@ -77,7 +87,11 @@ def write_records(
         "config": cfg.to_dict(),
         "setup": setup.__dict__,
         "versions": host.versions(),
-        "data": {"root": images.root, "layout": images.layout},
+        # Absolute: evaluate recognises the run's own data by it from any working folder (hf: names stay).
+        "data": {
+            "root": images.root if images.layout == "hf" else os.path.abspath(images.root),
+            "layout": images.layout,
+        },
         "model": info.to_dict(),
     }
     if accelerator.is_main_process:

@@ -12,6 +12,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_type_hints
 
+# Seeds run from 0 to SEEDS - 1: numpy's generators (which Accelerate's set_seed seeds too) take no others.
+SEEDS = 2**32
+
 
 def _setting(default: Any, help_text: str) -> Any:
     # The CLI makes each field the flag --field-name with this help (and the default appended).

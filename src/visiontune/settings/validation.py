@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from visiontune.errors import UserError
-from visiontune.settings.config import TrainConfig, choices
+from visiontune.settings.config import SEEDS, TrainConfig, choices
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -70,6 +70,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if isinstance(cfg.augment, bool):  # `augment = true` from before the named augmentations: flip-crop
         cfg = cfg.replace(augment="flip-crop" if cfg.augment else "none")
     check_types(cfg.to_dict(), "settings")
+    for name, kind in get_type_hints(TrainConfig).items():
+        # nan passes every `x < low` test and inf every `x > 0` one; a config file can hold both (TOML's nan/inf,
+        # JSON's NaN/Infinity), so no float is let through unless it is finite.
+        value = getattr(cfg, name)
+        if float in (kind, *get_args(kind)) and isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if not 0 <= cfg.seed < SEEDS:
+        raise UserError(f"--seed must be an integer from 0 to {SEEDS - 1}, got {cfg.seed}")
     if cfg.recipe not in choices()["recipe"]:
         raise UserError(f"--recipe must be one of {', '.join(choices()['recipe'])}, got {cfg.recipe!r}")
     cfg = resolve(cfg)

@@ -6,7 +6,6 @@ the hot loop never waits on the GPU for a number.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -15,6 +14,8 @@ from dataclasses import asdict, dataclass
 import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
+
+from visiontune.cluster.host import progress_seconds
 
 # A terminal's bar redraws every REDRAW_SECONDS; without a terminal a line is printed every
 # LOG_EVERY_SECONDS ($VISIONTUNE_PROGRESS_SECONDS). The running loss/accuracy is read from the
@@ -135,7 +136,7 @@ def progress_bar(accelerator: Accelerator, loader: Iterable, desc: str, progress
     disable = not (progress and accelerator.is_main_process)
     if getattr(sys.stderr, "isatty", lambda: False)():
         return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, mininterval=REDRAW_SECONDS, disable=disable)
-    every = float(os.environ.get("VISIONTUNE_PROGRESS_SECONDS", LOG_EVERY_SECONDS))
+    every = progress_seconds(LOG_EVERY_SECONDS)  # checked at start-up (host.check_environment)
     return _LogLines(
         loader,
         desc=desc,

@@ -32,7 +32,7 @@ from visiontune.errors import UserError
 from visiontune.models.build import build_model, check_input, get_spec, input_view
 from visiontune.runs import records, resume, runinfo, runlock
 from visiontune.settings import presets
-from visiontune.settings.config import TrainConfig
+from visiontune.settings.config import SEEDS, TrainConfig
 from visiontune.settings.validation import validate
 from visiontune.training import elastic, engine, meter, optim
 from visiontune.training.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
@@ -206,8 +206,9 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     # checked against it before the bad-file scan, which can take minutes on a large folder.
     images = images or listed(cfg.data, cfg.image_column, cfg.label_column)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
-    # differ by their index, and DDP copies rank 0's weights to the others anyway.
-    set_seed(cfg.seed, device_specific=True)
+    # differ by their index, and DDP copies rank 0's weights to the others anyway. Accelerate's own
+    # device_specific adds the index unwrapped, which numpy refuses for the last seeds below SEEDS.
+    set_seed((cfg.seed + accelerator.process_index) % SEEDS)
     weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
     with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
