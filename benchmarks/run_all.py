@@ -19,6 +19,7 @@ for name in sys.argv[1:] or (
     "loader",
     "overhead",
     "contention",
+    "epoch_end",
     "e2e",
     "ddp",
     "rss",

@@ -69,6 +69,7 @@ SLOW = {
     "test_the_resize_flags_reach_the_cache_the_loaders_and_the_record",
     "test_the_run_records_its_threads_and_what_chose_them",
     "test_a_run_with_onecycle_records_the_cycle",
+    "test_a_kill_while_the_epoch_files_are_written_resumes_to_the_same_files",
     "test_a_hub_id_offline_names_the_datasets_cache",  # a subprocess that imports datasets
     "formats",  # test_formats_train.py: trains on a folder, its shards and an hf: copy
     "shaken_run",  # test_hostile_inputs.py

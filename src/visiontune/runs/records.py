@@ -11,7 +11,10 @@ from __future__ import annotations
 import csv
 import io
 import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +193,43 @@ def best_of(history: list[dict], metric: str = "accuracy") -> tuple[dict, str]:
         return main, other, -item[0]["epoch"], item[1] == "val"
 
     return max(((row, w) for row in history for w in ("val", "val_ema") if w in row), key=key)
+
+
+class BackgroundWrites:
+    """The end-of-epoch files (best model, history, metrics.csv, curves) written off the training path.
+
+    One writer thread: a new job waits for the one before it, so two writes never run at once and
+    files land in epoch order; ``wait`` re-raises what a job raised (a full disk is one line). The
+    caller hands over a snapshot (CPU copies of the tensors, a copy of the history) taken while every
+    process stands still, so the epoch's files are consistent whatever training does meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._last: Future | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self._wait()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="visiontune-writes")
+            self._last = self._pool.submit(job)
+
+    def wait(self) -> None:
+        """Block until the last job is on disk; raise its error, if any."""
+        with self._lock:
+            self._wait()
+
+    def _wait(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
+            last.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None

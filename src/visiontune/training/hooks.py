@@ -8,7 +8,8 @@ the run's identity, and ``RunHooks`` then raises ``RunStopped`` when a signal as
 that arrived during the write included); and
 ``EpochOutputs`` evaluates the EMA weights when there are some, and writes the run
 folder's history, metrics, curves and best model (raw or EMA, as ``--best-metric``
-picks); ``--early-stop`` then ends the run through ``EarlyStop``.
+picks) from a snapshot, in the background, while the next epoch trains; ``--early-stop``
+then ends the run through ``EarlyStop``.
 The stop signals themselves are owned by the caller (``with StopSignals(...)``).
 Every process calls every method: the collectives inside (reduce, the stop
 agreement, ``save_state``) run everywhere, and only the main process writes.
@@ -16,6 +17,7 @@ agreement, ``save_state``) run everywhere, and only the main process writes.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -105,6 +107,7 @@ class EpochOutputs:
     best_metric: str = "accuracy"
     ema: torch.nn.Module | None = None  # the EMA model, evaluated after each epoch beside the raw one
     evaluate: Callable[[torch.nn.Module], PhaseResult] | None = None
+    writes: records.BackgroundWrites = field(default_factory=records.BackgroundWrites)  # the main process's
 
     def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> int:
         """Record the epoch and save the best model; return the best epoch so far."""
@@ -126,15 +129,41 @@ class EpochOutputs:
         best, which = records.best_of(history, self.best_metric)
         acc.wait_for_everyone()
         if acc.is_main_process:
-            if best["epoch"] == epoch:  # best.* holds the weights the best metric picked: EMA or raw
-                chosen = self.ema if which == "val_ema" else acc.unwrap_model(self.model, keep_torch_compile=False)
-                records.save_model(
-                    self.run_dir, records.plain_state_dict(chosen), metadata=self.model_metadata, pth=self.save_pth
-                )
-            files.write_json(f"{self.run_dir}/history.json", history)
-            records.write_metrics_csv(f"{self.run_dir}/metrics.csv", history)
-            figures.plot_history(f"{self.run_dir}/training_results.png", history)
+            self._write(history, which if best["epoch"] == epoch else None)
         return best["epoch"]
+
+    def rewrite_last_epoch(self) -> None:
+        """After a resume at an epoch's end: its files again, from the restored state.
+
+        The checkpoint that closes an epoch is published while that epoch's files may still be
+        written in the background; a run killed then left them behind. The restored model (and EMA)
+        is the epoch's own, so the files come out as the uninterrupted run wrote them.
+        """
+        if self.accelerator.is_main_process and self.history:
+            best, which = records.best_of(self.history, self.best_metric)
+            self._write(self.history, which if best["epoch"] == self.history[-1]["epoch"] else None)
+
+    def _write(self, history: list[dict], best_from: str | None) -> None:
+        """Snapshot now (best weights copied to the CPU, the history copied), write in the background."""
+        state = None
+        if best_from is not None:  # best.* holds the weights the best metric picked: EMA or raw
+            chosen = (
+                self.ema
+                if best_from == "val_ema"
+                else self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+            )
+            state = records.plain_state_dict(chosen)
+        rows = copy.deepcopy(history)
+        run_dir, metadata, pth = self.run_dir, self.model_metadata, self.save_pth
+
+        def write() -> None:
+            if state is not None:
+                records.save_model(run_dir, state, metadata=metadata, pth=pth)
+            files.write_json(f"{run_dir}/history.json", rows)
+            records.write_metrics_csv(f"{run_dir}/metrics.csv", rows)
+            figures.plot_history(f"{run_dir}/training_results.png", rows)
+
+        self.writes.submit(write)
 
 
 class EarlyStop(Exception):
@@ -162,6 +191,9 @@ class RunHooks:
             return
         signum = self.stop.agreed()
         if signum or policy.due(epoch, batch):
+            # A checkpoint inside an epoch is published only once the last epoch's files are on disk: a resume
+            # from it rewrites nothing (only one that closes an epoch does: rewrite_last_epoch).
+            self.outputs.writes.wait()
             path = self.checkpointer.mid_epoch(epoch, batch, totals)
             # A signal that came while the checkpoint was written stops here too: no further step, no second write.
             signum = signum or self.stop.agreed()

@@ -169,6 +169,8 @@ def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
     with signals.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
         hooks = _hooks(job, parts, normalize, identity, resumed, stop, info)
+        if resumed is not None and resumed.batch == 0:
+            hooks.outputs.rewrite_last_epoch()  # the closed epoch's files may not have reached the disk
         opts = engine.LoopOptions(
             cfg.epochs,
             cfg.on_nan,
@@ -180,7 +182,13 @@ def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info
             on_epoch_end=hooks.on_epoch_end,
         )
         loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, normalize)
-        engine.fit(accelerator, *loop, opts, _start(accelerator, resumed))
+        try:
+            engine.fit(accelerator, *loop, opts, _start(accelerator, resumed))
+        except BaseException:
+            with contextlib.suppress(Exception):  # the run's own error (a signal, a NaN) is the one to report
+                hooks.outputs.writes.close()
+            raise
+        hooks.outputs.writes.close()  # every epoch's files on disk before the summary and the report
     return hooks.history
 
 
