@@ -59,9 +59,8 @@ def main() -> None:
             "background_s": statistics.median(background),
             "samples": {"in_place": inplace, "background": background},
         }
-        print(
-            f"epoch end, {name}: in place {rows[name]['in_place_s']:.2f} s, background {rows[name]['background_s']:.2f} s"
-        )
+        row = rows[name]
+        print(f"epoch end, {name}: in place {row['in_place_s']:.2f} s, background {row['background_s']:.2f} s")
     write_result("epoch_end", {"what": "seconds EpochOutputs.record holds the training loop (median)", "models": rows})
 
 
