@@ -16,6 +16,7 @@ from dataclasses import fields
 from visiontune.cluster import slurm
 from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
+from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig, choices
 from visiontune.settings.validation import load_config_file, validate
 
@@ -57,6 +58,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     allowed = choices()
     for f in fields(TrainConfig):
         flag, help_text = "--" + f.name.replace("_", "-"), f.metadata["help"]
+        if f.name == "recipe":  # rendered from the presets' own table, so the two cannot disagree
+            help_text = presets.recipe_help()
         if f.type == "bool":
             help_text += " (default on)" if f.default else ""
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
