@@ -124,6 +124,24 @@ def test_epoch_lines_in_the_reference_format(logged):
     assert re.search(r"^Best val Acc: \d\.\d{6}$", out, re.M)
 
 
+def test_the_start_says_the_resolved_setup_and_the_recipe_s_weak_spot(logged):
+    start = logged.out.split("Running training\n", 1)[1].split("Epoch ", 1)[0]
+    assert "  train images     96\n" in start  # 6 full batches of 16: nothing dropped, nothing said
+    for row in (
+        "  optimizer steps  6 per epoch x 1 epoch = 6\n",
+        "  optimizer        SGD, lr 0.001, momentum 0.9, weight decay 0\n",
+        "  lr schedule      constant\n",
+        "  augmentation     none\n",
+        "  normalisation    blog: mean 0.4883,0.4551,0.417, std 0.2257,0.2211,0.2214\n",
+        "  recipe           blog\n",
+    ):
+        assert row in start
+    # From scratch with the blog recipe: one line that names the better one.
+    assert start.endswith("from scratch (--weights none) it does worse than --recipe modern (benchmarks/recipe.py)\n")
+    recorded = json.loads((logged.run_dir / "config.json").read_text())["overview"]
+    assert recorded["optimizer steps"] == "6 per epoch x 1 epoch = 6" and recorded["recipe"] == "blog"
+
+
 def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(logged):
     out, err = logged.out, logged.err
     assert "\r" not in err  # no carriage-return redraws in a log file

@@ -88,6 +88,9 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
         ("devices", ", ".join(sorted(set(setup.get("devices") or [])))),
         ("versions", ", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items())),
     ]
+    # The resolved setup the run announced at its start (runs before it recorded none).
+    shown = {k for k, _ in plain}
+    plain += [(k, v) for k, v in (config.get("overview") or {}).items() if k not in shown]
     out = [_rows([(k, f'<td class="l">{html.escape(_fmt(v))}</td>') for k, v in plain])]
     if summary:
         keys = [
