@@ -117,7 +117,8 @@ def test_save_pth_writes_the_same_tensors_for_torch_load(logged):
 
 def test_epoch_lines_in_the_reference_format(logged):
     out = logged.out
-    assert "Epoch 0/0\n----------\n" in out and "global batch 16" in out
+    assert "Epoch 1/1\n----------\n" in out and "global batch 16" in out  # counted from 1
+    assert [h["epoch"] for h in json.loads((logged.run_dir / "history.json").read_text())] == [0]  # records: from 0
     assert re.search(r"^train Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^val Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^Training complete in \d+m \d+s$", out, re.M)

@@ -208,7 +208,9 @@ def fit(
 ) -> None:
     """Train and validate each epoch from ``start``; print the reference job's epoch lines."""
     for epoch in range(start.epoch, opts.epochs):
-        accelerator.print(f"Epoch {epoch}/{opts.epochs - 1}\n" + "-" * 10)
+        # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"); the records (history.json, metrics.csv,
+        # summary.json, checkpoint names) keep the 0-based index.
+        accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}\n" + "-" * 10)
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
         skip = start.batch if epoch == start.epoch else 0
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
