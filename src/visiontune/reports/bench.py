@@ -159,7 +159,10 @@ def noise(r: dict | None, start_load: float) -> str | None:
 
 
 def compare(rows: list[dict], start_load: float = 0.0) -> list[dict]:
-    """Speedup against single and scaling efficiency; say what a super-linear speedup means, or that we can't."""
+    """Speedup against single and scaling efficiency; say what a super-linear speedup means, or that we can't.
+
+    A row whose speedup a loaded or noisy machine made meaningless is marked ``unreliable`` with the reason,
+    and its note says the reason before the figures."""
     base = next((r for r in rows if r["strategy"] == "single" and "images_per_s" in r), None)
     for r in rows:
         if "images_per_s" not in r:
@@ -168,10 +171,13 @@ def compare(rows: list[dict], start_load: float = 0.0) -> list[dict]:
         if base and base["images_per_s"] > 0:
             r["speedup"] = r["images_per_s"] / base["images_per_s"]
             r["efficiency"] = r["speedup"] / r["devices"]
-        if r.get("speedup", 0) > r["devices"] * 1.05:
-            if noisy:
-                r["note"] = f"speedup above the device count; {noisy}"
-            elif base["data_stall"] >= STALL and base["data_stall"] > r["data_stall"]:
+        if noisy and "speedup" in r and r is not base:  # the baseline's own 1.00x is true by definition
+            # The load, not the strategy, made these figures: the reason comes first, the figures after it.
+            r["unreliable"] = noisy
+            above = "; above the device count" if r["speedup"] > r["devices"] * 1.05 else ""
+            r["note"] = f"unreliable: {noisy} (measured {r['speedup']:.2f}x, {r['efficiency']:.0%}{above})"
+        elif r.get("speedup", 0) > r["devices"] * 1.05:
+            if base["data_stall"] >= STALL and base["data_stall"] > r["data_stall"]:
                 r["note"] = (
                     f"speedup above the device count: the baseline waited for its input "
                     f"{base['data_stall']:.0%} of the time ({r['data_stall']:.0%} here)"
