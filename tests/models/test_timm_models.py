@@ -183,3 +183,40 @@ def test_cached_weights_are_used_without_asking_the_hub(tmp_path, monkeypatch):
     monkeypatch.setattr(timm_models, "_probe", no_probe)
     model = build_model("timm/resnet18", 2, "DEFAULT")  # the Hub is unreachable: this came from the cache
     assert torch.equal(model.conv1.weight, reference.conv1.weight) and model.get_classifier().out_features == 2
+
+
+def test_models_lists_prefix_matches_first_and_answers_from_its_cache_without_timm(tmp_path, monkeypatch, capsys):
+    import time
+
+    from visiontune.models import names
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path))
+    assert main(["models", "--source", "all", "--filter", "resnet1"]) == 0  # lists once, into the cache
+    first = capsys.readouterr().out.split()
+    assert first[:2] == ["resnet18", "timm/resnet18"] and "timm/resnet18" in first[:5]
+    starting = [n for n in first if n.removeprefix("timm/").startswith("resnet1")]
+    assert first[: len(starting)] == starting and "timm/seresnet101" in first[len(starting) :]
+
+    def no_listing(source):
+        raise AssertionError(f"listed {source} again instead of reading the cache")
+
+    monkeypatch.setattr(names, "_listed", no_listing)
+    start = time.perf_counter()
+    assert main(["models", "--source", "all", "--filter", "resnet1"]) == 0
+    assert time.perf_counter() - start < 1 and capsys.readouterr().out.split() == first
+
+
+def test_models_imports_neither_torch_nor_timm(tmp_path, worker_env):
+    """What makes `visiontune models` answer in well under a second: a cached listing, no torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from visiontune.cli.commands import main; main(['models', '--source', 'all']); "
+        "print(sorted(m for m in ('torch', 'torchvision', 'timm', 'accelerate') if m in sys.modules), file=sys.stderr)"
+    )
+    env = {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path)}
+    for _ in range(2):  # the first lists (and imports); the second reads the cache
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "[]" and "timm/resnet18" in done.stdout.split()

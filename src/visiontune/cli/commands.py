@@ -16,15 +16,15 @@ import sys
 
 from visiontune.cli import flags
 from visiontune.cli.flags import config_from_args
-from visiontune.cluster import slurm, strategy
+from visiontune.cluster import slurm
 from visiontune.cluster.signals import RunStopped
 from visiontune.errors import UserError
-from visiontune.models import build
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.cluster import jobplan, launch
+    from visiontune.cluster import jobplan, launch, strategy
     from visiontune.data.layouts import discover
+    from visiontune.models import build
     from visiontune.runs import runlock
 
     cfg = config_from_args(args)
@@ -81,9 +81,10 @@ def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.models.build import model_names
+    from visiontune.cluster.host import user_cache_dir
+    from visiontune.models.names import model_names  # imports no torch: the names are cached per version
 
-    names = model_names(args.source, args.filter)
+    names = model_names(args.source, args.filter, user_cache_dir())
     if not names:
         raise UserError(f"no {args.source} model name contains {args.filter!r}")
     print("\n".join(names))
@@ -135,19 +136,23 @@ def _inference(args: argparse.Namespace):
 
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import launch
-    from visiontune.inference.predict import check_clip, list_inputs, predict, skipped_path
+    from visiontune.inference.predict import check_clip, list_many, predict, skipped_path
     from visiontune.runs.runlock import writable_file
 
+    if bool(args.images) == bool(args.data):
+        raise UserError("give the images to predict: IMAGE... or --data FOLDER|LIST (one of them)")
     loaded, icfg = _inference(args)
-    inputs = list_inputs(args.data)
+    inputs = list_many(args.images or [args.data])
     check_clip(args.clip)
-    writable_file(args.out, "--out")  # before the forward pass, not after it
+    if args.out is not None:
+        writable_file(args.out, "--out")  # before the forward pass, not after it
+    unreadable: list[int] = []  # without --out, how many were skipped (said on stderr; exit 1 as with a file)
     return launch.here_or_relaunched(
         args.nproc,
         argv,
         "predict",
-        skipped_path(args.out).exists,
-        lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta),
+        skipped_path(args.out).exists if args.out is not None else lambda: sum(unreadable),
+        lambda: unreadable.append(predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta)),
     )
 
 
@@ -156,8 +161,12 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     from pathlib import Path
 
     from visiontune.cluster import launch
-    from visiontune.inference.evaluate import evaluate
+    from visiontune.inference.evaluate import evaluate, run_data
 
+    data = args.data or run_data(args.run)
+    if not data or not Path(data).exists():
+        said = f"the run's data {data} no longer exists" if data else f"{args.run} records no data folder"
+        raise UserError(f"evaluate needs labelled data: {said}; pass --data FOLDER")
     loaded, icfg = _inference(args)
     out = args.out or str(Path(args.run) / "eval.json")
     return launch.here_or_relaunched(
@@ -166,7 +175,7 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
         "evaluate",
         lambda: json.loads(Path(out).read_text())["skipped"],
         lambda: evaluate(
-            loaded, icfg, args.data, out, run_dir=args.run, split=args.split, tta_mode=args.tta, top_n=args.top_losses
+            loaded, icfg, data, out, run_dir=args.run, split=args.split, tta_mode=args.tta, top_n=args.top_losses
         ),
     )
 

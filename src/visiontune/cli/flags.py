@@ -193,14 +193,15 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         type=int,
         help="with --weights: input size (default: the file's, else the model's pretrained size)",
     )
-    p.add_argument("--data", required=True, help="a folder of images, Kaggle's test/, or a file listing paths")
-    p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
+    p.add_argument("images", nargs="*", metavar="IMAGE", help="image files or folders to predict (instead of --data)")
+    p.add_argument("--data", help="a folder of images, Kaggle's test/, or a file listing paths")
+    p.add_argument("--out", help="CSV to write (unreadable files go to OUT.skipped.txt; default: the CSV on stdout)")
     p.add_argument("--clip", type=float, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
     _add_inference_flags(p)
     p.set_defaults(func=commands["predict"])
     p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
     p.add_argument("--run", required=True, help="a training run folder")
-    p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
+    p.add_argument("--data", help="labelled data in any layout train accepts (default: the run's own data)")
     p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
     p.add_argument(
         "--split",

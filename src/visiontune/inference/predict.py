@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,13 @@ def list_inputs(data: str) -> Inputs:
     raise UserError(f"not found: {data} (expected a folder of images, an image, or a file listing image paths)")
 
 
+def list_many(items: list[str]) -> Inputs:
+    """``list_inputs`` of one item, or the images of several (files or folders) in the order given."""
+    if len(items) == 1:
+        return list_inputs(items[0])
+    return Inputs([path for item in items for path in list_inputs(item).paths], None)
+
+
 def positive_class(classes: list[str]) -> int:
     """Kaggle's ``label`` is P(dog); for other two-class models, P(the second class)."""
     lower = [c.lower() for c in classes]
@@ -96,9 +104,15 @@ def skipped_path(out: str) -> Path:
 
 
 def predict(
-    loaded: LoadedModel, icfg: InferenceConfig, inputs: Inputs, out: str, clip: float = 0.0, tta_mode: str = "none"
+    loaded: LoadedModel,
+    icfg: InferenceConfig,
+    inputs: Inputs,
+    out: str | None,
+    clip: float = 0.0,
+    tta_mode: str = "none",
 ) -> int:
-    """Write ``out`` (and ``out.skipped.txt`` when files were unreadable); return how many were skipped."""
+    """Write ``out`` (and ``out.skipped.txt`` when files were unreadable), or with no ``out`` the CSV on
+    stdout and the rest on stderr; return how many were skipped."""
     check_clip(clip)
     classes = loaded.classes
     accelerator = inference.start(icfg)
@@ -109,7 +123,18 @@ def predict(
     skipped = []
     if accelerator.is_main_process:
         skipped = unreadable_reasons(inputs.paths, labels)
-        files.atomic_write(out, format_rows(inputs, classes, logits.softmax(1), readable, clip))
+        rows = format_rows(inputs, classes, logits.softmax(1), readable, clip)
+        if out is None:  # a pipe's data: the CSV alone on stdout
+            sys.stdout.write(rows)
+            sys.stdout.flush()
+            print(
+                f"visiontune: predicted {int(readable.sum())} of {len(inputs.paths)} images"
+                + "".join(f"\nvisiontune: unreadable {p}: {r}" for p, r in skipped),
+                file=sys.stderr,
+            )
+            accelerator.wait_for_everyone()
+            return int((~readable).sum())
+        files.atomic_write(out, rows)
         if skipped:
             files.atomic_write(skipped_path(out), "".join(f"{p}\t{r}\n" for p, r in skipped))
         else:
