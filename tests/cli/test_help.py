@@ -35,3 +35,34 @@ def test_recipe_help_is_the_presets_table_rendered(command, monkeypatch):
     monkeypatch.setitem(presets.PRESETS, "modern", {**presets.PRESETS["modern"], "ema": 0.999, "augment": "trivial"})
     changed = _action(_subparser(command), "--recipe").help
     assert "--ema 0.999" in changed and "--augment trivial" in changed
+
+
+def test_train_help_is_in_sections_that_hold_every_flag_once():
+    from dataclasses import fields
+
+    from visiontune.cli.flags import FLAG_GROUPS
+    from visiontune.settings.config import TrainConfig
+
+    listed = [name for names in FLAG_GROUPS.values() for name in names]
+    assert sorted(listed) == sorted(f.name for f in fields(TrainConfig))  # each field in exactly one section
+    parser = _subparser("train")
+    sections = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
+    for title in ("data", "model", "optimisation", "augmentation", "run folder and resume", "distributed", "logging"):
+        assert set(sections[title]) == set(FLAG_GROUPS[title]), title
+    text = parser.format_help()
+    assert text.splitlines()[0] == (
+        "usage: visiontune train --data DATA [--model NAME] [--recipe {blog,modern}] [--epochs N] [options]"
+    )
+    assert text.index("\ndata:\n") < text.index("--image-size") < text.index("\noptimisation:\n")
+
+
+@pytest.mark.parametrize("command", ["lr-find", "bench"])
+def test_lr_find_and_bench_leave_out_the_checkpoint_and_resume_flags(command):
+    parser = _subparser(command)
+    text = parser.format_help()
+    for flag in ("--resume", "--save-every-steps", "--keep-last", "--save-pth"):
+        assert flag not in text
+    assert "--output-dir" in text and "run folder:" in text and "resume" not in text
+    with pytest.raises(Exception, match="unrecognized arguments: --resume"):
+        parser.parse_args(["--data", "d", "--resume", "auto"])
+    assert "--resume" in _subparser("train").format_help() and "--keep-last" in _subparser("slurm").format_help()
