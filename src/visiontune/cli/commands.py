@@ -218,6 +218,13 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.reports.compare import compare
+
+    print(f"visiontune: wrote {compare(args.runs, args.out)}")
+    return 0
+
+
 # "cmd_sample_data" runs `visiontune sample-data`, and so on.
 COMMANDS = {name[4:].replace("_", "-"): f for name, f in list(globals().items()) if name.startswith("cmd_")}
 

@@ -294,4 +294,8 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
     p.add_argument("run", help="a training run folder (or a bench folder)")
     p.set_defaults(func=commands["report"])
+    p = sub.add_parser("compare", help="runs side by side: settings that differ, curves on shared axes, metrics")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="two or more training run folders")
+    p.add_argument("--out", default="compare.html", help="the page to write (default compare.html)")
+    p.set_defaults(func=commands["compare"])
     return parser
