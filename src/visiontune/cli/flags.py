@@ -290,6 +290,11 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--format", required=True, help="onnx or pt2 (torch.export; TorchScript's successor)")
     p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.pt2)")
+    p.add_argument(
+        "--with-preprocessing",
+        action="store_true",
+        help="onnx: take uint8 [N, H, W, 3] images of any size; resize and normalise inside the graph",
+    )
     p.set_defaults(func=commands["export"])
     p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
     p.add_argument("run", help="a training run folder (or a bench folder)")
