@@ -192,3 +192,20 @@ def test_a_speedup_on_a_loaded_machine_is_marked_unreliable_before_its_figure(tm
     (tmp_path / "bench.json").write_text(json.dumps({**info, "rows": rows}))
     page = report.build(tmp_path)
     assert page.index(warning) < page.index("<th class='l'>strategy</th>") and "<td>unreliable</td>" in page
+
+
+def test_each_bench_run_says_which_of_all_it_is_and_the_bench_s_eta(monkeypatch, tmp_path, capsys):
+    from visiontune.reports import bench
+
+    now = iter([0.0, 10.0, 20.0, 30.0])  # the start, then before each run after the first: 10 s a run
+    monkeypatch.setattr(
+        bench, "run_one", lambda row, argv, out, repeat=0: {**_row(row["strategy"], 1.0), "repeat": repeat}
+    )
+    plans = [{"strategy": "single"}, {"strategy": "dp", "skipped": "no GPUs"}, {"strategy": "ddp"}]
+    bench.measure(plans, [], tmp_path, repeats=2, clock=lambda: next(now))
+    assert capsys.readouterr().out.splitlines() == [
+        "visiontune bench: run 1/4: single, repeat 1/2",
+        "visiontune bench: run 2/4: ddp, repeat 1/2; about 0m 30s left",
+        "visiontune bench: run 3/4: single, repeat 2/2; about 0m 20s left",
+        "visiontune bench: run 4/4: ddp, repeat 2/2; about 0m 10s left",
+    ]

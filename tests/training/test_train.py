@@ -152,6 +152,11 @@ def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(l
     # The last line's running numbers are the epoch's final ones, not those of an earlier step.
     loss, acc = re.search(r"^train Loss: (\S+) Acc: (\S+)$", out, re.M).groups()
     assert f"acc={acc}," in train[-1] and f"loss={loss}]" in train[-1]
+    # Beside the phase's lines, the whole run's: epoch, step of all the run's steps, elapsed<ETA.
+    run = [line for line in err.splitlines() if line.startswith("run:")]
+    assert [
+        re.fullmatch(r"run: epoch 1/1, step (\d)/6 \[\d\d:\d\d<\d\d:\d\d\]", line).group(1) for line in run
+    ] == list("123456")
     assert len([line for line in err.splitlines() if line.startswith("val")]) == 2  # 24 images, batch 16
 
 

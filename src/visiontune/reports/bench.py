@@ -21,6 +21,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -204,11 +205,24 @@ def train_flags(cfg: TrainConfig, argv: list[str], epochs_given: bool) -> tuple[
     return (cfg, train_argv) if epochs_given else (cfg.replace(epochs=1), [*train_argv, "--epochs", "1"])
 
 
-def measure(plans: list[dict], train_argv: list[str], out: Path, repeats: int) -> list[dict]:
-    """Every runnable strategy ``repeats`` times, interleaved so that a change in load hits all alike."""
+def _eta(seconds: float) -> str:
+    return f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
+
+
+def measure(plans: list[dict], train_argv: list[str], out: Path, repeats: int, clock=time.monotonic) -> list[dict]:
+    """Every runnable strategy ``repeats`` times, interleaved so that a change in load hits all alike; a line
+    before each run says which of all the bench's runs it is, and the bench's ETA from the runs so far."""
     runs: dict[int, list[dict]] = {i: [] for i, r in enumerate(plans) if "skipped" not in r}
+    total, started = repeats * len(runs), clock()
     for repeat in range(repeats):
-        for i, done in runs.items():
+        for n, (i, done) in enumerate(runs.items()):
+            finished = repeat * len(runs) + n
+            left = f"; about {_eta((clock() - started) / finished * (total - finished))} left" if finished else ""
+            print(
+                f"visiontune bench: run {finished + 1}/{total}: {plans[i]['strategy']}, "
+                f"repeat {repeat + 1}/{repeats}{left}",
+                flush=True,
+            )
             done.append(run_one(plans[i], train_argv, out, repeat))
     return [combine(runs[i]) if i in runs else r for i, r in enumerate(plans)]
 
