@@ -75,6 +75,7 @@ SLOW = {
     "shaken_run",  # test_hostile_inputs.py
     "test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best",
     "test_a_thousand_one_image_classes_with_hostile_names_train_and_write_only_in_the_run",
+    "test_models_imports_neither_torch_nor_timm",  # two subprocesses, the first imports timm
 }
 
 

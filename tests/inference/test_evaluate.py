@@ -122,7 +122,7 @@ def test_top_losses_are_the_wrong_images_with_the_highest_loss(run, labelled, re
 
 def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, tmp_path, capsys):
     run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))  # shared: copy
-    assert main(["evaluate", "--run", str(run), "--data", str(sample_data), "--no-progress"]) == 0
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0  # no --data: the run's own (config.json)
     got = json.loads((run / "eval.json").read_text())
     split = json.loads((run / "split.json").read_text())
     loss, accuracy, n = independent_eval(run, sample_data)
@@ -169,3 +169,14 @@ def test_classes_must_match_the_run(run, tmp_path, sample_data, capsys):
     assert main(["evaluate", "--run", str(run), "--data", str(tmp_path / "data"), "--no-progress"]) == 2
     assert "['cat', 'fox'] but the model was trained on ['cat', 'dog']" in capsys.readouterr().err
     assert sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir()) == before  # nothing written
+
+
+def test_without_data_a_run_whose_data_is_gone_is_one_line(run, tmp_path, capsys):
+    run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    record = json.loads((run / "config.json").read_text())
+    record["data"]["root"] = str(tmp_path / "moved")
+    (run / "config.json").write_text(json.dumps(record))
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the run's data {tmp_path / 'moved'} no longer exists; pass --data" in err
+    assert not (run / "eval.json").exists()

@@ -72,3 +72,37 @@ def test_missing_onnx_says_how_to_install(run, tmp_path, capsys, monkeypatch):
     assert main(["export", "--run", str(run), "--format", "onnx", "--out", str(out)]) == 2
     assert "pip install 'visiontune[onnx]'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_onnx_with_preprocessing_takes_uint8_images_of_any_size_and_equals_predict(run, sample_data, tmp_path, capsys):
+    import csv
+
+    import onnxruntime
+
+    from visiontune.data.decode import read_image
+
+    out = tmp_path / "with-pre.onnx"
+    assert main(["export", "--run", str(run), "--format", "onnx", "--with-preprocessing", "--out", str(out)]) == 0
+    assert "input uint8 [N, H, W, 3] RGB images of any size" in capsys.readouterr().out
+    files = sorted((sample_data / "test").iterdir())[:6]
+    predicted = tmp_path / "p.csv"
+    paths = [str(f) for f in files]
+    assert main(["predict", "--run", str(run), *paths, "--out", str(predicted), "--no-progress"]) == 0
+    rows = {r["path"]: r for r in csv.DictReader(predicted.open())}
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    sizes = set()
+    for path in paths:  # one image at a time: the files differ in size, the graph takes each as it is
+        image = read_image(path).permute(1, 2, 0)[None]
+        sizes.add(tuple(image.shape[1:3]))
+        probs = torch.from_numpy(session.run(["logits"], {"images": image.numpy()})[0]).softmax(1)[0]
+        expected = torch.tensor([float(rows[path]["prob_cat"]), float(rows[path]["prob_dog"])])
+        assert (probs - expected).abs().max().item() < TOL, path  # the CSV has 6 decimals
+    # A batch of one size (the second file, twice) gives the same as the file alone.
+    image = read_image(paths[1]).permute(1, 2, 0)[None]
+    batch = session.run(["logits"], {"images": torch.cat([image, image]).numpy()})[0]
+    single = session.run(["logits"], {"images": image.numpy()})[0]
+    assert abs(batch - single).max() < 1e-5 and batch.shape == (2, 2)
+    assert len(sizes) == len(paths)  # every file its own size: nothing was resized before the graph
+    pt2 = tmp_path / "m.pt2"
+    assert main(["export", "--run", str(run), "--format", "pt2", "--with-preprocessing", "--out", str(pt2)]) == 2
+    assert "--with-preprocessing is for --format onnx" in capsys.readouterr().err and not pt2.exists()

@@ -268,3 +268,19 @@ def test_tta_flip_is_the_mean_of_the_plain_and_mirrored_passes(run, sample_data,
     got = torch.tensor([rows[str(f)] for f in files])
     assert torch.allclose(got, want, atol=TOL)
     assert not torch.allclose(got, reference_probs(run, files), atol=1e-3)  # the flip changed something
+
+
+def test_images_as_arguments_and_the_csv_on_stdout_without_out(run, sample_data, tmp_path, capsys):
+    images = [str(sample_data / "test" / name) for name in ("3.jpg", "1.jpg", "12.jpg")]
+    listed = tmp_path / "list.txt"
+    listed.write_text("\n".join(images) + "\n")
+    out = tmp_path / "p.csv"
+    assert main(["predict", *flags(run=run, data=listed, out=out, no_progress=True)]) == 0
+    capsys.readouterr()
+    assert main(["predict", "--run", str(run), *images, "--no-progress"]) == 0
+    said = capsys.readouterr()
+    assert said.out == out.read_text()  # the same rows, in the order given, and nothing else on stdout
+    assert [r[0] for r in csv.reader(said.out.splitlines()[1:])] == images
+    assert said.err.strip() == "visiontune: predicted 3 of 3 images"
+    assert main(["predict", "--run", str(run), "--no-progress"]) == 2  # nothing to predict: one line
+    assert "IMAGE... or --data" in capsys.readouterr().err

@@ -12,7 +12,8 @@ from torch.overrides import TorchFunctionMode
 from torchvision.models import regnet
 
 from visiontune.errors import UserError
-from visiontune.models.build import build_model, load_state_file, model_names
+from visiontune.models.build import build_model, load_state_file
+from visiontune.models.names import model_names
 
 _from_init_params = regnet.BlockParams.from_init_params.__func__
 

@@ -9,7 +9,7 @@ import torch
 from trainrun import flags
 from visiontune.cli.commands import main
 from visiontune.errors import UserError
-from visiontune.models import build
+from visiontune.models import build, timm_models
 from visiontune.models.build import build_model, get_spec, head_names
 
 # A convnet, a transformer and a model whose classifier is not called fc: timm's tiny test models.
@@ -84,6 +84,7 @@ def test_unknown_hub_repository_names_it(monkeypatch):
         raise err
 
     monkeypatch.setattr(_hub, "load_model_config_from_hf", missing)
+    monkeypatch.setattr(timm_models, "_probe", lambda *a: None)  # as if the Hub answered
     with pytest.raises(
         UserError,
         match=r"no model 'hf-hub:someone/nothing' on the Hugging Face Hub.*"
@@ -100,6 +101,7 @@ def test_offline_pretrained_timm_weights_say_where_the_cache_is(monkeypatch):
         raise LocalEntryNotFoundError("cannot find the requested files in the local cache")
 
     monkeypatch.setattr(timm.models._builder, "load_pretrained", offline)
+    monkeypatch.setattr(timm_models, "_probe", lambda *a: None)  # the Hub answered, the download failed
     with pytest.raises(UserError) as err:
         build_model("timm/test_vit", 2, "DEFAULT")
     text = str(err.value)
@@ -125,3 +127,96 @@ def test_offline_hub_model_is_one_line_and_exit_2(tmp_path, sample_data, monkeyp
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "hf-hub:timm/test_vit.r160_in1k" in err and str(tmp_path / "hf" / "hub") in err
     assert "network access" in err and not (tmp_path / "run").exists()
+
+
+def _closed_hub(monkeypatch, cache):
+    """An empty Hugging Face cache and a Hub at a closed port: every connection is refused at once."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", "http://127.0.0.1:9/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(cache.parent / "torch"))
+    monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
+
+
+def test_unreachable_hub_fails_in_seconds_naming_weights_none_and_the_cache(tmp_path, sample_data, monkeypatch, capsys):
+    """The first natural command, offline: one line within seconds, not a minute of the client's retries."""
+    import time
+
+    from huggingface_hub import constants
+
+    _closed_hub(monkeypatch, tmp_path / "hf" / "hub")
+    get_spec("timm/resnet18")  # timm imported and its configs read: only the command is timed
+    argv = ["train", "--data", str(sample_data), "--model", "timm/resnet18", "--output-dir", str(tmp_path / "run")]
+    start = time.perf_counter()
+    rc = main([*argv, "--image-size", "32", "--no-progress"])
+    took = time.perf_counter() - start
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and took < 5, (rc, took, err)
+    assert len(err.splitlines()) == 1 and err.startswith("visiontune: error: cannot fetch timm/resnet18 (")
+    assert "--weights none" in err and str(tmp_path / "hf" / "hub") in err and not (tmp_path / "run").exists()
+    # HF_HUB_OFFLINE: no request at all, the same line.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=r"cannot fetch timm/resnet18 \(HF_HUB_OFFLINE is set\).*--weights none"):
+        build_model("timm/resnet18", 2, "DEFAULT")
+    assert time.perf_counter() - start < 5
+
+
+def test_cached_weights_are_used_without_asking_the_hub(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    cache = tmp_path / "hf" / "hub"
+    _closed_hub(monkeypatch, cache)
+    repo = cache / "models--timm--resnet18.a1_in1k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    reference = timm.create_model("resnet18", pretrained=False)
+    save_file(reference.state_dict(), str(repo / "snapshots" / ("0" * 40) / "model.safetensors"))
+
+    def no_probe(*a):
+        raise AssertionError("asked the Hub for cached weights")
+
+    monkeypatch.setattr(timm_models, "_probe", no_probe)
+    model = build_model("timm/resnet18", 2, "DEFAULT")  # the Hub is unreachable: this came from the cache
+    assert torch.equal(model.conv1.weight, reference.conv1.weight) and model.get_classifier().out_features == 2
+
+
+def test_models_lists_prefix_matches_first_and_answers_from_its_cache_without_timm(tmp_path, monkeypatch, capsys):
+    import time
+
+    from visiontune.models import names
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path))
+    assert main(["models", "--source", "all", "--filter", "resnet1"]) == 0  # lists once, into the cache
+    first = capsys.readouterr().out.split()
+    assert first[:2] == ["resnet18", "timm/resnet18"] and "timm/resnet18" in first[:5]
+    starting = [n for n in first if n.removeprefix("timm/").startswith("resnet1")]
+    assert first[: len(starting)] == starting and "timm/seresnet101" in first[len(starting) :]
+
+    def no_listing(source):
+        raise AssertionError(f"listed {source} again instead of reading the cache")
+
+    monkeypatch.setattr(names, "_listed", no_listing)
+    start = time.perf_counter()
+    assert main(["models", "--source", "all", "--filter", "resnet1"]) == 0
+    assert time.perf_counter() - start < 1 and capsys.readouterr().out.split() == first
+
+
+def test_models_imports_neither_torch_nor_timm(tmp_path, worker_env):
+    """What makes `visiontune models` answer in well under a second: a cached listing, no torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from visiontune.cli.commands import main; main(['models', '--source', 'all']); "
+        "print(sorted(m for m in ('torch', 'torchvision', 'timm', 'accelerate') if m in sys.modules), file=sys.stderr)"
+    )
+    env = {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path)}
+    for _ in range(2):  # the first lists (and imports); the second reads the cache
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "[]" and "timm/resnet18" in done.stdout.split()

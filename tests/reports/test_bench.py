@@ -115,7 +115,12 @@ def test_a_super_linear_speedup_is_explained_only_by_what_was_measured(base_stal
     base = {**_row("single", 100.0, base_stall), "spread": spread, "repeats": 3}
     rows = compare([base, _row("ddp", 250.0, devices=2)], start_load)
     assert rows[1]["speedup"] == pytest.approx(2.5)
-    assert rows[1]["note"].startswith("speedup above the device count") and note in rows[1]["note"]
+    if "noisy" in note:  # the load made the figure: the reason first, the figure after it
+        assert rows[1]["note"] == f"unreliable: {note} (measured 2.50x, 125%; above the device count)"
+        assert rows[1]["unreliable"] == note
+    else:
+        assert rows[1]["note"].startswith("speedup above the device count") and note in rows[1]["note"]
+        assert "unreliable" not in rows[1]
     if base_stall == 0.0:
         assert "waiting" not in rows[1]["note"] and "waited" not in rows[1]["note"]
 
@@ -146,7 +151,7 @@ def test_repeats_interleave_and_report_the_median_run_and_its_spread(monkeypatch
     assert (single["images_per_s"], single["repeat"], single["images_per_s_runs"]) == (100.0, 0, [100.0, 80.0, 120.0])
     assert single["spread"] == pytest.approx(0.4) and ddp["spread"] == pytest.approx(10 / 155)
     assert single["note"] == "noisy machine: images/s of single varied by 40% across 3 repeats"
-    assert ddp["speedup"] == pytest.approx(1.55) and "noisy machine" in ddp["note"]
+    assert ddp["speedup"] == pytest.approx(1.55) and ddp["note"].startswith("unreliable: noisy machine")
     md = (tmp_path / "bench.md").read_text()
     assert "| 100.0 ±20% |" in md and "Repeats per strategy: 3" in md and "at the start: 0.05" in md
     saved = json.loads((tmp_path / "bench.json").read_text())
@@ -159,3 +164,48 @@ def test_repeats_interleave_and_report_the_median_run_and_its_spread(monkeypatch
 def test_repeats_must_be_positive(sample_data, capsys, tmp_path):
     assert main(["bench", "--data", str(sample_data), "--repeats", "0", "--output-dir", str(tmp_path / "b")]) == 2
     assert "--repeats must be a positive integer" in capsys.readouterr().err
+
+
+def test_a_speedup_on_a_loaded_machine_is_marked_unreliable_before_its_figure(tmp_path):
+    """14.40x on 2 devices at load 5 per core: the table leads with the warning, never with the figure."""
+    from visiontune.reports import report
+    from visiontune.reports.bench import compare
+    from visiontune.reports.benchtable import table
+
+    rows = compare([_row("single", 10.0), _row("ddp", 144.0, devices=2)], start_load=5.1)
+    info = {
+        "model": "resnet18",
+        "image_size": 32,
+        "epochs": 1,
+        "same": "global",
+        "repeats": 1,
+        "load_per_core": 5.1,
+        "machine": {"cpu": "x", "cores": 2, "gpus": [], "torch": "t", "torchvision": "v", "accelerate": "a"},
+    }
+    md = table(rows, info)
+    reason = "noisy machine: load average 5.10 per core before the benchmark started"
+    warning = next(line for line in md.splitlines() if line.startswith("UNRELIABLE"))
+    assert reason in warning and md.index(warning) < md.index("| strategy |")
+    ddp = next(line for line in md.splitlines() if line.startswith("| ddp |"))
+    assert "| unreliable | unreliable |" in ddp and "14.40x" not in ddp.split("unreliable:")[0]
+    assert f"unreliable: {reason} (measured 14.40x, 720%; above the device count)" in ddp
+    (tmp_path / "bench.json").write_text(json.dumps({**info, "rows": rows}))
+    page = report.build(tmp_path)
+    assert page.index(warning) < page.index("<th class='l'>strategy</th>") and "<td>unreliable</td>" in page
+
+
+def test_each_bench_run_says_which_of_all_it_is_and_the_bench_s_eta(monkeypatch, tmp_path, capsys):
+    from visiontune.reports import bench
+
+    now = iter([0.0, 10.0, 20.0, 30.0])  # the start, then before each run after the first: 10 s a run
+    monkeypatch.setattr(
+        bench, "run_one", lambda row, argv, out, repeat=0: {**_row(row["strategy"], 1.0), "repeat": repeat}
+    )
+    plans = [{"strategy": "single"}, {"strategy": "dp", "skipped": "no GPUs"}, {"strategy": "ddp"}]
+    bench.measure(plans, [], tmp_path, repeats=2, clock=lambda: next(now))
+    assert capsys.readouterr().out.splitlines() == [
+        "visiontune bench: run 1/4: single, repeat 1/2",
+        "visiontune bench: run 2/4: ddp, repeat 1/2; about 0m 30s left",
+        "visiontune bench: run 3/4: single, repeat 2/2; about 0m 20s left",
+        "visiontune bench: run 4/4: ddp, repeat 2/2; about 0m 10s left",
+    ]

@@ -133,3 +133,17 @@ def test_text_tables_and_the_figure_stay_readable_with_100_long_class_names(tmp_
     figures.plot_confusion(tmp_path / "cm.png", report)
     with Image.open(tmp_path / "cm.png") as im:  # two panels of about 10 px per class, not a poster
         assert 2000 < im.size[0] <= 3200 and 1000 < im.size[1] <= 1600
+
+
+def test_classes_named_by_their_index_print_once_in_the_confusion_text():
+    labels = torch.tensor([0, 1, 2, 2])
+    logits = torch.nn.functional.one_hot(torch.tensor([0, 1, 2, 1]), 3).double()
+    digits = metrics.confusion_text(
+        {**metrics.classification_metrics(logits, labels, ["0", "1", "2"]), "classes": ["0", "1", "2"]}
+    )
+    rows = digits.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["0", "1", "2"] and rows[0].split()[1] == "1"  # no "0 0"
+    assert rows[2].split()[:3] == ["2", "0", "(0%)"]
+    named = ["cat", "dog", "2"]  # not every name is its index: the index and the name, as before
+    text = metrics.confusion_text({**metrics.classification_metrics(logits, labels, named), "classes": named})
+    assert text.splitlines()[2].split()[:3] == ["0", "cat", "1"]

@@ -195,8 +195,8 @@ def test_checkpoint_record_holds_position_history_and_split(finished_run):
     assert meta["history"] == []
     end = checkpoint.verify(str(out / "checkpoints" / "e0001-b0000000"))
     assert end["history"] == json.loads((out / "history.json").read_text())
-    # One numbering (README): epochs count from 0, as printed ("Epoch 0/0"); a folder names where
-    # training goes on, so the end of epoch 0 is e0001-b0000000, the start of epoch 1.
+    # The records count epochs from 0 (the terminal prints them from 1: "Epoch 1/1"); a folder names
+    # where training goes on, so the end of epoch 0 is e0001-b0000000, the start of epoch 1.
     assert [h["epoch"] for h in end["history"]] == [0] and (end["epoch"], end["batch"]) == (1, 0)
     weights = load_file(str(out / "best.safetensors"))
     assert set(weights) == set(final_weights(out, epochs=1))
@@ -230,7 +230,7 @@ def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sampl
     # Global batch 4 either way: 4 x 1 there, 2 x 2 here.
     assert cli.main([*args, "--resume", "auto", "--batch-size", "2", "--grad-accum", "2"]) == 0
     assert checkpoint.verify(str(out / "checkpoints" / "e0001-b0000007"))["samples"] == 28
-    assert "(epoch 1, batch 14)" in capsys.readouterr().out
+    assert "(Epoch 2/2, after batch 14)" in capsys.readouterr().out
     history = json.loads((out / "history.json").read_text())
     assert [h["train"]["images"] for h in history] == [32, 32]  # not 28 + 18 from the wrong unit
 

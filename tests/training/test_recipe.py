@@ -332,3 +332,26 @@ def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp
     assert line.startswith(f"visiontune: suggested lr {rec['suggested_lr']:.2g}")
     with Image.open(out / "lr_find.png") as im:
         assert im.format == "PNG"
+
+
+def test_the_start_lines_say_the_dropped_partial_batch_and_when_the_blog_recipe_does_badly():
+    from types import SimpleNamespace
+
+    from visiontune.training import overview
+
+    setup = SimpleNamespace(world_size=1, per_process_batch=50, global_batch=50, lr=1e-3)
+    cfg = _cfg(epochs=3, image_size=224)
+    rows = dict(overview.rows(cfg, setup, 1437, 360, ["cat", "dog"], 1400, 28, "torchvision"))
+    assert rows["train images"] == (
+        "1,437 (1,400 of 1,437 per epoch, last partial batch dropped; every image is seen over epochs)"
+    )
+    assert rows["optimizer steps"] == "28 per epoch x 3 epochs = 84"
+    modern = dict(overview.rows(_cfg(recipe="modern"), setup, 1400, 360, ["cat", "dog"], 1400, 28, "timm"))
+    assert modern["train images"] == "1,400" and modern["lr schedule"] == "28 warm-up steps, then cosine"
+    assert modern["optimizer"] == "AdamW, lr 0.001, weight decay 0.05 (none on norms and biases)"
+    assert modern["loss"] == "cross-entropy, label smoothing 0.1" and modern["recipe"] == "modern"
+    # The blog recipe, where it does worse: from scratch or on a timm/Hub model; not with --recipe modern.
+    assert "--recipe modern" in overview.recipe_note(_cfg(weights="none"), "torchvision")
+    assert "on a timm model" in overview.recipe_note(_cfg(model="timm/resnet18", normalize="blog"), "timm")
+    assert overview.recipe_note(_cfg(), "torchvision") is None
+    assert overview.recipe_note(_cfg(recipe="modern", weights="none"), "timm") is None

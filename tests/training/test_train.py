@@ -117,11 +117,30 @@ def test_save_pth_writes_the_same_tensors_for_torch_load(logged):
 
 def test_epoch_lines_in_the_reference_format(logged):
     out = logged.out
-    assert "Epoch 0/0\n----------\n" in out and "global batch 16" in out
+    assert "Epoch 1/1\n----------\n" in out and "global batch 16" in out  # counted from 1
+    assert [h["epoch"] for h in json.loads((logged.run_dir / "history.json").read_text())] == [0]  # records: from 0
     assert re.search(r"^train Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^val Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^Training complete in \d+m \d+s$", out, re.M)
     assert re.search(r"^Best val Acc: \d\.\d{6}$", out, re.M)
+
+
+def test_the_start_says_the_resolved_setup_and_the_recipe_s_weak_spot(logged):
+    start = logged.out.split("Running training\n", 1)[1].split("Epoch ", 1)[0]
+    assert "  train images     96\n" in start  # 6 full batches of 16: nothing dropped, nothing said
+    for row in (
+        "  optimizer steps  6 per epoch x 1 epoch = 6\n",
+        "  optimizer        SGD, lr 0.001, momentum 0.9, weight decay 0\n",
+        "  lr schedule      constant\n",
+        "  augmentation     none\n",
+        "  normalisation    blog: mean 0.4883,0.4551,0.417, std 0.2257,0.2211,0.2214\n",
+        "  recipe           blog\n",
+    ):
+        assert row in start
+    # From scratch with the blog recipe: one line that names the better one.
+    assert start.endswith("from scratch (--weights none) it does worse than --recipe modern (benchmarks/recipe.py)\n")
+    recorded = json.loads((logged.run_dir / "config.json").read_text())["overview"]
+    assert recorded["optimizer steps"] == "6 per epoch x 1 epoch = 6" and recorded["recipe"] == "blog"
 
 
 def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(logged):
@@ -133,6 +152,11 @@ def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(l
     # The last line's running numbers are the epoch's final ones, not those of an earlier step.
     loss, acc = re.search(r"^train Loss: (\S+) Acc: (\S+)$", out, re.M).groups()
     assert f"acc={acc}," in train[-1] and f"loss={loss}]" in train[-1]
+    # Beside the phase's lines, the whole run's: epoch, step of all the run's steps, elapsed<ETA.
+    run = [line for line in err.splitlines() if line.startswith("run:")]
+    assert [
+        re.fullmatch(r"run: epoch 1/1, step (\d)/6 \[\d\d:\d\d<\d\d:\d\d\]", line).group(1) for line in run
+    ] == list("123456")
     assert len([line for line in err.splitlines() if line.startswith("val")]) == 2  # 24 images, batch 16
 
 

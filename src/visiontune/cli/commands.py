@@ -16,15 +16,15 @@ import sys
 
 from visiontune.cli import flags
 from visiontune.cli.flags import config_from_args
-from visiontune.cluster import host, sbatch, strategy
+from visiontune.cluster import host, sbatch
 from visiontune.cluster.signals import RunStopped
 from visiontune.errors import UserError
-from visiontune.models import build
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.cluster import jobplan, launch
+    from visiontune.cluster import jobplan, launch, strategy
     from visiontune.data.layouts import discover
+    from visiontune.models import build
     from visiontune.runs import runlock
 
     cfg = config_from_args(args)
@@ -81,9 +81,10 @@ def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.models.build import model_names
+    from visiontune.cluster.host import user_cache_dir
+    from visiontune.models.names import model_names  # imports no torch: the names are cached per version
 
-    names = model_names(args.source, args.filter)
+    names = model_names(args.source, args.filter, user_cache_dir())
     if not names:
         raise UserError(f"no {args.source} model name contains {args.filter!r}")
     print("\n".join(names))
@@ -143,19 +144,23 @@ def _inference(args: argparse.Namespace):
 
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import launch
-    from visiontune.inference.predict import check_clip, list_inputs, predict, skipped_path
+    from visiontune.inference.predict import check_clip, list_many, predict, skipped_path
     from visiontune.runs.runlock import writable_file
 
+    if bool(args.images) == bool(args.data):
+        raise UserError("give the images to predict: IMAGE... or --data FOLDER|LIST (one of them)")
     loaded, icfg = _inference(args)
-    inputs = list_inputs(args.data, (args.image_column, args.label_column))
+    inputs = list_many(args.images or [args.data], (args.image_column, args.label_column))
     check_clip(args.clip)
-    writable_file(args.out, "--out")  # before the forward pass, not after it
+    if args.out is not None:
+        writable_file(args.out, "--out")  # before the forward pass, not after it
+    unreadable: list[int] = []  # without --out, how many were skipped (said on stderr; exit 1 as with a file)
     return launch.here_or_relaunched(
         args.nproc,
         argv,
         "predict",
-        skipped_path(args.out).exists,
-        lambda: predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta),
+        skipped_path(args.out).exists if args.out is not None else lambda: sum(unreadable),
+        lambda: unreadable.append(predict(loaded, icfg, inputs, args.out, clip=args.clip, tta_mode=args.tta)),
     )
 
 
@@ -164,8 +169,12 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     from pathlib import Path
 
     from visiontune.cluster import launch
-    from visiontune.inference.evaluate import evaluate
+    from visiontune.inference.evaluate import evaluate, run_data
 
+    data = args.data or run_data(args.run)
+    if not data or not (data.startswith("hf:") or Path(data).exists()):
+        said = f"the run's data {data} no longer exists" if data else f"{args.run} records no data folder"
+        raise UserError(f"evaluate needs labelled data: {said}; pass --data FOLDER")
     loaded, icfg = _inference(args)
     out = args.out or str(Path(args.run) / "eval.json")
     return launch.here_or_relaunched(
@@ -176,7 +185,7 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
         lambda: evaluate(
             loaded,
             icfg,
-            args.data,
+            data,
             out,
             run_dir=args.run,
             split=args.split,
@@ -194,8 +203,8 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     check_format(args.format)
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
-    diff = export(loaded.model, loaded.info, args.format, out)
-    print(described(out, loaded.info, diff))
+    diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing)
+    print(described(out, loaded.info, diff, args.with_preprocessing))
     return 0
 
 
@@ -222,6 +231,13 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.reports.report import write
 
     print(f"visiontune: wrote {write(args.run)}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.reports.compare import compare
+
+    print(f"visiontune: wrote {compare(args.runs, args.out)}")
     return 0
 
 

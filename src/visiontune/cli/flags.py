@@ -17,6 +17,7 @@ from dataclasses import fields
 from visiontune.cluster import sbatch
 from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
+from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig, choices
 from visiontune.settings.validation import load_config_file, validate
 
@@ -67,6 +68,68 @@ def _workers(text: str) -> int | None:
 _PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": finite, "float | None": finite}
 
 
+# `train --help` in sections: each TrainConfig field's flag goes under one of these titles.
+FLAG_GROUPS: dict[str, tuple[str, ...]] = {
+    "data": (
+        "data",
+        "image_size",
+        "interpolation",
+        "crop_pct",
+        "normalize",
+        "mean",
+        "std",
+        "val_fraction",
+        "seed",
+        "num_workers",
+        "cache",
+        "max_bad_fraction",
+    ),
+    "model": ("model", "weights", "init_from", "freeze_backbone", "freeze_epochs", "backbone_lr_mult"),
+    "optimisation": (
+        "recipe",
+        "epochs",
+        "batch_size",
+        "optimizer",
+        "lr",
+        "momentum",
+        "weight_decay",
+        "lr_schedule",
+        "warmup_epochs",
+        "warmup_steps",
+        "label_smoothing",
+        "ema",
+        "early_stop",
+        "best_metric",
+        "grad_accum",
+        "scale_lr",
+        "reference_batch",
+        "mixed_precision",
+        "channels_last",
+        "compile",
+        "on_nan",
+    ),
+    "augmentation": ("augment", "random_erasing", "mixup", "cutmix"),
+    "run folder and resume": ("output_dir", "resume", "save_every_steps", "keep_last", "save_pth"),
+    "distributed": (
+        "strategy",
+        "nproc",
+        "nnodes",
+        "node_rank",
+        "master_addr",
+        "master_port",
+        "rdzv_endpoint",
+        "max_restarts",
+        "timeout",
+        "sync_batchnorm",
+    ),
+    "logging": ("log_with", "progress", "timing_warmup"),
+}
+# The usage line of the commands with the training flags: the ~70 flags are listed once, below, in sections.
+TRAIN_USAGE = "%(prog)s --data DATA [--model NAME] [--recipe {blog,modern}] [--epochs N] [options]"
+# Flags that mean nothing to a command that writes no checkpoints and resumes nothing (lr-find, bench).
+CHECKPOINT_FLAGS = ("resume", "save_every_steps", "keep_last", "save_pth")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose complaints are a ``UserError``: one line and exit 2, like every other input error."""
 
@@ -74,12 +137,23 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
-def add_train_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per ``TrainConfig`` field, --field-name, with the field's help and default."""
-    p.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
+def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
+    """One flag per ``TrainConfig`` field, --field-name, with the field's help and default, in the
+    sections of ``FLAG_GROUPS``; the fields in ``leave_out`` get no flag (their defaults hold)."""
+    parser.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
     allowed = choices()
+    groups = {
+        title: parser.add_argument_group(title.replace(" and resume", "") if "resume" in leave_out else title)
+        for title in FLAG_GROUPS
+    }
+    group_of = {name: groups[title] for title, names in FLAG_GROUPS.items() for name in names}
     for f in fields(TrainConfig):
+        if f.name in leave_out:
+            continue
+        p = group_of[f.name]
         flag, help_text = "--" + f.name.replace("_", "-"), f.metadata["help"]
+        if f.name == "recipe":  # rendered from the presets' own table, so the two cannot disagree
+            help_text = presets.recipe_help()
         if f.type == "bool":
             help_text += " (default on)" if f.default else ""
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
@@ -150,11 +224,13 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         description="Fine-tune torchvision and timm image classifiers on a folder of images, on one CPU or many GPUs.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
+    p = sub.add_parser("train", usage=TRAIN_USAGE, help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
     add_train_flags(p)
     p.set_defaults(func=commands["train"])
-    p = sub.add_parser("lr-find", help="a short exponential lr sweep: loss-vs-lr PNG and a suggested lr")
-    add_train_flags(p)
+    p = sub.add_parser(
+        "lr-find", usage=TRAIN_USAGE, help="a short exponential lr sweep: loss-vs-lr PNG and a suggested lr"
+    )
+    add_train_flags(p, leave_out=CHECKPOINT_FLAGS)
     p.add_argument("--steps", type=positive, default=100, help="batches in the sweep (default 100)")
     p.add_argument("--start-lr", type=finite, default=1e-7, help="first lr (default 1e-7)")
     p.add_argument("--end-lr", type=finite, default=10.0, help="last lr (default 10)")
@@ -186,8 +262,8 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.2, help="share recorded as validation (default 0.2)")
     _add_column_flags(p)
     p.set_defaults(func=commands["shard"])
-    p = sub.add_parser("bench", help="train once per strategy and compare time and accuracy fairly")
-    add_train_flags(p)
+    p = sub.add_parser("bench", usage=TRAIN_USAGE, help="train once per strategy and compare time and accuracy fairly")
+    add_train_flags(p, leave_out=CHECKPOINT_FLAGS)
     p.add_argument("--strategies", default="single,dp,ddp", help="comma-separated (default single,dp,ddp)")
     p.add_argument(
         "--same",
@@ -202,7 +278,9 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         help="train each strategy N times, interleaved; report the median run and the spread",
     )
     p.set_defaults(func=commands["bench"])
-    p = sub.add_parser("slurm", help="write a Slurm batch script for `visiontune train` (requeued on preemption)")
+    p = sub.add_parser(
+        "slurm", usage=TRAIN_USAGE, help="write a Slurm batch script for `visiontune train` (requeued on preemption)"
+    )
     add_train_flags(p)
     for flag, kind, help_text in sbatch.FLAGS:
         p.add_argument(
@@ -227,17 +305,16 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         type=int,
         help="with --weights: input size (default: the file's, else the model's pretrained size)",
     )
-    p.add_argument(
-        "--data", required=True, help="a folder of images, Kaggle's test/, a file listing paths, shards or hf:..."
-    )
+    p.add_argument("images", nargs="*", metavar="IMAGE", help="image files or folders to predict (instead of --data)")
+    p.add_argument("--data", help="a folder of images, Kaggle's test/, a file listing paths, shards or hf:...")
     _add_column_flags(p)
-    p.add_argument("--out", required=True, help="CSV to write (unreadable files go to OUT.skipped.txt)")
+    p.add_argument("--out", help="CSV to write (unreadable files go to OUT.skipped.txt; default: the CSV on stdout)")
     p.add_argument("--clip", type=finite, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
     _add_inference_flags(p)
     p.set_defaults(func=commands["predict"])
     p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
     p.add_argument("--run", required=True, help="a training run folder")
-    p.add_argument("--data", required=True, help="labelled data in any layout train accepts")
+    p.add_argument("--data", help="labelled data in any layout train accepts (default: the run's own data)")
     _add_column_flags(p)
     p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
     p.add_argument(
@@ -252,8 +329,17 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--format", required=True, help="onnx or pt2 (torch.export; TorchScript's successor)")
     p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.pt2)")
+    p.add_argument(
+        "--with-preprocessing",
+        action="store_true",
+        help="onnx: take uint8 [N, H, W, 3] images of any size; resize and normalise inside the graph",
+    )
     p.set_defaults(func=commands["export"])
     p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
     p.add_argument("run", help="a training run folder (or a bench folder)")
     p.set_defaults(func=commands["report"])
+    p = sub.add_parser("compare", help="runs side by side: settings that differ, curves on shared axes, metrics")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="two or more training run folders")
+    p.add_argument("--out", default="compare.html", help="the page to write (default compare.html)")
+    p.set_defaults(func=commands["compare"])
     return parser

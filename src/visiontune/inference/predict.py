@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,16 @@ def list_inputs(data: str, columns: tuple[str | None, str | None] = (None, None)
     raise UserError(f"not found: {data} (expected a folder of images, an image, or a file listing image paths)")
 
 
+def list_many(items: list[str], columns: tuple[str | None, str | None] = (None, None)) -> Inputs:
+    """``list_inputs`` of one item, or the images of several (files or folders) in the order given."""
+    if len(items) == 1:
+        return list_inputs(items[0], columns)
+    listed = [list_inputs(item, columns) for item in items]
+    if any(inputs.reader is not None for inputs in listed):
+        raise UserError("hf: data and tar shards are predicted on their own: give them alone as --data")
+    return Inputs([path for inputs in listed for path in inputs.paths], None)
+
+
 def positive_class(classes: list[str]) -> int:
     """Kaggle's ``label`` is P(dog); for other two-class models, P(the second class)."""
     lower = [c.lower() for c in classes]
@@ -107,9 +118,15 @@ def skipped_path(out: str) -> Path:
 
 
 def predict(
-    loaded: LoadedModel, icfg: InferenceConfig, inputs: Inputs, out: str, clip: float = 0.0, tta_mode: str = "none"
+    loaded: LoadedModel,
+    icfg: InferenceConfig,
+    inputs: Inputs,
+    out: str | None,
+    clip: float = 0.0,
+    tta_mode: str = "none",
 ) -> int:
-    """Write ``out`` (and ``out.skipped.txt`` when files were unreadable); return how many were skipped."""
+    """Write ``out`` (and ``out.skipped.txt`` when files were unreadable), or with no ``out`` the CSV on
+    stdout and the rest on stderr; return how many were skipped."""
     check_clip(clip)
     classes = loaded.classes
     accelerator = inference.start(icfg)
@@ -126,7 +143,18 @@ def predict(
     skipped = []
     if accelerator.is_main_process:
         skipped = unreadable_reasons(inputs.paths, labels, inputs.reader)
-        files.atomic_write(out, format_rows(inputs, classes, logits.softmax(1), readable, clip))
+        rows = format_rows(inputs, classes, logits.softmax(1), readable, clip)
+        if out is None:  # a pipe's data: the CSV alone on stdout
+            sys.stdout.write(rows)
+            sys.stdout.flush()
+            print(
+                f"visiontune: predicted {int(readable.sum())} of {len(inputs.paths)} images"
+                + "".join(f"\nvisiontune: unreadable {p}: {r}" for p, r in skipped),
+                file=sys.stderr,
+            )
+            accelerator.wait_for_everyone()
+            return int((~readable).sum())
+        files.atomic_write(out, rows)
         if skipped:
             files.atomic_write(skipped_path(out), "".join(f"{p}\t{r}\n" for p, r in skipped))
         else:

@@ -65,16 +65,6 @@ def torchvision_names() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 
 
-def model_names(source: str = "torchvision", text: str = "") -> list[str]:
-    """Names ``--model`` accepts from ``source`` (torchvision, timm or all) that contain ``text``."""
-    import timm
-
-    found = (torchvision_names() if source in ("torchvision", "all") else []) + (
-        [f"timm/{n}" for n in timm.list_models()] if source in ("timm", "all") else []
-    )
-    return [n for n in found if text.lower() in n.lower()]
-
-
 def _torchvision_weights(name: str, weights: str):
     if weights.lower() == "none" or is_weights_file(weights):
         return None

@@ -15,8 +15,12 @@ from torch import nn
 from visiontune.errors import UserError
 from visiontune.models.spec import ModelSpec, Preprocess, is_weights_file
 
+# One request with this timeout (seconds; $HF_HUB_ETAG_TIMEOUT if set) and no retries decides whether the
+# Hub can be reached, before the client's own download, which retries a dead network for a minute.
+PROBE_SECONDS = 3.0
 
-def hub_error(name: str, e: Exception) -> UserError:
+
+def hub_error(name: str, e: Exception | str) -> UserError:
     from huggingface_hub import constants
     from huggingface_hub.errors import RepositoryNotFoundError
 
@@ -28,13 +32,67 @@ def hub_error(name: str, e: Exception) -> UserError:
     todo = (
         "copy that cache from a machine that has it"
         if name.startswith("hf-hub:")
-        else "pass --weights none / --weights PATH"
+        else "pass --weights none (train from scratch) or --weights PATH"
     )  # a Hub model needs its config.json even untrained
+    why = e if isinstance(e, str) else e.__class__.__name__
     return UserError(
-        f"cannot fetch {name} ({e.__class__.__name__}): offline or not in the Hugging Face cache "
+        f"cannot fetch {name} ({why}): offline or not in the Hugging Face cache "
         f"{constants.HF_HUB_CACHE} (HF_HOME) nor torch hub's {torch.hub.get_dir()}; run once with "
         f"network access to fill the cache, or {todo}"
     )
+
+
+@contextlib.contextmanager
+def hub_access(name: str, repo: str, filenames: tuple[str, ...]):
+    """Around a Hub download of one of ``filenames`` of ``repo`` for model ``name``: no request at all when
+    one is cached, and the one line of ``hub_error`` within seconds when the Hub cannot be reached."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    repo_id, _, revision = repo.partition("@")
+    if any(isinstance(try_to_load_from_cache(repo_id, f, revision=revision or None), str) for f in filenames):
+        # Cached: offline for this call, or the client asks the Hub for a newer revision first.
+        offline, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
+        try:
+            yield
+        finally:
+            constants.HF_HUB_OFFLINE = offline
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise hub_error(name, "HF_HUB_OFFLINE is set")
+    _probe(name, repo_id, revision or None, filenames[0])
+    yield
+
+
+def _probe(name: str, repo_id: str, revision: str | None, filename: str) -> None:
+    import os
+
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or PROBE_SECONDS)
+    try:
+        with hub_quiet():
+            get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), timeout=timeout)
+    except (RepositoryNotFoundError, GatedRepoError) as e:
+        raise hub_error(name, e) from None
+    except HfHubHTTPError:  # the Hub answered (a missing file: the download tries the next name)
+        return
+    except Exception as e:  # no connection, a timeout, a proxy's refusal: the download would retry for a minute
+        raise hub_error(name, e) from None
+
+
+def _weight_files(arch: str) -> tuple[str, tuple[str, ...]] | None:
+    """The Hub repository and file names timm downloads ``arch``'s pretrained weights from (None: a URL)."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(arch)
+    repo = cfg.hf_hub_id if cfg is not None else None
+    if not repo:
+        return None
+    given = cfg.hf_hub_filename
+    if given:
+        return repo, (given, given.removesuffix(".bin") + ".safetensors") if given.endswith(".bin") else (given,)
+    return repo, ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors")
 
 
 @contextlib.contextmanager
@@ -68,9 +126,10 @@ def spec(name: str) -> ModelSpec:
     if name.startswith("hf-hub:"):
         from timm.models import _hub
 
+        repo = name[len("hf-hub:") :]
         try:
-            with hub_quiet():
-                cfg = _hub.load_model_config_from_hf(name[len("hf-hub:") :])[0]
+            with hub_access(name, repo, ("config.json",)), hub_quiet():
+                cfg = _hub.load_model_config_from_hf(repo)[0]
         except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
             raise hub_error(name, e) from None
         return ModelSpec(name, "hf-hub", name, _preprocess(cfg))
@@ -96,8 +155,15 @@ def build(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
             f"--weights for {spec.name} is DEFAULT, none or a .safetensors/.pth path; "
             f"a pretrained tag goes in the name: --model {spec.name}.TAG"
         )
+    pretrained = weights == "DEFAULT"
+    if not pretrained:
+        files = None
+    elif spec.source == "hf-hub":
+        files = spec.arch[len("hf-hub:") :], ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors")
+    else:
+        files = _weight_files(spec.arch)
     try:
-        with hub_quiet():
-            return timm.create_model(spec.arch, pretrained=weights == "DEFAULT", num_classes=num_classes)
+        with hub_access(spec.name, *files) if files else contextlib.nullcontext(), hub_quiet():
+            return timm.create_model(spec.arch, pretrained=pretrained, num_classes=num_classes)
     except OSError as e:  # timm fetches through huggingface_hub (or torch hub): all OSErrors
         raise hub_error(spec.name, e) from None

@@ -21,6 +21,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -159,7 +160,10 @@ def noise(r: dict | None, start_load: float) -> str | None:
 
 
 def compare(rows: list[dict], start_load: float = 0.0) -> list[dict]:
-    """Speedup against single and scaling efficiency; say what a super-linear speedup means, or that we can't."""
+    """Speedup against single and scaling efficiency; say what a super-linear speedup means, or that we can't.
+
+    A row whose speedup a loaded or noisy machine made meaningless is marked ``unreliable`` with the reason,
+    and its note says the reason before the figures."""
     base = next((r for r in rows if r["strategy"] == "single" and "images_per_s" in r), None)
     for r in rows:
         if "images_per_s" not in r:
@@ -168,10 +172,13 @@ def compare(rows: list[dict], start_load: float = 0.0) -> list[dict]:
         if base and base["images_per_s"] > 0:
             r["speedup"] = r["images_per_s"] / base["images_per_s"]
             r["efficiency"] = r["speedup"] / r["devices"]
-        if r.get("speedup", 0) > r["devices"] * 1.05:
-            if noisy:
-                r["note"] = f"speedup above the device count; {noisy}"
-            elif base["data_stall"] >= STALL and base["data_stall"] > r["data_stall"]:
+        if noisy and "speedup" in r and r is not base:  # the baseline's own 1.00x is true by definition
+            # The load, not the strategy, made these figures: the reason comes first, the figures after it.
+            r["unreliable"] = noisy
+            above = "; above the device count" if r["speedup"] > r["devices"] * 1.05 else ""
+            r["note"] = f"unreliable: {noisy} (measured {r['speedup']:.2f}x, {r['efficiency']:.0%}{above})"
+        elif r.get("speedup", 0) > r["devices"] * 1.05:
+            if base["data_stall"] >= STALL and base["data_stall"] > r["data_stall"]:
                 r["note"] = (
                     f"speedup above the device count: the baseline waited for its input "
                     f"{base['data_stall']:.0%} of the time ({r['data_stall']:.0%} here)"
@@ -198,11 +205,24 @@ def train_flags(cfg: TrainConfig, argv: list[str], epochs_given: bool) -> tuple[
     return (cfg, train_argv) if epochs_given else (cfg.replace(epochs=1), [*train_argv, "--epochs", "1"])
 
 
-def measure(plans: list[dict], train_argv: list[str], out: Path, repeats: int) -> list[dict]:
-    """Every runnable strategy ``repeats`` times, interleaved so that a change in load hits all alike."""
+def _eta(seconds: float) -> str:
+    return f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
+
+
+def measure(plans: list[dict], train_argv: list[str], out: Path, repeats: int, clock=time.monotonic) -> list[dict]:
+    """Every runnable strategy ``repeats`` times, interleaved so that a change in load hits all alike; a line
+    before each run says which of all the bench's runs it is, and the bench's ETA from the runs so far."""
     runs: dict[int, list[dict]] = {i: [] for i, r in enumerate(plans) if "skipped" not in r}
+    total, started = repeats * len(runs), clock()
     for repeat in range(repeats):
-        for i, done in runs.items():
+        for n, (i, done) in enumerate(runs.items()):
+            finished = repeat * len(runs) + n
+            left = f"; about {_eta((clock() - started) / finished * (total - finished))} left" if finished else ""
+            print(
+                f"visiontune bench: run {finished + 1}/{total}: {plans[i]['strategy']}, "
+                f"repeat {repeat + 1}/{repeats}{left}",
+                flush=True,
+            )
             done.append(run_one(plans[i], train_argv, out, repeat))
     return [combine(runs[i]) if i in runs else r for i, r in enumerate(plans)]
 

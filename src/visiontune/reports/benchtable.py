@@ -27,6 +27,23 @@ def load_line(rows: list[dict], info: dict) -> str:
     )
 
 
+def unreliable_line(rows: list[dict]) -> str | None:
+    """A warning above the table when a load made speedups meaningless: said before any figure is read."""
+    reasons = sorted({r["unreliable"] for r in rows if r.get("unreliable")})
+    if not reasons:
+        return None
+    return (
+        f"UNRELIABLE speedup and efficiency ({'; '.join(reasons)}): other work competed for the cores, so the "
+        "figures say nothing about scaling; rerun on an idle machine, or with --repeats 3."
+    )
+
+
+def _speedup_cells(r: dict) -> str:
+    if r.get("unreliable"):
+        return "unreliable | unreliable"
+    return f"{_fmt(r.get('speedup'), '.2f')}x | {_fmt(r.get('efficiency'), '.0%')}"
+
+
 def table(rows: list[dict], info: dict) -> str:
     head = (
         "| strategy | processes | batch/process | global batch | epoch time (s) | images/s | speedup | "
@@ -47,6 +64,7 @@ def table(rows: list[dict], info: dict) -> str:
         "",
         load_line(rows, info),
         "",
+        *([warning, ""] if (warning := unreliable_line(rows)) else []),
         head,
         "|" + "---|" * 14,
     ]
@@ -56,8 +74,8 @@ def table(rows: list[dict], info: dict) -> str:
             continue
         lines.append(
             f"| {r['strategy']} | {r['processes']} | {r['per_process_batch']} | {r['global_batch']} | "
-            f"{r['epoch_seconds']:.1f} | {r['images_per_s']:.1f}{_spread(r)} | {_fmt(r.get('speedup'), '.2f')}x | "
-            f"{_fmt(r.get('efficiency'), '.0%')} | {r['data_stall']:.0%} | {r['train_loss']:.4f} | "
+            f"{r['epoch_seconds']:.1f} | {r['images_per_s']:.1f}{_spread(r)} | {_speedup_cells(r)} | "
+            f"{r['data_stall']:.0%} | {r['train_loss']:.4f} | "
             f"{r['train_accuracy']:.4f} | {r['val_loss']:.4f} | {r['val_accuracy']:.4f} | {r.get('note', '')} |"
         )
     return "\n".join(lines) + "\n"

@@ -146,13 +146,14 @@ def confusion_text(report: dict, full_up_to: int = 10, pairs: int = 10) -> str:
     if k <= full_up_to:
         cells = [[f"{c} ({p:.0%})" for c, p in zip(cr, pr)] for cr, pr in zip(counts, norm)]
         w = max(len(s) for row in cells for s in row) + 2
+        # Classes named by their own index (digits 0..9): the index alone, not "0 0", "1 1".
+        indexed = all(n == str(i) for i, n in enumerate(names))
+        label, indent = (lambda i, n: f"{i:>3}", 3) if indexed else (lambda i, n: f"{i:>3} {short(n):<24}", 28)
         lines = [
             "confusion matrix (rows: true class, columns: predicted class #; count and share of the row)",
-            " " * 28 + "".join(f"{j:>{w}}" for j in range(k)),
+            " " * indent + "".join(f"{j:>{w}}" for j in range(k)),
         ]
-        lines += [
-            f"{i:>3} {short(n):<24}" + "".join(f"{s:>{w}}" for s in row) for i, (n, row) in enumerate(zip(names, cells))
-        ]
+        lines += [label(i, n) + "".join(f"{s:>{w}}" for s in row) for i, (n, row) in enumerate(zip(names, cells))]
         return "\n".join(lines)
     off = sorted(((counts[t][p], t, p) for t in range(k) for p in range(k) if t != p and counts[t][p]), reverse=True)[
         :pairs

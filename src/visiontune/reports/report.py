@@ -88,6 +88,9 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
         ("devices", ", ".join(sorted(set(setup.get("devices") or [])))),
         ("versions", ", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items())),
     ]
+    # The resolved setup the run announced at its start (runs before it recorded none).
+    shown = {k for k, _ in plain}
+    plain += [(k, v) for k, v in (config.get("overview") or {}).items() if k not in shown]
     out = [_rows([(k, f'<td class="l">{html.escape(_fmt(v))}</td>') for k, v in plain])]
     if summary:
         keys = [
@@ -174,8 +177,13 @@ def _bench(bench: dict) -> str:
         ("data stall", "data_stall"),
         ("val acc", "val_accuracy"),
     ]
+    from visiontune.reports.benchtable import unreliable_line
+
+    warning = unreliable_line(bench["rows"])
     out = [
-        f"<p>{html.escape(bench.get('load_note', ''))}</p><table><tr><th class='l'>strategy</th>"
+        f"<p>{html.escape(bench.get('load_note', ''))}</p>"
+        + (f"<p class='note'><b>{html.escape(warning)}</b></p>" if warning else "")
+        + "<table><tr><th class='l'>strategy</th>"
         + "".join(f"<th>{c}</th>" for c, _ in cols)
         + "<th class='l'>note</th></tr>"
     ]
@@ -188,7 +196,10 @@ def _bench(bench: dict) -> str:
             continue
         out.append(
             f"<tr><td class='l'>{html.escape(r['strategy'])}</td>"
-            + "".join(_num("bench", bench, "rows", i, k) for _, k in cols)
+            + "".join(
+                "<td>unreliable</td>" if k == "speedup" and r.get("unreliable") else _num("bench", bench, "rows", i, k)
+                for _, k in cols
+            )
             + f"<td class='l'>{html.escape(r.get('note', ''))}</td></tr>"
         )
     return "".join(out) + "</table>"

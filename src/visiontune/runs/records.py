@@ -54,8 +54,18 @@ def results(history: list[dict], metric: str) -> dict:
     }
 
 
-def announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Split, run_dir: str) -> None:
-    """The run's opening line: strategy, devices, split sizes, batch, lr and run folder."""
+def announce(
+    accelerator,
+    cfg: TrainConfig,
+    setup,
+    images: ImageSet,
+    split: Split,
+    run_dir: str,
+    overview: list[tuple[str, str]] = (),
+    note: str | None = None,
+) -> None:
+    """The run's opening line (strategy, devices, split sizes, batch, lr and run folder), then the
+    resolved setup, one row a line, and a note on the recipe if it has one."""
     accelerator.print(
         f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
         f"{len(split.train)} train / {len(split.val)} val images"
@@ -63,6 +73,11 @@ def announce(accelerator, cfg: TrainConfig, setup, images: ImageSet, split: Spli
         f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
         f"lr {setup.lr:g} | run folder {run_dir}"
     )
+    if overview:
+        width = max(len(label) for label, _ in overview)
+        accelerator.print("Running training\n" + "\n".join(f"  {label:<{width}}  {text}" for label, text in overview))
+    if note:
+        accelerator.print(f"visiontune: {note}")
     # The split is not stratified: a class of one or two images can land wholly in val, and the model
     # then never sees it. The run goes on (its other classes are worth training); the user is told.
     unseen = np.flatnonzero(np.bincount(images.labels[split.train], minlength=len(images.classes)) == 0)
@@ -84,11 +99,13 @@ def write_records(
     bad: list,
     run_dir: str,
     info: runinfo.RunInfo,
+    overview: list[tuple[str, str]] = (),
 ) -> None:
     """The run folder's records (main process), and the trackers, which write into it."""
     record = {
         "config": cfg.to_dict(),
         "setup": setup.__dict__,
+        "overview": dict(overview),  # the resolved setup as announced, for the report
         "versions": host.versions(),
         # Absolute: evaluate recognises the run's own data by it from any working folder (hf: names stay).
         "data": {

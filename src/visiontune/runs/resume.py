@@ -134,5 +134,8 @@ def restore(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
         for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
             if os.path.isfile(os.path.join(source, name)):
                 shutil.copy2(os.path.join(source, name), os.path.join(run_dir, name))
-    accelerator.print(f"visiontune: resuming from {found.path} (epoch {found.epoch}, batch {found.batch})")
+    # The epoch as the run prints it (from 1); the checkpoint's name keeps the 0-based index.
+    accelerator.print(
+        f"visiontune: resuming from {found.path} (Epoch {found.epoch + 1}/{cfg.epochs}, after batch {found.batch})"
+    )
     return found

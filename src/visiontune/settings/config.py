@@ -80,8 +80,8 @@ class TrainConfig:
     # optimisation (settings left None come from --recipe; see recipe.py)
     recipe: Literal["blog", "modern"] = _setting(
         "blog",
-        "blog (the reference job, unchanged) or modern (AdamW, "
-        "warm-up + cosine, label smoothing, TrivialAugment, EMA); flags win",
+        "blog (the reference job, unchanged) or modern; what each sets is presets.PRESETS "
+        "(`visiontune train --help` lists it); flags win",
     )
     epochs: int = _setting(2, "epochs")
     batch_size: int = _setting(50, "batch size PER PROCESS, as in the reference job")

@@ -50,6 +50,30 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def _value_text(name: str, value) -> str:
+    if value is None:  # normalize in the modern recipe: decided per run, see _normalize
+        return "weights (pretrained) or data (from scratch)"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def describe(name: str) -> str:
+    """One recipe as its flags and values, the ones it turns off last: the --recipe help is made of these."""
+    on, off = [], []
+    for key, value in PRESETS[name].items():
+        flag = key.replace("_", "-")
+        if value in (0, "none") and key != "normalize":
+            off.append(flag)
+        else:
+            on.append(f"--{flag} {_value_text(key, value)}")
+    return f"{name} ({', '.join(on)}; off: {', '.join(off)})" if off else f"{name} ({', '.join(on)})"
+
+
+def recipe_help() -> str:
+    """The --recipe help text, rendered from ``PRESETS`` so that it cannot disagree with them."""
+    recipes = [describe(name) for name in PRESETS]
+    return f"{', or '.join(recipes)}. A recipe fills only the settings not given: flags and --config win"
+
+
 def _normalize(cfg) -> str:
     # Pretrained weights see inputs normalised as in their own training; a model trained from
     # scratch (or from a file without metadata) is best served by the data's own statistics.

@@ -22,7 +22,7 @@ from accelerate import Accelerator
 
 from visiontune.cluster.signals import RunStopped
 from visiontune.data.pipeline import UNREADABLE
-from visiontune.training.meter import PhaseResult, StepClock, Totals, progress_bar
+from visiontune.training.meter import PhaseResult, StepClock, Totals, progress_bar, run_progress
 
 # criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that
 # ``backward`` is called on (0, not NaN, for a batch without any). ``labels`` holds class indices,
@@ -100,6 +100,7 @@ def train_one_epoch(
     epoch: int = 0,
     start_step: int = 0,
     totals: Totals | None = None,
+    run_bar=None,
 ) -> PhaseResult:
     """One pass over ``loader``; returns loss/accuracy summed over every process.
 
@@ -139,6 +140,8 @@ def train_one_epoch(
             )
         if opts.on_step is not None:
             opts.on_step(epoch, step + 1, totals)
+        if run_bar is not None:
+            run_bar.update(1)
         clock.step_done()
     totals = totals.reduced(accelerator)
     if opts.on_nan == "stop" and not math.isfinite(totals.loss_sum):
@@ -206,9 +209,22 @@ def fit(
     opts: LoopOptions,
     start: StartAt = StartAt(),
 ) -> None:
-    """Train and validate each epoch from ``start``; print the reference job's epoch lines."""
+    """Train and validate each epoch from ``start``; print the reference job's epoch lines, and keep
+    the run's own progress (epoch, step of all steps, ETA) beside each phase's bar."""
+    per_epoch = len(train_loader)
+    run_bar = run_progress(accelerator, opts.epochs * per_epoch, start.epoch * per_epoch + start.batch, opts.progress)
+    try:
+        _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input, opts, start, run_bar)
+    finally:
+        run_bar.close()
+
+
+def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input, opts, start, run_bar):
     for epoch in range(start.epoch, opts.epochs):
-        accelerator.print(f"Epoch {epoch}/{opts.epochs - 1}\n" + "-" * 10)
+        run_bar.set_description_str(f"run: epoch {epoch + 1}/{opts.epochs},", refresh=False)
+        # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"); the records (history.json, metrics.csv,
+        # summary.json, checkpoint names) keep the 0-based index.
+        accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}\n" + "-" * 10)
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
         skip = start.batch if epoch == start.epoch else 0
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
@@ -223,6 +239,7 @@ def fit(
             epoch=epoch,
             start_step=skip,
             totals=start.totals if skip else None,
+            run_bar=run_bar,
         )
         va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress)
         for phase, r in (("train", tr), ("val", va)):

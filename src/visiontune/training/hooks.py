@@ -88,7 +88,7 @@ class Checkpointer:
         reduced = totals.reduced(self.accelerator)
         if self.cfg.on_nan == "stop" and not torch.isfinite(reduced.values[0]):
             raise engine.NonFiniteLoss(
-                f"training loss became non-finite in epoch {epoch} before batch {batch}; "
+                f"training loss became non-finite in Epoch {epoch + 1}/{self.cfg.epochs} before batch {batch}; "
                 "the last checkpoint before it is kept (lower --lr, or --on-nan skip)"
             )
         return self.save(epoch, batch, reduced)

@@ -146,3 +146,19 @@ def progress_bar(accelerator: Accelerator, loader: Iterable, desc: str, progress
         disable=disable,
         bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
     )
+
+
+def run_progress(accelerator: Accelerator, total: int, done: int, progress: bool):
+    """The whole run's view beside each phase's bar: training steps done of all the run's, and the run's ETA.
+
+    Its rate is the average over the run so far (``smoothing=0``), validation included, so the ETA counts
+    the validation still to come too. On a terminal it is a bar; in a log, a line every
+    ``LOG_EVERY_SECONDS``, like the phase bars."""
+    disable = not (progress and accelerator.is_main_process)
+    common = dict(total=total, initial=done, desc="run", leave=False, disable=disable, smoothing=0, unit="step")
+    if getattr(sys.stderr, "isatty", lambda: False)():
+        return tqdm(**common, dynamic_ncols=True, mininterval=REDRAW_SECONDS)
+    every = progress_seconds(LOG_EVERY_SECONDS)  # checked at start-up (host.check_environment)
+    return _LogLines(
+        **common, mininterval=every, miniters=1, bar_format="{desc} step {n_fmt}/{total_fmt} [{elapsed}<{remaining}]"
+    )

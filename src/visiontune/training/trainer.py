@@ -34,7 +34,7 @@ from visiontune.runs import records, resume, runinfo, runlock
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.training import elastic, engine, meter, optim
+from visiontune.training import elastic, engine, meter, optim, overview
 from visiontune.training.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
 from visiontune.training.schedule import Stepper
 from visiontune.training.steplog import StepLog
@@ -232,13 +232,18 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct)
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
+    # The train loader keeps full batches only: what an epoch trains on, of the train split.
+    per_epoch_images = len(train_loader) // setup.world_size * setup.world_size * setup.per_process_batch
+    rows = overview.rows(
+        cfg, setup, len(split.train), len(split.val), images.classes, per_epoch_images, per_epoch, spec.source
+    )
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
     identity = _identity(job, split_rec, len(images.classes))
     resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
-    records.announce(accelerator, cfg, setup, images, split, run_dir)
-    records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info)
+    records.announce(accelerator, cfg, setup, images, split, run_dir, rows, overview.recipe_note(cfg, spec.source))
+    records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info, rows)
     if accelerator.is_main_process:
         elastic.record_world(run_dir, setup, cfg, resumed)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)

@@ -1,0 +1,167 @@
+"""``visiontune compare RUN RUN...``: runs side by side, as one self-contained HTML page and a terminal table.
+
+Built from each run folder's own files (``config.json``, ``summary.json``, ``history.json``): the
+settings that differ between the runs come first, then the ones they share; the runs' validation
+(and training) curves are drawn on shared axes in one embedded figure; the final metrics close the
+page. Like ``report.html``, the page has no script and no external reference.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from visiontune.errors import UserError
+from visiontune.files import atomic_write
+from visiontune.reports.report import CSS
+
+# Differ by nature between any two runs, and say nothing about how they trained.
+NOT_SETTINGS = ("output_dir", "resume", "progress")
+METRICS = (
+    ("best val accuracy", "best_val_accuracy"),
+    ("best val loss", "best_val_loss"),
+    ("best epoch (from 0)", "best_epoch"),
+    ("epochs run", "epochs"),
+    ("train images/s", "train_images_per_s"),
+    ("total seconds", "total_seconds"),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    settings: dict
+    summary: dict
+    history: list
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_run(folder: str | Path) -> Run:
+    path = Path(folder)
+    config = _json(path / "config.json")
+    if not isinstance(config, dict):
+        raise UserError(f"{folder} is not a visiontune run folder (no config.json)")
+    settings = {"data": (config.get("data") or {}).get("root")}
+    settings.update({k: v for k, v in (config.get("config") or {}).items() if k not in NOT_SETTINGS and k != "data"})
+    settings.update({f"setup: {k}": v for k, v in (config.get("setup") or {}).items() if k in ("global_batch", "lr")})
+    history = _json(path / "history.json")
+    return Run(str(folder).rstrip("/"), settings, _json(path / "summary.json") or {}, history or [])
+
+
+def _text(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def settings_table(runs: list[Run]) -> tuple[list[tuple[str, list[str]]], int]:
+    """(setting, one text per run) rows, the differing ones first; and how many differ."""
+    keys = list(dict.fromkeys(k for r in runs for k in r.settings))
+    rows = [(k, [_text(r.settings.get(k)) for r in runs]) for k in keys]
+    differ = [row for row in rows if len(set(row[1])) > 1]
+    return differ + [row for row in rows if len(set(row[1])) == 1], len(differ)
+
+
+def metrics_table(runs: list[Run]) -> list[tuple[str, list[str]]]:
+    rows = [(label, [_text(r.summary.get(key)) for r in runs]) for label, key in METRICS]
+    last = [r.history[-1] if r.history else {} for r in runs]
+    rows += [
+        (f"last epoch {phase} {key}", [_text((h.get(phase) or {}).get(key)) for h in last])
+        for phase in ("val", "train")
+        for key in ("accuracy", "loss")
+    ]
+    return rows
+
+
+def figure_png(runs: list[Run]) -> bytes:
+    """Validation (solid) and training (dashed) accuracy and loss of every run, on shared axes."""
+    import matplotlib.ticker
+
+    from visiontune.reports.figures import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharex=True)
+    for i, run in enumerate(runs):
+        color = f"C{i % 10}"
+        epochs = [row["epoch"] + 1 for row in run.history]  # as the terminal counts them
+        for ax, key in zip(axes, ("accuracy", "loss")):
+            ax.plot(epochs, [row["val"][key] for row in run.history], marker="o", color=color, label=run.name)
+            ax.plot(epochs, [row["train"][key] for row in run.history], linestyle="--", color=color, alpha=0.6)
+    for ax, title in zip(axes, ("Accuracy", "Loss")):
+        ax.set_title(f"{title} (solid: validation, dashed: training)")
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(runs), 4), frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _html_table(runs: list[Run], rows: list[tuple[str, list[str]]], marked: int = 0) -> str:
+    head = "<tr><th class='l'>setting</th>" + "".join(f"<th class='l'>{html.escape(r.name)}</th>" for r in runs)
+    body = "".join(
+        f"<tr{' class=differs' if i < marked else ''}><th class='l'>{html.escape(k)}</th>"
+        + "".join(f"<td class='l'>{html.escape(v)}</td>" for v in values)
+        + "</tr>"
+        for i, (k, values) in enumerate(rows)
+    )
+    return f"<table>{head}</tr>{body}</table>"
+
+
+def build(runs: list[Run]) -> str:
+    settings, differ = settings_table(runs)
+    png = base64.b64encode(figure_png(runs)).decode()
+    title = "visiontune compare: " + ", ".join(Path(r.name).name for r in runs)
+    said = f"{differ} setting(s) differ" if differ else "no setting differs"
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<h2>Settings</h2><p class='note'>{said}; they come first, highlighted.</p>",
+        _html_table(runs, settings, differ),
+        "<h2>Curves</h2>",
+        f'<img alt="curves of every run on shared axes" src="data:image/png;base64,{png}">',
+        "<h2>Final metrics</h2>",
+        _html_table(runs, metrics_table(runs)),
+    ]
+    css = CSS + "\ntr.differs th,tr.differs td{background:#fff6d5}"
+    return (
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{css}</style></head><body>{''.join(body)}</body></html>\n"
+    )
+
+
+def terminal_table(runs: list[Run]) -> str:
+    """The differing settings and the final metrics, one column per run."""
+    settings, differ = settings_table(runs)
+    rows = [("run", [Path(r.name).name for r in runs]), *settings[:differ], *metrics_table(runs)]
+    width = max(len(k) for k, _ in rows)
+    cols = [max(len(values[i]) for _, values in rows) for i in range(len(runs))]
+    lines = [f"{k:<{width}}  " + "  ".join(f"{v:<{w}}" for v, w in zip(values, cols)) for k, values in rows]
+    if not differ:
+        lines.insert(1, "(no setting differs)")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def compare(folders: list[str], out: str | Path) -> Path:
+    """Write the page comparing ``folders`` to ``out``, print the terminal table; return ``out``."""
+    if len(folders) < 2:
+        raise UserError("compare needs two or more run folders")
+    runs = [read_run(f) for f in folders]
+    out = Path(out)
+    atomic_write(out, build(runs))
+    print(terminal_table(runs))
+    return out

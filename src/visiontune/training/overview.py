@@ -1,0 +1,100 @@
+"""The run's resolved setup, said once at the start (as the Hugging Face Trainer's "Running training")
+and recorded in ``config.json`` for the report's Setup table: what the images are, how many steps
+they make, and what the recipe resolved into. Plain (label, text) rows, made from the resolved
+config and the numbers the trainer computed; nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+from visiontune.settings.config import TrainConfig
+from visiontune.training.schedule import warmup_steps
+
+MAX_CLASS_NAMES = 10
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _optimizer(cfg: TrainConfig, lr: float) -> str:
+    if cfg.optimizer == "adamw":
+        text = f"AdamW, lr {lr:g}, weight decay {cfg.weight_decay:g} (none on norms and biases)"
+    else:
+        text = f"SGD, lr {lr:g}, momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}"
+    if cfg.backbone_lr_mult != 1:
+        text += f", backbone lr x{cfg.backbone_lr_mult:g}"
+    return text
+
+
+def _schedule(cfg: TrainConfig, steps_per_epoch: int) -> str:
+    warm = warmup_steps(cfg, steps_per_epoch)
+    shape = "constant" if cfg.lr_schedule == "none" else cfg.lr_schedule
+    return f"{warm} warm-up steps, then {shape}" if warm else shape
+
+
+def _augmentation(cfg: TrainConfig) -> str:
+    extra = [
+        f"{name} {value:g}"
+        for name, value in (("random erasing", cfg.random_erasing), ("mixup", cfg.mixup), ("cutmix", cfg.cutmix))
+        if value
+    ]
+    return ", ".join([cfg.augment, *extra])
+
+
+def rows(
+    cfg: TrainConfig,
+    setup,
+    train_images: int,
+    val_images: int,
+    classes: list[str],
+    images_per_epoch: int,
+    steps_per_epoch: int,
+    source: str,
+) -> list[tuple[str, str]]:
+    """The resolved setup as (label, text) rows."""
+    train = _n(train_images)
+    if images_per_epoch < train_images:  # the train loader keeps full batches only
+        train += (
+            f" ({_n(images_per_epoch)} of {_n(train_images)} per epoch, last partial batch dropped; "
+            "every image is seen over epochs)"
+        )
+    names = ", ".join(classes[:MAX_CLASS_NAMES]) + (", ..." if len(classes) > MAX_CLASS_NAMES else "")
+    processes = "process" if setup.world_size == 1 else "processes"
+    batch = f"{setup.per_process_batch} per process x {setup.world_size} {processes}"
+    if cfg.grad_accum > 1:
+        batch += f" x {cfg.grad_accum} accumulated"
+    return [
+        ("train images", train),
+        ("val images", f"{_n(val_images)}, each counted once per epoch"),
+        ("classes", f"{len(classes)}: {names}"),
+        ("model", f"{cfg.model} ({source}), weights {cfg.weights}, {cfg.image_size} px"),
+        ("batch", f"{batch} = global batch {setup.global_batch}"),
+        (
+            "optimizer steps",
+            f"{_n(steps_per_epoch)} per epoch x {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} = "
+            f"{_n(steps_per_epoch * cfg.epochs)}",
+        ),
+        ("optimizer", _optimizer(cfg, setup.lr)),
+        ("lr schedule", _schedule(cfg, steps_per_epoch)),
+        ("loss", f"cross-entropy, label smoothing {cfg.label_smoothing:g}" if cfg.label_smoothing else "cross-entropy"),
+        ("augmentation", _augmentation(cfg)),
+        ("EMA", f"decay {cfg.ema:g}" if cfg.ema else "off"),
+        ("normalisation", f"{cfg.normalize}: mean {cfg.mean}, std {cfg.std}"),
+        ("recipe", cfg.recipe),
+    ]
+
+
+def recipe_note(cfg: TrainConfig, source: str) -> str | None:
+    """One line when the blog recipe is used where it does badly: from scratch, or on a timm/Hub model."""
+    if cfg.recipe != "blog":
+        return None
+    if cfg.weights.lower() == "none":
+        where = "from scratch (--weights none)"
+    elif source != "torchvision":
+        where = f"on a {source} model"
+    else:
+        return None
+    return (
+        f"note: the blog recipe (SGD, constant lr) was made for fine-tuning a pretrained torchvision model; "
+        f"{where} it does worse than --recipe modern (benchmarks/recipe.py)"
+    )

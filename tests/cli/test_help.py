@@ -1,0 +1,68 @@
+"""`--help` that tells the truth and reads well: the --recipe help is the presets' table, rendered."""
+
+from __future__ import annotations
+
+import pytest
+
+from visiontune.cli.commands import build_parser
+from visiontune.settings import presets
+
+
+def _subparser(name: str):
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices[name]
+
+
+def _action(parser, flag: str):
+    return next(a for a in parser._actions if flag in a.option_strings)
+
+
+@pytest.mark.parametrize("command", ["train", "lr-find", "bench", "slurm"])
+def test_recipe_help_is_the_presets_table_rendered(command, monkeypatch):
+    help_text = _action(_subparser(command), "--recipe").help
+    assert help_text == presets.recipe_help() + " (default blog)"
+    for name, table in presets.PRESETS.items():
+        described = presets.describe(name)
+        assert described in help_text
+        for key, value in table.items():  # every setting the recipe governs is named, with its value when on
+            assert key.replace("_", "-") in described
+            if value not in (0, "none", None):
+                assert f"--{key.replace('_', '-')} {presets._value_text(key, value)}" in described
+    # The modern recipe has neither TrivialAugment nor an EMA: the help said it had both.
+    assert "trivial" not in help_text.lower() and "off: augment, random-erasing, mixup, cutmix, ema)" in help_text
+    # A change to the table is a change to the help: nothing else to keep in step.
+    monkeypatch.setitem(presets.PRESETS, "modern", {**presets.PRESETS["modern"], "ema": 0.999, "augment": "trivial"})
+    changed = _action(_subparser(command), "--recipe").help
+    assert "--ema 0.999" in changed and "--augment trivial" in changed
+
+
+def test_train_help_is_in_sections_that_hold_every_flag_once():
+    from dataclasses import fields
+
+    from visiontune.cli.flags import FLAG_GROUPS
+    from visiontune.settings.config import TrainConfig
+
+    listed = [name for names in FLAG_GROUPS.values() for name in names]
+    assert sorted(listed) == sorted(f.name for f in fields(TrainConfig))  # each field in exactly one section
+    parser = _subparser("train")
+    sections = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
+    for title in ("data", "model", "optimisation", "augmentation", "run folder and resume", "distributed", "logging"):
+        assert set(sections[title]) == set(FLAG_GROUPS[title]), title
+    text = parser.format_help()
+    assert text.splitlines()[0] == (
+        "usage: visiontune train --data DATA [--model NAME] [--recipe {blog,modern}] [--epochs N] [options]"
+    )
+    assert text.index("\ndata:\n") < text.index("--image-size") < text.index("\noptimisation:\n")
+
+
+@pytest.mark.parametrize("command", ["lr-find", "bench"])
+def test_lr_find_and_bench_leave_out_the_checkpoint_and_resume_flags(command):
+    parser = _subparser(command)
+    text = parser.format_help()
+    for flag in ("--resume", "--save-every-steps", "--keep-last", "--save-pth"):
+        assert flag not in text
+    assert "--output-dir" in text and "run folder:" in text and "resume" not in text
+    with pytest.raises(Exception, match="unrecognized arguments: --resume"):
+        parser.parse_args(["--data", "d", "--resume", "auto"])
+    assert "--resume" in _subparser("train").format_help() and "--keep-last" in _subparser("slurm").format_help()

@@ -1,0 +1,123 @@
+"""visiontune compare: one self-contained page (and a terminal table) with runs side by side."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from visiontune.cli.commands import main
+
+
+class Page(HTMLParser):
+    """The page's tables as rows of cell texts, and its images' sources."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.images: list[str] = []
+        self.differs: list[str] = []
+        self._cell: list[str] | None = None
+        self._row_differs = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+            self._row_differs = a.get("class") == "differs"
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append(a["src"])
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell))
+            if self._row_differs and len(self.tables[-1][-1]) == 1:
+                self.differs.append(self.tables[-1][-1][0])
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture
+def runs(tmp_path, trained_run) -> list[Path]:
+    """The shared trained run, and a copy of it that says it trained with another lr and recipe."""
+    first = Path(shutil.copytree(trained_run, tmp_path / "first", ignore=shutil.ignore_patterns("checkpoints")))
+    second = Path(shutil.copytree(first, tmp_path / "second"))
+    record = json.loads((second / "config.json").read_text())
+    record["config"].update(lr=0.5, recipe="modern")
+    (second / "config.json").write_text(json.dumps(record))
+    history = json.loads((second / "history.json").read_text())
+    for row in history:
+        row["val"]["accuracy"] /= 2
+    (second / "history.json").write_text(json.dumps(history))
+    return [first, second]
+
+
+def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs, tmp_path, capsys):
+    out = tmp_path / "cmp.html"
+    assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
+    text = out.read_text()
+    page = Page()
+    page.feed(text)
+    settings, metrics = page.tables
+    names = [row[0] for row in settings[1:]]
+    assert names[:2] == ["recipe", "lr"] and page.differs == ["recipe", "lr"]  # the two that differ, first
+    assert settings[1][1:] == ["blog", "modern"] and settings[2][1:] == ["0.02", "0.5"]
+    assert "model" in names[2:] and ["model", "resnet18", "resnet18"] in settings
+    assert len(page.images) == 1 and page.images[0].startswith("data:image/png;base64,")
+    assert not re.search(r"(?<![\w-])(src|href)\s*=\s*[\"'](?!data:)", text) and "<script" not in text
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert [
+        "best val accuracy",
+        f"{summary['best_val_accuracy']:.4g}",
+        f"{summary['best_val_accuracy']:.4g}",
+    ] in metrics
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].split() == ["run", "first", "second"] and said[1].split() == ["recipe", "blog", "modern"]
+    assert said[2].split() == ["lr", "0.02", "0.5"] and said[-1] == f"visiontune: wrote {out}"
+    assert main(["compare", str(runs[0])]) == 2  # one run: nothing to compare
+    assert main(["compare", str(runs[0]), str(tmp_path)]) == 2  # not a run folder
+    assert "is not a visiontune run folder" in capsys.readouterr().err
+
+
+@pytest.mark.browser
+def test_the_page_in_a_headless_browser(runs, tmp_path):
+    chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+    if chromium is None:
+        pytest.skip("no chromium installed")
+    from test_report import CHECK
+
+    out = tmp_path / "cmp.html"
+    assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
+    page = tmp_path / "page.html"
+    page.write_text(out.read_text().replace("</body>", CHECK + "</body>"))
+    done = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 'data-images="1"' in done.stdout and 'data-broken="0"' in done.stdout
