@@ -83,6 +83,8 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "num_workers",
         "cache",
         "max_bad_fraction",
+        "image_column",
+        "label_column",
     ),
     "model": ("model", "weights", "init_from", "freeze_backbone", "freeze_epochs", "backbone_lr_mult"),
     "optimisation": (
@@ -121,6 +123,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "max_restarts",
         "timeout",
         "sync_batchnorm",
+        "threads",
     ),
     "logging": ("log_with", "progress", "timing_warmup"),
 }
