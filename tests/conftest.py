@@ -63,6 +63,7 @@ SLOW = {
     "test_a_closed_pipe_ends_quietly",
     "test_every_model_gets_a_new_head_of_the_right_shape",  # ~80 models built and run on the meta device
     "test_the_resize_flags_reach_the_cache_the_loaders_and_the_record",
+    "server",  # test_serve.py: the real server in a subprocess
 }
 
 
