@@ -71,6 +71,9 @@ def _onnx(path: str, threads: int) -> tuple[RunInfo, Callable]:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Idle intra-op threads sleep rather than spin: they would take the cores the decoding threads and the
+    # event loop need between batches.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own classes for a missing or damaged file
