@@ -1,11 +1,11 @@
 """The server's counters, written in the Prometheus text exposition format (version 0.0.4) for ``GET /metrics``.
 
-Four families, the few a dashboard needs: requests by path and status code,
-errors (answers of 400 and above) by code, the batch sizes the batcher ran
-and the request latency, the last two as cumulative histograms; plus the
-images predicted, the requests in flight and whether the model is ready. They
-are per process: with ``--workers N`` each worker counts its own. The format
-is a few lines of text, so no client library is needed for it.
+The families a dashboard needs: requests by path and status code, errors
+(answers of 400 and above) by code, images predicted, the batch sizes the
+batcher ran, the time of each forward pass and the request latency (the last
+three as cumulative histograms), the requests in flight and whether the model
+is ready. They are per process: with ``--workers N`` each worker counts its
+own. The format is a few lines of text, so no client library is needed for it.
 """
 
 from __future__ import annotations
