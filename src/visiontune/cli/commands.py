@@ -208,6 +208,35 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.cluster.host import available_cores
+    from visiontune.inference.serve import ServeOptions, serve
+
+    if args.max_wait_ms < 0 or args.max_body_mb <= 0:
+        raise UserError("--max-wait-ms must be >= 0 and --max-body-mb > 0")
+    if not 0 <= args.port < 65536:
+        raise UserError(f"--port must be in 0..65535, got {args.port}")
+    return serve(
+        ServeOptions(
+            run=args.run,
+            weights=args.weights,
+            model=args.model,
+            classes=[c.strip() for c in args.classes.split(",")] if args.classes else None,
+            image_size=args.image_size,
+            compile=args.compile,
+            threads=args.threads or max(1, available_cores() // args.workers),
+            host=args.host,
+            port=args.port,
+            max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms,
+            workers=args.workers,
+            max_body_mb=args.max_body_mb,
+            max_connections=args.max_connections,
+            access_log=args.access_log,
+        )
+    )
+
+
 def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import launch
 

@@ -220,6 +220,48 @@ def _add_column_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-column", help="hf: data: the label column (default: the ClassLabel one)")
 
 
+def _add_model_flags(p: argparse.ArgumentParser, onnx: bool = False) -> None:
+    """--run or --weights (with --model/--classes/--image-size for a file that does not describe itself)."""
+    p.add_argument("--run", help="a training run folder")
+    p.add_argument(
+        "--weights",
+        help="instead of --run: a visiontune .safetensors file (it says what it is), "
+        + ("an .onnx file from `visiontune export`, " if onnx else "")
+        + "or a .pth/.safetensors state_dict with --model and --classes",
+    )
+    p.add_argument("--model", help="with --weights: the model name (checked against the file's own)")
+    p.add_argument("--classes", help="with --weights: class names in training order, comma-separated")
+    p.add_argument(
+        "--image-size",
+        type=int,
+        help="with --weights: input size (default: the file's, else the model's pretrained size)",
+    )
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    _add_model_flags(p, onnx=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-batch", type=positive, default=32, help="images per forward pass at most (default 32)")
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long the first image of a batch waits for others (default 5; 0: batch only what is queued)",
+    )
+    p.add_argument("--workers", type=positive, default=1, help="server processes, each with its own model (default 1)")
+    p.add_argument("--threads", type=positive, help="intra-op threads per worker (default: cores / workers)")
+    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
+    p.add_argument(
+        "--max-connections",
+        type=positive,
+        default=256,
+        help="connections and requests at once; beyond it new requests get 503 (default 256)",
+    )
+    p.add_argument("--compile", action="store_true", help="run the model through torch.compile (a torch model only)")
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True, help="one log line per request")
+
+
 def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     """Every subcommand and its flags; ``commands`` maps each name to the function that runs it."""
     parser = OneLineParser(
@@ -295,19 +337,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         )
     p.set_defaults(func=commands["slurm"])
     p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
-    p.add_argument("--run", help="a training run folder")
-    p.add_argument(
-        "--weights",
-        help="instead of --run: a visiontune .safetensors file (it says what it is), "
-        "or a .pth/.safetensors state_dict with --model and --classes",
-    )
-    p.add_argument("--model", help="with --weights: the model name (checked against the file's own)")
-    p.add_argument("--classes", help="with --weights: class names in training order, comma-separated")
-    p.add_argument(
-        "--image-size",
-        type=int,
-        help="with --weights: input size (default: the file's, else the model's pretrained size)",
-    )
+    _add_model_flags(p)
     p.add_argument("images", nargs="*", metavar="IMAGE", help="image files or folders to predict (instead of --data)")
     p.add_argument("--data", help="a folder of images, Kaggle's test/, a file listing paths, shards or hf:...")
     _add_column_flags(p)
@@ -338,6 +368,9 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         help="onnx: take uint8 [N, H, W, 3] images of any size; resize and normalise inside the graph",
     )
     p.set_defaults(func=commands["export"])
+    p = sub.add_parser("serve", help="serve a trained model over HTTP: POST /predict, with dynamic batching")
+    _add_serve_flags(p)
+    p.set_defaults(func=commands["serve"])
     p = sub.add_parser("report", help="rebuild RUN/report.html, one self-contained page about the run")
     p.add_argument("run", help="a training run folder (or a bench folder)")
     p.set_defaults(func=commands["report"])

@@ -1,0 +1,342 @@
+"""``visiontune serve``: a trained model behind HTTP -- FastAPI on uvicorn, with dynamic batching.
+
+``POST /predict`` takes one image as the raw body (an ``image/*`` or
+``application/octet-stream`` content type) or any number as the files of a
+``multipart/form-data`` body, decodes them in a thread pool with ``predict``'s
+code (``runtime``) and hands them to the ``Batcher``, which runs the images of
+requests arriving within ``max_wait_ms`` as one batch. ``GET /health`` is 200
+once the model is loaded and a warm-up forward pass has run (503 before, and
+while shutting down), ``GET /metadata`` describes the model, ``GET /metrics``
+counts in Prometheus' text format.
+
+Hostile input is refused with a 4xx and one JSON line ``{"error": ...}``, and
+one log line saying what was refused: a body over ``max_body_mb`` (413, from
+its Content-Length before anything is read, else as soon as the bytes read pass
+the limit), a content type that is not an image (415), an empty or malformed
+body (400), an image that does not decode, is truncated or declares too many
+pixels (422). SIGTERM drains: new requests get 503, those in flight are
+answered, then uvicorn stops and the process exits 0 (after ``GRACE_S`` at most).
+"""
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+
+from visiontune.errors import UserError
+from visiontune.inference.batching import Batcher
+from visiontune.inference.runtime import Runtime, load_runtime
+from visiontune.inference.servemetrics import Metrics
+
+MAX_FILES = 256  # images in one multipart request
+GRACE_S = 30.0  # the longest SIGTERM waits for requests in flight
+PATHS = ("/predict", "/health", "/metadata", "/metrics")
+OPTIONS_ENV = "VISIONTUNE_SERVE_OPTIONS"  # how --workers N hands the options to each worker process
+log = logging.getLogger("uvicorn.error")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    run: str | None = None
+    weights: str | None = None
+    model: str | None = None
+    classes: list[str] | None = None
+    image_size: int | None = None
+    compile: bool = False
+    threads: int = 1  # intra-op threads of each process
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    workers: int = 1
+    max_body_mb: float = 16.0
+    max_connections: int = 256
+    access_log: bool = True
+
+
+def require_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import python_multipart  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError("serve needs the serve extra: pip install 'visiontune[serve]'") from None
+
+
+class Refused(Exception):
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def _client(scope) -> str:
+    host, port = scope.get("client") or ("?", 0)
+    return f"{host}:{port}"
+
+
+def _refusal(scope, status: int, reason: str):
+    from fastapi.responses import JSONResponse
+
+    log.warning("refused %s %s from %s: %d %s", scope.get("method"), scope.get("path"), _client(scope), status, reason)
+    return JSONResponse(
+        {"error": reason}, status_code=status, headers={"Connection": "close"} if status >= 500 else None
+    )
+
+
+class State:
+    """What the routes and the gate share: readiness, draining, requests in flight, the counters."""
+
+    def __init__(self, runtime: Runtime, options: ServeOptions):
+        self.runtime, self.options = runtime, options
+        self.metrics = Metrics(options.max_batch)
+        self.batcher = Batcher(runtime.probabilities, options.max_batch, options.max_wait_ms / 1000, self.metrics.batch)
+        self.ready = self.draining = False
+        self.in_flight = 0
+
+    def warm_up(self) -> None:
+        sizes = (1, 2, self.options.max_batch) if self.runtime.backend == "compile" else (1,)
+        self.runtime.warm_up(tuple(sorted(set(sizes))))
+        self.batcher.start()
+        self.ready = True
+        log.info("visiontune: model warmed up (%s, %s): ready", self.runtime.info.model, self.runtime.backend)
+
+
+class Gate:
+    """Outermost ASGI layer: 503 while draining, the body limit, requests in flight, counts and latency."""
+
+    def __init__(self, app, state: State):
+        self.app, self.state = app, state
+        self.limit = int(state.options.max_body_mb * 1024 * 1024)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        self.state.in_flight += 1
+        try:
+            await self._answer(scope, receive, sending)
+        finally:
+            self.state.in_flight -= 1
+            path = scope["path"] if scope["path"] in PATHS else "other"
+            self.state.metrics.request(path, status[0], time.perf_counter() - start)
+
+    async def _answer(self, scope, receive, send):
+        if self.state.draining:
+            return await _refusal(scope, 503, "shutting down")(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit():
+            return await _refusal(scope, 400, "bad Content-Length")(scope, receive, send)
+        if int(declared) > self.limit:
+            return await _refusal(scope, 413, self._too_large(int(declared)))(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise Refused(413, self._too_large(seen, "at least "))
+            return message
+
+        await self.app(scope, limited, send)
+
+    def _too_large(self, size: int, qualifier: str = "") -> str:
+        return f"body of {qualifier}{size} bytes is over the limit of {self.limit} (--max-body-mb)"
+
+
+async def _uploads(request) -> list[tuple[str, bytes]]:
+    """(name, bytes) of each image in the request, or Refused."""
+    from starlette.datastructures import UploadFile
+    from starlette.exceptions import HTTPException
+
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        try:
+            form = await request.form(max_files=MAX_FILES, max_fields=MAX_FILES)
+        except HTTPException as exc:  # python-multipart's complaints, raised by Starlette as a 400
+            raise Refused(400, f"bad multipart body: {exc.detail}") from None
+        files = [(f.filename or name, await f.read()) for name, f in form.multi_items() if isinstance(f, UploadFile)]
+        if not files:
+            raise Refused(400, "no file in the multipart body: send each image as a file field")
+        return files
+    if kind.startswith("image/") or kind == "application/octet-stream":
+        data = await request.body()
+        if not data:
+            raise Refused(400, "empty body: send the image's bytes")
+        return [("body", data)]
+    raise Refused(415, f"content type {kind or '(none)'} is not an image: send image/* or multipart/form-data")
+
+
+def _answer(name: str, row: list[float], classes: list[str], top_k: int) -> dict:
+    order = sorted(range(len(row)), key=lambda i: -row[i])  # ties keep class order, as argmax does
+    return {
+        "file": name,
+        "label": classes[order[0]],
+        "score": row[order[0]],
+        "top": [{"class": classes[i], "probability": row[i]} for i in order[:top_k]],
+    }
+
+
+def build_app(runtime: Runtime, options: ServeOptions):
+    """The ASGI application: the routes behind the ``Gate``."""
+    from fastapi import FastAPI, Query, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+
+    state = State(runtime, options)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        _drain_on_sigterm(state, asyncio.get_running_loop())
+        threading.Thread(target=state.warm_up, name="visiontune-warm-up", daemon=True).start()
+        yield
+        state.batcher.stop()
+
+    app = FastAPI(title="visiontune", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused):
+        return _refusal(request.scope, exc.status, exc.reason)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        return _refusal(request.scope, 400, f"{first['loc'][-1]}: {first['msg']}")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        return _refusal(request.scope, exc.status_code, str(exc.detail))
+
+    @app.post("/predict")
+    async def predict(request: Request, top_k: int = Query(5, ge=1), all_classes: bool = Query(False, alias="all")):
+        if not state.ready:
+            raise Refused(503, "the model is still warming up")
+        uploads = await _uploads(request)
+        images = await asyncio.gather(*(run_in_threadpool(runtime.prepare, data) for _, data in uploads))
+        for (name, _), image in zip(uploads, images):
+            if isinstance(image, str):
+                raise Refused(422, f"{name}: {image}")
+        rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in state.batcher.submit(images)))
+        classes = list(runtime.info.classes)
+        k = len(classes) if all_classes else min(top_k, len(classes))
+        predictions = [_answer(name, row.tolist(), classes, k) for (name, _), row in zip(uploads, rows)]
+        return {"model": runtime.info.model, "run": runtime.run, "weights": runtime.weights, "predictions": predictions}
+
+    @app.get("/health")
+    async def health():
+        status = "shutting down" if state.draining else "ready" if state.ready else "warming up"
+        return JSONResponse({"status": status}, status_code=200 if status == "ready" else 503)
+
+    @app.get("/metadata")
+    async def metadata():
+        return {**runtime.describe(), "max_batch": options.max_batch, "max_wait_ms": options.max_wait_ms}
+
+    @app.get("/metrics")
+    async def metrics():
+        text = state.metrics.text(state.in_flight, state.ready)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.state.serving = state
+    return Gate(app, state)
+
+
+def _drain_on_sigterm(state: State, loop: asyncio.AbstractEventLoop) -> None:
+    """SIGTERM: refuse new requests, wait for those in flight, then hand the signal to uvicorn's own handler.
+
+    uvicorn installs its handler before the application starts; it is called once the drain is done,
+    so its shutdown finds nothing left to wait for. A second SIGTERM goes to it at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals reach only the main thread (a test client runs the app elsewhere)
+    uvicorn_handler = signal.getsignal(signal.SIGTERM)
+    if not callable(uvicorn_handler):
+        return
+
+    async def drain():
+        deadline = time.monotonic() + GRACE_S
+        while state.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        log.info("visiontune: drained, stopping")
+        uvicorn_handler(signal.SIGTERM, None)
+
+    def on_sigterm(sig, frame):
+        if state.draining:
+            return uvicorn_handler(sig, frame)
+        state.draining = True
+        log.info("visiontune: SIGTERM: refusing new requests, finishing %d in flight", state.in_flight)
+        loop.call_soon_threadsafe(lambda: loop.create_task(drain()))
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _load(options: ServeOptions) -> Runtime:
+    return load_runtime(
+        options.run,
+        options.weights,
+        compile=options.compile,
+        threads=options.threads,
+        model=options.model,
+        classes=options.classes,
+        image_size=options.image_size,
+    )
+
+
+def app_from_env():
+    """The application of one ``--workers`` process, from the options the parent put in the environment."""
+    options = ServeOptions(**json.loads(os.environ[OPTIONS_ENV]))
+    return build_app(_load(options), options)
+
+
+def serve(options: ServeOptions) -> int:
+    """Serve until SIGTERM or Ctrl+C; 0 once every request in flight has been answered."""
+    require_extra()
+    import uvicorn
+
+    runtime = _load(options)  # bad paths and files: one line here, before anything listens
+    common = dict(
+        host=options.host,
+        port=options.port,
+        access_log=options.access_log,
+        limit_concurrency=options.max_connections,
+        timeout_graceful_shutdown=int(GRACE_S),
+        log_level="info",
+    )
+    print(
+        f"visiontune: serving {runtime.info.model} ({runtime.backend}, {', '.join(runtime.info.classes)}) from "
+        f"{runtime.run or runtime.weights}: batches of up to {options.max_batch} within {options.max_wait_ms:g} ms, "
+        f"{options.workers} worker(s) of {options.threads} thread(s); POST http://{options.host}:{options.port}/predict",
+        flush=True,
+    )
+    # uvicorn raises the signal that stopped it again once it has put back the handler it found; this one
+    # makes that a plain return: by then every request in flight has had its answer.
+    previous = signal.signal(signal.SIGTERM, lambda sig, frame: None)
+    try:
+        if options.workers == 1:
+            server = uvicorn.Server(uvicorn.Config(build_app(runtime, options), lifespan="on", **common))
+            server.run()
+            started = server.started
+        else:
+            del runtime  # each worker loads its own
+            os.environ[OPTIONS_ENV] = json.dumps(asdict(options))
+            uvicorn.run("visiontune.inference.serve:app_from_env", factory=True, workers=options.workers, **common)
+            started = True
+    except SystemExit:
+        started = False
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not started:
+        raise UserError(f"could not serve on {options.host}:{options.port} (the log line above says why)")
+    return 0

@@ -1,0 +1,322 @@
+"""visiontune serve: the real server in a subprocess answers as ``predict`` does, batches concurrent requests,
+refuses hostile input with a 4xx and lives on, and drains on SIGTERM.
+
+One server (``server``) serves the whole module, on a free local port, over the shared ``trained_run``; the
+SIGTERM test comes last and ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import visiontune
+from conftest import PYTHON, _worker_env
+from trained import one_thread  # noqa: F401  (autouse: in-process runs use one thread, as the server does)
+from visiontune.cli.commands import main
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+MAX_BODY_MB = 1
+JPEG = {"content-type": "image/jpeg"}
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        raise KeyError(name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(trained_run, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    port = _free_port()
+    argv = [PYTHON, "-m", "visiontune", "serve", "--run", str(trained_run), "--port", str(port), "--threads", "1"]
+    argv += ["--max-batch", "32", "--max-wait-ms", "20", "--max-body-mb", str(MAX_BODY_MB)]
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, env=_worker_env(), stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    yield Server(url, proc, log)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def images(sample_data) -> list[Path]:
+    return sorted((sample_data / "test").iterdir())[:8]
+
+
+@pytest.fixture(scope="module")
+def predictor(trained_run):
+    return visiontune.load(trained_run)
+
+
+def _probs(prediction: dict, classes: list[str]) -> list[float]:
+    by_class = {t["class"]: t["probability"] for t in prediction["top"]}
+    return [by_class[c] for c in classes]
+
+
+def test_answers_equal_predict_and_the_api_bit_for_bit(server, trained_run, images, predictor, tmp_path):
+    classes = predictor.classes
+    files = [("file", (p.name, p.read_bytes(), "image/jpeg")) for p in images]
+    got = httpx.post(f"{server.url}/predict?all=1", files=files).json()  # one request: one batch of 8
+    assert got["model"] == "resnet18" and got["run"] == str(trained_run)
+    assert [p["file"] for p in got["predictions"]] == [p.name for p in images]
+    served = [_probs(p, classes) for p in got["predictions"]]
+
+    api = predictor.predict(images, batch_size=len(images))  # the same batch through predict's code
+    assert served == [[r["probabilities"][c] for c in classes] for r in api]  # exact floats
+    assert [p["label"] for p in got["predictions"]] == [r["label"] for r in api]
+
+    listing, out = tmp_path / "list.txt", tmp_path / "pred.csv"
+    listing.write_text("".join(f"{p}\n" for p in images))
+    argv = ["predict", "--run", str(trained_run), "--data", str(listing), "--out", str(out), "--no-progress"]
+    assert main([*argv, "--batch-size", str(len(images))]) == 0
+    rows = list(csv.reader(out.open()))[1:]
+    assert [[f"{p:.6f}" for p in row] for row in served] == [row[2:] for row in rows]
+    assert [p["label"] for p in got["predictions"]] == [row[1] for row in rows]
+
+    # One image as the raw body is a batch of one: predict on that one file, bit for bit; top_k trims.
+    one = httpx.post(f"{server.url}/predict?top_k=1", content=images[0].read_bytes(), headers=JPEG)
+    (answer,) = one.json()["predictions"]
+    alone = predictor.predict(images[0])
+    assert answer["label"] == alone["label"] and answer["score"] == alone["score"]
+    assert answer["top"] == [{"class": alone["label"], "probability": alone["score"]}]
+
+
+def test_concurrent_requests_share_forward_passes_and_get_their_own_answers(server, images, predictor):
+    before = server.metric("visiontune_batch_size_count") - server.metric('visiontune_batch_size_bucket{le="1"}')
+    reference = [predictor.predict(p)["probabilities"] for p in images]
+
+    async def load():
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as client:
+            return await asyncio.gather(
+                *(client.post("/predict", content=images[i % 8].read_bytes(), headers=JPEG) for i in range(200))
+            )
+
+    answers = asyncio.run(load())
+    assert [a.status_code for a in answers] == [200] * 200
+    served = torch.tensor([_probs(a.json()["predictions"][0], predictor.classes) for a in answers])
+    want = torch.tensor([[reference[i % 8][c] for c in predictor.classes] for i in range(200)])
+    # In a batch of another size the convolutions may take another algorithm and sum in another order:
+    # differences of a few float32 steps (1.9e-6 seen), against answers that differ by 0.1 between images.
+    assert (served - want).abs().max().item() < 1e-5
+    after = server.metric("visiontune_batch_size_count") - server.metric('visiontune_batch_size_bucket{le="1"}')
+    assert after - before > 0  # some forward passes carried more than one request's image
+
+
+def _png_bomb(side: int = 50_000) -> bytes:
+    """A valid PNG header declaring side x side pixels, with a few bytes of data."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\0" * 1024)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+def test_hostile_input_gets_a_4xx_and_the_server_lives_on(server, images):
+    jpeg = images[0].read_bytes()
+    too_big = MAX_BODY_MB * 1024 * 1024 + 1
+
+    def chunks():  # no Content-Length: the limit must be found while reading
+        for _ in range(4):
+            yield b"\xff" * (too_big // 2)
+
+    MULTIPART = "multipart/form-data"
+    cases = [
+        ("not an image", dict(content=b"hello, world", headers=JPEG), 422, "not an image"),
+        ("truncated", dict(content=jpeg[: len(jpeg) // 3], headers=JPEG), 422, "truncated"),
+        ("bomb", dict(content=_png_bomb(), headers={"content-type": "image/png"}), 422, "too large"),
+        ("declared too big", dict(content=b"\0" * too_big, headers=JPEG), 413, "limit"),
+        ("chunked too big", dict(content=chunks(), headers=JPEG), 413, "limit"),
+        ("empty", dict(content=b"", headers=JPEG), 400, "empty"),
+        ("wrong type", dict(content=jpeg, headers={"content-type": "application/json"}), 415, "not an image"),
+        ("no type", dict(content=jpeg), 415, "not an image"),
+        ("no file", dict(files={"x": (None, b"y")}), 400, "no file"),
+        ("broken multipart", dict(content=b"--x\r\n", headers={"content-type": MULTIPART}), 400, "multipart"),
+        (
+            "one bad file of two",
+            dict(files=[("f", ("ok.jpg", jpeg, "image/jpeg")), ("f", ("bad.jpg", b"junk", "image/jpeg"))]),
+            422,
+            "bad.jpg: not an image",
+        ),
+        ("bad top_k", dict(params={"top_k": "0"}, content=jpeg, headers=JPEG), 400, "top_k"),
+    ]
+    for name, request, status, says in cases:
+        try:
+            answer = httpx.post(f"{server.url}/predict", timeout=30, **request)
+        except httpx.TransportError as exc:  # only acceptable if the server closed a body it refused
+            pytest.fail(f"{name}: {exc!r}")
+        assert answer.status_code == status, (name, answer.text)
+        error = answer.json()["error"]
+        assert says in error and "Traceback" not in answer.text, (name, error)
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.post(f"{server.url}/predict", content=jpeg, headers=JPEG).status_code == 200
+    log = server.log.read_text()
+    assert "refused POST /predict" in log and "422 body: not an image" in log and "Traceback" not in log
+
+
+def test_metadata_and_metrics_describe_the_model_and_count(server, trained_run):
+    meta = httpx.get(f"{server.url}/metadata").json()
+    described = json.loads((trained_run / "config.json").read_text())["model"]
+    assert {k: meta[k] for k in described} == described
+    assert meta["backend"] == "eager" and meta["max_batch"] == 32 and meta["run"] == str(trained_run)
+    text = httpx.get(f"{server.url}/metrics").text
+    assert "# TYPE visiontune_batch_size histogram" in text and "# TYPE visiontune_request_seconds histogram" in text
+    assert server.metric('visiontune_requests_total{path="/predict",code="200"}') >= 1 + 200
+    assert server.metric('visiontune_errors_total{code="413"}') == 2 and server.metric("visiontune_ready") == 1
+
+
+def test_health_is_503_until_the_warm_up_forward_pass_has_run():
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from visiontune.inference.runtime import Runtime
+    from visiontune.inference.serve import ServeOptions, build_app
+    from visiontune.runs.runinfo import describe
+    from visiontune.settings.config import MEAN, STD
+
+    release, calls = threading.Event(), []
+
+    class Slow(Runtime):
+        def warm_up(self, sizes=(1,)):
+            release.wait(30)
+            super().warm_up(sizes)
+
+    def forward(x):
+        calls.append(x.shape)
+        return torch.zeros(len(x), 2)
+
+    info = describe("resnet18", "torchvision", ["a", "b"], 8, MEAN, STD, "bilinear")
+    app = build_app(Slow(info, None, "m.safetensors", "eager", torch.device("cpu"), forward), ServeOptions())
+    with TestClient(app) as client:
+        assert client.get("/health").json() == {"status": "warming up"} and client.get("/health").status_code == 503
+        assert client.post("/predict", content=b"x", headers={"content-type": "image/png"}).status_code == 503
+        assert calls == []
+        release.set()
+        deadline = time.monotonic() + 30
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert calls == [(1, 3, 8, 8)]  # the warm-up pass came before ready
+
+
+def test_without_the_serve_extra_it_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn now raises ImportError
+    assert main(["serve", "--run", "anything"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'visiontune[serve]'" in err
+
+
+def test_an_onnx_file_is_fed_as_the_torch_model_and_describes_itself(images, tmp_path):
+    """A small ONNX graph (mean colour -> 2 logits) built with onnx.helper, carrying a run's description as
+    `visiontune export` writes it: the runtime reads the description and feeds the graph the same normalised
+    batch as the same graph in torch. (test_export checks that exported files match their eager models.)"""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from visiontune.inference.runtime import Runtime, load_runtime
+    from visiontune.runs.runinfo import describe
+    from visiontune.settings.config import MEAN, STD
+
+    info = describe("resnet18", "torchvision", ["cat", "dog"], 24, MEAN, STD, "bicubic", 0.875)
+    weight = torch.tensor([[1.0, -2.0], [0.5, 3.0], [-1.5, 0.25]])
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["images"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("MatMul", ["flat", "weight"], ["logits"]),
+        ],
+        "mean-colour",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 24, 24])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 2])],
+        [numpy_helper.from_array(weight.numpy(), "weight")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    for key, value in info.metadata().items():
+        proto.metadata_props.add(key=key, value=value)
+    path = tmp_path / "model.onnx"
+    onnx.save(proto, str(path))
+
+    served = load_runtime(weights=str(path))
+    assert served.info == info and served.backend == "onnx" and served.describe()["weights"] == str(path)
+    same = Runtime(info, None, str(path), "eager", torch.device("cpu"), lambda x: x.mean((2, 3)) @ weight)
+    prepared = [served.prepare(p.read_bytes()) for p in images]
+    assert prepared[0].shape == (3, 24, 24)  # the file's size, crop and interpolation
+    assert torch.allclose(served.probabilities(prepared), same.probabilities(prepared), atol=1e-6, rtol=0)
+
+    proto.ClearField("metadata_props")
+    onnx.save(proto, str(path))
+    with pytest.raises(visiontune.UserError, match="does not describe itself"):
+        load_runtime(weights=str(path))
+
+
+def test_sigterm_answers_the_request_in_flight_refuses_new_ones_and_exits_0(server, images):
+    """Last in the module: it ends the server."""
+    jpeg = images[0].read_bytes()
+    slow = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=60)
+    head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\n\r\n"
+    slow.sendall(head.encode() + jpeg[:100])  # in flight: the rest of its body comes after the signal
+    deadline = time.monotonic() + 30
+    while server.metric("visiontune_requests_in_flight") < 2:  # it, and this /metrics request
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(server.proc.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    assert httpx.get(f"{server.url}/health").status_code == 503
+    refused = httpx.post(f"{server.url}/predict", content=jpeg, headers=JPEG)
+    assert refused.status_code == 503 and refused.json() == {"error": "shutting down"}
+    slow.sendall(jpeg[100:])
+    reply = b""
+    while b"}]}" not in reply:
+        chunk = slow.recv(65536)
+        assert chunk, reply
+        reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["predictions"][0]["file"] == "body"
+    assert server.proc.wait(timeout=60) == 0
