@@ -169,6 +169,17 @@ def worker_env_module():
         yield
 
 
+@pytest.fixture
+def no_scan(monkeypatch):
+    """Fail the test if training gets as far as the bad-file scan: the problem must be found before it."""
+    from visiontune.data import jobdata
+
+    def scan(*a, **kw):
+        raise AssertionError("the scan ran: the problem was found too late")
+
+    monkeypatch.setattr(jobdata, "scan", scan)
+
+
 PYTHON = sys.executable
 
 

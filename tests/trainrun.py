@@ -132,3 +132,19 @@ def worker_of(launcher: psutil.Process, rank: int) -> psutil.Process:
         except psutil.Error:
             continue
     raise AssertionError(f"no worker with rank {rank}")
+
+
+def one_line(capsys, *fragments: str) -> str:
+    """The one line a user error printed on stderr, holding every fragment."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for f in fragments:
+        assert f in err[0], err[0]
+    return err[0]
+
+
+def tiny_train(data, out, *extra) -> list[str]:
+    """``visiontune train`` arguments for resnet18 from scratch at 32 px (conftest's FAST)."""
+    from conftest import FAST
+
+    return ["train", "--data", str(data), "--output-dir", str(out), *FAST, *extra]

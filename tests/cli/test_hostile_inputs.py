@@ -16,36 +16,12 @@ from typing import get_args, get_type_hints
 import pytest
 
 from conftest import FAST
-from trainrun import SQUEEZENET, TINY, assert_same_weights, final_weights, flags
+from trainrun import SQUEEZENET, TINY, assert_same_weights, final_weights, flags, one_line, tiny_train
 from visiontune import cli
 from visiontune.cluster import strategy
-from visiontune.data import jobdata
 from visiontune.data.sample import make_sample_data
 from visiontune.runs import records
 from visiontune.settings.config import TrainConfig
-
-
-@pytest.fixture
-def no_scan(monkeypatch):
-    """Fail the test if training gets as far as the bad-file scan: the problem must be found before it."""
-
-    def scan(*a, **kw):
-        raise AssertionError("the scan ran: the problem was found too late")
-
-    monkeypatch.setattr(jobdata, "scan", scan)
-
-
-def _one_line(capsys, *fragments: str) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    for f in fragments:
-        assert f in err[0], err[0]
-    return err[0]
-
-
-def _train(data, out, *extra):
-    return ["train", "--data", str(data), "--output-dir", str(out), *FAST, *extra]
-
 
 FLOATS = sorted(n for n, k in get_type_hints(TrainConfig).items() if float in (k, *get_args(k)))
 
@@ -59,16 +35,16 @@ def test_the_float_settings_are_the_ones_expected():
 @pytest.mark.parametrize("name", FLOATS)
 def test_a_config_file_with_a_non_finite_float_is_refused(tmp_path, small_data, capsys, no_scan, name, value):
     (tmp_path / "c.toml").write_text(f"{name} = {value}\n")  # TOML reads nan and inf as floats
-    assert cli.main([*_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
-    _one_line(capsys, f"--{name.replace('_', '-')} must be a finite number")
+    assert cli.main([*tiny_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
+    one_line(capsys, f"--{name.replace('_', '-')} must be a finite number")
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("flag", ["--lr", "--timeout", "--ema", "--max-bad-fraction"])
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_a_non_finite_float_flag_is_refused(tmp_path, small_data, capsys, no_scan, flag, value):
-    assert cli.main(_train(small_data, tmp_path / "run", flag, value)) == 2
-    _one_line(capsys, flag, "must be a finite number", repr(value))
+    assert cli.main(tiny_train(small_data, tmp_path / "run", flag, value)) == 2
+    one_line(capsys, flag, "must be a finite number", repr(value))
 
 
 @pytest.mark.parametrize(
@@ -80,25 +56,25 @@ def test_a_non_finite_float_flag_is_refused(tmp_path, small_data, capsys, no_sca
 )
 def test_lr_find_refuses_a_non_finite_sweep(tmp_path, small_data, capsys, no_scan, argv):
     assert cli.main([*argv, "--data", str(small_data), "--output-dir", str(tmp_path / "run"), *FAST]) == 2
-    _one_line(capsys, argv[1], "must be a finite number")
+    one_line(capsys, argv[1], "must be a finite number")
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32), str(10**30)])
 def test_a_seed_numpy_cannot_take_is_refused_as_a_flag(tmp_path, small_data, capsys, no_scan, seed):
-    assert cli.main(_train(small_data, tmp_path / "run", "--seed", seed)) == 2
-    _one_line(capsys, "--seed", "from 0 to 4294967295", seed)
+    assert cli.main(tiny_train(small_data, tmp_path / "run", "--seed", seed)) == 2
+    one_line(capsys, "--seed", "from 0 to 4294967295", seed)
 
 
 @pytest.mark.parametrize("seed", [-1, 2**32])
 def test_a_seed_numpy_cannot_take_is_refused_in_a_config_file(tmp_path, small_data, capsys, no_scan, seed):
     (tmp_path / "c.toml").write_text(f"seed = {seed}\n")
-    assert cli.main([*_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
-    _one_line(capsys, "--seed must be an integer from 0 to 4294967295", str(seed))
+    assert cli.main([*tiny_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
+    one_line(capsys, "--seed must be an integer from 0 to 4294967295", str(seed))
 
 
 def test_sample_data_refuses_a_negative_seed(tmp_path, capsys):
     assert cli.main(["sample-data", str(tmp_path / "d"), "--seed", "-1"]) == 2
-    _one_line(capsys, "--seed", "from 0 to 4294967295")
+    one_line(capsys, "--seed", "from 0 to 4294967295")
     assert not (tmp_path / "d").exists()
 
 
@@ -112,8 +88,8 @@ def test_the_seeds_at_both_ends_are_accepted(small_data):
 @pytest.mark.parametrize("value", ["garbage", "-5", "nan"])
 def test_a_bad_progress_interval_is_refused_at_start_up(tmp_path, small_data, capsys, no_scan, monkeypatch, value):
     monkeypatch.setenv("VISIONTUNE_PROGRESS_SECONDS", value)
-    assert cli.main(_train(small_data, tmp_path / "run")) == 2
-    _one_line(capsys, "VISIONTUNE_PROGRESS_SECONDS", repr(value))
+    assert cli.main(tiny_train(small_data, tmp_path / "run")) == 2
+    one_line(capsys, "VISIONTUNE_PROGRESS_SECONDS", repr(value))
     assert not (tmp_path / "run").exists()
 
 
@@ -121,8 +97,8 @@ def test_a_bad_progress_interval_is_refused_at_start_up(tmp_path, small_data, ca
 def test_an_unusable_cache_folder_is_refused_at_start_up(tmp_path, small_data, capsys, no_scan, monkeypatch, where):
     (tmp_path / "a-file").write_text("not a folder")
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", where.format(tmp=tmp_path))
-    assert cli.main(_train(small_data, tmp_path / "run")) == 2
-    _one_line(capsys, "VISIONTUNE_CACHE_DIR=", "writable folder")
+    assert cli.main(tiny_train(small_data, tmp_path / "run")) == 2
+    one_line(capsys, "VISIONTUNE_CACHE_DIR=", "writable folder")
     assert not (tmp_path / "run").exists()
 
 
@@ -240,7 +216,7 @@ def test_evaluate_without_split_json_says_training_images_may_be_scored(trained_
 def test_evaluate_without_split_json_refuses_to_pick_the_validation_images(trained_run, sample_data, tmp_path, capsys):
     run = _run_recorded_elsewhere(trained_run, tmp_path, split_json=False)
     assert _evaluate(run, sample_data, "--split", "val") == 2
-    _one_line(capsys, "split.json is missing", "--split all")
+    one_line(capsys, "split.json is missing", "--split all")
     assert not (run / "eval.json").exists()
 
 
@@ -278,7 +254,7 @@ def test_a_full_disk_while_writing_report_html_keeps_the_previous_page(trained_r
     before = (run / "report.html").read_bytes()
     diverted = _fill_the_disk_at(monkeypatch, "report.html")
     assert cli.main(["report", str(run)]) == 2
-    _one_line(capsys, "no space left on the disk of", "report.html", "the previous report.html is kept whole")
+    one_line(capsys, "no space left on the disk of", "report.html", "the previous report.html is kept whole")
     assert diverted and (run / "report.html").read_bytes() == before
     assert not [p for p in os.listdir(run) if p.endswith(".tmp")]
 
@@ -293,7 +269,7 @@ def test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best(
     diverted = _fill_the_disk_at(monkeypatch, "best.safetensors", nth=2)
     out = tmp_path / "run"
     assert cli.main(["train", "--data", str(small_data), "--output-dir", str(out), *RUN]) == 2
-    _one_line(capsys, "best.safetensors", "the previous best.safetensors is kept whole")
+    one_line(capsys, "best.safetensors", "the previous best.safetensors is kept whole")
     assert len(diverted) == 1
     assert_same_weights(load_file(str(out / "best.safetensors")), final_weights(out, epochs=1))  # epoch 1's, whole
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]

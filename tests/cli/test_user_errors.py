@@ -16,33 +16,9 @@ import torch
 import torchvision
 from safetensors.torch import save_file
 
-from conftest import FAST
-from trainrun import flags
+from trainrun import flags, one_line, tiny_train
 from visiontune import cli
-from visiontune.data import jobdata
 from visiontune.data.sample import make_sample_data
-
-
-@pytest.fixture
-def no_scan(monkeypatch):
-    """Fail the test if training gets as far as the bad-file scan."""
-
-    def scan(*a, **kw):
-        raise AssertionError("the scan ran: the problem was found too late")
-
-    monkeypatch.setattr(jobdata, "scan", scan)
-
-
-def _one_line(capsys, *fragments: str) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    for f in fragments:
-        assert f in err[0], err[0]
-    return err[0]
-
-
-def _train(data, out, *extra):
-    return ["train", "--data", str(data), "--output-dir", str(out), *FAST, *extra]
 
 
 @pytest.mark.parametrize(
@@ -54,8 +30,8 @@ def _train(data, out, *extra):
     ],
 )
 def test_out_of_range_numbers_are_refused(tmp_path, small_data, capsys, no_scan, flag, value, says):
-    assert cli.main(_train(small_data, tmp_path / "run", flag, value)) == 2
-    _one_line(capsys, says)
+    assert cli.main(tiny_train(small_data, tmp_path / "run", flag, value)) == 2
+    one_line(capsys, says)
 
 
 @pytest.mark.parametrize(
@@ -68,20 +44,20 @@ def test_out_of_range_numbers_are_refused(tmp_path, small_data, capsys, no_scan,
 )
 def test_config_values_of_the_wrong_type_are_refused(tmp_path, small_data, capsys, text, says):
     (tmp_path / "c.toml").write_text(text + "\n")
-    assert cli.main([*_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
-    _one_line(capsys, str(tmp_path / "c.toml"), says)
+    assert cli.main([*tiny_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "c.toml")]) == 2
+    one_line(capsys, str(tmp_path / "c.toml"), says)
 
 
 def test_a_config_json_that_is_not_a_table_is_refused(tmp_path, small_data, capsys):
     (tmp_path / "config.json").write_text(json.dumps([{"epochs": 1}]))
-    assert cli.main([*_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "config.json")]) == 2
-    _one_line(capsys, "holds a list, not a table of settings")
+    assert cli.main([*tiny_train(small_data, tmp_path / "run"), "--config", str(tmp_path / "config.json")]) == 2
+    one_line(capsys, "holds a list, not a table of settings")
 
 
 def test_weights_that_are_not_a_state_dict_are_refused(tmp_path, small_data, capsys, no_scan):
     torch.save([torch.zeros(2), torch.ones(2)], tmp_path / "list.pth")
-    assert cli.main([*_train(small_data, tmp_path / "run"), "--weights", str(tmp_path / "list.pth")]) == 2
-    _one_line(capsys, "is not a state_dict")
+    assert cli.main([*tiny_train(small_data, tmp_path / "run"), "--weights", str(tmp_path / "list.pth")]) == 2
+    one_line(capsys, "is not a state_dict")
 
 
 class _RunsCode:
@@ -91,20 +67,20 @@ class _RunsCode:
 
 def test_an_unsafe_pickle_is_refused_without_advice_to_load_it_unsafely(tmp_path, small_data, capsys, no_scan):
     (tmp_path / "evil.pth").write_bytes(pickle.dumps({"w": _RunsCode()}))
-    assert cli.main([*_train(small_data, tmp_path / "run"), "--weights", str(tmp_path / "evil.pth")]) == 2
-    line = _one_line(capsys, "cannot load weights", "never unpickles")
+    assert cli.main([*tiny_train(small_data, tmp_path / "run"), "--weights", str(tmp_path / "evil.pth")]) == 2
+    line = one_line(capsys, "cannot load weights", "never unpickles")
     assert "weights_only" not in line and "False" not in line
 
 
 def test_an_image_size_too_small_for_the_model_is_refused_at_start(tmp_path, small_data, capsys, no_scan):
-    args = _train(small_data, tmp_path / "run", "--model", "squeezenet1_1", "--image-size", "16")
+    args = tiny_train(small_data, tmp_path / "run", "--model", "squeezenet1_1", "--image-size", "16")
     assert cli.main(args) == 2
-    _one_line(capsys, "--image-size 16 is too small for squeezenet1_1")
+    one_line(capsys, "--image-size 16 is too small for squeezenet1_1")
 
 
 def test_a_batch_of_one_is_refused_when_batchnorm_would_see_one_value(tmp_path, small_data, capsys, no_scan):
-    assert cli.main(_train(small_data, tmp_path / "run", "--batch-size", "1")) == 2  # resnet18 at 32 px: 1x1
-    _one_line(capsys, "--batch-size 1 is too small for resnet18", "BatchNorm")
+    assert cli.main(tiny_train(small_data, tmp_path / "run", "--batch-size", "1")) == 2  # resnet18 at 32 px: 1x1
+    one_line(capsys, "--batch-size 1 is too small for resnet18", "BatchNorm")
 
 
 def test_predict_out_under_a_file_is_refused_before_the_forward_pass(tmp_path, small_data, capsys, monkeypatch):
@@ -124,7 +100,7 @@ def test_predict_out_under_a_file_is_refused_before_the_forward_pass(tmp_path, s
         ),
     ]
     assert cli.main(args) == 2
-    _one_line(capsys, "--out", "is a file, not a folder")
+    one_line(capsys, "--out", "is a file, not a folder")
 
 
 def test_an_unreadable_class_folder_is_named(tmp_path, capsys, monkeypatch):
@@ -147,7 +123,7 @@ def test_an_unreadable_class_folder_is_named(tmp_path, capsys, monkeypatch):
         assert cli.main(["check", str(data)]) == 2
     finally:
         locked.chmod(0o755)
-    _one_line(capsys, f"cannot read {locked} (permission denied)")
+    one_line(capsys, f"cannot read {locked} (permission denied)")
 
 
 def _folder_data(tmp_path) -> Path:
