@@ -123,7 +123,7 @@ def baseline_src() -> str | None:
 def import_rss() -> int:
     """Peak RSS (MiB) of a process that only imports the trainer: the floor under every run's figure."""
     done = subprocess.run(
-        [sys.executable, "-c", WRAP, sys.executable, "-c", "import visiontune.trainer"],
+        [sys.executable, "-c", WRAP, sys.executable, "-c", "import visiontune.training.trainer"],
         env=python_env(),
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""Tests for visiontune.sample_data: Kaggle layout, sizes, determinism, and a real class signal."""
+"""Tests for visiontune.data.sample: Kaggle layout, sizes, determinism, and a real class signal."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
 def test_single_process_job_lists_the_data_once(data, tmp_path, monkeypatch):
     calls = []
     real = layouts.discover
-    monkeypatch.setattr(layouts, "discover", lambda d: calls.append(d) or real(d))
+    monkeypatch.setattr(layouts, "discover", lambda d, *a, **kw: calls.append(d) or real(d, *a, **kw))
     assert main(["train", "--data", str(data), *TINY, "--output-dir", str(tmp_path / "run")]) == 0
     assert calls == [str(data)]
 

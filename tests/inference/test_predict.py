@@ -109,7 +109,7 @@ def test_two_processes_write_the_same_bytes(
     monkeypatch.setenv("PYTHONPATH", worker_env["PYTHONPATH"])
     _, single = clipped_single
     out = tmp_path / "submission.csv"
-    # The run's batch of 16 over 30 files: the second process's batch is ragged and Accelerate pads it.
+    # The run's batch of 8 over 30 files: the second process's batch is ragged and Accelerate pads it.
     rc = main(["predict", *flags(run=run, data=corrupt_test, out=out, clip=clip, no_progress=True, nproc=2)])
     assert rc == 1  # the skipped file, reported by the launching process
     assert out.read_bytes() == single.read_bytes()

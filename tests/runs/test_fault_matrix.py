@@ -300,7 +300,7 @@ def test_a_ddp_checkpoint_resumed_on_one_process_goes_on_from_the_same_sample(
     shutil.copytree(reference / "checkpoints" / at, out / "checkpoints" / at)
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     assert cli.main([*_argv(matrix_data, out, aug, "single", 0)[3:], "--resume", "auto"]) == 0
-    assert f"resuming from {out / 'checkpoints' / at} (epoch 1, batch 3)" in capsys.readouterr().out
+    assert f"resuming from {out / 'checkpoints' / at} (Epoch 2/{EPOCHS}, after batch 3)" in capsys.readouterr().out
     world = json.loads((out / "world.jsonl").read_text().splitlines()[-1])
     assert (world["world_size"], world["checkpoint_world_size"], world["global_batch"], world["grad_accum"]) == (
         1,

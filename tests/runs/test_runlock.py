@@ -18,7 +18,7 @@ from visiontune.errors import UserError
 from visiontune.runs import runlock
 
 HOLD = (
-    "import sys, time; from visiontune import runlock\n"
+    "import sys, time; from visiontune.runs import runlock\n"
     "with runlock.hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)"
 )
 

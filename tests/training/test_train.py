@@ -28,7 +28,7 @@ from visiontune.training import trainer
 
 @pytest.fixture(scope="module")
 def run(trained_run):
-    return trained_run  # 2 epochs, batch 16, lr 0.02 (read-only)
+    return trained_run  # 2 epochs, batch 8, lr 0.005 (read-only)
 
 
 def test_every_output_exists_and_loads(run):
@@ -65,9 +65,9 @@ def test_best_model_reproduces_recorded_val_accuracy_and_learns(run, sample_data
     assert acc == pytest.approx(best["accuracy"], abs=1e-9)
     assert loss == pytest.approx(best["loss"], rel=1e-3, abs=1e-4)
     assert summary["best_val_accuracy"] >= 0.9
-    # Train metrics count exactly the samples trained on: 96 images, batch 16, full batches only.
+    # Train metrics count exactly the samples trained on: 96 images, batch 8, full batches only.
     assert [h["train"]["images"] for h in history] == [96, 96]
-    assert summary["strategy"] == "single" and summary["world_size"] == 1 and summary["global_batch"] == 16
+    assert summary["strategy"] == "single" and summary["world_size"] == 1 and summary["global_batch"] == 8
 
 
 @dataclass
@@ -174,7 +174,7 @@ def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
     assert (cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.image_size) == ("resnet18", 1, 32, 0.02, 32)
     # An earlier run's config.json works as --config too, and holds what that run was given.
     written = json.loads((run / "config.json").read_text())["config"]
-    assert (written["epochs"], written["batch_size"], written["lr"]) == (2, 16, 0.02)
+    assert (written["epochs"], written["batch_size"], written["lr"]) == (2, 8, 0.005)
     assert main(["train", *flags(data=sample_data, config=run / "config.json", output_dir=tmp_path / "r2")]) == 0
     assert given[-1] == TrainConfig(**{**written, "output_dir": str(tmp_path / "r2")})
     assert not (tmp_path / "r2").exists()
