@@ -73,7 +73,7 @@ def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs,
     settings, metrics = page.tables
     names = [row[0] for row in settings[1:]]
     assert names[:2] == ["recipe", "lr"] and page.differs == ["recipe", "lr"]  # the two that differ, first
-    assert settings[1][1:] == ["blog", "modern"] and settings[2][1:] == ["0.02", "0.5"]
+    assert settings[1][1:] == ["blog", "modern"] and settings[2][1:] == ["0.005", "0.5"]
     assert "model" in names[2:] and ["model", "resnet18", "resnet18"] in settings
     assert len(page.images) == 1 and page.images[0].startswith("data:image/png;base64,")
     assert not re.search(r"(?<![\w-])(src|href)\s*=\s*[\"'](?!data:)", text) and "<script" not in text
@@ -85,7 +85,7 @@ def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs,
     ] in metrics
     said = capsys.readouterr().out.splitlines()
     assert said[0].split() == ["run", "first", "second"] and said[1].split() == ["recipe", "blog", "modern"]
-    assert said[2].split() == ["lr", "0.02", "0.5"] and said[-1] == f"visiontune: wrote {out}"
+    assert said[2].split() == ["lr", "0.005", "0.5"] and said[-1] == f"visiontune: wrote {out}"
     assert main(["compare", str(runs[0])]) == 2  # one run: nothing to compare
     assert main(["compare", str(runs[0]), str(tmp_path)]) == 2  # not a run folder
     assert "is not a visiontune run folder" in capsys.readouterr().err

@@ -79,7 +79,7 @@ def test_the_page_is_self_contained_and_rebuilt_the_same(run, capsys):
     assert not re.search(r"(?<![\w-])(src|href)\s*=\s*[\"'](?!data:)", page) and "<script" not in page
     assert '<th class="l">resize</th><td class="l">bilinear, whole image squashed to size</td>' in page
     # The resolved setup the run announced at its start is in the Setup table.
-    for label, text in (("optimizer steps", "6 per epoch x 2 epochs = 12"), ("lr schedule", "constant")):
+    for label, text in (("optimizer steps", "12 per epoch x 2 epochs = 24"), ("lr schedule", "constant")):
         assert f'<th class="l">{label}</th><td class="l">{text}</td>' in page
     (run / "report.html").unlink()
     assert main(["report", str(run)]) == 0
