@@ -79,6 +79,9 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "mean",
         "std",
         "val_fraction",
+        "group_by",
+        "folds",
+        "fold",
         "seed",
         "num_workers",
         "cache",
@@ -110,7 +113,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "compile",
         "on_nan",
     ),
-    "augmentation": ("augment", "random_erasing", "mixup", "cutmix"),
+    "augmentation": ("augment", "hflip", "vflip", "crop_scale", "random_erasing", "mixup", "cutmix"),
     "run folder and resume": ("output_dir", "resume", "save_every_steps", "keep_last", "save_pth"),
     "distributed": (
         "strategy",
@@ -178,6 +181,11 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
             continue
         if f.name in allowed:
             p.add_argument(flag, choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text)
+            continue
+        if f.name == "crop_scale":
+            p.add_argument(
+                flag, nargs=2, type=finite, metavar=("MIN", "MAX"), default=argparse.SUPPRESS, help=help_text
+            )
             continue
         kind = {"num_workers": _workers, "seed": seed}.get(f.name, _PARSERS[f.type])
         p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)

@@ -49,7 +49,16 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
             )
 
     workers, pin = loader_workers(cfg), torch.cuda.is_available()
-    augment = sample_augment(cfg.augment, cfg.image_size, cfg.seed, cfg.random_erasing, interpolation)
+    augment = sample_augment(
+        cfg.augment,
+        cfg.image_size,
+        cfg.seed,
+        cfg.random_erasing,
+        interpolation,
+        hflip=cfg.hflip,
+        vflip=cfg.vflip or 0.0,
+        crop_scale=cfg.crop_scale,
+    )
     if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
         mean, std = data_stats(subset(split.train, None), seed=cfg.seed)
         cfg = cfg.replace(mean=mean, std=std)

@@ -54,6 +54,19 @@ class TrainConfig:
         None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"
     )
     random_erasing: float | None = _setting(None, "probability of erasing a random box of each training image")
+    hflip: float | None = _setting(
+        None,
+        "probability of a horizontal flip of each training image, over any --augment (0 for text and digits; "
+        "default: 0.5 with augmentation, else 0)",
+    )
+    vflip: float | None = _setting(
+        None, "probability of a vertical flip of each training image, for images with no up (default 0)"
+    )
+    crop_scale: tuple[float, float] | None = _setting(
+        None,
+        "MIN MAX: the share of the image area the random-resized crop keeps, over any --augment (default: "
+        "0.08 1 for flip-crop, 0.35 1 for the other levels, no crop for none)",
+    )
     mixup: float | None = _setting(None, "mixup alpha (0: off); soft labels, see docs/training.md")
     cutmix: float | None = _setting(None, "cutmix alpha (0: off); with --mixup each pair uses one of them")
     normalize: Literal["weights", "data", "blog"] | None = _setting(
@@ -62,6 +75,13 @@ class TrainConfig:
     mean: str | None = _setting(None, "per-channel mean R,G,B in [0, 1] (default: from --normalize; recorded)")
     std: str | None = _setting(None, "per-channel std R,G,B (default: from --normalize; recorded)")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
+    group_by: str | None = _setting(
+        None,
+        "keep each group of images on one side of the split: a regex over the path relative to the data "
+        "whose first group names the group, or a column of the manifest or hf: data",
+    )
+    folds: int = _setting(0, "K-fold cross-validation: split the data into K folds (0: off; see --fold)")
+    fold: int = _setting(0, "with --folds K: the fold (0 to K-1) held out for validation")
     seed: int = _setting(42, "seed of the split, the sampler and the head's init")
     threads: int | None = _setting(
         None,

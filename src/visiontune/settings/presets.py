@@ -50,6 +50,20 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# The flips and the random-resized crop each --augment level brings: (hflip p, vflip p, crop scale or None).
+# --hflip, --vflip and --crop-scale replace them over any level. The levels other than flip-crop crop
+# mildly: at full strength (area down to 8%) a small image loses the object (measured on 32 px digits:
+# 0.84 accuracy against 0.98 without cropping).
+MILD_CROP = (0.35, 1.0)
+AUGMENT_VIEW: dict[str, tuple[float, float, tuple[float, float] | None]] = {
+    "none": (0.0, 0.0, None),
+    "flip-crop": (0.5, 0.0, (0.08, 1.0)),  # the original --augment: torchvision's RandomResizedCrop defaults
+    "light": (0.5, 0.0, MILD_CROP),  # the mild crop and flip alone: no colour or shape changes of the object
+    "trivial": (0.5, 0.0, MILD_CROP),  # ... and TrivialAugmentWide
+    "randaugment": (0.5, 0.0, MILD_CROP),  # ... and RandAugment
+}
+
+
 def _value_text(name: str, value) -> str:
     if value is None:  # normalize in the modern recipe: decided per run, see _normalize
         return "weights (pretrained) or data (from scratch)"
@@ -94,6 +108,13 @@ def resolve(cfg):
     if isinstance(augment, bool):  # the old boolean --augment / `augment = true` in a config file
         changes["augment"] = "flip-crop" if augment else "none"
     cfg = cfg.replace(**changes) if changes else cfg
+    if cfg.augment in AUGMENT_VIEW:  # an unknown one is refused by validate, with the flag's name
+        hflip, vflip, crop = AUGMENT_VIEW[cfg.augment]
+        cfg = cfg.replace(
+            hflip=hflip if cfg.hflip is None else cfg.hflip,
+            vflip=vflip if cfg.vflip is None else cfg.vflip,
+            crop_scale=crop if cfg.crop_scale is None else tuple(cfg.crop_scale),
+        )
     if (cfg.mean is None) != (cfg.std is None):
         raise UserError("give --mean and --std together (or neither, to take them from --normalize)")
     if cfg.mean is None and cfg.normalize != "data":  # data: the trainer measures the train split

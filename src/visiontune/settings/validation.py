@@ -28,6 +28,8 @@ RANGES = {
     "warmup_steps": (0, math.inf, False),
     "label_smoothing": (0, 1, False),
     "random_erasing": (0, 1, True),
+    "hflip": (0, 1, True),
+    "vflip": (0, 1, True),
     "mixup": (0, math.inf, False),
     "cutmix": (0, math.inf, False),
     "ema": (0, 1, False),
@@ -45,6 +47,8 @@ def _fits(value: Any, kind: Any) -> bool:
     origin, args = get_origin(kind), get_args(kind)
     if origin is Literal:  # of the choices' type here; which choice, ``validate`` says with the flag's name
         return any(type(value) is type(a) for a in args)
+    if origin is tuple:  # a fixed-length tuple (a list in JSON and TOML)
+        return isinstance(value, (list, tuple)) and len(value) == len(args) and all(map(_fits, value, args))
     if args:  # X | None
         return any(_fits(value, k) for k in args)
     if kind is type(None):
@@ -85,6 +89,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         v = getattr(cfg, name)
         if not (low <= v <= high if closed else low <= v < high):
             raise UserError(f"--{name.replace('_', '-')} must be in [{low}, {high}{']' if closed else ')'}, got {v}")
+    if cfg.crop_scale is not None and not (
+        all(math.isfinite(v) for v in cfg.crop_scale) and 0 < cfg.crop_scale[0] <= cfg.crop_scale[1] <= 1
+    ):
+        low, high = cfg.crop_scale
+        raise UserError(f"--crop-scale MIN MAX must satisfy 0 < MIN <= MAX <= 1, got {low:g} {high:g}")
+    if cfg.folds == 1 or cfg.folds < 0:
+        raise UserError(f"--folds must be 2 or more (0: no cross-validation), got {cfg.folds}")
+    if cfg.folds and not 0 <= cfg.fold < cfg.folds:
+        raise UserError(f"--fold must be from 0 to {cfg.folds - 1} with --folds {cfg.folds}, got {cfg.fold}")
+    if not cfg.folds and cfg.fold:
+        raise UserError(f"--fold {cfg.fold} needs --folds K (the number of folds)")
+    if cfg.group_by is not None and not cfg.group_by.strip():
+        raise UserError("--group-by is empty: give a regex over the image paths or a column name")
     if cfg.crop_pct is not None and not 0 < cfg.crop_pct <= 1:
         raise UserError(f"--crop-pct must be in (0, 1], got {cfg.crop_pct}")
     if cfg.backbone_lr_mult <= 0:

@@ -19,10 +19,10 @@ from accelerate.utils import set_seed
 
 from visiontune.cluster.launch import default_output_dir
 from visiontune.cluster.strategy import make_accelerator
+from visiontune.data.groups import split_for
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import discover
 from visiontune.data.pipeline import DeviceNormalize
-from visiontune.data.split import split_of
 from visiontune.errors import UserError
 from visiontune.models.build import build_model, get_spec
 from visiontune.settings import presets
@@ -63,7 +63,7 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     set_seed(cfg.seed)
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     data = prepare_data(accelerator, cfg, out, images)
-    cfg, loader, _ = loaders(cfg, data, split_of(data.images, cfg.val_fraction, cfg.seed), out)
+    cfg, loader, _ = loaders(cfg, data, split_for(data.images, cfg)[0], out)
     optimizer, _ = optim.optimization(cfg, model, 1.0, max(1, len(loader)))
     ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

@@ -22,12 +22,12 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import Setup, describe, make_accelerator, prepare
 from visiontune.data.augment import BatchMix
+from visiontune.data.groups import split_for
 from visiontune.data.jobdata import listed
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
 from visiontune.data.loaders import loaders
 from visiontune.data.pipeline import DeviceNormalize
-from visiontune.data.split import split_of, split_summary
 from visiontune.errors import UserError
 from visiontune.models.build import build_model, check_input, get_spec, input_view
 from visiontune.runs import records, resume, runinfo, runlock
@@ -223,8 +223,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
     images, bad = data.images, data.bad
-    split = split_of(images, cfg.val_fraction, cfg.seed)  # the data's own, or the seeded one
-    split_rec = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction, images.split_note)
+    split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
     cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)

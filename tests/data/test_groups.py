@@ -1,0 +1,142 @@
+"""Grouped and k-fold splits: no group on both sides, classes balanced, folds a partition, seeded."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from sklearn.model_selection import StratifiedGroupKFold
+
+from visiontune.data.groups import fold_split, group_names, grouped_split, split_for, split_images
+from visiontune.data.layouts import ImageSet, discover
+from visiontune.data.split import split_record
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig
+
+REGEX = r"/(p\d+)_"
+
+
+def _patients(seed: int = 0, n_patients: int = 60) -> ImageSet:
+    """Two classes; each patient has 1-8 photos, all of one class (a patient's label is their diagnosis)."""
+    rng = np.random.default_rng(seed)
+    paths, labels = [], []
+    for p in range(n_patients):
+        cls = int(rng.integers(0, 2)) if p > 1 else p  # both classes present whatever the draw
+        for j in range(int(rng.integers(1, 9))):
+            paths.append(f"/data/{('benign', 'malignant')[cls]}/p{p:03d}_{j}.png")
+            labels.append(cls)
+    return ImageSet("/data", "imagefolder", paths, labels, ["benign", "malignant"])
+
+
+def _groups_of(names: list[str]) -> list[str]:
+    return [re.search(REGEX, "/" + n).group(1) for n in names]  # the record's paths are relative to the root
+
+
+def test_grouped_split_keeps_each_group_on_one_side_and_balances_classes():
+    images = _patients()
+    split, extra = grouped_split(images.labels, group_names(images, REGEX), 0.2, seed=7)
+    record = split_record(split, images.paths, images.root, 7, 0.2)
+    # Checked from the record's own lists, as a reader of split.json would.
+    train, val = set(_groups_of(record["train"])), set(_groups_of(record["val"]))
+    assert not train & val
+    assert len(train | val) == 60 and extra == {"groups": {"train": len(train), "val": len(val)}}
+    assert sorted(np.concatenate([split.train, split.val]).tolist()) == list(range(len(images)))
+    for c in (0, 1):  # each class about 20% validation: within 5 points on 60 groups of 1-8 images
+        share = np.isin(np.flatnonzero(images.labels == c), split.val).mean()
+        assert abs(share - 0.2) <= 0.05, (c, share)
+    # Seeded: the same split again; another seed another one.
+    again, _ = grouped_split(images.labels, group_names(images, REGEX), 0.2, seed=7)
+    assert again == split
+    assert grouped_split(images.labels, group_names(images, REGEX), 0.2, seed=8)[0] != split
+
+
+def test_the_split_depends_on_the_groups_not_on_the_listing_order():
+    images = _patients()
+    order = np.random.default_rng(1).permutation(len(images))
+    shuffled = images.take(order)
+    a, _ = grouped_split(images.labels, group_names(images, REGEX), 0.25, seed=3)
+    b, _ = grouped_split(shuffled.labels, group_names(shuffled, REGEX), 0.25, seed=3)
+    assert sorted(images.paths[i] for i in a.val) == sorted(shuffled.paths[i] for i in b.val)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_folds_partition_the_data(grouped):
+    images = _patients(seed=2)
+    names = group_names(images, REGEX) if grouped else None
+    vals = [fold_split(images.labels, names, 5, i, seed=11)[0] for i in range(5)]
+    every = np.concatenate([s.val for s in vals])
+    assert len(every) == len(images) and sorted(every.tolist()) == list(range(len(images)))  # disjoint, complete
+    for s in vals:  # each fold's training set is the rest
+        assert sorted(np.concatenate([s.train, s.val]).tolist()) == list(range(len(images)))
+        assert not set(s.train.tolist()) & set(s.val.tolist())
+    if grouped:
+        owner = {}
+        for i, s in enumerate(vals):
+            for g in {names[j] for j in s.val}:
+                assert owner.setdefault(g, i) == i  # a group's images in one fold only
+    else:  # a stratified k-fold: each class's count per fold within one of the others'
+        for c in (0, 1):
+            per_fold = [int((images.labels[s.val] == c).sum()) for s in vals]
+            assert max(per_fold) - min(per_fold) <= 1, per_fold
+
+
+def test_grouped_folds_balance_classes_as_well_as_sklearns_stratified_group_kfold():
+    # The independent reference: scikit-learn's StratifiedGroupKFold on the same groups. Ours may
+    # differ fold by fold, but its worst class share should be no further from 1/K than sklearn's
+    # worst plus a few points.
+    images = _patients(seed=4, n_patients=80)
+    names = group_names(images, REGEX)
+    codes = np.unique(names, return_inverse=True)[1]
+    ours = [fold_split(images.labels, names, 4, i, seed=0)[0].val for i in range(4)]
+    theirs = [
+        val for _, val in StratifiedGroupKFold(4, shuffle=True, random_state=0).split(codes, images.labels, codes)
+    ]
+
+    def worst(folds):
+        return max(abs(np.isin(np.flatnonzero(images.labels == c), v).mean() - 0.25) for v in folds for c in (0, 1))
+
+    assert worst(ours) <= worst(theirs) + 0.03, (worst(ours), worst(theirs))
+
+
+def test_group_by_a_manifest_column(tmp_path):
+    rows = ["filename,label,patient"]
+    for p in range(12):
+        for j in range(3):
+            (tmp_path / f"{p}_{j}.png").write_bytes(b"")
+            rows.append(f"{p}_{j}.png,{'ab'[p % 2]},P{p}")
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    images = discover(str(tmp_path))
+    names = group_names(images, "patient", str(tmp_path))
+    assert names[:3] == ["P0", "P0", "P0"] and len(set(names)) == 12
+    cfg = TrainConfig(data=str(tmp_path), group_by="patient", val_fraction=0.25, seed=1)
+    split, rec = split_for(images, cfg)
+    val = {names[i] for i in split.val}
+    assert not val & {names[i] for i in split.train}
+    assert rec["group_by"] == "patient" and rec["groups"] == {"train": 9, "val": 3}
+    assert rec["counts"] == {"train": 27, "val": 9}
+
+
+def test_split_for_records_folds_and_plain_runs_are_unchanged():
+    images = _patients()
+    cfg = TrainConfig(data="/data", group_by=REGEX, folds=3, fold=2, seed=5)
+    split, rec = split_for(images, cfg)
+    assert rec["folds"] == 3 and rec["fold"] == 2 and rec["group_by"] == REGEX
+    assert split == fold_split(images.labels, group_names(images, REGEX), 3, 2, 5)[0]
+    plain, rec = split_for(images, TrainConfig(data="/data", seed=5))
+    assert "groups" not in rec and split_images(images, 0.2, 5, None, 0, 0) is None
+
+
+def test_bad_group_by_is_one_clear_error():
+    images = _patients()
+    with pytest.raises(UserError, match="finds no group in benign/p000_0.png"):
+        group_names(images, r"(patient\d+)")
+    with pytest.raises(UserError, match="neither a column"):
+        group_names(images, "(")
+    with pytest.raises(UserError, match="only one group"):
+        grouped_split(images.labels, group_names(images, r"(p)\d"), 0.2, 0)
+    with pytest.raises(UserError, match="needs at least 61 groups"):
+        fold_split(images.labels, group_names(images, REGEX), 61, 0, 0)
+    own = ImageSet("/d", "hf", ["/d/a", "/d/b"], [0, 1], ["x", "y"], val_mask=[False, True], split_note="its own")
+    with pytest.raises(UserError, match="brings its own validation split"):
+        split_images(own, 0.2, 0, "x", 0, 0)
