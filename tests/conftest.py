@@ -37,6 +37,7 @@ DISTRIBUTED = {
     "test_ddp_on_hf_data_with_its_own_odd_validation_split_counts_each_image_once",
 }
 SLOW = {
+    "test_train_with_group_by_records_the_grouped_split_and_resumes_only_with_it",
     "test_check_train_and_evaluate_use_the_nested_rule_and_report_counts",
     "test_single_process_job_lists_the_data_once",
     "test_first_cached_run_decodes_each_file_exactly_once",

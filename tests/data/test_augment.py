@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import pickle
+import re
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from torchvision.transforms import v2
 
 from trainrun import assert_same_weights, final_weights, flags, relative_difference, train_argv, train_ddp_beside_one
 from visiontune import cli
-from visiontune.data.augment import BatchMix, EpochIndex, sample_augment
+from visiontune.cli.commands import build_parser
+from visiontune.cli.flags import config_from_args
+from visiontune.data.augment import BatchMix, EpochIndex, derive_seed, sample_augment, seeded
 from visiontune.data.pipeline import UNREADABLE, EpochSampler
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig
+from visiontune.settings.validation import validate
 
 
 def test_sample_draws_depend_on_seed_epoch_and_index_only():
@@ -49,6 +56,61 @@ def test_light_is_a_mild_crop_and_a_flip_repeatable_per_seed_epoch_and_index():
     rising = [bool((d >= 0).all()) for d in steps]
     falling = [bool((d <= 0).all()) for d in steps]
     assert all(r != f for r, f in zip(rising, falling)) and any(rising) and any(falling)
+
+
+def _ramps() -> torch.Tensor:
+    ramp = torch.linspace(0, 255, 32).round().to(torch.uint8).expand(32, 32)
+    return torch.stack([ramp, ramp.T, ramp])  # red and blue brighter to the right, green downwards
+
+
+def test_flips_and_crop_scale_apply_over_any_level_with_their_probability():
+    img = _ramps()
+    steps = sample_augment("light", 32, seed=0, hflip=0.3, vflip=0.7, crop_scale=(0.5, 0.9)).transform.transforms
+    assert [type(t) for t in steps] == [v2.RandomResizedCrop, v2.RandomHorizontalFlip, v2.RandomVerticalFlip]
+    assert steps[0].scale == (0.5, 0.9) and steps[1].p == 0.3 and steps[2].p == 0.7
+    # P=1 always flips, P=0 never: on "none" the flip is the whole transform.
+    for i in range(4):
+        assert torch.equal(sample_augment("none", 32, seed=i, hflip=1.0)(img, EpochIndex(i, 1)), img.flip(-1))
+        assert torch.equal(sample_augment("none", 32, seed=i, vflip=1.0)(img, EpochIndex(i, 1)), img.flip(-2))
+    assert sample_augment("none", 32, seed=0, hflip=0.0, vflip=0.0) is None
+    # --hflip 0 over flip-crop: no flip at all; the crop keeps its scale. A crop of the whole area of a
+    # square image at its own size is the identity, so "light" with scale 1 and no flip changes nothing.
+    kept = sample_augment("flip-crop", 32, seed=0, hflip=0.0)
+    assert [type(t) for t in kept.transform.transforms] == [v2.RandomResizedCrop]
+    assert kept.transform.transforms[0].scale == (0.08, 1.0)
+    still = sample_augment("light", 32, seed=0, hflip=0.0, crop_scale=(1.0, 1.0))
+    assert all(torch.equal(still(img, EpochIndex(i, 1)), img) for i in range(8))
+    # A crop asked for over "none" brings the image to size itself.
+    assert sample_augment("none", 16, seed=0, crop_scale=(0.5, 1.0)).resizes
+    assert not sample_augment("none", 16, seed=0, vflip=0.5).resizes
+
+
+def test_the_levels_defaults_draw_as_before():
+    # flip-crop with the defaults is torchvision's crop then a 0.5 flip, draw for draw.
+    img, before = _ramps(), v2.Compose([v2.RandomResizedCrop(24, antialias=True), v2.RandomHorizontalFlip()])
+    aug = sample_augment("flip-crop", 24, seed=9)
+    for i in range(6):
+        with seeded(derive_seed(9, 1, i)):
+            want = before(img)
+        assert torch.equal(aug(img, EpochIndex(i, 1)), want)
+
+
+def test_flip_and_crop_settings_resolve_per_level_and_are_checked():
+    resolved = validate(TrainConfig(data="d", augment="light"))
+    assert (resolved.hflip, resolved.vflip, resolved.crop_scale) == (0.5, 0.0, (0.35, 1.0))
+    assert validate(TrainConfig(data="d")).crop_scale is None and validate(TrainConfig(data="d")).hflip == 0.0
+    given = validate(TrainConfig(data="d", augment="flip-crop", hflip=0.0, vflip=0.5, crop_scale=[0.2, 0.6]))
+    assert (given.hflip, given.vflip, given.crop_scale) == (0.0, 0.5, (0.2, 0.6))
+    args = build_parser().parse_args(["train", "--data", "d", "--crop-scale", "0.3", "1", "--hflip", "0"])
+    assert config_from_args(args).crop_scale == (0.3, 1.0) and config_from_args(args).hflip == 0.0
+    for bad, message in (
+        ({"crop_scale": (0.9, 0.5)}, "--crop-scale MIN MAX must satisfy 0 < MIN <= MAX <= 1, got 0.9 0.5"),
+        ({"crop_scale": (0.0, 1.0)}, "--crop-scale"),
+        ({"hflip": 1.5}, "--hflip must be in"),
+        ({"crop_scale": ["a", 1]}, "is not of type"),
+    ):
+        with pytest.raises(UserError, match=re.escape(message)):
+            validate(TrainConfig(data="d", **bad))
 
 
 def test_the_sampler_hands_out_its_epoch_and_the_index_survives_pickling():
@@ -100,7 +162,9 @@ def test_mix_gives_soft_labels_that_split_one_global_batch_like_ddp_parts():
                 label_smoothing=0.1,
                 num_workers=1,
                 cache="CACHE",
-            )
+                vflip=0.5,
+            ),
+            *["--crop-scale", "0.5", "0.9"],
         ],  # everything random, from the cache, in a loader worker
     ],
     ids=["flip-crop-files-0-workers", "all-options-cache-1-worker"],

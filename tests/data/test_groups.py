@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -140,3 +141,31 @@ def test_bad_group_by_is_one_clear_error():
     own = ImageSet("/d", "hf", ["/d/a", "/d/b"], [0, 1], ["x", "y"], val_mask=[False, True], split_note="its own")
     with pytest.raises(UserError, match="brings its own validation split"):
         split_images(own, 0.2, 0, "x", 0, 0)
+
+
+def test_train_with_group_by_records_the_grouped_split_and_resumes_only_with_it(
+    tmp_path, small_data, monkeypatch, capsys
+):
+    from trainrun import train_argv
+    from visiontune import cli
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "scan"))
+    out, by = tmp_path / "run", r"(\d)\.jpg$"  # ten groups by the last digit: cat.3, cat.13, dog.3, ... together
+    view = ["--augment", "light", "--hflip", "0", "--vflip", "0.5", "--crop-scale", "0.6", "1"]
+    argv = train_argv(small_data, out, "--group-by", by, "--val-fraction", "0.3", *view)[3:]
+    assert cli.main([*argv, "--epochs", "1"]) == 0
+    record = json.loads((out / "split.json").read_text())
+    train, val = ({re.search(by, p).group(1) for p in record[side]} for side in ("train", "val"))
+    assert not train & val and len(train | val) == 10
+    assert record["group_by"] == by and record["groups"] == {"train": len(train), "val": len(val)}
+    assert record["counts"] == {"train": len(record["train"]), "val": len(record["val"])}
+    assert len(record["train"]) + len(record["val"]) == 40 and len(val) == 3  # 30% of ten groups of 4
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["hflip"], config["vflip"], config["crop_scale"], config["group_by"]) == (0.0, 0.5, [0.6, 1.0], by)
+    # Another grouping is another split: the checkpoint refuses it, and split.json stays as it was.
+    capsys.readouterr()
+    assert cli.main([*train_argv(small_data, out, "--group-by", r"(\d\d?)\.jpg$", *view)[3:], "--resume", "auto"]) == 2
+    assert "the data split" in capsys.readouterr().err
+    assert json.loads((out / "split.json").read_text()) == record
+    assert cli.main([*argv, "--epochs", "2", "--resume", "auto"]) == 0
+    assert json.loads((out / "split.json").read_text()) == record
