@@ -17,6 +17,7 @@ from pathlib import Path
 
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
+from visiontune.reports import crossval
 from visiontune.reports.report import CSS
 
 # Differ by nature between any two runs, and say nothing about how they trained.
@@ -137,6 +138,11 @@ def build(runs: list[Run]) -> str:
         "<h2>Final metrics</h2>",
         _html_table(runs, metrics_table(runs)),
     ]
+    cv = crossval.summary(runs)
+    if cv is not None:  # the runs are folds of one cross-validation: their metrics over the folds
+        head, *rows = crossval.lines(cv)
+        body += [f"<h2>Cross-validation</h2><p class='note'>{html.escape(head)}</p>"]
+        body += [f"<pre>{html.escape(chr(10).join(row.strip() for row in rows))}</pre>"]
     css = CSS + "\ntr.differs th,tr.differs td{background:#fff6d5}"
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -153,6 +159,8 @@ def terminal_table(runs: list[Run]) -> str:
     lines = [f"{k:<{width}}  " + "  ".join(f"{v:<{w}}" for v, w in zip(values, cols)) for k, values in rows]
     if not differ:
         lines.insert(1, "(no setting differs)")
+    cv = crossval.summary(runs)
+    lines += crossval.lines(cv) if cv is not None else []
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -6,6 +6,7 @@ config and the numbers the trainer computed; nothing here decides anything.
 
 from __future__ import annotations
 
+from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.training.schedule import warmup_steps
 
@@ -32,8 +33,18 @@ def _schedule(cfg: TrainConfig, steps_per_epoch: int) -> str:
     return f"{warm} warm-up steps, then {shape}" if warm else shape
 
 
+def _view(cfg: TrainConfig) -> list[str]:
+    """The flips and the crop, where they differ from what ``--augment`` brings."""
+    hflip, vflip, crop = presets.AUGMENT_VIEW.get(cfg.augment, (None, None, None))
+    out = [] if cfg.hflip in (None, hflip) else [f"horizontal flip {cfg.hflip:g}"]
+    out += [] if cfg.vflip in (None, vflip) else [f"vertical flip {cfg.vflip:g}"]
+    if cfg.crop_scale is not None and tuple(cfg.crop_scale) != crop:
+        out.append(f"crop scale {cfg.crop_scale[0]:g}-{cfg.crop_scale[1]:g}")
+    return out
+
+
 def _augmentation(cfg: TrainConfig) -> str:
-    extra = [
+    extra = _view(cfg) + [
         f"{name} {value:g}"
         for name, value in (("random erasing", cfg.random_erasing), ("mixup", cfg.mixup), ("cutmix", cfg.cutmix))
         if value
@@ -63,9 +74,14 @@ def rows(
     batch = f"{setup.per_process_batch} per process x {setup.world_size} {processes}"
     if cfg.grad_accum > 1:
         batch += f" x {cfg.grad_accum} accumulated"
+    val = f"{_n(val_images)}, each counted once per epoch"
+    if cfg.folds:
+        val += f"; fold {cfg.fold} of {cfg.folds} (folds 0 to {cfg.folds - 1})"
+    if cfg.group_by:
+        val += f"; each group ({cfg.group_by}) on one side (split.json counts them)"
     return [
         ("train images", train),
-        ("val images", f"{_n(val_images)}, each counted once per epoch"),
+        ("val images", val),
         ("classes", f"{len(classes)}: {names}"),
         ("model", f"{cfg.model} ({source}), weights {cfg.weights}, {cfg.image_size} px"),
         ("batch", f"{batch} = global batch {setup.global_batch}"),
