@@ -118,6 +118,28 @@ def test_group_by_a_manifest_column(tmp_path):
     assert rec["counts"] == {"train": 27, "val": 9}
 
 
+def test_evaluate_knows_moved_data_by_its_grouped_split(tmp_path):
+    from visiontune.inference.evaluate import _same_listing
+
+    data, run = tmp_path / "moved", tmp_path / "run"
+    data.mkdir()
+    run.mkdir()
+    rows = ["filename,label,patient"] + [f"{i}.png,{'ab'[i % 2]},P{i // 4}" for i in range(32)]
+    for i in range(32):
+        (data / f"{i}.png").write_bytes(b"")
+    (data / "train.csv").write_text("\n".join(rows) + "\n")
+    (run / "bad_files.csv").write_text("path,problem\n")
+    images = discover(str(data))
+    for cfg in (
+        TrainConfig(data=str(data), group_by="patient", seed=3),
+        TrainConfig(data=str(data), group_by="patient", folds=4, fold=1, seed=3),
+    ):
+        _, record = split_for(images, cfg)
+        assert _same_listing(images, str(run), record, "/where/it/was")
+        ungrouped = {k: v for k, v in record.items() if k not in ("group_by", "folds", "fold")}
+        assert not _same_listing(images, str(run), ungrouped, "/where/it/was")
+
+
 def test_split_for_records_folds_and_plain_runs_are_unchanged():
     images = _patients()
     cfg = TrainConfig(data="/data", group_by=REGEX, folds=3, fold=2, seed=5)

@@ -41,8 +41,13 @@ def _column(images: ImageSet, data: str, column: str) -> list[str] | None:
     if images.layout != "manifest":
         return None
     root = Path(data).expanduser()
-    csv_path = root if root.suffix.lower() == ".csv" else root / "train.csv"
-    with open(csv_path, newline="", encoding="utf-8-sig") as f:
+    # The manifest: DATA itself, DATA/train.csv, or (DATA being the images' folder DATA/train) the one above.
+    found = [
+        p for p in (root, root / "train.csv", root.parent / "train.csv") if p.suffix.lower() == ".csv" and p.is_file()
+    ]
+    if not found:
+        return None
+    with open(found[0], newline="", encoding="utf-8-sig") as f:
         rows = [row for row in csv.reader(f) if any(cell.strip() for cell in row)]
     header = [c.strip() for c in rows[0]] if rows else []
     if column not in header:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from visiontune import files
 from visiontune.cluster import launch
+from visiontune.data.groups import split_images
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.pipeline import UNREADABLE
 from visiontune.data.split import relative_paths, split_of, split_summary
@@ -60,9 +61,11 @@ def _same_listing(images: ImageSet, run_dir: str, record: dict, root: str | None
         return False
     names = relative_paths(images.paths, range(len(images)), images.root)
     kept = images.take([i for i, name in enumerate(names) if name not in bad])
-    try:
-        split = split_of(kept, fraction, seed)
-    except UserError:  # too few images to split as the run did: not its data
+    try:  # as the run split it: grouped or a fold when its split.json says so
+        folds, fold = int(record.get("folds", 0)), int(record.get("fold", 0))
+        grouped = split_images(kept, fraction, seed, record.get("group_by"), folds, fold, kept.root)
+        split = grouped[0] if grouped else split_of(kept, fraction, seed)
+    except (UserError, OSError, ValueError, TypeError):  # too few images to split as the run did: not its data
         return False
     return split_summary(split, kept.paths, kept.root, seed, fraction)["sha256"] == want
 
