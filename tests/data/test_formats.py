@@ -88,6 +88,15 @@ def test_hf_parquet_folder_gets_the_seeded_split_and_broken_bytes_are_a_bad_file
     assert scan(found.paths, reader=found.reader, cache_path=str(tmp_path / "scan.keys")) == bad
 
 
+def test_group_by_an_hf_column_follows_the_rows_through_take(tmp_path):
+    from visiontune.data.groups import group_names
+
+    hf_dict([_png(9 * i) for i in range(8)], [i % 2 for i in range(8)]).to_parquet(str(tmp_path / "pq" / "t.parquet"))
+    found = discover(f"hf:{tmp_path / 'pq'}")
+    assert group_names(found, "note") == [str(i) for i in range(8)]  # the "note" column, row by row
+    assert group_names(found.take([5, 2]), "note") == ["5", "2"]
+
+
 def test_the_listing_hand_over_reopens_readers_with_their_split(tmp_path, folder):
     images = [_png(7 * i) for i in range(5)]
     datasets.DatasetDict(

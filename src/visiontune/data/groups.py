@@ -36,7 +36,7 @@ def _column(images: ImageSet, data: str, column: str) -> list[str] | None:
         parts = images.reader.parts
         if column not in parts[0].features:
             return None
-        values = [parts[p][column] for p in range(len(parts))]  # one column read per split, not per row
+        values = [list(part[column]) for part in parts]  # one column read per split, not per row
         return [str(values[int(p)][int(r)]) for p, r in zip(images.reader.part, images.reader.row)]
     if images.layout != "manifest":
         return None
