@@ -52,6 +52,25 @@ def test_grouped_split_keeps_each_group_on_one_side_and_balances_classes():
     assert grouped_split(images.labels, group_names(images, REGEX), 0.2, seed=8)[0] != split
 
 
+def test_the_split_is_the_same_whatever_the_global_rngs_hold():
+    # Each process of a job seeds the global generators with seed + its rank: the split must not read them.
+    import random
+
+    import torch
+
+    images = _patients()
+    cfg = TrainConfig(data="/data", group_by=REGEX, folds=4, fold=1, seed=2)
+    splits = []
+    for rank in range(3):
+        torch.manual_seed(rank)
+        np.random.seed(rank)
+        random.seed(rank)
+        state = torch.get_rng_state()
+        splits.append(split_for(images, cfg))
+        assert torch.equal(torch.get_rng_state(), state)  # nor does it advance them
+    assert splits[0][0] == splits[1][0] == splits[2][0] and splits[0][1] == splits[1][1] == splits[2][1]
+
+
 def test_the_split_depends_on_the_groups_not_on_the_listing_order():
     images = _patients()
     order = np.random.default_rng(1).permutation(len(images))
