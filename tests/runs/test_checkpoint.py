@@ -256,6 +256,21 @@ def test_the_position_is_translated_in_samples_and_refused_off_an_optimizer_step
         resume.compatible(odd, {**same, "batch_samples": 8, "grad_accum": 1})
 
 
+def test_a_resume_with_other_flips_or_crop_is_refused_and_older_checkpoints_are_not_asked():
+    view = {"augment": "light", "hflip": 0.0, "vflip": 0.5, "crop_scale": [0.5, 1.0]}  # crop_scale as JSON has it
+    meta = {"epoch": 0, "batch": 0, "samples": 0, "split_sha256": "s", "model": "m", "num_classes": 2}
+    meta.update(global_batch=4, world_size=1, config={"batch_size": 4, "grad_accum": 1, **view})
+    same = {k: meta[k] for k in ("split_sha256", "model", "num_classes", "global_batch")}
+    now = {**same, "batch_samples": 4, "grad_accum": 1, **view, "crop_scale": (0.5, 1.0)}
+    assert resume.compatible(checkpoint.Checkpoint("c", meta), now).batch == 0
+    with pytest.raises(UserError, match=r"augmentation differs .*\(--hflip 0 there, --hflip 0.5 now\)"):
+        resume.compatible(checkpoint.Checkpoint("c", meta), {**now, "hflip": 0.5})
+    with pytest.raises(UserError, match=r"\(--crop-scale 0.5 1 there, --crop-scale 0.2 1 now\)"):
+        resume.compatible(checkpoint.Checkpoint("c", meta), {**now, "crop_scale": (0.2, 1.0)})
+    older = {**meta, "config": {"batch_size": 4, "grad_accum": 1, "augment": "light"}}  # before --hflip existed
+    assert resume.compatible(checkpoint.Checkpoint("c", older), now).batch == 0
+
+
 def _no_space_line(capsys, out) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no space left on the disk of" in err[0] and "needs about" in err[0], err

@@ -19,6 +19,19 @@ from visiontune.models.statedict import load_error
 from visiontune.runs.checkpoint import SCHEDULER, SUBDIR, Checkpoint, latest, listed
 from visiontune.settings.config import TrainConfig
 
+# The settings that decide a training sample's random view (checked on resume, like the resize).
+AUGMENTATION = ("augment", "hflip", "vflip", "crop_scale")
+
+
+def _same_form(value):
+    return list(value) if isinstance(value, (list, tuple)) else value  # JSON gives a list for a tuple
+
+
+def _flag_text(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(f"{v:g}" for v in value)
+    return "(none)" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
 
 def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
     """``ckpt`` with its position in this run's batches; refuse a different split, model or global batch.
@@ -53,6 +66,17 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
             f"cannot resume: the images are resized differently from the checkpoint's ({there} there, {here} now);"
             " resume with the same --image-size, --interpolation and --crop-pct, or train on from its weights in"
             " a new run with --init-from"
+        )
+    # The rest of the epoch's draws must be the ones the first steps were drawn with: the same flips and crop.
+    drawn = [k for k in AUGMENTATION if k in saved and k in current]  # checkpoints from before a setting: fewer
+    changed = [k for k in drawn if _same_form(saved[k]) != _same_form(current[k])]
+    if changed:
+        there, here = (
+            ", ".join(f"--{k.replace('_', '-')} {_flag_text(d[k])}" for k in changed) for d in (saved, current)
+        )
+        raise UserError(
+            f"cannot resume exactly: the augmentation differs from the checkpoint's ({there} there, {here} now);"
+            " resume with the checkpoint's settings, or train on from its weights in a new run with --init-from"
         )
     # Checkpoints written before the position was kept in samples: the batch was in the saving run's units.
     samples = meta.get("samples", meta["batch"] * meta["config"]["batch_size"] * meta.get("world_size", 1))

@@ -110,6 +110,7 @@ def _identity(job: _Job, split_rec: dict, num_classes: int) -> dict:
         "image_size": job.cfg.image_size,
         "interpolation": job.cfg.interpolation,
         "crop_pct": job.cfg.crop_pct,
+        **{k: getattr(job.cfg, k) for k in resume.AUGMENTATION},
     }
 
 
