@@ -99,28 +99,32 @@ def assign(labels: np.ndarray, groups: np.ndarray, targets: list[float], seed: i
     """
     labels, groups = np.asarray(labels, np.int64), np.asarray(groups, np.int64)
     n_groups, n_classes, n_bins = int(groups.max()) + 1, int(labels.max()) + 1, len(targets)
-    per_group = np.zeros((n_groups, n_classes), np.int64)
-    np.add.at(per_group, (groups, labels), 1)
+    # Each group's classes and counts as (group, class) pairs: no groups x classes table, which at a
+    # group per image of ImageNet would be 10 GB.
+    pairs, pair_count = np.unique(groups * n_classes + labels, return_counts=True)
+    pair_class = pairs % n_classes
+    bounds = np.searchsorted(pairs // n_classes, np.arange(n_groups + 1))
+    size = np.bincount(groups, minlength=n_groups)
+    per_class = np.bincount(labels, minlength=n_classes).astype(np.float64)
     target = np.asarray(targets, np.float64)
-    per_class = per_group.sum(0).astype(np.float64)
     shuffled = torch.randperm(n_groups, generator=torch.Generator().manual_seed(seed)).numpy()
-    order = shuffled[np.argsort(-per_group.sum(1)[shuffled], kind="stable")]
+    order = shuffled[np.argsort(-size[shuffled], kind="stable")]
     counts = np.zeros((n_bins, n_classes), np.float64)
     sizes = np.zeros(n_bins, np.float64)
     where = np.empty(n_groups, np.int64)
     eye = np.eye(n_bins)
     for g in order:
-        held = np.flatnonzero(per_group[g])
-        add = per_group[g, held].astype(np.float64)
+        held = pair_class[bounds[g] : bounds[g + 1]]
+        add = pair_count[bounds[g] : bounds[g + 1]].astype(np.float64)
         # shares[b, b', c]: bin b''s share of class c (relative to its target) if the group went to bin b
         shares = (counts[None, :, held] + eye[:, :, None] * add) / (per_class[held] * target[None, :, None])
         spread = shares.std(axis=1).sum(axis=1)
-        fill = (sizes + add.sum()) / target
+        fill = (sizes + size[g]) / target
         best = np.flatnonzero(np.isclose(spread, spread.min(), rtol=0, atol=1e-12))
         b = int(best[np.argmin(fill[best])])
         where[g] = b
         counts[b, held] += add
-        sizes[b] += add.sum()
+        sizes[b] += size[g]
     return where
 
 
