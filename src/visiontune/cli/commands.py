@@ -31,7 +31,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     # Check what can be checked before any worker starts: one error line, not N. The listing is the
     # job's only one: the run in this process or the workers take it over (a worker lists nothing here).
-    images = None if launch.is_worker() else discover(cfg.data, cfg.image_column, cfg.label_column)
+    columns = (cfg.image_column, cfg.label_column)
+    images = None if launch.is_worker() else discover(cfg.data, *columns, multi_label=cfg.multi_label)
     strategy.check(cfg)
     build.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
@@ -111,7 +112,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.reports.bench import bench, train_flags
 
     cfg = config_from_args(args)
-    discover(cfg.data, cfg.image_column, cfg.label_column)
+    discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
     # Each strategy re-runs `visiontune train` with these flags.
     cfg, train_argv = train_flags(cfg, argv, "epochs" in vars(args))
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)

@@ -88,6 +88,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "max_bad_fraction",
         "image_column",
         "label_column",
+        "multi_label",
     ),
     "model": ("model", "weights", "init_from", "freeze_backbone", "freeze_epochs", "backbone_lr_mult"),
     "optimisation": (

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from visiontune.cluster.host import available_cores, user_cache_dir
 from visiontune.data.check import bounded_map, file_keys, name_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
-from visiontune.data.pipeline import UNREADABLE
+from visiontune.data.pipeline import label_array, sample_label, unreadable_label
 from visiontune.errors import UserError
 from visiontune.files import atomic_file, atomic_write
 
@@ -201,7 +201,7 @@ class CachedDataset(Dataset):
         # augment: a data.augment.SampleAugment, called with (image, index) to seed its draws
         # int64 arrays, not lists: no Python object per image for loader workers to copy
         self.cache, self.indices = cache, np.asarray(indices, np.int64).reshape(-1)
-        self.labels = np.asarray(labels, np.int64).reshape(-1)
+        self.labels = label_array(labels)  # class indices, or multi-hot rows
         self.augment = augment
         self._map: mmap.mmap | None = None
 
@@ -234,8 +234,8 @@ class CachedDataset(Dataset):
             if row in self.cache.bad:  # as ImageDataset does: keep the slot, say so, the epoch goes on
                 path, reason = self.cache.bad[row]
                 print(f"visiontune: skipped unreadable image {path}: {reason}", file=sys.stderr)
-                out.append((torch.zeros(3, s, s, dtype=torch.uint8), UNREADABLE))
+                out.append((torch.zeros(3, s, s, dtype=torch.uint8), unreadable_label(self.labels)))
                 continue
             img = img.permute(2, 0, 1)  # rows are HWC; the view is CHW as everywhere else
-            out.append((self.augment(img, i) if self.augment is not None else img, int(self.labels[i])))
+            out.append((self.augment(img, i) if self.augment is not None else img, sample_label(self.labels, i)))
         return out

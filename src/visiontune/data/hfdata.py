@@ -4,7 +4,8 @@ PATH is a folder written by ``save_to_disk``, a folder of Parquet files, or an
 image folder that ``load_dataset`` reads (its ``imagefolder`` builder); anything
 else after ``hf:`` is a Hub id, loaded through datasets' own cache. The image
 column is the one whose feature is ``Image`` and the label column the
-``ClassLabel`` one, unless ``--image-column``/``--label-column`` say otherwise;
+``ClassLabel`` one (or a list of ``ClassLabel``: multi-label, ``data/multilabel.py``),
+unless ``--image-column``/``--label-column`` say otherwise;
 class names come from the ClassLabel (other labels: their sorted values). A
 ``train`` split with a ``validation`` one is used as it is (``val_mask``); a
 lone split gets visiontune's seeded split. Images are read as the encoded bytes
@@ -102,7 +103,7 @@ def _columns(root: str, features, image_column: str | None, label_column: str | 
     elif not isinstance(features[image_column], ds.Image) and features[image_column] != ds.Value("binary"):
         raise UserError(f"{root}: column {image_column!r} holds {features[image_column]}, not images")
     if label_column is None:
-        labels = [k for k, f in features.items() if isinstance(f, ds.ClassLabel)]
+        labels = [k for k, f in features.items() if isinstance(f, ds.ClassLabel) or _label_sets(f) is not None]
         if len(labels) > 1:
             raise UserError(f"{root}: several ClassLabel columns ({', '.join(labels)}); pass --label-column NAME")
         label_column = labels[0] if labels else "label" if "label" in features else None
@@ -167,6 +168,23 @@ def reopen(spec: dict) -> HFReader:
     return HFReader(spec["data"], spec["splits"], spec["column"], parts, part, row)
 
 
+def _label_sets(feature):
+    """The ClassLabel of a column that holds a list of them (``Sequence(ClassLabel)``: multi-label), else None."""
+    inner = getattr(feature, "feature", None)
+    return inner if isinstance(inner, _datasets().ClassLabel) else None
+
+
+def _multi_hot(parts, column: str, names: list[str]) -> np.ndarray:
+    """``uint8 [rows, K]`` from a column of ClassLabel lists (an empty list: an image with no label)."""
+    out = np.zeros((sum(len(p) for _, p in parts), len(names)), np.uint8)
+    at = 0
+    for _, p in parts:
+        for row, values in enumerate(p.with_format(None)[column]):
+            out[at + row, [v for v in (values or []) if v >= 0]] = 1
+        at += len(p)
+    return out
+
+
 def _labels(root: str, parts, column: str | None, allow_missing: bool) -> tuple[np.ndarray, list[str]]:
     ds = _datasets()
     if column is None:
@@ -199,7 +217,15 @@ def read(
     root, loaded = load(data)
     parts, val = _parts(root, loaded, every_split)
     image_column, label_column = _columns(root, parts[0][1].features, image_column, label_column)
-    labels, classes = _labels(root, parts, label_column, allow_missing=every_split)
+    sets = _label_sets(parts[0][1].features[label_column]) if label_column is not None else None
+    if sets is not None:  # multi-label: a list of ClassLabel per row
+        from visiontune.data.multilabel import first_labels
+
+        classes, targets = list(sets.names), _multi_hot(parts, label_column, list(sets.names))
+        labels = first_labels(targets)
+    else:
+        labels, classes = _labels(root, parts, label_column, allow_missing=every_split)
+        targets = None
     sizes = [len(p) for _, p in parts]
     part = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
     row = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes])
@@ -214,4 +240,5 @@ def read(
         reader=reader,
         val_mask=(part == len(parts) - 1) if val else None,
         split_note=f"its own {parts[0][0]}/{val} splits" if val else "",
+        targets=targets,
     )

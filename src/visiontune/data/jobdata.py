@@ -54,8 +54,9 @@ class JobData:
 
 def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None:
     """Write ``images`` (and a small JSON-able ``extra``) compactly: a JSON header line, then the
-    paths' bytes, their int64 end offsets, the int32 labels and, when the data has its own split, one
-    byte per image for it. A reader travels as its ``spec()``, reopened on loading."""
+    paths' bytes, their int64 end offsets, the int32 labels, when the data has its own split one
+    byte per image for it and, multi-label, the uint8 multi-hot rows. A reader travels as its
+    ``spec()``, reopened on loading."""
     paths = images.paths.compact()
     head = {
         "root": images.root,
@@ -70,10 +71,13 @@ def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None
         "reader": None if images.reader is None else images.reader.spec(),
         "val_mask": images.val_mask is not None,
         "split_note": images.split_note,
+        "multi_label": images.targets is not None,
     }
     arrays = [paths.blob, paths.ends.astype("<i8"), images.labels.astype("<i4")]
     if images.val_mask is not None:
         arrays.append(images.val_mask.astype(np.uint8))
+    if images.targets is not None:
+        arrays.append(images.targets.astype(np.uint8))
     with atomic_file(path) as f:
         f.write(json.dumps(head).encode() + b"\n")
         for array in arrays:
@@ -86,12 +90,15 @@ def load_listing(path: str) -> tuple[ImageSet, dict]:
         head = json.loads(f.readline())
         raw = f.read()
     n, size, has_mask = head["count"], head["paths_bytes"], head.get("val_mask", False)
-    if len(raw) != size + (13 if has_mask else 12) * n:
+    k = len(head["classes"]) if head.get("multi_label") else 0
+    end = size + (13 if has_mask else 12) * n
+    if len(raw) != end + k * n:
         raise ValueError(f"{path}: truncated image list")
     blob = np.frombuffer(raw, np.uint8, size)
     ends = np.frombuffer(raw, "<i8", n, size).astype(np.int64, copy=False)
     labels = np.frombuffer(raw, "<i4", n, size + 8 * n).astype(np.int32, copy=False)
     mask = np.frombuffer(raw, np.uint8, n, size + 12 * n).astype(bool) if has_mask else None
+    targets = np.frombuffer(raw, np.uint8, n * k, end).reshape(n, k).copy() if k else None
     return ImageSet(
         head["root"],
         head["layout"],
@@ -103,6 +110,7 @@ def load_listing(path: str) -> tuple[ImageSet, dict]:
         reader=open_reader(head.get("reader")),
         val_mask=mask,
         split_note=head.get("split_note", ""),
+        targets=targets,
     ), head["extra"]
 
 
@@ -136,15 +144,17 @@ def shared_listing(images: ImageSet, data: str) -> Iterator[None]:
                 os.environ[LISTING_ENV] = before
 
 
-def listed(data: str, image_column: str | None = None, label_column: str | None = None) -> ImageSet:
-    """The listing the launching command shared, else ``discover(data, image_column, label_column)``."""
+def listed(
+    data: str, image_column: str | None = None, label_column: str | None = None, multi_label: bool = False
+) -> ImageSet:
+    """The listing the launching command shared, else ``discover(data, image_column, label_column, ...)``."""
     try:
         spec = json.loads(os.environ.get(LISTING_ENV) or "null")
         if spec and spec["data"] == _data_key(data):
             return load_listing(spec["file"])[0]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # gone or damaged: list again
-    return layouts.discover(data, image_column, label_column)
+    return layouts.discover(data, image_column, label_column, multi_label=multi_label)
 
 
 def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None]:
@@ -209,7 +219,7 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
     path = None
     if accelerator.is_local_main_process:
         try:
-            images = images or listed(cfg.data, cfg.image_column, cfg.label_column)
+            images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
             bad, cache = _screen(cfg, images)
             fd, path = tempfile.mkstemp(prefix="visiontune-data-", suffix=".bin")
             os.close(fd)
@@ -242,7 +252,7 @@ def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None
     if accelerator.num_processes > 1:
         images, bad, cache = _screen_per_machine(accelerator, cfg, images)
     else:
-        images = images or listed(cfg.data, cfg.image_column, cfg.label_column)
+        images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
         bad, cache = _screen(cfg, images)
     accelerator.print(images.describe())
     report = os.path.join(run_dir, "bad_files.csv")

@@ -34,13 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from visiontune.data import multilabel
 from visiontune.data.pathlist import PathList
 from visiontune.errors import UserError
 
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
 OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"}
-_HEADERS = (["filename", "label"], ["file", "label"], ["path", "label"], ["id", "label"])
+_HEADERS = tuple([name, label] for label in ("label", "labels", "tags") for name in ("filename", "file", "path", "id"))
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,25 @@ class ImageSet:
     reader: Any = None
     val_mask: np.ndarray | None = None  # bool per image: in the data's own validation split (None: ours)
     split_note: str = ""  # where the split comes from when the data brings one, for the start line and split.json
+    # Multi-label data (data/multilabel.py): uint8 [N, K] multi-hot, and ``labels`` each image's first class.
+    targets: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", PathList.from_paths(self.paths, self.root))
         object.__setattr__(self, "labels", np.asarray(self.labels, np.int32).reshape(-1))
         if self.val_mask is not None:
             object.__setattr__(self, "val_mask", np.asarray(self.val_mask, bool).reshape(-1))
+        if self.targets is not None:
+            object.__setattr__(self, "targets", np.asarray(self.targets, np.uint8).reshape(len(self.labels), -1))
+
+    @property
+    def multi_label(self) -> bool:
+        return self.targets is not None
+
+    @property
+    def label_array(self) -> np.ndarray:
+        """What a dataset hands out per image: the class index, or the multi-hot row of a multi-label set."""
+        return self.labels if self.targets is None else self.targets
 
     def source(self, i: int) -> str | bytes:
         """What ``decode.try_read`` reads for image i: its path, or its bytes from the reader."""
@@ -77,18 +91,30 @@ class ImageSet:
             labels=self.labels[idx],
             reader=None if self.reader is None else self.reader.take(idx),
             val_mask=None if self.val_mask is None else self.val_mask[idx],
+            targets=None if self.targets is None else self.targets[idx],
         )
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def class_counts(self) -> dict[str, int]:
-        counts = np.bincount(self.labels, minlength=len(self.classes)).tolist()
+    def class_counts(self, idx=None) -> dict[str, int]:
+        """Images of each class (of the images at ``idx``, or all); multi-label: images that have the class."""
+        if self.targets is not None:
+            counts = (self.targets if idx is None else self.targets[idx]).sum(0, dtype=np.int64).tolist()
+        else:
+            labels = self.labels if idx is None else self.labels[idx]
+            counts = np.bincount(labels, minlength=len(self.classes)).tolist()
         return {name: counts[i] for i, name in enumerate(self.classes)}
 
     def describe(self) -> str:
         """One line naming the classes found and how many images each has."""
         counts = ", ".join(f"{name} {n}" for name, n in self.class_counts().items())
+        if self.targets is not None:
+            none = int((self.targets.sum(1) == 0).sum())
+            return (
+                f"visiontune: {len(self.paths)} images, multi-label, {len(self.classes)} classes ({self.layout}): "
+                f"{counts}; {none} with no label"
+            )
         return f"visiontune: {len(self.paths)} images in {len(self.classes)} classes ({self.layout}): {counts}"
 
 
@@ -215,17 +241,24 @@ def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
     return [(n, row) for n, row in rows if any(cell.strip() for cell in row)]
 
 
-def read_manifest(csv_path: Path, image_root: Path) -> ImageSet:
-    """Read ``filename,label`` rows; every bad row is an error naming its row number."""
+def read_manifest(csv_path: Path, image_root: Path, multi_label: bool = False) -> ImageSet:
+    """Read ``filename,label`` rows; every bad row is an error naming its row number.
+
+    A label cell holding ``;`` (or any, with ``multi_label``) is a label set (``data/multilabel.py``); an
+    empty one is then an image with no label.
+    """
     rows = _read_rows(csv_path)
     if rows and [c.strip().lower() for c in rows[0][1][:2]] in _HEADERS:
         rows = rows[1:]
     if not rows:
         raise UserError(f"{csv_path}: no rows; expected 'filename,label' lines")
+    multi_label = multi_label or multilabel.is_multi_label([row[1] for _, row in rows if len(row) > 1])
     root = str(image_root.resolve())
     paths, names, seen = [], [], {}
     for n, row in rows:
-        if len(row) < 2 or not row[0].strip() or not row[1].strip():
+        if len(row) < 2 and multi_label:
+            row = [*row, ""]  # a file alone on its row: an image with no label
+        if len(row) < 2 or not row[0].strip() or not (row[1].strip() or multi_label):
             raise UserError(f"{csv_path} row {n}: expected 'filename,label', got {','.join(row)!r}")
         name, label = row[0].strip(), row[1].strip()
         # Reject escaping paths before touching the file system with them.
@@ -242,33 +275,48 @@ def read_manifest(csv_path: Path, image_root: Path) -> ImageSet:
             raise UserError(f"{csv_path} row {n}: file not found: {path}")
         paths.append(path)
         names.append(label)
-    if all(lab.lstrip("-").isdigit() for lab in names):
-        names = [str(int(lab)) for lab in names]
-        classes = [str(c) for c in sorted({int(lab) for lab in names})]
+    spaces = not any(";" in c for c in names)  # a ';' anywhere: names are split on it alone
+    sets = multilabel.label_sets(names, spaces) if multi_label else [[x] for x in names]
+    every = [lab for labs in sets for lab in labs]
+    if every and all(lab.lstrip("-").isdigit() for lab in every):
+        sets = [[str(int(lab)) for lab in labs] for labs in sets]
+        classes = [str(c) for c in sorted({int(lab) for labs in sets for lab in labs})]
     else:
-        classes = sorted(set(names))
-    index = {c: i for i, c in enumerate(classes)}
+        classes = sorted({lab for labs in sets for lab in labs})
     test_dir = image_root.parent / "test"
     test = sorted(_files(str(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
-    return ImageSet(str(image_root), "manifest", paths, [index[lab] for lab in names], classes, test)
+    if multi_label:
+        targets = multilabel.multi_hot(sets, classes)
+        labels = multilabel.first_labels(targets)
+        return ImageSet(str(image_root), "manifest", paths, labels, classes, test, targets=targets)
+    index = {c: i for i, c in enumerate(classes)}
+    return ImageSet(str(image_root), "manifest", paths, [index[labs[0]] for labs in sets], classes, test)
 
 
-def _manifest(root: Path) -> ImageSet | None:
+def _manifest(root: Path, multi_label: bool = False) -> ImageSet | None:
     if root.is_file() and root.suffix.lower() == ".csv":
-        return read_manifest(root, root.parent / "train" if (root.parent / "train").is_dir() else root.parent)
+        image_root = root.parent / "train" if (root.parent / "train").is_dir() else root.parent
+        return read_manifest(root, image_root, multi_label)
     csv_path = root / "train.csv"
     if not csv_path.is_file():
         return None
-    return read_manifest(csv_path, root / "train" if (root / "train").is_dir() else root)
+    return read_manifest(csv_path, root / "train" if (root / "train").is_dir() else root, multi_label)
 
 
 def discover(
-    data: str, image_column: str | None = None, label_column: str | None = None, *, every_split: bool = False
+    data: str,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    *,
+    every_split: bool = False,
+    multi_label: bool = False,
 ) -> ImageSet:
     """Detect the layout of ``data`` and list its labelled images.
 
     ``hf:...`` is a Hugging Face data set (``image_column``/``label_column`` pick its columns when its
     features do not; ``every_split`` lists its test rows too, for predict); tar shards are WebDataset's.
+    ``multi_label`` reads a manifest's label cells as label sets (a ``;`` in one says so by itself); a
+    Hugging Face label column that is a sequence of ``ClassLabel`` is a label set anyway.
     """
     if data.startswith("hf:"):
         from visiontune.data import hfdata
@@ -277,6 +325,8 @@ def discover(
     from visiontune.data import shards
 
     if shards.is_shards(data):
+        if multi_label:
+            raise UserError(f"{data}: tar shards carry one class per sample; give multi-label data as a manifest")
         return _checked(shards.read(data), data)
     root = Path(data).expanduser()
     if not root.exists():
@@ -285,12 +335,20 @@ def discover(
         raise UserError(f"data folder is empty: {data}")
     for finder in (_manifest, _kaggle, _image_folder):
         try:
-            found = finder(root) if root.is_dir() or finder is _manifest else None
+            if finder is _manifest:
+                found = _manifest(root, multi_label)
+            else:
+                found = finder(root) if root.is_dir() else None
         except PermissionError as e:
             raise UserError(
                 f"cannot read {e.filename} (permission denied): fix its permissions or move it out of {data}"
             ) from None
         if found is not None:
+            if multi_label and not found.multi_label:
+                raise UserError(
+                    f"{data}: --multi-label needs a manifest (train.csv: filename,labels) or hf: data, "
+                    f"not the {found.layout} layout"
+                )
             return _checked(found, data)
     raise UserError(
         f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "

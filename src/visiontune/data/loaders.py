@@ -14,7 +14,7 @@ from visiontune.cluster.strategy import decode_threads, loader_workers
 from visiontune.data.augment import sample_augment
 from visiontune.data.cache import CachedDataset
 from visiontune.data.jobdata import JobData
-from visiontune.data.pipeline import ImageDataset, make_loader
+from visiontune.data.pipeline import ImageDataset, make_loader, readable
 from visiontune.data.split import Split
 from visiontune.models.build import input_view
 from visiontune.settings.config import TrainConfig
@@ -32,13 +32,13 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
     if data.cache:
 
         def subset(idx, augment):
-            return CachedDataset(data.cache, data.rows[idx], images.labels[idx], augment)
+            return CachedDataset(data.cache, data.rows[idx], images.label_array[idx], augment)
     else:
 
         def subset(idx, augment):
             return ImageDataset(
                 images.paths.take(idx),  # a view: no str per file until a sample is read
-                images.labels[idx],
+                images.label_array[idx],  # class indices, or multi-hot rows
                 cfg.image_size,
                 augment,
                 failures_csv=os.path.join(run_dir, LOAD_FAILURES),
@@ -83,7 +83,7 @@ def data_stats(dataset, limit: int = 2000, seed: int = 0) -> tuple[str, str]:
     total = torch.zeros(2, 3, dtype=torch.float64)
     n = 0
     for images, labels in DataLoader(Subset(dataset, pick), batch_size=64):
-        x = images[labels >= 0].double().div_(255)  # unreadable images are black stand-ins: left out
+        x = images[readable(labels)].double().div_(255)  # unreadable images are black stand-ins: left out
         total += torch.stack([x.sum((0, 2, 3)), x.square().sum((0, 2, 3))])
         n += x.numel() // 3
     mean = total[0] / max(n, 1)

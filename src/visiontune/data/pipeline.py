@@ -26,8 +26,29 @@ from visiontune.data.decode import try_read
 from visiontune.data.pathlist import PathList
 from visiontune.settings.config import MEAN, STD
 
-# The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count.
+# The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count. A
+# multi-label image's label is its multi-hot float row; an unreadable one's is a row of UNREADABLE.
 UNREADABLE = -100
+
+
+def label_array(labels) -> np.ndarray:
+    """Labels as a dataset keeps them: int64 class indices, or float32 multi-hot rows [N, K]."""
+    array = np.asarray(labels)
+    return array.astype(np.float32) if array.ndim == 2 else array.astype(np.int64).reshape(-1)
+
+
+def sample_label(labels: np.ndarray, i: int):
+    """Sample i's label as the loader collates it: an int, or a float tensor [K]."""
+    return torch.from_numpy(labels[i]) if labels.ndim == 2 else int(labels[i])
+
+
+def unreadable_label(labels: np.ndarray):
+    return torch.full((labels.shape[1],), float(UNREADABLE)) if labels.ndim == 2 else UNREADABLE
+
+
+def readable(labels: torch.Tensor) -> torch.Tensor:
+    """bool [B]: which samples of a batch were read (class indices, or multi-hot rows)."""
+    return labels[:, 0] != UNREADABLE if labels.ndim == 2 else labels != UNREADABLE
 
 
 class ImageDataset(Dataset):
@@ -61,7 +82,7 @@ class ImageDataset(Dataset):
         self.reader = reader
         # A PathList and an int64 array stay as they are: no Python object per file to copy into workers.
         self.paths = paths if isinstance(paths, PathList) else list(paths)
-        self.labels, self.size, self.report = np.asarray(labels, np.int64).reshape(-1), image_size, report
+        self.labels, self.size, self.report = label_array(labels), image_size, report
         self.interpolation, self.crop_pct = interpolation, crop_pct  # how resize_uint8 brings files to size
         self.failures_csv = failures_csv  # where files that fail at load time are recorded
         self.augment = augment
@@ -87,8 +108,8 @@ class ImageDataset(Dataset):
                 print(f"visiontune: skipped unreadable image {self.paths[i]}: {img}", file=sys.stderr)
             if self.failures_csv:
                 _record_failure(self.failures_csv, self.paths[i], img)
-            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), UNREADABLE
-        return (self.augment(img, i) if self.augment else img), int(self.labels[i])
+            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), unreadable_label(self.labels)
+        return (self.augment(img, i) if self.augment else img), sample_label(self.labels, i)
 
     def __getitem__(self, i: int):
         return self._finish(i, self._decode(i))

@@ -119,3 +119,35 @@ def make_sample_data(
         "classes": list(CLASSES),
         "test_labels": test_labels,
     }
+
+
+# A multi-label stand-in (docs/data.md): each image holds any of these coloured shapes, or none.
+SHAPES = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 230), "yellow": (230, 220, 50)}
+
+
+def _shapes_picture(present: list[str], size: int, rng: np.random.Generator) -> np.ndarray:
+    img = rng.normal(60, 12, (size, size, 3))
+    side = max(3, size // 4)
+    for name in present:
+        y, x = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+        img[y : y + side, x : x + side] = np.asarray(SHAPES[name], np.float64) + rng.normal(0, 8, 3)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def make_multilabel_data(out_dir: str | os.PathLike, *, count: int = 64, size: int = 32, seed: int = 0) -> dict:
+    """Write ``count`` PNG images of ``size`` px into ``out_dir/train`` and ``out_dir/train.csv``
+    (``filename,labels``, the labels separated by ``;``): each of the four colours of ``SHAPES`` is in an
+    image with probability 0.4, as a square a quarter of its side (later ones may cover earlier ones in
+    part), so about one image in eight has no label. Returns the label sets by file name."""
+    train = Path(out_dir) / "train"
+    train.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([seed, 3])
+    sets, lines = {}, ["filename,labels"]
+    for i in range(count):
+        present = [name for name in SHAPES if rng.random() < 0.4]
+        name = f"img{i:04d}.png"
+        Image.fromarray(_shapes_picture(present, size, rng)).save(train / name)
+        sets[name] = present
+        lines.append(f"{name},{';'.join(present)}")
+    (Path(out_dir) / "train.csv").write_text("\n".join(lines) + "\n")
+    return {"classes": list(SHAPES), "labels": sets}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from visiontune.data import multilabel
 from visiontune.data.pathlist import PathList, root_prefixes
 from visiontune.errors import UserError
 
@@ -30,6 +31,7 @@ _CHUNK = 16384  # paths turned into JSON at a time
 class Split:
     train: np.ndarray  # int64 indices into the ImageSet, ascending
     val: np.ndarray
+    method: str = ""  # "" for the seeded shuffle; how a stratified split was made (recorded in split.json)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Split):
@@ -49,9 +51,30 @@ def make_split(n: int, val_fraction: float, seed: int) -> Split:
     return Split(perm[:n_train].sort().values.numpy(), perm[n_train:].sort().values.numpy())
 
 
+ITERATIVE = "iterative stratification (Sechidis et al. 2011), data/multilabel.py"
+
+
+def make_multilabel_split(targets: np.ndarray, val_fraction: float, seed: int) -> Split:
+    """Iterative stratification of a multi-hot ``targets`` (``multilabel.iterative_split``), checked as
+    ``make_split`` checks its sizes."""
+    n = len(targets)
+    n_train = int(n * (1.0 - val_fraction))
+    if n_train < 1 or n_train >= n:
+        make_split(n, val_fraction, seed)  # the same one-line refusal
+    train, val = multilabel.iterative_split(targets, n - n_train, seed)
+    if not len(train) or not len(val):
+        raise UserError(
+            f"the stratified {1 - val_fraction:.0%}/{val_fraction:.0%} split of {n} images leaves an empty "
+            "train or val set; add images or change --val-fraction"
+        )
+    return Split(train.astype(np.int64), val.astype(np.int64), ITERATIVE)
+
+
 def split_of(images, val_fraction: float, seed: int) -> Split:
     """The data's own train/validation split when it brings one (an ``ImageSet``'s ``val_mask``), else
-    ``make_split``."""
+    ``make_split``, or for multi-label data ``make_multilabel_split``."""
+    if images.val_mask is None and getattr(images, "targets", None) is not None:
+        return make_multilabel_split(images.targets, val_fraction, seed)
     if images.val_mask is None:
         return make_split(len(images), val_fraction, seed)
     split = Split(np.flatnonzero(~images.val_mask), np.flatnonzero(images.val_mask))
@@ -107,6 +130,7 @@ def split_summary(
         "sha256": h.hexdigest(),
         "counts": {"train": len(split.train), "val": len(split.val)},
         **({"from": note} if note else {}),
+        **({"method": split.method} if split.method else {}),
     }
 
 

@@ -97,6 +97,11 @@ class TrainConfig:
     max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
     image_column: str | None = _setting(None, "hf: data: the image column (default: the one with the Image feature)")
     label_column: str | None = _setting(None, "hf: data: the label column (default: the ClassLabel one)")
+    multi_label: bool = _setting(
+        False,
+        "each image has any number of labels (a manifest's labels split on ';' or spaces; a ';' says so "
+        "by itself): one sigmoid per class, see docs/data.md",
+    )
     # optimisation (settings left None come from --recipe; see recipe.py)
     recipe: Literal["blog", "modern"] = _setting(
         "blog",

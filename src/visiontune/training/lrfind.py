@@ -59,7 +59,7 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     out = cfg.output_dir or default_output_dir().replace("runs", "runs/lr-find", 1)
     os.makedirs(out, exist_ok=True)
     accelerator = make_accelerator(cfg)
-    images = discover(cfg.data, cfg.image_column, cfg.label_column)
+    images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
     set_seed(cfg.seed)
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     data = prepare_data(accelerator, cfg, out, images)

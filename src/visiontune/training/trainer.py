@@ -213,7 +213,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
     # The job's one listing (handed over by the command or its launcher): the model and the input are
     # checked against it before the bad-file scan, which can take minutes on a large folder.
-    images = images or listed(cfg.data, cfg.image_column, cfg.label_column)
+    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway. Accelerate's own
     # device_specific adds the index unwrapped, which numpy refuses for the last seeds below SEEDS.

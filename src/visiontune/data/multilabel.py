@@ -1,0 +1,106 @@
+"""Multi-label data: parsing label sets, the multi-hot matrix, and the iteratively stratified split.
+
+An image of a multi-label set has any number of labels, none included (an
+all-negative image). Its labels travel as one ``uint8 [N, K]`` multi-hot matrix
+(``ImageSet.targets``) beside the usual int32 ``labels``, which then hold each
+image's first label (0 for none) and are read by nothing that matters.
+
+A manifest row's label cell is a set: names separated by ``;`` (then a name may
+hold spaces), or by spaces when ``--multi-label`` is given and no row holds a
+``;``. A ``;`` anywhere makes the manifest multi-label without the flag; a space
+alone does not, since single-label class names may hold spaces ("golden retriever").
+
+The split is iterative stratification (Sechidis, Tsoumakas and Vlahavas, 2011,
+"On the stratification of multi-label data"), the method scikit-multilearn and
+iterative-stratification implement: the rarest label still to place goes first,
+each of its images to the subset that wants most of that label (ties: most
+images wanted, then a seeded draw), so every label's positives are shared as
+``--val-fraction`` says, as far as the label sets allow. Images with no label
+come last, each to the subset that wants most images. The draws come from a
+private ``numpy`` generator seeded with ``--seed``: the same listing and seed give
+the same split on any machine, and the global RNG is untouched. The subsets aim at
+the plain split's sizes (``int(n * (1 - val_fraction))`` train); label sets can
+push them a few images off, as in the published method.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+SEPARATORS = re.compile(r"[;\s]+")
+
+
+def label_sets(cells: list[str], spaces: bool) -> list[list[str]]:
+    """Each cell's label names: split on ``;`` (and on spaces too with ``spaces``), empty names dropped,
+    repeats kept once, in order."""
+    split = SEPARATORS if spaces else re.compile(r";")
+    out = []
+    for cell in cells:
+        names = [name.strip() for name in split.split(cell)]
+        out.append(list(dict.fromkeys(name for name in names if name)))
+    return out
+
+
+def is_multi_label(cells: list[str]) -> bool:
+    """Whether a manifest's label cells are label sets without being told: some cell holds a ``;``."""
+    return any(";" in cell for cell in cells)
+
+
+def multi_hot(sets: list[list[str]], classes: list[str]) -> np.ndarray:
+    """``uint8 [N, K]``: 1 where image n has class k."""
+    index = {c: i for i, c in enumerate(classes)}
+    out = np.zeros((len(sets), len(classes)), np.uint8)
+    for n, names in enumerate(sets):
+        out[n, [index[name] for name in names]] = 1
+    return out
+
+
+def first_labels(targets: np.ndarray) -> np.ndarray:
+    """Each image's first class (0 for an image without any): the ``labels`` of a multi-label set."""
+    return np.where(targets.any(1), targets.argmax(1), 0).astype(np.int32)
+
+
+def iterative_split(targets: np.ndarray, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) indices, ascending, with ``n_val`` images in val: iterative stratification (module docstring)."""
+    y = np.asarray(targets, bool)
+    n, k = y.shape
+    rng = np.random.default_rng(seed)
+    ratios = np.array([(n - n_val) / n, n_val / n])  # subset 0: train, 1: val
+    want = ratios * n  # images each subset still wants
+    want_label = np.outer(ratios, y.sum(0)).astype(np.float64)  # [2, K]: positives of each label wanted
+    left = np.ones(n, bool)
+    side = np.full(n, -1, np.int8)
+    remaining = y.sum(0).astype(np.int64)  # per label, its images not placed yet
+    # A seeded order of the images, so that ties between images are broken by the seed, not the file order.
+    order = rng.permutation(n)
+    y_ordered = y[order]
+    while True:
+        open_labels = np.flatnonzero(remaining > 0)
+        if not len(open_labels):
+            break
+        label = open_labels[np.argmin(remaining[open_labels])]  # the rarest label still to place (lowest index)
+        rows = order[y_ordered[:, label] & left[order]]
+        for i in rows:
+            wanted = want_label[:, label]
+            best = np.flatnonzero(wanted == wanted.max())
+            if len(best) > 1:
+                most = want[best]
+                best = best[most == most.max()]
+            s = best[0] if len(best) == 1 else rng.choice(best)
+            side[i], left[i] = s, False
+            want[s] -= 1
+            want_label[s] -= y[i]
+            remaining -= y[i]
+    for i in order[left[order]]:  # images without a label
+        best = np.flatnonzero(want == want.max())
+        s = best[0] if len(best) == 1 else rng.choice(best)
+        side[i] = s
+        want[s] -= 1
+    return np.flatnonzero(side == 0), np.flatnonzero(side == 1)
+
+
+def positives(targets: np.ndarray) -> np.ndarray:
+    """How many images have each class."""
+    return np.asarray(targets, np.int64).sum(0)
