@@ -138,17 +138,35 @@ class BatchMix:
     draw seeded from (seed, epoch, the pair's position in the epoch): a global batch then mixes
     alike whether one process reads it or N read a part each (each part has an even size).
     Unreadable samples get an all-zero target, so they add nothing to the loss.
+
+    Multi-hot labels [B, K] (multi-label data) mix the same way: v2 mixes a pair's indices 0 and 1 as
+    two classes, which gives each output row the share of each image in it (mixup's lambda, or cutmix's
+    area), and the pair's label rows are mixed with those shares. An unreadable sample keeps its row of
+    UNREADABLE (an all-zero row is an image without labels) and counts as unlabelled in its partner.
     """
 
-    def __init__(self, num_classes: int, mixup: float, cutmix: float, seed: int, rank: int = 0, world_size: int = 1):
-        kinds = ([v2.MixUp(alpha=mixup, num_classes=num_classes)] if mixup > 0 else []) + (
-            [v2.CutMix(alpha=cutmix, num_classes=num_classes)] if cutmix > 0 else []
+    def __init__(
+        self,
+        num_classes: int,
+        mixup: float,
+        cutmix: float,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        multi_label: bool = False,
+    ):
+        # Multi-label: the pair's two positions are the "classes" v2 mixes (the draws do not depend on it).
+        mixed = 2 if multi_label else num_classes
+        kinds = ([v2.MixUp(alpha=mixup, num_classes=mixed)] if mixup > 0 else []) + (
+            [v2.CutMix(alpha=cutmix, num_classes=mixed)] if cutmix > 0 else []
         )
         # With both, each pair uses one of them (as timm and torchvision's reference do).
         self.mix = v2.RandomChoice(kinds) if len(kinds) > 1 else kinds[0]
         self.num_classes, self.seed, self.rank, self.world = num_classes, seed, rank, world_size
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int):
+        if labels.ndim == 2:
+            return self._multi_hot(images, labels, epoch, step)
         valid = labels >= 0
         # v2 one-hot encodes the labels itself; an unreadable one stands in as class 0, zeroed below.
         safe = labels.clamp(min=0)
@@ -161,4 +179,19 @@ class BatchMix:
             out_x.append(x)
             out_y.append(y)
         targets = torch.cat(out_y) * valid.unsqueeze(1)
+        return torch.cat(out_x), targets
+
+    def _multi_hot(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int):
+        valid = labels[:, 0] >= 0
+        rows = labels.float().clamp(min=0)
+        batch = images.shape[0]
+        first = (step * self.world + self.rank) * batch
+        out_x, out_y = [], []
+        for j in range(0, batch, 2):
+            pair = torch.arange(min(2, batch - j), device=labels.device)
+            with seeded(derive_seed(self.seed, epoch, first + j, 1)):
+                x, shares = self.mix(images[j : j + 2], pair)  # shares[r, p]: image p's part of output r
+            out_x.append(x)
+            out_y.append(shares[:, : len(pair)].to(rows.dtype) @ rows[j : j + 2])
+        targets = torch.where(valid.unsqueeze(1), torch.cat(out_y), torch.full_like(rows, -100.0))  # UNREADABLE
         return torch.cat(out_x), targets

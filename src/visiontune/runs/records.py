@@ -41,9 +41,15 @@ def results(history: list[dict], metric: str) -> dict:
             "data_wait_seconds": 0.0,
         }
     seconds = steady["steady_seconds"]
+    ranking = (
+        {"best_val_map": best[which]["map"], "thresholds": best[which]["thresholds"]}
+        if "thresholds" in best[which]
+        else {}
+    )
     return {
         "best_val_accuracy": best[which]["accuracy"],
         "best_val_loss": best[which]["loss"],
+        **ranking,  # multi-label: the best epoch's mAP and its per-class thresholds
         "best_epoch": best["epoch"],
         "best_weights": "ema" if which == "val_ema" else "raw",
         "epochs": len(history),
@@ -80,7 +86,7 @@ def announce(
         accelerator.print(f"visiontune: {note}")
     # The split is not stratified: a class of one or two images can land wholly in val, and the model
     # then never sees it. The run goes on (its other classes are worth training); the user is told.
-    unseen = np.flatnonzero(np.bincount(images.labels[split.train], minlength=len(images.classes)) == 0)
+    unseen = np.flatnonzero(np.asarray(list(images.class_counts(split.train).values())) == 0)
     if len(unseen):
         accelerator.print(
             f"visiontune: warning: {len(unseen)} of {len(images.classes)} classes have no training image "
@@ -143,6 +149,8 @@ def finish(
     }
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
     accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
+    if summary.get("best_val_map") is not None:
+        accelerator.print(f"Best val mAP: {summary['best_val_map']:4f}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         files.write_json(f"{run_dir}/summary.json", summary)
@@ -182,7 +190,8 @@ def save_model(
 def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["epoch", "phase", "loss", "accuracy", "images", "seconds", "images_per_s"])
+    ranked = any("map" in row["val"] for row in history)  # multi-label: a val mAP column
+    w.writerow(["epoch", "phase", "loss", "accuracy", "images", "seconds", "images_per_s", *(["map"] * ranked)])
     for row in history:
         for phase in PHASES:
             r = row[phase]
@@ -195,16 +204,21 @@ def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
                     r["images"],
                     f"{r['seconds']:.3f}",
                     f"{r['images_per_s']:.2f}",
+                    *([] if not ranked else ["" if r.get("map") is None else f"{r['map']:.6f}"]),
                 ]
             )
     atomic_write(path, out.getvalue())
 
 
 def best_of(history: list[dict], metric: str = "accuracy") -> tuple[dict, str]:
-    """The best (epoch row, "val" or "val_ema") by ``metric``; ties: the other metric, then earlier."""
+    """The best (epoch row, "val" or "val_ema") by ``metric`` (accuracy, loss, or multi-label mAP); ties:
+    the other of accuracy and loss, then earlier."""
 
     def key(item):
         r = item[0][item[1]]
+        if metric == "map":  # a val set without any positive has no mAP: it ranks last
+            m = r.get("map")
+            return (-1.0 if m is None else m), -r["loss"], -item[0]["epoch"], item[1] == "val"
         main = r["accuracy"] if metric == "accuracy" else -r["loss"]
         other = -r["loss"] if metric == "accuracy" else r["accuracy"]
         return main, other, -item[0]["epoch"], item[1] == "val"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,9 @@ from visiontune.settings.config import MEAN, STD
 KEY = "visiontune"
 # Fields added after descriptions were first written, with what older files mean by leaving them out.
 LATER: dict[str, Any] = {"interpolation": "bilinear", "crop_pct": None}
+# Written only for multi-label models (a single-label description stays as it was): one sigmoid per class,
+# and the per-class thresholds tuned on the validation split of the best epoch (None until one is known).
+MULTI_LABEL: dict[str, Any] = {"multi_label": False, "thresholds": None}
 
 # A model file may come from anyone, and every field below sizes an allocation or shapes an output: the
 # bounds keep a hostile or damaged description from asking for exabytes, or from giving NaN for every image.
@@ -70,6 +73,11 @@ SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
     "interpolation": (lambda v: v in INTERPOLATIONS, f"one of {', '.join(INTERPOLATIONS)}"),
     "version": (lambda v: isinstance(v, str) and len(v) <= 100 and v.isprintable(), "a version string"),
     "crop_pct": (lambda v: v is None or _number(v, 1e-6, 2.0), "null or a number in (0, 2]"),
+    "multi_label": (lambda v: isinstance(v, bool), "true or false"),
+    "thresholds": (
+        lambda v: v is None or (isinstance(v, (list, tuple)) and all(_number(x, 0.0, 1.0) for x in v)),
+        "null or a list of numbers in [0, 1], one per class",
+    ),
 }
 
 
@@ -86,6 +94,11 @@ def check(d: dict[str, Any], where: str) -> None:
                 f"{where}: damaged model description: {name} is {_shown(d[name])}, expected {wanted} "
                 "(use a model file written by visiontune)"
             )
+    if d["thresholds"] is not None and len(d["thresholds"]) != len(d["classes"]):
+        raise UserError(
+            f"{where}: damaged model description: {len(d['thresholds'])} thresholds for {len(d['classes'])} "
+            "classes (use a model file written by visiontune)"
+        )
     if d["crop_pct"] is not None and d["image_size"] / d["crop_pct"] > MAX_RESIZE:
         raise UserError(
             f"{where}: damaged model description: crop_pct {d['crop_pct']!r} with image_size {d['image_size']} "
@@ -104,9 +117,18 @@ class RunInfo:
     interpolation: str
     version: str
     crop_pct: float | None = None  # None: the whole image squashed to size (decode.resize_uint8)
+    multi_label: bool = False  # one sigmoid per class (data/multilabel.py)
+    thresholds: tuple[float, ...] | None = None  # multi-label: per class, tuned on the validation split
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not self.multi_label:
+            for k in MULTI_LABEL:
+                del d[k]
+        return d
+
+    def with_thresholds(self, thresholds) -> RunInfo:
+        return replace(self, thresholds=tuple(float(t) for t in thresholds))
 
     def metadata(self) -> dict[str, str]:
         """String-to-string metadata for safetensors, ONNX and .pt2 files."""
@@ -114,14 +136,22 @@ class RunInfo:
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> RunInfo:
-        names = [f.name for f in fields(cls) if f.name not in LATER]
+        names = [f.name for f in fields(cls) if f.name not in LATER and f.name not in MULTI_LABEL]
         if not isinstance(d, dict) or set(names) - set(d):
             raise UserError(f"{where}: not a visiontune model description (expected fields {', '.join(names)})")
         # Files written before the crop was recorded were all resized bilinearly, whatever interpolation
         # they name: they load as they were made.
         d = {**d, **LATER} if "crop_pct" not in d else {**LATER, **d}
+        d = {**MULTI_LABEL, **d}
         check(d, where)
         return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in d.items() if k in SCHEMA})
+
+
+def metadata_with_thresholds(metadata: dict[str, str], thresholds) -> dict[str, str]:
+    """A model file's metadata with a multi-label description's per-class thresholds set."""
+    d = json.loads(metadata[KEY])
+    d["thresholds"] = [float(t) for t in thresholds]
+    return {**metadata, KEY: json.dumps(d)}
 
 
 def describe(
@@ -133,6 +163,7 @@ def describe(
     std,
     interpolation: str,
     crop_pct: float | None = None,
+    multi_label: bool = False,
 ) -> RunInfo:
     from visiontune.version import __version__
 
@@ -146,6 +177,7 @@ def describe(
         interpolation,
         __version__,
         crop_pct,
+        multi_label,
     )
 
 

@@ -129,8 +129,10 @@ class TrainConfig:
     freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
     backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")
     early_stop: int = _setting(0, "stop after this many epochs without a better --best-metric (0: off)")
-    best_metric: Literal["accuracy", "loss"] = _setting(
-        "accuracy", "accuracy or loss: what picks the best epoch (and EMA or raw weights)"
+    best_metric: Literal["accuracy", "loss", "map"] = _setting(
+        "accuracy",
+        "accuracy, loss or map (multi-label: mean average precision): what picks the best epoch (and EMA or raw "
+        "weights); multi-label accuracy is the exact-match ratio",
     )
     grad_accum: int = _setting(1, "gradient accumulation steps")
     scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")

@@ -21,19 +21,35 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 
 from visiontune.cluster.signals import RunStopped
-from visiontune.data.pipeline import UNREADABLE
+from visiontune.data.pipeline import UNREADABLE, readable
 from visiontune.training.meter import PhaseResult, StepClock, Totals, progress_bar, run_progress
 
 # criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that
 # ``backward`` is called on (0, not NaN, for a batch without any). ``labels`` holds class indices,
 # ``UNREADABLE`` for samples the loader could not decode; the epoch's loss is this mean weighted by
-# the readable count. Label smoothing or soft targets keep the same contract.
+# the readable count. Label smoothing or soft targets keep the same contract. Multi-label data
+# (data/multilabel.py) brings float multi-hot rows [B, K] instead (a row of UNREADABLE: not read);
+# its loss is the binary cross-entropy of one sigmoid per class, and its "accuracy" the exact-match
+# ratio (every class on the right side of probability 0.5).
 Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def readable_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The default criterion: cross-entropy averaged over the readable samples."""
+    """The default criterion: cross-entropy averaged over the readable samples (multi-label: binary
+    cross-entropy, ``optim.per_sample_bce``)."""
+    if labels.ndim == 2:
+        from visiontune.training.optim import per_sample_bce
+
+        return per_sample_bce(0.0)(logits, labels).sum() / readable(labels).sum().clamp(min=1)
     return F.cross_entropy(logits, labels, reduction="sum") / (labels != UNREADABLE).sum().clamp(min=1)
+
+
+def hits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per sample, 1.0 when the prediction is right: the top class, or (multi-label) the whole label set
+    at probability 0.5; 0 for an unreadable sample."""
+    if labels.ndim == 2:
+        return (((logits > 0) == (labels > 0.5)).all(1) & readable(labels)).float()
+    return (logits.argmax(1) == labels).float()
 
 
 class NonFiniteLoss(RunStopped):
@@ -118,7 +134,8 @@ def train_one_epoch(
             inputs, targets = prepare_input(images), labels
             if opts.mix is not None:
                 inputs, targets = opts.mix(inputs, labels, epoch, step)
-                labels = torch.where(targets.sum(1) > 0, targets.argmax(1), UNREADABLE)
+                # Multi-label targets stay as they are: their rows, rounded, are the label sets counted.
+                labels = targets if labels.ndim == 2 else torch.where(targets.sum(1) > 0, targets.argmax(1), UNREADABLE)
             logits = model(inputs)
             loss = criterion(logits, targets)
             accelerator.backward(loss)
@@ -126,10 +143,10 @@ def train_one_epoch(
                 # Counted on the main process only: every process skips the same steps, and the
                 # totals are summed over processes.
                 totals.count_skipped(float(accelerator.is_main_process))
-        n, loss = (labels != UNREADABLE).sum().double(), loss.detach().double()
+        n, loss = readable(labels).sum().double(), loss.detach().double()
         if opts.on_nan == "skip":  # keep the epoch's loss finite; the skipped images are not counted
             n, loss = n * torch.isfinite(loss), loss.nan_to_num(0.0, 0.0, 0.0)
-        totals.add(loss, (logits.argmax(1) == labels).sum().double() * (n > 0), n, steady)
+        totals.add(loss, hits(logits, labels).sum().double() * (n > 0), n, steady)
         if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:  # tqdm's clock: it redraws next
             loss_sum, correct, images = totals.values.tolist()[:3]  # one sync
             bar.set_postfix(
@@ -173,29 +190,51 @@ def evaluate(
 ) -> PhaseResult:
     """Loss and accuracy over every sample of ``loader`` exactly once.
 
-    The loss is plain cross-entropy whatever the training criterion, so validation losses compare
-    across recipes. With ``keep``, each batch's gathered ``(logits, labels)`` is appended to it,
-    padding removed (prediction and evaluation reports use them).
+    The loss is plain cross-entropy (multi-label: binary cross-entropy) whatever the training criterion,
+    so validation losses compare across recipes. With ``keep``, each batch's gathered ``(logits, labels)``
+    is appended to it, padding removed (prediction and evaluation reports use them). Multi-label data
+    always gathers them: the result then also has the mAP and the per-class thresholds tuned on these
+    samples (``reports.multilabel``), the same on every process.
     """
+    from visiontune.training.optim import per_sample_bce
+
     model.eval()
     totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
     start = time.perf_counter()
+    gathered: list = []
     for images, labels in progress_bar(accelerator, loader, desc, progress):
         logits = model(prepare_input(images))
-        per_sample = torch.stack(
-            [
-                F.cross_entropy(logits.float(), labels, reduction="none"),
-                (logits.argmax(1) == labels).float(),
-                (labels != UNREADABLE).float(),
-            ],
-            dim=1,
-        )
+        multi = labels.ndim == 2
+        if multi:
+            loss = per_sample_bce(0.0)(logits, labels)
+        else:
+            loss = F.cross_entropy(logits.float(), labels, reduction="none")
+        per_sample = torch.stack([loss, hits(logits, labels), readable(labels).float()], dim=1)
         # Every rank gets the same gathered rows, padding removed: sum them once.
         totals += accelerator.gather_for_metrics(per_sample).double().sum(0)
-        if keep is not None:
-            keep.append(accelerator.gather_for_metrics((logits.float(), labels)))
+        if keep is not None or multi:
+            gathered.append(accelerator.gather_for_metrics((logits.float(), labels)))
+    if keep is not None:
+        keep.extend(gathered)
     loss_sum, correct, count = totals.tolist()
-    return PhaseResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), time.perf_counter() - start)
+    result = PhaseResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), time.perf_counter() - start)
+    if gathered and gathered[0][1].ndim == 2:
+        result.map, result.thresholds = _ranking(gathered)
+    return result
+
+
+def _ranking(gathered: list) -> tuple[float | None, list[float]]:
+    """mAP (macro) and the F1-tuned per-class thresholds of gathered multi-label outputs, readable rows only."""
+    from visiontune.reports import multilabel
+
+    logits = torch.cat([lg for lg, _ in gathered]).cpu().double()
+    labels = torch.cat([lb for _, lb in gathered]).cpu()
+    ok = readable(labels)
+    probs, targets = logits[ok].sigmoid(), labels[ok]
+    k = probs.shape[1]
+    ap = [multilabel.average_precision(probs[:, c], targets[:, c] > 0.5) for c in range(k)]
+    present = [a for a in ap if a is not None]
+    return (sum(present) / len(present) if present else None), multilabel.tune_thresholds(probs, targets)
 
 
 def fit(
@@ -243,7 +282,8 @@ def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, 
         )
         va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress)
         for phase, r in (("train", tr), ("val", va)):
-            accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}")
+            ranking = f" mAP: {r.map:.4f}" if r.map is not None else ""
+            accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}{ranking}")
         if tr.skipped:
             accelerator.print(f"train skipped {tr.skipped} optimizer step(s) (non-finite gradients or fp16 overflow)")
         accelerator.print()

@@ -27,7 +27,7 @@ from accelerate import Accelerator
 from visiontune import files
 from visiontune.cluster import signals
 from visiontune.reports import figures
-from visiontune.runs import checkpoint, records
+from visiontune.runs import checkpoint, records, runinfo
 from visiontune.settings.config import TrainConfig
 from visiontune.training import engine
 from visiontune.training.meter import PhaseResult, Totals
@@ -155,6 +155,9 @@ class EpochOutputs:
             state = records.plain_state_dict(chosen)
         rows = copy.deepcopy(history)
         run_dir, metadata, pth = self.run_dir, self.model_metadata, self.save_pth
+        thresholds = history[-1][best_from].get("thresholds") if best_from is not None else None
+        if thresholds is not None:  # multi-label: the best epoch's thresholds travel in the model file
+            metadata = runinfo.metadata_with_thresholds(metadata, thresholds)
 
         def write() -> None:
             if state is not None:

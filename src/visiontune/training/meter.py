@@ -111,13 +111,19 @@ class PhaseResult:
     steady_images: int = 0
     steady_seconds: float = 0.0
     data_wait_seconds: float = 0.0  # of the steady seconds, spent waiting for the loader
+    # Multi-label validation only (left out of the record otherwise): mAP and the F1-tuned per-class thresholds.
+    map: float | None = None
+    thresholds: list[float] | None = None
 
     @property
     def images_per_s(self) -> float:
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "images_per_s": self.images_per_s}
+        out = {**asdict(self), "images_per_s": self.images_per_s}
+        if self.thresholds is None:
+            del out["map"], out["thresholds"]
+        return out
 
 
 class _LogLines(tqdm):

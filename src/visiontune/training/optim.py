@@ -87,11 +87,36 @@ def per_sample_loss(label_smoothing: float) -> Callable[[torch.Tensor, torch.Ten
     return loss
 
 
-def criterion(cfg) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+def per_sample_bce(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Multi-label per-sample loss: ``binary_cross_entropy_with_logits`` (what ``BCEWithLogitsLoss`` computes)
+    averaged over the classes, for multi-hot or mixed [B, K] targets; an unreadable row (UNREADABLE) gives 0.
+
+    Label smoothing pulls every target towards 0.5, ``y (1 - e) + e / 2``: each class is a two-way choice,
+    so this is cross-entropy's smoothing towards the uniform distribution over its two outcomes.
+    """
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        ok = targets[:, 0] >= 0
+        y = targets.float().clamp(min=0) * (1 - label_smoothing) + label_smoothing / 2
+        per = F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none").mean(1)
+        return per * ok
+
+    return loss
+
+
+def criterion(cfg, multi_label: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """The training loss: the mean over readable samples (engine's contract), or None for the reference
-    job's own cross entropy when neither label smoothing nor mixed labels change it."""
+    job's own cross entropy (multi-label: binary cross-entropy) when neither label smoothing nor mixed
+    labels change it."""
     if not (cfg.label_smoothing or cfg.mixup or cfg.cutmix):
         return None
+    if multi_label:
+        per_bce = per_sample_bce(cfg.label_smoothing)
+
+        def bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return per_bce(logits, targets).sum() / (targets[:, 0] >= 0).sum().clamp(min=1)
+
+        return bce
     per_sample = per_sample_loss(cfg.label_smoothing)
 
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

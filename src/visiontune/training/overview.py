@@ -100,6 +100,13 @@ def rows(
     ]
 
 
+def multi_label(rows: list[tuple[str, str]], cfg: TrainConfig) -> list[tuple[str, str]]:
+    """The rows of a multi-label run: its loss is one sigmoid per class."""
+    smoothing = f", label smoothing {cfg.label_smoothing:g} (targets towards 0.5)" if cfg.label_smoothing else ""
+    loss = f"binary cross-entropy, one sigmoid per class (multi-label){smoothing}"
+    return [(label, loss if label == "loss" else text) for label, text in rows]
+
+
 def recipe_note(cfg: TrainConfig, source: str) -> str | None:
     """One line when the blog recipe is used where it does badly: from scratch, or on a timm/Hub model."""
     if cfg.recipe != "blog":

@@ -166,7 +166,7 @@ def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info
     mix = None
     if cfg.mixup or cfg.cutmix:
         ranks = (accelerator.process_index, accelerator.num_processes)
-        mix = BatchMix(len(info.classes), cfg.mixup, cfg.cutmix, cfg.seed, *ranks)
+        mix = BatchMix(len(info.classes), cfg.mixup, cfg.cutmix, cfg.seed, *ranks, multi_label=info.multi_label)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
     with signals.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
         hooks = _hooks(job, parts, normalize, identity, resumed, stop, info)
@@ -177,7 +177,7 @@ def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info
             cfg.on_nan,
             cfg.progress,
             cfg.timing_warmup,
-            criterion=optim.criterion(cfg),
+            criterion=optim.criterion(cfg, info.multi_label),
             mix=mix,
             on_step=hooks.on_step,
             on_epoch_end=hooks.on_epoch_end,
@@ -214,6 +214,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     # The job's one listing (handed over by the command or its launcher): the model and the input are
     # checked against it before the bad-file scan, which can take minutes on a large folder.
     images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
+    if cfg.best_metric == "map" and not images.multi_label:
+        raise UserError(f"--best-metric map is for multi-label data; {cfg.data} has one label per image")
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway. Accelerate's own
     # device_specific adds the index unwrapped, which numpy refuses for the last seeds below SEEDS.
@@ -230,13 +232,17 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
     job = dataclasses.replace(job, cfg=cfg)
     mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
-    info = runinfo.describe(cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct)
+    info = runinfo.describe(
+        cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct, images.multi_label
+    )
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
     # The train loader keeps full batches only: what an epoch trains on, of the train split.
     per_epoch_images = len(train_loader) // setup.world_size * setup.world_size * setup.per_process_batch
     rows = overview.rows(
         cfg, setup, len(split.train), len(split.val), images.classes, per_epoch_images, per_epoch, spec.source
     )
+    if images.multi_label:
+        rows = overview.multi_label(rows, cfg)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
