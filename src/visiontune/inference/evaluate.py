@@ -24,13 +24,13 @@ from visiontune import files
 from visiontune.cluster import launch
 from visiontune.data.groups import split_images
 from visiontune.data.layouts import ImageSet, discover
-from visiontune.data.pipeline import UNREADABLE
+from visiontune.data.pipeline import UNREADABLE, readable
 from visiontune.data.split import relative_paths, split_of, split_summary
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
-from visiontune.reports import figures, metrics
+from visiontune.reports import figures, metrics, multilabel
 
 SPLITS = ("val", "train", "all")
 
@@ -155,6 +155,56 @@ def write_top_losses(folder: Path, items: list[dict], paths: list[str], classes:
     figures.plot_top_losses(folder / "top_losses.png", items, paths, classes)
 
 
+WORST = "worst_per_class.csv"
+
+
+def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta_mode, top_n, out) -> dict:
+    """A multi-label model's ``eval.json`` (mAP, per-class AP and F1 at the model's thresholds, exact match) and
+    ``worst_per_class.csv``, from the gathered outputs, on the main process."""
+    logits, got = outputs
+    if not accelerator.is_main_process:
+        return {}
+    skipped = unreadable_reasons(paths, got, chosen.reader)
+    ok = readable(got)
+    kept = [p for p, k in zip(paths, ok.tolist()) if k]
+    probs, targets = logits[ok].double().sigmoid(), got[ok]
+    thresholds = list(loaded.info.thresholds or [multilabel.DEFAULT_THRESHOLD] * len(loaded.classes))
+    report = {
+        "data": images.root,
+        "layout": images.layout,
+        **scored,
+        "tta": tta_mode,
+        "classes": loaded.classes,
+        "multi_label": True,
+        "thresholds_from": "the run's validation split" if loaded.info.thresholds else "0.5 (none recorded)",
+        **multilabel.multilabel_metrics(probs, targets, loaded.classes, thresholds),
+        "world_size": accelerator.num_processes,
+        "skipped": [{"path": p, "reason": r} for p, r in skipped],
+    }
+    worst = multilabel.worst_per_class(probs, targets, top_n)
+    report["worst_per_class"] = {
+        name: [{**it, "path": kept[it["index"]]} for it in items] for name, items in zip(loaded.classes, worst)
+    }
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["class", "rank", "path", "labelled", "probability", "threshold"])
+    for (name, items), t in zip(report["worst_per_class"].items(), thresholds):
+        for rank, it in enumerate(items, 1):
+            w.writerow([name, rank, it["path"], int(it["positive"]), f"{it['probability']:.6f}", f"{t:.6f}"])
+    folder = Path(out).parent
+    files.atomic_write(folder / WORST, buf.getvalue())
+    files.write_json(out, report)
+    print(multilabel.table(report))
+    print(
+        f"visiontune: scored {report['scored']}{'; TTA ' + tta_mode if tta_mode != 'none' else ''}\n"
+        f"visiontune: mAP {_num(report['map'])} (micro {_num(report['map_micro'])}), exact match "
+        f"{_num(report['exact_match'])}, micro F1 {_num(report['averages']['micro']['f1'])}, macro F1 "
+        f"{_num(report['averages']['macro']['f1'])} at the thresholds of {report['thresholds_from']}"
+    )
+    print(f"visiontune: wrote {out} and {WORST} in {folder}")
+    return report
+
+
 def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.4f}"
 
@@ -186,7 +236,13 @@ def evaluate(
     """Measure ``model`` on ``data`` (its val split when it is the run's data); write ``out`` and the figures."""
     if top_n < 0:
         raise UserError(f"--top-losses must be 0 or more, got {top_n}")
-    images, classes = discover(data, *columns), loaded.classes
+    multi = loaded.info.multi_label
+    images, classes = discover(data, *columns, multi_label=multi), loaded.classes
+    if images.multi_label != multi:
+        raise UserError(
+            f"{data} has {'several labels' if images.multi_label else 'one label'} per image but the model is "
+            f"{'multi-label' if multi else 'single-label'}; evaluate on data of its kind"
+        )
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(
@@ -199,8 +255,17 @@ def evaluate(
     paths = list(chosen.paths)
     accelerator = inference.start(icfg)
     model = tta.wrap_loaded(loaded, tta_mode)
-    logits, got = inference.forward(accelerator, model, icfg, paths, chosen.labels, "evaluate", chosen.reader)
+    logits, got = inference.forward(accelerator, model, icfg, paths, chosen.label_array, "evaluate", chosen.reader)
     report: dict = {}
+    if multi:
+        scored["scored"] = describe(scored, int(readable(got).sum()), len(images.paths))
+        report = _multilabel(accelerator, loaded, (logits, got), paths, chosen, images, scored, tta_mode, top_n, out)
+        if accelerator.is_main_process and run_dir:
+            from visiontune.reports import report as run_report
+
+            print(f"visiontune: report {run_report.write(run_dir, eval_json=out)}")
+        accelerator.wait_for_everyone()
+        return report
     if accelerator.is_main_process:
         skipped = unreadable_reasons(paths, got, chosen.reader)
         ok = got != UNREADABLE

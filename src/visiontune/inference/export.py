@@ -6,7 +6,8 @@ Both formats go through ``torch.export`` (the exporter torch 2.14 supports;
 of TorchScript -- with ``torch.export.save``; load it with
 ``torch.export.load(path).module()``. The graph takes what ``DeviceNormalize``
 produces -- a float32 batch ``[N, 3, S, S]`` of normalised images, any N -- and
-returns the logits. The run's description (model, classes, size, mean/std) is
+returns the logits (a multi-label model: the per-class sigmoid probabilities). The run's description
+(model, classes, size, mean/std) is
 stored in the file: ONNX ``metadata_props`` and the ``.pt2`` extra file
 ``visiontune.json``, each under the key ``visiontune``. Before the file is
 written, it is run (onnxruntime, or the loaded ``.pt2``) on a batch of a size it
@@ -170,6 +171,8 @@ def export(model: nn.Module, info: RunInfo, fmt: str, out: str, preprocessing: b
     """Write ``model`` to ``out`` in ``fmt``; return the largest |exported - eager| seen in the check."""
     check_format(fmt)
     model = model.float().eval().cpu()
+    if info.multi_label:  # what a multi-label model means: one probability per class, each on its own
+        model = nn.Sequential(model, nn.Sigmoid()).eval()
     size = info.image_size
     gen = torch.Generator().manual_seed(0)
     example = torch.randn(2, 3, size, size, generator=gen)
@@ -202,8 +205,9 @@ def described(out: str, info: RunInfo, diff: float, preprocessing: bool = False)
         if preprocessing
         else f"input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised with mean {info.mean} std {info.std}"
     )
+    gives = "sigmoid probabilities (multi-label; thresholds in the metadata)" if info.multi_label else "logits"
     return (
-        f"visiontune: wrote {out}: {given}; output [N, {len(info.classes)}] logits for "
+        f"visiontune: wrote {out}: {given}; output [N, {len(info.classes)}] {gives} for "
         f"{', '.join(info.classes)}; checked against the eager model, max difference {diff:.1e}; "
         f"the file carries this description under the metadata key 'visiontune'"
     )

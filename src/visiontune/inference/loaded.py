@@ -26,7 +26,7 @@ from torch import nn
 
 from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator
 from visiontune.data.decode import BadImage, read_source
-from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, ImageDataset, make_loader
+from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader, readable
 from visiontune.errors import UserError
 from visiontune.models.build import build_model, get_spec, input_view
 from visiontune.models.spec import WEIGHT_SUFFIXES
@@ -118,6 +118,10 @@ def load_model(
     if run:
         info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
         batch = TrainConfig(**load_config_file(where)).batch_size
+        if info.multi_label:  # the thresholds are the best epoch's, known after config.json was written
+            in_file = runinfo.read_file(path)
+            if in_file is not None and in_file.thresholds is not None:
+                info = info.with_thresholds(in_file.thresholds)
     else:
         if Path(weights).suffix not in WEIGHT_SUFFIXES:
             raise UserError(f"--weights must be a {'/'.join(WEIGHT_SUFFIXES)} file, got {weights!r}")
@@ -196,7 +200,7 @@ def forward(
 def unreadable_reasons(paths: list[str], labels: torch.Tensor, reader=None) -> list[tuple[str, str]]:
     """(path, reason) for each file that came back ``UNREADABLE``, printed on stderr."""
     skipped = []
-    for i in (labels == UNREADABLE).nonzero().flatten().tolist():
+    for i in (~readable(labels)).nonzero().flatten().tolist():
         try:
             read_source(paths[i] if reader is None else reader[i])
             reason = "unreadable while predicting"  # it failed in the loader, not now

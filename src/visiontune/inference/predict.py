@@ -113,6 +113,29 @@ def format_rows(inputs: Inputs, classes: list[str], probs: torch.Tensor, readabl
     return buf.getvalue()
 
 
+def format_multilabel_rows(
+    inputs: Inputs, classes: list[str], probs: torch.Tensor, readable: torch.Tensor, thresholds, clip: float
+) -> str:
+    """A multi-label model's CSV: ``path,labels,prob_<class>...``; ``labels`` is the predicted set, the classes
+    whose probability reaches their threshold, joined by ``;`` (empty: none)."""
+    chosen = probs >= torch.tensor(thresholds, dtype=probs.dtype)
+    probs = probs.clamp(clip, 1 - clip) if clip > 0 else probs
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["path", "labels", *(f"prob_{c}" for c in classes)])
+    for path, ok, row, picks in zip(inputs.paths, readable.tolist(), probs.tolist(), chosen.tolist()):
+        if ok:
+            w.writerow([path, ";".join(c for c, p in zip(classes, picks) if p), *(f"{p:.6f}" for p in row)])
+        else:
+            w.writerow([path, "", *([""] * len(classes))])
+    return buf.getvalue()
+
+
+def thresholds_of(loaded: LoadedModel) -> list[float]:
+    """A multi-label model's per-class thresholds (tuned on its validation split), else 0.5 each."""
+    return list(loaded.info.thresholds or [0.5] * len(loaded.classes))
+
+
 def skipped_path(out: str) -> Path:
     return Path(f"{out}.skipped.txt")
 
@@ -143,7 +166,12 @@ def predict(
     skipped = []
     if accelerator.is_main_process:
         skipped = unreadable_reasons(inputs.paths, labels, inputs.reader)
-        rows = format_rows(inputs, classes, logits.softmax(1), readable, clip)
+        if loaded.info.multi_label:
+            rows = format_multilabel_rows(
+                inputs, classes, logits.double().sigmoid(), readable, thresholds_of(loaded), clip
+            )
+        else:
+            rows = format_rows(inputs, classes, logits.softmax(1), readable, clip)
         if out is None:  # a pipe's data: the CSV alone on stdout
             sys.stdout.write(rows)
             sys.stdout.flush()

@@ -6,7 +6,8 @@ mirrored); the class probabilities of the views are averaged. The wrapper
 returns the log of that average, which is a valid set of logits: softmax gives
 the averaged probabilities back, and cross-entropy on it is the log loss of
 the averaged prediction. All views go through the model as one batch, on the
-device, after normalisation.
+device, after normalisation. A multi-label model's per-class sigmoid
+probabilities are averaged instead, and the wrapper returns their logit.
 """
 
 from __future__ import annotations
@@ -33,25 +34,28 @@ def views(x: torch.Tensor, mode: str) -> list[torch.Tensor]:
 
 
 class TTA(nn.Module):
-    def __init__(self, model: nn.Module, mode: str):
+    def __init__(self, model: nn.Module, mode: str, multi_label: bool = False):
         super().__init__()
-        self.model, self.mode = model, mode
+        self.model, self.mode, self.multi_label = model, mode, multi_label
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         vs = views(x, self.mode)
+        if self.multi_label:
+            probs = self.model(torch.cat(vs)).double().sigmoid().view(len(vs), x.shape[0], -1).mean(0)
+            return probs.logit(eps=1e-12).float()
         probs = self.model(torch.cat(vs)).float().softmax(1).view(len(vs), x.shape[0], -1).mean(0)
         return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()  # no -inf for an underflowed class
 
 
-def wrap(model: nn.Module, mode: str) -> nn.Module:
+def wrap(model: nn.Module, mode: str, multi_label: bool = False) -> nn.Module:
     """``model`` itself for ``none``, else the averaging wrapper (in eval mode, like the model)."""
     if mode not in TTA_MODES:
         from visiontune.errors import UserError
 
         raise UserError(f"--tta must be one of {', '.join(TTA_MODES)}, got {mode!r}")
-    return model if mode == "none" else TTA(model, mode).eval()
+    return model if mode == "none" else TTA(model, mode, multi_label).eval()
 
 
 def wrap_loaded(loaded, mode: str):
     """An ``inference.LoadedModel`` whose model is wrapped for ``mode``."""
-    return dataclasses.replace(loaded, model=wrap(loaded.model, mode))
+    return dataclasses.replace(loaded, model=wrap(loaded.model, mode, loaded.info.multi_label))

@@ -97,6 +97,7 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
             ("best epoch", "best_epoch"),
             ("best val accuracy", "best_val_accuracy"),
             ("best val loss", "best_val_loss"),
+            ("best val mAP", "best_val_map"),
             ("epochs run", "epochs"),
             ("train images", "train_split_size"),
             ("val images", "val_split_size"),
@@ -110,7 +111,52 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
     return "".join(out)
 
 
+def _multilabel_evaluation(ev: dict) -> str:
+    """A multi-label eval.json: mAP and the averages, per-class AP at the threshold used, the worst images."""
+    overall = [
+        ("images", ("images",)),
+        ("mAP (macro)", ("map",)),
+        ("mAP (micro)", ("map_micro",)),
+        ("exact match", ("exact_match",)),
+        ("label accuracy (Hamming)", ("hamming_accuracy",)),
+    ] + [(f"{kind} {m}", ("averages", kind, m)) for kind in ("macro", "micro") for m in ("precision", "recall", "f1")]
+    out = [
+        (
+            f"<p>Multi-label. Scored: {html.escape(ev['scored'])}; test-time augmentation: {html.escape(ev['tta'])}; "
+            f"thresholds: {html.escape(ev['thresholds_from'])}; data {html.escape(ev['data'])}.</p>"
+        ),
+        _rows([(label, _num("eval", ev, *path)) for label, path in overall]),
+        (
+            "<h3>Per class</h3><table><tr><th>#</th><th class='l'>class</th><th>AP</th><th>threshold</th>"
+            "<th>precision</th><th>recall</th><th>f1</th><th>positives</th></tr>"
+        ),
+    ]
+    for i, name in enumerate(ev["per_class"]):
+        keys = ("ap", "threshold", "precision", "recall", "f1", "support")
+        out.append(
+            f"<tr><td>{i}</td><td class='name'>{html.escape(name)}</td>"
+            + "".join(_num("eval", ev, "per_class", name, k) for k in keys)
+            + "</tr>"
+        )
+    out.append(
+        "</table><h3>Worst images per class</h3><table><tr><th class='l'>class</th><th>#</th>"
+        "<th class='l'>image</th><th class='l'>labelled</th><th>probability</th></tr>"
+    )
+    for name, items in (ev.get("worst_per_class") or {}).items():
+        for i, it in enumerate(items):
+            out.append(
+                f"<tr><td class='name'>{html.escape(name)}</td><td>{i + 1}</td>"
+                f"<td class='name'>{html.escape(it['path'])}</td><td class='l'>{'yes' if it['positive'] else 'no'}</td>"
+                + _num("eval", ev, "worst_per_class", name, i, "probability")
+                + "</tr>"
+            )
+    out.append("</table>")
+    return "".join(out)
+
+
 def _evaluation(folder: Path, ev: dict) -> str:
+    if ev.get("multi_label"):
+        return _multilabel_evaluation(ev)
     top = f"top-{ev['top_k']} accuracy" if ev.get("top_k") else None
     overall = [
         ("images", "images"),
