@@ -156,6 +156,7 @@ def write_top_losses(folder: Path, items: list[dict], paths: list[str], classes:
 
 
 WORST = "worst_per_class.csv"
+PREDICTIONS = "predictions.csv"  # multi-label: the scored images' true labels and probabilities
 
 
 def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta_mode, top_n, out) -> dict:
@@ -193,6 +194,13 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
             w.writerow([name, rank, it["path"], int(it["positive"]), f"{it['probability']:.6f}", f"{t:.6f}"])
     folder = Path(out).parent
     files.atomic_write(folder / WORST, buf.getvalue())
+    # The scored outputs at full precision (repr): every figure of eval.json can be recomputed from them.
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["path", "labels", *(f"prob_{c}" for c in loaded.classes)])
+    for path, row, ys in zip(kept, probs.tolist(), (targets > 0.5).tolist()):
+        w.writerow([path, ";".join(c for c, y in zip(loaded.classes, ys) if y), *map(repr, row)])
+    files.atomic_write(folder / PREDICTIONS, buf.getvalue())
     files.write_json(out, report)
     print(multilabel.table(report))
     print(
@@ -201,7 +209,7 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         f"{_num(report['exact_match'])}, micro F1 {_num(report['averages']['micro']['f1'])}, macro F1 "
         f"{_num(report['averages']['macro']['f1'])} at the thresholds of {report['thresholds_from']}"
     )
-    print(f"visiontune: wrote {out} and {WORST} in {folder}")
+    print(f"visiontune: wrote {out}, {WORST} and {PREDICTIONS} in {folder}")
     return report
 
 

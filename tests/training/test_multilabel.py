@@ -1,0 +1,209 @@
+"""Multi-label data, training, metrics and outputs, checked against scikit-learn.
+
+The data is ``sample.make_multilabel_data``: coloured squares on a noisy background, each of four colours
+in an image with probability 0.4, so the right answer per image is known. One run (``ml_run``: resnet18
+from scratch at 16 px, 120 images, 4 epochs) is shared by the tests that need a trained model.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from sklearn.metrics import accuracy_score, average_precision_score, f1_score, precision_score, recall_score
+
+from visiontune.cli.commands import main
+from visiontune.cluster import strategy
+from visiontune.data.augment import BatchMix
+from visiontune.data.jobdata import load_listing, save_listing
+from visiontune.data.layouts import discover
+from visiontune.data.sample import make_multilabel_data
+from visiontune.data.split import read_record, split_of
+from visiontune.errors import UserError
+from visiontune.reports.multilabel import multilabel_metrics, tune_thresholds
+from visiontune.training.optim import per_sample_bce
+
+# The stated bar: chance (every image scored alike) gives each class's AP its prevalence, about 0.4 here.
+MAP_BAR = 0.7
+
+
+def _manifest(folder: Path, rows: list[str], header: str = "filename,labels") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        (folder / row.split(",")[0]).write_bytes(b"x")
+    (folder / "train.csv").write_text("\n".join([header, *rows]) + "\n")
+    return folder
+
+
+def test_label_sets_are_read_from_semicolons_or_with_the_flag_from_spaces(tmp_path):
+    semi = _manifest(tmp_path / "semi", ["a.png,cat;dog", "b.png,dog", "c.png,", "d.png,golden retriever;cat"])
+    images = discover(str(semi))
+    assert images.multi_label and images.classes == ["cat", "dog", "golden retriever"]
+    assert images.targets.tolist() == [[1, 1, 0], [0, 1, 0], [0, 0, 0], [1, 0, 1]]
+    spaced = _manifest(tmp_path / "spaced", ["a.png,cloudy river", "b.png,road", "c.png,road road"])
+    assert not discover(str(spaced)).multi_label  # a space alone is a class name's (single-label)
+    images = discover(str(spaced), multi_label=True)
+    assert images.classes == ["cloudy", "river", "road"]
+    assert images.targets.tolist() == [[1, 1, 0], [0, 0, 1], [0, 0, 1]]
+    # The listing the launcher hands to its workers carries the label sets.
+    save_listing(images, str(tmp_path / "list.bin"))
+    back, _ = load_listing(str(tmp_path / "list.bin"))
+    assert np.array_equal(back.targets, images.targets) and back.classes == images.classes
+    for name in ("x", "y"):  # class subfolders hold one label per image
+        (tmp_path / "folder" / name).mkdir(parents=True)
+        (tmp_path / "folder" / name / "1.png").write_bytes(b"x")
+    with pytest.raises(UserError, match="--multi-label needs a manifest"):
+        discover(str(tmp_path / "folder"), multi_label=True)
+
+
+def test_the_split_is_stratified_per_label_seeded_and_recorded(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(200):
+        labels = [c for c, p in zip("abcdef", (0.5, 0.3, 0.2, 0.1, 0.05, 0.03)) if rng.random() < p]
+        rows.append(f"{i}.png,{';'.join(labels)}")
+    images = discover(str(_manifest(tmp_path, rows)))
+    split = split_of(images, 0.25, seed=3)
+    assert split == split_of(images, 0.25, seed=3) and split != split_of(images, 0.25, seed=4)
+    assert len(split.val) == 50 and sorted([*split.train, *split.val]) == list(range(200))
+    # Every label's positives are shared 75/25 to within one image (a random split strays by several).
+    wanted = images.targets.sum(0) * 0.25
+    assert np.abs(images.targets[split.val].sum(0) - wanted).max() <= 1.0
+    from visiontune.data.split import split_summary, write_split
+
+    write_split(
+        str(tmp_path / "split.json"),
+        split_summary(split, images.paths, images.root, 3, 0.25),
+        split,
+        images.paths,
+        images.root,
+    )
+    record = read_record(str(tmp_path / "split.json"))
+    assert "iterative stratification" in record["method"] and len(record["val"]) == 50
+
+
+def test_metrics_equal_scikit_learn_on_the_same_predictions():
+    g = torch.Generator().manual_seed(1)
+    y = (torch.rand(60, 5, generator=g) < 0.35).double()
+    y[:, 4] = 0  # a class without a positive: no AP, left out of the macro mean
+    p = (0.35 * y + 0.65 * torch.rand(60, 5, generator=g)).round(decimals=2)  # ties included
+    thresholds = tune_thresholds(p, y)
+    r = multilabel_metrics(p, y, list("abcde"), thresholds)
+    Y, P = y.numpy(), p.numpy()
+    per_class = average_precision_score(Y[:, :4], P[:, :4], average=None)
+    assert [r["per_class"][c]["ap"] for c in "abcd"] == pytest.approx(per_class, abs=1e-12)
+    assert r["per_class"]["e"]["ap"] is None and thresholds[4] == 0.5
+    assert r["map"] == pytest.approx(per_class.mean(), abs=1e-12)
+    assert r["map_micro"] == pytest.approx(average_precision_score(Y, P, average="micro"), abs=1e-12)
+    pred = P >= np.asarray(thresholds)
+    for avg in ("macro", "micro"):
+        for name, fn in (("f1", f1_score), ("precision", precision_score), ("recall", recall_score)):
+            assert r["averages"][avg][name] == pytest.approx(fn(Y, pred, average=avg, zero_division=0), abs=1e-12)
+    assert r["exact_match"] == pytest.approx(accuracy_score(Y, pred), abs=1e-12)
+    # Each tuned threshold gives its class the best F1 any threshold gives it on these images.
+    for k in range(4):
+        best = max(f1_score(Y[:, k], P[:, k] >= t) for t in np.unique(P[:, k]))
+        assert f1_score(Y[:, k], pred[:, k]) == pytest.approx(best, abs=1e-12)
+
+
+def test_smoothing_pulls_targets_to_one_half_and_mixing_mixes_the_label_rows():
+    logits, targets = torch.zeros(2, 3), torch.tensor([[1.0, 0, 1], [-100, -100, -100]])
+    smoothed = per_sample_bce(0.2)(logits + 2.0, targets)
+    want = torch.nn.functional.binary_cross_entropy_with_logits(torch.full((3,), 2.0), torch.tensor([0.9, 0.1, 0.9]))
+    assert smoothed[0].item() == pytest.approx(want.item()) and smoothed[1].item() == 0.0  # unreadable: 0
+    images = torch.stack([torch.full((3, 4, 4), float(v)) for v in (0, 1, 2, 3)])
+    rows = torch.tensor([[1.0, 0, 0], [0, 1, 1], [0, 0, 1], [-100, -100, -100]])
+    x, t = BatchMix(3, 0.4, 0.0, seed=0, multi_label=True)(images, rows, epoch=0, step=0)
+    lam = 1 - x[0].mean().item()  # image 0 is zeros, image 1 ones: the output is 1 - lambda
+    assert t[0].tolist() == pytest.approx([lam, 1 - lam, 1 - lam])
+    assert t[1].tolist() == pytest.approx([1 - lam, lam, lam])
+    assert t[3].tolist() == [-100.0] * 3  # an unreadable sample stays unreadable
+
+
+@pytest.fixture(scope="module")
+def ml_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("multilabel")
+    make_multilabel_data(root / "data", count=120, size=16, seed=0)
+    out = root / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(strategy, "cpu_budget", lambda *_: 1)  # one thread: repeatable sums on a shared machine
+        mp.setenv("VISIONTUNE_CACHE_DIR", str(root / "scan"))
+        argv = ["train", "--data", str(root / "data"), "--output-dir", str(out), "--model", "resnet18"]
+        argv += ["--weights", "none", "--image-size", "16", "--no-progress", "--epochs", "4", "--batch-size", "8"]
+        argv += ["--lr", "0.005", "--num-workers", "0", "--val-fraction", "0.25", "--best-metric", "map"]
+        assert main(argv) == 0
+        assert main(["evaluate", "--run", str(out), "--data", str(root / "data"), "--no-progress"]) == 0
+    return out
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_trained_run_passes_the_bar_and_its_map_is_sklearns_on_its_saved_predictions(ml_run):
+    summary = json.loads((ml_run / "summary.json").read_text())
+    ev = json.loads((ml_run / "eval.json").read_text())
+    assert summary["best_val_map"] > MAP_BAR, summary["best_val_map"]
+    classes = summary["classes"]
+    rows = _read_csv(ml_run / "predictions.csv")
+    split = json.loads((ml_run / "split.json").read_text())
+    assert len(rows) == len(split["val"]) == ev["images"] == summary["val_images_counted"]
+    Y = np.array([[c in r["labels"].split(";") for c in classes] for r in rows], float)
+    P = np.array([[float(r[f"prob_{c}"]) for c in classes] for r in rows])
+    # The manifest's labels, not the run's own copy of them, are the truth.
+    truth = {r["filename"]: r["labels"] for r in _read_csv(ml_run.parent / "data" / "train.csv")}
+    assert [truth[Path(r["path"]).name] for r in rows] == [r["labels"] for r in rows]
+    assert ev["map"] == pytest.approx(average_precision_score(Y, P, average="macro"), abs=1e-12)
+    assert ev["map_micro"] == pytest.approx(average_precision_score(Y, P, average="micro"), abs=1e-12)
+    assert [ev["per_class"][c]["ap"] for c in classes] == pytest.approx(
+        average_precision_score(Y, P, average=None), abs=1e-12
+    )
+    # The epoch's own figure (gathered while training) is the same number as evaluate's.
+    assert summary["best_val_map"] == pytest.approx(ev["map"], abs=1e-6)
+    pred = P >= np.asarray(summary["thresholds"])
+    assert ev["thresholds"] == summary["thresholds"]
+    assert ev["exact_match"] == pytest.approx(accuracy_score(Y, pred), abs=1e-12)
+    assert ev["averages"]["micro"]["f1"] == pytest.approx(f1_score(Y, pred, average="micro"), abs=1e-12)
+    assert set(ev["worst_per_class"]) == set(classes)
+    page = (ml_run / "report.html").read_text()
+    assert "Worst images per class" in page and "best val mAP" in page
+
+
+def test_predict_with_the_model_file_alone_writes_a_probability_per_class_and_the_label_set(ml_run, tmp_path):
+    best = ml_run / "best.safetensors"
+    with safe_open(str(best), "pt") as f:
+        described = json.loads(f.metadata()["visiontune"])
+    assert described["multi_label"] is True and len(described["thresholds"]) == 4
+    out = tmp_path / "pred.csv"
+    data = ml_run.parent / "data" / "train"
+    assert main(["predict", "--weights", str(best), "--data", str(data), "--out", str(out), "--no-progress"]) == 0
+    rows = _read_csv(out)
+    classes = described["classes"]
+    assert list(rows[0]) == ["path", "labels", *(f"prob_{c}" for c in classes)] and len(rows) == 120
+    for r in rows:
+        chosen = [c for c, t in zip(classes, described["thresholds"]) if float(r[f"prob_{c}"]) >= t]
+        assert r["labels"] == ";".join(chosen)
+
+
+def test_onnx_export_returns_the_sigmoid_probabilities(ml_run, tmp_path):
+    import onnxruntime
+
+    out = tmp_path / "model.onnx"
+    assert main(["export", "--run", str(ml_run), "--format", "onnx", "--out", str(out)]) == 0
+    from visiontune.inference.loaded import load_model
+
+    loaded = load_model(str(ml_run))
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    session = onnxruntime.InferenceSession(str(out))
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        want = loaded.model(x).sigmoid().numpy()
+    assert np.abs(got - want).max() < 1e-5
+    meta = json.loads(session.get_modelmeta().custom_metadata_map["visiontune"])
+    assert meta["multi_label"] is True and meta["thresholds"] == pytest.approx(loaded.info.thresholds)
