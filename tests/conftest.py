@@ -35,6 +35,7 @@ DISTRIBUTED = {
     "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
     "test_timm_under_ddp_saves_a_self_describing_model_and_counts_val_once",
     "test_ddp_on_hf_data_with_its_own_odd_validation_split_counts_each_image_once",
+    "test_ddp_x2_equals_one_process_and_counts_every_val_image_once",  # test_multilabel.py
 }
 SLOW = {
     "test_train_with_group_by_records_the_grouped_split_and_resumes_only_with_it",
@@ -78,6 +79,7 @@ SLOW = {
     "test_a_thousand_one_image_classes_with_hostile_names_train_and_write_only_in_the_run",
     "test_models_imports_neither_torch_nor_timm",  # two subprocesses, the first imports timm
     "server",  # test_serve.py: the real server in a subprocess
+    "ml_run",  # test_multilabel.py: the shared multi-label run
 }
 
 

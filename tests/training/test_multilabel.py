@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, average_precision_score, f1_score, precision_score, recall_score
 
+from trainrun import flags, relative_difference, train_ddp_beside_one
 from visiontune.cli.commands import main
 from visiontune.cluster import strategy
 from visiontune.data.augment import BatchMix
@@ -207,3 +209,25 @@ def test_onnx_export_returns_the_sigmoid_probabilities(ml_run, tmp_path):
     assert np.abs(got - want).max() < 1e-5
     meta = json.loads(session.get_modelmeta().custom_metadata_map["visiontune"])
     assert meta["multi_label"] is True and meta["thresholds"] == pytest.approx(loaded.info.thresholds)
+
+
+def test_ddp_x2_equals_one_process_and_counts_every_val_image_once(tmp_path, worker_env):
+    """2 processes x batch 2 = 1 process x batch 4 with label smoothing, mixup and cutmix on multi-hot rows;
+    the odd validation split is padded on 2 processes and still counted once."""
+    data = tmp_path / "data"
+    make_multilabel_data(data, count=30, size=32, seed=2)
+    # timm's test_vit: no BatchNorm (each process would normalise its own half); SGD, as in test_augment.
+    common = flags(data=data, model="timm/test_vit", weights="none", image_size=32, no_progress=True, epochs=1)
+    common += flags(val_fraction=0.3, num_workers=0, optimizer="sgd", lr=0.01, best_metric="map")
+    common += flags(label_smoothing=0.1, mixup=0.4, cutmix=1.0)
+    ddp, one = flags(strategy="ddp", nproc=2, batch_size=2), flags(batch_size=4)
+    train_ddp_beside_one(common, ddp, one, tmp_path, {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path / "scan")})
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ddp", "one")]
+    for s in summaries:
+        assert s["val_images_counted"] == s["val_split_size"]
+    assert summaries[0]["val_split_size"] % 2 == 1  # padded on 2 processes
+    assert summaries[0]["best_val_map"] == pytest.approx(summaries[1]["best_val_map"], abs=1e-5)
+    assert summaries[0]["thresholds"] == pytest.approx(summaries[1]["thresholds"], abs=1e-4)
+    ckpt = "checkpoints/e0001-b0000000/model.safetensors"
+    a, b = (load_file(str(tmp_path / d / ckpt)) for d in ("ddp", "one"))
+    assert relative_difference(a, b) < 1e-4

@@ -70,9 +70,16 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.data.sample import clear_folder, make_sample_data
+    from visiontune.data.sample import clear_folder, make_multilabel_data, make_sample_data
 
     clear_folder(args.dir, args.force)
+    if args.multi_label:
+        info = make_multilabel_data(args.dir, count=4 * args.per_class, seed=args.seed)
+        print(
+            f"visiontune: wrote a SYNTHETIC multi-label data set to {args.dir}: {len(info['labels'])} images in "
+            f"train/ with train.csv (filename,labels); classes {', '.join(info['classes'])}"
+        )
+        return 0
     info = make_sample_data(args.dir, per_class=args.per_class, seed=args.seed)
     print(
         f"visiontune: wrote a SYNTHETIC data set to {args.dir}: {info['train']} labelled images "

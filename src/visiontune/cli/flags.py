@@ -297,6 +297,11 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--per-class", type=positive, default=200)
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--force", action="store_true", help="replace the data set in a folder that is not empty")
+    p.add_argument(
+        "--multi-label",
+        action="store_true",
+        help="instead: 4 x PER_CLASS 32 px images of coloured squares, any number each (train.csv: filename,labels)",
+    )
     p.set_defaults(func=commands["sample-data"])
     p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
     p.add_argument("--source", choices=("torchvision", "timm", "all"), default="torchvision")
