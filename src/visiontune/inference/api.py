@@ -76,6 +76,8 @@ class Predictor:
         accelerator = inference.start(icfg)
         model = tta.wrap_loaded(self.loaded, tta_mode)
         logits, labels = inference.forward(accelerator, model, icfg, sources, [0] * len(sources), "predict")
+        if self.info.multi_label:
+            return self._multi_label(logits, labels, single)
         rows = []
         for row, label in zip(logits.softmax(1).tolist(), labels.tolist()):
             if label == UNREADABLE:
@@ -83,6 +85,19 @@ class Predictor:
                 continue
             top = max(range(len(row)), key=row.__getitem__)
             rows.append({"label": self.classes[top], "score": row[top], "probabilities": dict(zip(self.classes, row))})
+        return rows[0] if single else rows
+
+    def _multi_label(self, logits, labels, single: bool):
+        """A multi-label model's dicts: the predicted ``labels`` (at its thresholds) and ``probabilities``."""
+        from visiontune.inference.predict import thresholds_of
+
+        thresholds, rows = thresholds_of(self.loaded), []
+        for row, label in zip(logits.double().sigmoid().tolist(), labels.tolist()):
+            if label == UNREADABLE:
+                rows.append({"labels": None, "probabilities": None})
+                continue
+            chosen = [c for c, p, t in zip(self.classes, row, thresholds) if p >= t]
+            rows.append({"labels": chosen, "probabilities": dict(zip(self.classes, row))})
         return rows[0] if single else rows
 
     def evaluate(

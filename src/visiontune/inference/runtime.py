@@ -41,6 +41,11 @@ class Runtime:
     forward: Callable[[torch.Tensor], torch.Tensor]  # normalised float batch -> logits
 
     def __post_init__(self):
+        if self.info.multi_label:  # its answers would be softmax over classes that are not exclusive
+            raise UserError(
+                "serve answers with one class per image; this model is multi-label: use visiontune predict "
+                "or visiontune.load(...).predict"
+            )
         self.normalize = DeviceNormalize(self.device, False, self.info.mean, self.info.std)
 
     def prepare(self, data: bytes) -> torch.Tensor | str:

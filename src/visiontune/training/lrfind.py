@@ -68,7 +68,7 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, *presets.mean_std(cfg))
-    criterion = optim.criterion(cfg) or readable_cross_entropy
+    criterion = optim.criterion(cfg, images.multi_label) or readable_cross_entropy
     model.train()
     lrs, losses, avg, lowest = [], [], 0.0, float("inf")
     batches = itertools.chain.from_iterable(_epochs(loader))
