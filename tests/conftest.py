@@ -80,6 +80,7 @@ SLOW = {
     "test_models_imports_neither_torch_nor_timm",  # two subprocesses, the first imports timm
     "server",  # test_serve.py: the real server in a subprocess
     "ml_run",  # test_multilabel.py: the shared multi-label run
+    "test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, average_precision_score, f1_score, precision_score, recall_score
 
-from trainrun import flags, relative_difference, train_ddp_beside_one
+from trainrun import assert_same_weights, final_weights, flags, relative_difference, train_argv, train_ddp_beside_one
 from visiontune.cli.commands import main
 from visiontune.cluster import strategy
 from visiontune.data.augment import BatchMix
@@ -231,3 +232,18 @@ def test_ddp_x2_equals_one_process_and_counts_every_val_image_once(tmp_path, wor
     ckpt = "checkpoints/e0001-b0000000/model.safetensors"
     a, b = (load_file(str(tmp_path / d / ckpt)) for d in ("ddp", "one"))
     assert relative_difference(a, b) < 1e-4
+
+
+def test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights(tmp_path, monkeypatch):
+    """Mixup, cutmix and smoothing of multi-hot rows, from a mid-epoch checkpoint in a new folder."""
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "scan"))
+    make_multilabel_data(tmp_path / "data", count=24, size=32, seed=4)
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    extra = ["--save-every-steps", "3", "--keep-last", "20", "--best-metric", "map"]
+    extra += flags(mixup=0.4, cutmix=1.0, label_smoothing=0.1, augment="light")
+    assert main(train_argv(tmp_path / "data", full, *extra)[3:]) == 0
+    shutil.copytree(full / "checkpoints" / "e0000-b0000003", resumed / "checkpoints" / "e0000-b0000003")
+    assert main([*train_argv(tmp_path / "data", resumed, *extra)[3:], "--resume", "auto"]) == 0
+    assert_same_weights(final_weights(resumed), final_weights(full))
+    a, b = (json.loads((run / "summary.json").read_text()) for run in (full, resumed))
+    assert a["best_val_map"] == b["best_val_map"] and a["thresholds"] == b["thresholds"]
