@@ -188,3 +188,16 @@ def test_a_hub_id_offline_names_the_datasets_cache(tmp_path, worker_env):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "hf-home" / "datasets") in lines[0] and "HF_HUB_OFFLINE" in lines[0]
     assert os.listdir(tmp_path) == ["hf-home"] or "bad_files.csv" not in os.listdir(tmp_path)
+
+
+def test_hf_label_column_of_classlabel_lists_is_multi_label_and_gets_the_stratified_split(tmp_path):
+    tags = datasets.Sequence(datasets.ClassLabel(names=["cloudy", "river", "road"]))
+    features = datasets.Features({"img": datasets.Image(), "tags": tags})
+    sets = [[0, 2], [1], [], [0, 1, 2], [2], [0], [1, 2], [], [0, 2], [1]]
+    rows = {"img": [{"bytes": _png(20 * i), "path": None} for i in range(len(sets))], "tags": sets}
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "hf"))
+    found = discover(f"hf:{tmp_path / 'hf'}")
+    assert found.multi_label and found.classes == ["cloudy", "river", "road"]
+    assert found.targets.tolist() == [[int(k in s) for k in range(3)] for s in sets]  # [] is all-negative
+    split = split_of(found, 0.3, seed=0)
+    assert "iterative" in split.method and len(split.train) + len(split.val) == len(sets)
