@@ -4,7 +4,8 @@ The permutation comes from a private ``torch.Generator`` so that it neither
 reads nor advances the global RNG; the same seed and file list give the same
 split on any machine. ``split.json`` is the complete record of the split at any
 size: the file lists (relative to the data root) with a sha256 of them, which
-resume compares against, on one compact JSON line. Both the hash and the file
+resume compares against, on one compact JSON line. Multi-label data is split by
+iterative stratification instead (``data/multilabel.py``; ``"method"`` in the record). Both the hash and the file
 are produced a chunk of paths at a time, so a 1.28M-file split never exists as
 one big string in memory, and its indices are two int64 arrays.
 """

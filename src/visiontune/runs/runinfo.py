@@ -4,8 +4,10 @@
 source, the class names in label order, the image size, the mean/std the
 images were normalised with, the resize (interpolation, and timm's centre
 crop ``crop_pct`` or None for a plain squash to size), the visiontune
-version -- and written into the run's ``config.json`` (its ``"model"``
-section). The same record travels inside every model file the run produces:
+version, and for a multi-label model ``multi_label`` and the per-class
+``thresholds`` of its best epoch (``EpochOutputs`` adds them to the file) --
+and written into the run's ``config.json`` (its ``"model"`` section). The same
+record travels inside every model file the run produces:
 ``best.safetensors`` metadata, ONNX ``metadata_props``, the ``.pt2`` archive's
 extra files, always under the one key ``"visiontune"`` as JSON. So
 ``predict --weights best.safetensors`` needs no other flag, and a flag that
