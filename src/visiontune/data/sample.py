@@ -150,4 +150,4 @@ def make_multilabel_data(out_dir: str | os.PathLike, *, count: int = 64, size: i
         sets[name] = present
         lines.append(f"{name},{';'.join(present)}")
     (Path(out_dir) / "train.csv").write_text("\n".join(lines) + "\n")
-    return {"classes": list(SHAPES), "labels": sets}
+    return {"classes": sorted(SHAPES), "labels": sets}  # in the order a run lists them
