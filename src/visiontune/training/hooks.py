@@ -122,7 +122,14 @@ class EpochOutputs:
         acc.log(
             {
                 "epoch": epoch,
-                **{f"{p}/{k}": v for p in ("train", "val", "val_ema") if p in row for k, v in row[p].items()},
+                # Numbers only: a multi-label row's per-class thresholds are a list, which trackers refuse.
+                **{
+                    f"{p}/{k}": v
+                    for p in ("train", "val", "val_ema")
+                    if p in row
+                    for k, v in row[p].items()
+                    if not isinstance(v, list)
+                },
             },
             step=(epoch + 1) * self.per_epoch,
         )
