@@ -122,13 +122,13 @@ class EpochOutputs:
         acc.log(
             {
                 "epoch": epoch,
-                # Numbers only: a multi-label row's per-class thresholds are a list, which trackers refuse.
+                # Numbers only: a multi-label row's thresholds are a list (and its mAP None without positives).
                 **{
                     f"{p}/{k}": v
                     for p in ("train", "val", "val_ema")
                     if p in row
                     for k, v in row[p].items()
-                    if not isinstance(v, list)
+                    if v is not None and not isinstance(v, list)
                 },
             },
             step=(epoch + 1) * self.per_epoch,
