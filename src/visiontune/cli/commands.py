@@ -147,7 +147,21 @@ def _inference(args: argparse.Namespace):
         classes=classes,
         image_size=getattr(args, "image_size", None),
     )
+    if getattr(args, "threshold", None) is not None:
+        loaded = _one_threshold(loaded, args.threshold)
     return loaded, InferenceConfig(args.batch_size or loaded.batch_size, args.mixed_precision, args.progress)
+
+
+def _one_threshold(loaded, threshold: float):
+    """``--threshold``: a multi-label model with that threshold for every class."""
+    import dataclasses
+
+    if not loaded.info.multi_label:
+        raise UserError("--threshold is for multi-label models; this one picks the most probable class")
+    if not 0.0 < threshold < 1.0:
+        raise UserError(f"--threshold must be a probability between 0 and 1, got {threshold}")
+    info = loaded.info.with_thresholds([threshold] * len(loaded.classes))
+    return dataclasses.replace(loaded, info=info, thresholds_from=f"--threshold {threshold:g}")
 
 
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:

@@ -222,6 +222,12 @@ def _add_inference_flags(p: argparse.ArgumentParser) -> None:
         default="none",
         help="test-time augmentation: average the probabilities of mirrored (and centre-cropped) views",
     )
+    p.add_argument(
+        "--threshold",
+        type=finite,
+        help="multi-label models: one probability threshold for every class (default: the per-class ones "
+        "tuned on the run's validation split)",
+    )
 
 
 def _add_column_flags(p: argparse.ArgumentParser) -> None:

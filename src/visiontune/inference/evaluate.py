@@ -177,7 +177,7 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         "tta": tta_mode,
         "classes": loaded.classes,
         "multi_label": True,
-        "thresholds_from": "the run's validation split" if loaded.info.thresholds else "0.5 (none recorded)",
+        "thresholds_from": loaded.thresholds_from if loaded.info.thresholds else "0.5 (none recorded)",
         **multilabel.multilabel_metrics(probs, targets, loaded.classes, thresholds),
         "world_size": accelerator.num_processes,
         "skipped": [{"path": p, "reason": r} for p, r in skipped],

@@ -42,6 +42,7 @@ class LoadedModel:
     model: nn.Module  # eval mode, on the CPU
     info: RunInfo  # what it is and how it must be fed: name, classes, image size, mean/std
     batch_size: int  # the run's per-process batch: the default for inference
+    thresholds_from: str = "the run's validation split"  # multi-label: where info.thresholds come from
 
     @property
     def name(self) -> str:
