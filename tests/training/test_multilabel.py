@@ -251,11 +251,12 @@ def test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights
 
 def test_evaluate_at_one_threshold_scores_f1_at_it(ml_run, tmp_path):
     out = tmp_path / "eval.json"
-    assert main(["evaluate", "--run", str(ml_run), "--threshold", "0.5", "--out", str(out), "--no-progress"]) == 0
+    argv = ["evaluate", "--run", str(ml_run), "--data", str(ml_run.parent / "data"), "--out", str(out)]
+    assert main([*argv, "--threshold", "0.5", "--no-progress"]) == 0
     ev = json.loads(out.read_text())
     assert ev["thresholds"] == [0.5] * 4 and ev["thresholds_from"] == "--threshold 0.5"
     rows = _read_csv(tmp_path / "predictions.csv")
     Y = np.array([[c in r["labels"].split(";") for c in ev["classes"]] for r in rows], float)
     P = np.array([[float(r[f"prob_{c}"]) for c in ev["classes"]] for r in rows])
     assert ev["averages"]["macro"]["f1"] == pytest.approx(f1_score(Y, P >= 0.5, average="macro"), abs=1e-12)
-    assert main(["evaluate", "--run", str(ml_run), "--threshold", "1.5", "--out", str(out)]) == 2
+    assert main([*argv, "--threshold", "1.5"]) == 2
