@@ -15,6 +15,7 @@ from sklearn import metrics as skm
 from trained import independent_eval, one_thread, reference_probs  # noqa: F401  (one_thread: autouse)
 from trainrun import flags
 from visiontune.cli.commands import main
+from visiontune.inference.evaluate import recorded_data
 
 CLASSES = ["cat", "dog"]
 
@@ -174,9 +175,27 @@ def test_classes_must_match_the_run(run, tmp_path, sample_data, capsys):
 def test_without_data_a_run_whose_data_is_gone_is_one_line(run, tmp_path, capsys):
     run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
     record = json.loads((run / "config.json").read_text())
-    record["data"]["root"] = str(tmp_path / "moved")
+    record["data"]["root"] = record["data"]["source"] = str(tmp_path / "moved")
     (run / "config.json").write_text(json.dumps(record))
     assert main(["evaluate", "--run", str(run), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"the run's data {tmp_path / 'moved'} no longer exists; pass --data" in err
     assert not (run / "eval.json").exists()
+
+
+def test_without_data_the_run_lists_what_training_was_given_and_an_older_manifest_run_says_pass_data(tmp_path, capsys):
+    # A manifest run's root is its images' folder (DATA/train), which is not a layout: evaluate lists the
+    # recorded source, DATA itself; a run from before "source" was recorded gets one line, nothing written.
+    data = tmp_path / "data"
+    (data / "train").mkdir(parents=True)
+    (data / "train.csv").write_text("filename,label\n")
+    record = {"config": {"image_column": None}, "data": {"root": str(data / "train"), "layout": "manifest"}}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({**record, "data": {**record["data"], "source": str(data)}}))
+    assert recorded_data(str(run)) == (str(data), (None, None))
+    (run / "config.json").write_text(json.dumps(record))
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trained on a manifest" in err and "pass --data" in err
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]

@@ -140,7 +140,8 @@ def ml_run(tmp_path_factory) -> Path:
         argv += ["--weights", "none", "--image-size", "16", "--no-progress", "--epochs", "4", "--batch-size", "8"]
         argv += ["--lr", "0.005", "--num-workers", "0", "--val-fraction", "0.25", "--best-metric", "map"]
         assert main(argv) == 0
-        assert main(["evaluate", "--run", str(out), "--data", str(root / "data"), "--no-progress"]) == 0
+        # No --data: a manifest run lists its own data again from the manifest it recorded.
+        assert main(["evaluate", "--run", str(out), "--no-progress"]) == 0
     return out
 
 
@@ -251,7 +252,7 @@ def test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights
 
 def test_evaluate_at_one_threshold_scores_f1_at_it(ml_run, tmp_path):
     out = tmp_path / "eval.json"
-    argv = ["evaluate", "--run", str(ml_run), "--data", str(ml_run.parent / "data"), "--out", str(out)]
+    argv = ["evaluate", "--run", str(ml_run), "--out", str(out)]
     assert main([*argv, "--threshold", "0.5", "--no-progress"]) == 0
     ev = json.loads(out.read_text())
     assert ev["thresholds"] == [0.5] * 4 and ev["thresholds_from"] == "--threshold 0.5"

@@ -191,12 +191,12 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     from pathlib import Path
 
     from visiontune.cluster import launch
-    from visiontune.inference.evaluate import evaluate, run_data
+    from visiontune.inference.evaluate import evaluate, recorded_data
 
-    data = args.data or run_data(args.run)
-    if not data or not (data.startswith("hf:") or Path(data).exists()):
-        said = f"the run's data {data} no longer exists" if data else f"{args.run} records no data folder"
-        raise UserError(f"evaluate needs labelled data: {said}; pass --data FOLDER")
+    data, columns = args.data, (args.image_column, args.label_column)
+    if not data:  # the run's own data, listed as training listed it (hf: columns included unless given)
+        data, recorded = recorded_data(args.run)
+        columns = (columns[0] or recorded[0], columns[1] or recorded[1])
     loaded, icfg = _inference(args)
     out = args.out or str(Path(args.run) / "eval.json")
     return launch.here_or_relaunched(
@@ -213,7 +213,7 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
             split=args.split,
             tta_mode=args.tta,
             top_n=args.top_losses,
-            columns=(args.image_column, args.label_column),
+            columns=columns,
         ),
     )
 

@@ -43,6 +43,27 @@ def run_data(run_dir: str | None) -> str | None:
         return None
 
 
+def recorded_data(run_dir: str) -> tuple[str, tuple[str | None, str | None]]:
+    """What to list as the run's own data when evaluate is given none: the data argument its training was
+    given (``source`` in config.json), and the hf: columns it named. One line when there is none to read."""
+    record = _read_json(Path(run_dir) / "config.json")
+    data = record.get("data") if isinstance(record, dict) else None
+    if not isinstance(data, dict) or not (data.get("source") or data.get("root")):
+        raise UserError(f"evaluate needs labelled data: {run_dir} records no data folder; pass --data FOLDER")
+    source = data.get("source")
+    if not source and data.get("layout") == "manifest":
+        # Runs from before "source" was recorded kept only the images' folder, which is not a layout.
+        raise UserError(
+            f"{run_dir} was trained on a manifest and records only its images' folder ({data.get('root')}); "
+            "pass --data with the folder holding train.csv, or the .csv itself"
+        )
+    source = source or data["root"]
+    if not (source.startswith("hf:") or "{" in source or Path(source).exists()):
+        raise UserError(f"evaluate needs labelled data: the run's data {source} no longer exists; pass --data FOLDER")
+    config = record.get("config") or {}
+    return source, (config.get("image_column"), config.get("label_column"))
+
+
 def _read_json(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))

@@ -114,9 +114,12 @@ def write_records(
         "overview": dict(overview),  # the resolved setup as announced, for the report
         "versions": host.versions(),
         # Absolute: evaluate recognises the run's own data by it from any working folder (hf: names stay).
+        # "source" is what discover was given, which evaluate lists again: a manifest's root is its images'
+        # folder (DATA/train), a folder discover cannot read as a layout by itself.
         "data": {
             "root": images.root if images.layout == "hf" else os.path.abspath(images.root),
             "layout": images.layout,
+            "source": cfg.data if cfg.data.startswith("hf:") else os.path.abspath(os.path.expanduser(cfg.data)),
         },
         "model": info.to_dict(),
     }
