@@ -244,6 +244,68 @@ def test_health_is_503_until_the_warm_up_forward_pass_has_run():
         assert calls == [(1, 3, 8, 8)]  # the warm-up pass came before ready
 
 
+def test_a_multi_label_model_answers_a_sigmoid_per_class_and_the_labels_at_its_thresholds(tmp_path):
+    """An untrained resnet18 saved as training saves a multi-label model, served in-process: each class's
+    probability is the sigmoid of the plain torchvision model's logit on the textbook preprocessing, and the
+    label set is the classes at or over their recorded thresholds (or ?threshold=T for every class)."""
+    from dataclasses import replace
+
+    import torchvision
+    from fastapi.testclient import TestClient
+    from torchvision.io import encode_png
+
+    from trained import preprocess
+    from visiontune.inference.runtime import Runtime, load_runtime
+    from visiontune.inference.serve import ServeOptions, build_app
+    from visiontune.runs import records
+    from visiontune.runs.runinfo import describe, metadata_with_thresholds
+    from visiontune.settings.config import MEAN, STD
+
+    classes = ["cloud", "river", "road"]
+    gen = torch.Generator().manual_seed(0)
+    paths = []
+    for i in range(3):
+        paths.append(tmp_path / f"{i}.png")
+        paths[-1].write_bytes(encode_png(torch.randint(0, 256, (3, 16, 16), dtype=torch.uint8, generator=gen)).numpy())
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=3).eval()
+    with torch.no_grad():
+        want = torch.sigmoid(model(preprocess(paths, 16)).double())
+    # Thresholds between the images' probabilities, so that the label sets differ from image to image.
+    thresholds = want.median(0).values.tolist()
+    info = describe("resnet18", "torchvision", classes, 16, MEAN, STD, "bilinear", None, True)
+    metadata = metadata_with_thresholds(info.metadata(), thresholds)
+    records.save_model(tmp_path, records.plain_state_dict(model), metadata=metadata)
+
+    runtime = load_runtime(weights=str(tmp_path / "best.safetensors"))
+    with TestClient(build_app(runtime, ServeOptions())) as client:
+        while client.get("/health").status_code != 200:
+            time.sleep(0.01)
+        files = [("files", (p.name, p.read_bytes(), "image/png")) for p in paths]
+        for query, used in (("", thresholds), ("?threshold=0.5", [0.5] * 3)):
+            got = client.post(f"/predict{query}", files=files).json()
+            assert got["thresholds"] == pytest.approx(used, abs=0)
+            for row, answer in zip(want.tolist(), got["predictions"]):
+                assert list(answer["probabilities"]) == classes
+                assert list(answer["probabilities"].values()) == pytest.approx(row, abs=1e-6)
+                assert answer["labels"] == [
+                    c for c, p, t in zip(classes, answer["probabilities"].values(), used) if p >= t
+                ]
+        assert {tuple(a["labels"]) for a in client.post("/predict", files=files).json()["predictions"]} != {()}
+        bad = client.post("/predict?threshold=1.5", files=files)
+        assert bad.status_code == 400 and "threshold" in bad.json()["error"]
+        assert client.get("/metadata").json()["multi_label"] is True
+    # A single-label model has no threshold to set.
+    single = Runtime(
+        replace(info, multi_label=False), None, "m", "eager", torch.device("cpu"), lambda x: x.mean((2, 3))
+    )
+    with TestClient(build_app(single, ServeOptions())) as client:
+        got = client.post(
+            "/predict?threshold=0.5", content=paths[0].read_bytes(), headers={"content-type": "image/png"}
+        )
+        assert got.status_code == 400 and "multi-label" in got.json()["error"]
+
+
 def test_without_the_serve_extra_it_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn now raises ImportError
     assert main(["serve", "--run", "anything"]) == 2

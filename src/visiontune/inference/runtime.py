@@ -4,9 +4,10 @@ The preprocessing is ``predict``'s own, piece by piece: ``decode.try_read``
 decodes the upload's bytes and brings them to the run's size with its
 interpolation and crop (the code ``ImageDataset`` runs on a file's bytes),
 ``collate_channels_last`` stacks the batch and ``DeviceNormalize`` normalises it
-with the run's mean and std, then the model's logits go through ``softmax`` as
-``predict``'s do. So on the CPU a batch of the same images gives
-``visiontune predict``'s numbers bit for bit. The forward pass is torch eager,
+with the run's mean and std, then the model's logits go through ``softmax`` (a
+multi-label model's through one ``sigmoid`` per class) as ``predict``'s do. So
+on the CPU a batch of the same images gives ``visiontune predict``'s numbers bit
+for bit. The forward pass is torch eager,
 ``torch.compile`` of it, or ONNX Runtime for a file made by ``visiontune
 export``, which takes the same normalised batch and carries the run's
 description in its metadata.
@@ -39,13 +40,10 @@ class Runtime:
     backend: str  # one of BACKENDS
     device: torch.device
     forward: Callable[[torch.Tensor], torch.Tensor]  # normalised float batch -> logits
+    # An exported multi-label file ends in its sigmoid (export.py): its outputs are probabilities already.
+    gives_probabilities: bool = False
 
     def __post_init__(self):
-        if self.info.multi_label:  # its answers would be softmax over classes that are not exclusive
-            raise UserError(
-                "serve answers with one class per image; this model is multi-label: use visiontune predict "
-                "or visiontune.load(...).predict"
-            )
         self.normalize = DeviceNormalize(self.device, False, self.info.mean, self.info.std)
 
     def prepare(self, data: bytes) -> torch.Tensor | str:
@@ -53,10 +51,18 @@ class Runtime:
         return try_read(data, self.info.image_size, self.info.interpolation, self.info.crop_pct)
 
     def probabilities(self, images: list[torch.Tensor]) -> torch.Tensor:
-        """[N, classes] float32 probabilities of prepared images, on the CPU."""
+        """[N, classes] probabilities of prepared images, on the CPU: float32 softmax, or for a multi-label
+        model one float64 sigmoid per class (predict's: a probability meets its threshold as it does there)."""
         batch, _ = collate_channels_last([(image, 0) for image in images])
         with torch.inference_mode():
-            return self.forward(self.normalize(batch.to(self.device))).float().cpu().softmax(1)
+            out = self.forward(self.normalize(batch.to(self.device))).cpu()
+        if not self.info.multi_label:
+            return out.float().softmax(1)
+        return out.double() if self.gives_probabilities else out.double().sigmoid()
+
+    def thresholds(self) -> list[float]:
+        """A multi-label model's per-class thresholds (tuned on its validation split), else 0.5 each."""
+        return list(self.info.thresholds or [0.5] * len(self.info.classes))
 
     def warm_up(self, sizes: tuple[int, ...] = (1,)) -> None:
         """One forward pass per batch size: allocations made, kernels chosen, ``torch.compile`` done."""
@@ -115,7 +121,7 @@ def load_runtime(
         runinfo.reconcile(
             info, weights, model=model, classes=tuple(classes) if classes else None, image_size=image_size
         )
-        return Runtime(info, None, weights, "onnx", torch.device("cpu"), forward)
+        return Runtime(info, None, weights, "onnx", torch.device("cpu"), forward, gives_probabilities=info.multi_label)
     loaded = load_model(run, weights, model=model, classes=classes, image_size=image_size)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     net = loaded.model.to(device)

@@ -188,6 +188,16 @@ def _answer(name: str, row: list[float], classes: list[str], top_k: int) -> dict
     }
 
 
+def _answer_labels(name: str, row: list[float], classes: list[str], thresholds: list[float]) -> dict:
+    """A multi-label model's answer, as ``visiontune.load(...).predict`` gives it: the classes whose
+    probability reaches their threshold, and every class's probability."""
+    return {
+        "file": name,
+        "labels": [c for c, p, t in zip(classes, row, thresholds) if p >= t],
+        "probabilities": dict(zip(classes, row)),
+    }
+
+
 def build_app(runtime: Runtime, options: ServeOptions):
     """The ASGI application: the routes behind the ``Gate``."""
     from fastapi import FastAPI, Query, Request
@@ -221,7 +231,14 @@ def build_app(runtime: Runtime, options: ServeOptions):
         return _refusal(request.scope, exc.status_code, str(exc.detail))
 
     @app.post("/predict")
-    async def predict(request: Request, top_k: int = Query(5, ge=1), all_classes: bool = Query(False, alias="all")):
+    async def predict(
+        request: Request,
+        top_k: int = Query(5, ge=1),
+        all_classes: bool = Query(False, alias="all"),
+        threshold: float | None = Query(None, gt=0, lt=1),
+    ):
+        if threshold is not None and not runtime.info.multi_label:
+            raise Refused(400, "threshold is for multi-label models; this one picks the most probable class")
         if not state.ready:
             raise Refused(503, "the model is still warming up")
         uploads = await _uploads(request)
@@ -231,9 +248,16 @@ def build_app(runtime: Runtime, options: ServeOptions):
                 raise Refused(422, f"{name}: {image}")
         rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in state.batcher.submit(images)))
         classes = list(runtime.info.classes)
+        answer = {"model": runtime.info.model, "run": runtime.run, "weights": runtime.weights}
+        if runtime.info.multi_label:
+            thresholds = [threshold] * len(classes) if threshold is not None else runtime.thresholds()
+            predictions = [
+                _answer_labels(name, row.tolist(), classes, thresholds) for (name, _), row in zip(uploads, rows)
+            ]
+            return {**answer, "thresholds": thresholds, "predictions": predictions}
         k = len(classes) if all_classes else min(top_k, len(classes))
         predictions = [_answer(name, row.tolist(), classes, k) for (name, _), row in zip(uploads, rows)]
-        return {"model": runtime.info.model, "run": runtime.run, "weights": runtime.weights, "predictions": predictions}
+        return {**answer, "predictions": predictions}
 
     @app.get("/health")
     async def health():
