@@ -91,6 +91,47 @@ def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs,
     assert "is not a visiontune run folder" in capsys.readouterr().err
 
 
+def _fabricated_run(folder: Path, maps: list | None) -> Path:
+    """A run folder as training leaves it, written by hand: multi-label when ``maps`` gives its val mAPs."""
+    folder.mkdir()
+    history = []
+    for epoch, m in enumerate(maps or [None, None]):
+        phase = {"loss": 0.5 - 0.1 * epoch, "accuracy": 0.7 + 0.1 * epoch, "images": 8, "seconds": 1.0}
+        history.append({"epoch": epoch, "train": phase, "val": {**phase, **({"map": m} if maps else {})}})
+    summary = {"best_val_accuracy": 0.8, "best_val_loss": 0.4, "best_epoch": 1, "epochs": 2}
+    summary.update({"best_val_map": max(maps)} if maps else {})
+    config = {"model": "resnet18", "multi_label": bool(maps), "output_dir": str(folder)}
+    (folder / "config.json").write_text(json.dumps({"config": config, "data": {"root": "/d"}}))
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "history.json").write_text(json.dumps(history))
+    return folder
+
+
+def test_multi_label_runs_are_compared_by_their_map_too(tmp_path, capsys):
+    import matplotlib.pyplot as plt
+
+    from visiontune.reports import compare
+
+    ml = _fabricated_run(tmp_path / "ml", [0.55, 0.75])
+    single = _fabricated_run(tmp_path / "single", None)
+    out = tmp_path / "cmp.html"
+    assert main(["compare", str(ml), str(single), "--out", str(out)]) == 0
+    page = Page()
+    page.feed(out.read_text())
+    metrics = page.tables[1]
+    assert ["best val mAP", "0.75", "-"] in metrics and ["last epoch val mAP", "0.75", "-"] in metrics
+    assert "best val mAP" in capsys.readouterr().out
+    runs = [compare.read_run(ml), compare.read_run(single)]
+    fig = compare.curves_figure(runs)
+    map_ax = fig.axes[2]
+    assert map_ax.get_title() == "Validation mAP" and [list(line.get_ydata()) for line in map_ax.get_lines()] == [
+        [0.55, 0.75]  # the multi-label run's line only
+    ]
+    plt.close(fig)
+    two_single = [compare.read_run(single), compare.read_run(single)]
+    assert not any("mAP" in label for label, _ in compare.metrics_table(two_single))
+
+
 @pytest.mark.browser
 def test_the_page_in_a_headless_browser(runs, tmp_path):
     chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)

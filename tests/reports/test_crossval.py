@@ -11,18 +11,19 @@ from visiontune.data.split import split_record
 from visiontune.reports import compare, crossval
 
 
-def _fold_runs(tmp_path, folds: int, accuracies: list[float], held: list[int]) -> list:
+def _fold_runs(tmp_path, folds: int, accuracies: list[float], held: list[int], maps=None) -> list:
     labels = np.arange(30) % 3
     paths = [f"/d/{c}/{i}.png" for i, c in enumerate(labels)]
     runs = []
-    for fold, acc in zip(held, accuracies):
+    for fold, acc, m in zip(held, accuracies, maps or [None] * len(held)):
         run = tmp_path / f"fold{fold}-{len(runs)}"
         run.mkdir()
         split = fold_split(labels, None, folds, fold, seed=1)[0]
         (run / "split.json").write_text(json.dumps(split_record(split, paths, "/d", 1, 0.2)))
         config = {"model": "resnet18", "folds": folds, "fold": fold, "output_dir": str(run)}
         (run / "config.json").write_text(json.dumps({"config": config, "data": {"root": "/d"}}))
-        (run / "summary.json").write_text(json.dumps({"best_val_accuracy": acc, "best_val_loss": 1 - acc}))
+        summary = {"best_val_accuracy": acc, "best_val_loss": 1 - acc, **({"best_val_map": m} if maps else {})}
+        (run / "summary.json").write_text(json.dumps(summary))
         runs.append(compare.read_run(run))
     return runs
 
@@ -51,3 +52,15 @@ def test_missing_or_repeated_folds_are_said_and_other_runs_are_no_cross_validati
     assert cv["partition"] is False and "overlap" in crossval.lines(cv)[0]
     plain = _fold_runs(tmp_path / "plain", 2, [0.5, 0.6], [0, 1])
     assert crossval.summary([compare.Run(r.name, {"model": "x"}, r.summary, []) for r in plain]) is None
+
+
+def test_the_folds_of_a_multi_label_cross_validation_sum_up_their_map_too(tmp_path):
+    maps = [0.61, 0.72, 0.68]
+    runs = _fold_runs(tmp_path, 3, [0.9, 0.8, 0.85], [0, 1, 2], maps)
+    got = crossval.summary(runs)["metrics"]["best val mAP"]
+    assert np.isclose(got["mean"], np.mean(maps)) and np.isclose(got["std"], np.std(maps, ddof=1))
+    assert (got["min"], got["max"]) == (0.61, 0.72)
+    assert f"best val mAP: {np.mean(maps):.4f} +- {np.std(maps, ddof=1):.4f}" in compare.terminal_table(runs)
+    (tmp_path / "single").mkdir()
+    single = _fold_runs(tmp_path / "single", 2, [0.9, 0.8], [0, 1])
+    assert "best val mAP" not in crossval.summary(single)["metrics"]  # single-label folds have none

@@ -71,6 +71,28 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_multi_label_runs_curves_add_its_val_map_and_mark_the_epoch_its_best_metric_picked():
+    import math
+
+    import matplotlib.pyplot as plt
+
+    maps = (0.5, None, 0.8, 0.7)  # epoch 1's val split had no positive: no mAP, a gap in the curve
+    history = [{**_row(e, acc, 0.5), "lr": 0.01} for e, acc in enumerate((0.9, 0.95, 0.85, 0.8))]
+    for row, m in zip(history, maps):
+        row["val"] = {**row["val"], "map": m, "thresholds": [0.5, 0.5]}
+    assert figures.best_epoch(history, "map")["epoch"] == 2 and figures.best_epoch(history)["epoch"] == 1
+    fig = figures.history_figure(history, "map")
+    acc_ax, _, map_ax, _ = fig.axes
+    assert map_ax.get_title() == "Validation mAP (macro)"
+    [curve] = [line for line in map_ax.get_lines() if line.get_marker() == "o"]  # val only: train has no mAP
+    got = list(curve.get_ydata())
+    assert math.isnan(got[1]) and got[:1] + got[2:] == [0.5, 0.8, 0.7]
+    star = next(line for line in map_ax.get_lines() if line.get_marker() == "*")
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([2], [0.8])
+    assert "best epoch (2): val mAP 0.8000" in [t.get_text() for t in fig.legends[0].get_texts()]
+    plt.close(fig)  # (a single-label run's three panels: the test above)
+
+
 def test_atomic_files_respect_the_umask(tmp_path):
     old = os.umask(0o022)
     try:

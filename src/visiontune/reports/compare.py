@@ -18,6 +18,7 @@ from pathlib import Path
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 from visiontune.reports import crossval
+from visiontune.reports.figures import multi_label
 from visiontune.reports.report import CSS
 
 # Differ by nature between any two runs, and say nothing about how they trained.
@@ -25,6 +26,7 @@ NOT_SETTINGS = ("output_dir", "resume", "progress")
 METRICS = (
     ("best val accuracy", "best_val_accuracy"),
     ("best val loss", "best_val_loss"),
+    ("best val mAP", "best_val_map"),  # multi-label runs only: the row is left out when no run has it
     ("best epoch (from 0)", "best_epoch"),
     ("epochs run", "epochs"),
     ("train images/s", "train_images_per_s"),
@@ -75,41 +77,63 @@ def settings_table(runs: list[Run]) -> tuple[list[tuple[str, list[str]]], int]:
     return differ + [row for row in rows if len(set(row[1])) == 1], len(differ)
 
 
+def _any_map(runs: list[Run]) -> bool:
+    """Whether any run is multi-label: its summary or its epochs carry a val mAP."""
+    return any("best_val_map" in r.summary or multi_label(r.history) for r in runs)
+
+
 def metrics_table(runs: list[Run]) -> list[tuple[str, list[str]]]:
-    rows = [(label, [_text(r.summary.get(key)) for r in runs]) for label, key in METRICS]
+    ranked = _any_map(runs)
+    rows = [
+        (label, [_text(r.summary.get(key)) for r in runs]) for label, key in METRICS if key != "best_val_map" or ranked
+    ]
     last = [r.history[-1] if r.history else {} for r in runs]
     rows += [
-        (f"last epoch {phase} {key}", [_text((h.get(phase) or {}).get(key)) for h in last])
+        (f"last epoch {phase} {'mAP' if key == 'map' else key}", [_text((h.get(phase) or {}).get(key)) for h in last])
         for phase in ("val", "train")
-        for key in ("accuracy", "loss")
+        for key in ("accuracy", "loss", *(("map",) if ranked and phase == "val" else ()))
     ]
     return rows
 
 
-def figure_png(runs: list[Run]) -> bytes:
-    """Validation (solid) and training (dashed) accuracy and loss of every run, on shared axes."""
+def curves_figure(runs: list[Run]):
+    """Validation (solid) and training (dashed) accuracy and loss of every run, on shared axes; with
+    multi-label runs, their validation mAP beside them."""
     import matplotlib.ticker
 
     from visiontune.reports.figures import pyplot
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharex=True)
+    keys = ["accuracy", "loss", *(["map"] if _any_map(runs) else [])]
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.4), sharex=True)
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
         epochs = [row["epoch"] + 1 for row in run.history]  # as the terminal counts them
-        for ax, key in zip(axes, ("accuracy", "loss")):
-            ax.plot(epochs, [row["val"][key] for row in run.history], marker="o", color=color, label=run.name)
-            ax.plot(epochs, [row["train"][key] for row in run.history], linestyle="--", color=color, alpha=0.6)
-    for ax, title in zip(axes, ("Accuracy", "Loss")):
-        ax.set_title(f"{title} (solid: validation, dashed: training)")
+        for ax, key in zip(axes, keys):
+            if key == "map" and not multi_label(run.history):
+                continue  # a single-label run has no mAP: no line rather than a flat one
+            val = [float("nan") if row["val"].get(key) is None else row["val"][key] for row in run.history]
+            ax.plot(epochs, val, marker="o", color=color, label=run.name)
+            if key != "map":  # mAP is measured on the validation split only
+                ax.plot(epochs, [row["train"][key] for row in run.history], linestyle="--", color=color, alpha=0.6)
+    titles = {"accuracy": "Accuracy", "loss": "Loss"}
+    for ax, key in zip(axes, keys):
+        ax.set_title(f"{titles[key]} (solid: validation, dashed: training)" if key in titles else "Validation mAP")
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(runs), 4), frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
+
+
+def figure_png(runs: list[Run]) -> bytes:
+    from visiontune.reports.figures import pyplot
+
+    fig = curves_figure(runs)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
+    pyplot().close(fig)
     return buf.getvalue()
 
 

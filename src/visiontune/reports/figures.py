@@ -113,13 +113,19 @@ def pyplot():
     return plt
 
 
-def plot_history(path: str | os.PathLike, history: list[dict]) -> None:
+def plot_history(path: str | os.PathLike, history: list[dict], metric: str = "accuracy") -> None:
     """``training_results.png``: the figure of ``history_figure``."""
-    save_figure(path, history_figure(history))
+    save_figure(path, history_figure(history, metric))
 
 
-def history_figure(history: list[dict]):
-    """Accuracy and loss, train against val, and the learning rate; the best epoch marked.
+def multi_label(history: list[dict]) -> bool:
+    """Whether the epochs are a multi-label run's: their val rows carry its mAP."""
+    return any("map" in row["val"] for row in history)
+
+
+def history_figure(history: list[dict], metric: str = "accuracy"):
+    """Accuracy and loss, train against val, a multi-label run's val mAP, and the learning rate; the best
+    epoch (by ``metric``, the run's ``--best-metric``) marked.
 
     The legend sits below the panels, never over a curve; the best epoch (``best_epoch``) is a
     dotted line with its val points starred, so the curve and the saved model can be matched.
@@ -128,25 +134,34 @@ def history_figure(history: list[dict]):
 
     plt = pyplot()
     epochs = [row["epoch"] for row in history]
-    best = best_epoch(history)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
-    for ax, key, title in ((axes[0], "accuracy", "Accuracy"), (axes[1], "loss", "Loss")):
+    best = best_epoch(history, metric)
+    panels = [("accuracy", "Training and Validation Accuracy"), ("loss", "Training and Validation Loss")]
+    if multi_label(history):  # mAP is measured on the validation split only
+        panels.append(("map", "Validation mAP (macro)"))
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 4.4))
+    shown = "mAP" if metric == "map" else metric
+    said = best["val"].get(metric)
+    best_label = f"best epoch ({best['epoch']}): val {shown} " + ("-" if said is None else f"{said:.4f}")
+    for ax, (key, title) in zip(axes, panels):
         for phase, label in (("train", "Training"), ("val", "Validation")):
-            ax.plot(epochs, [row[phase][key] for row in history], marker="o", label=label)
+            if key in _keys(history, phase):
+                values = [_nan(row[phase].get(key)) for row in history]  # no positive in val: no mAP
+                ax.plot(epochs, values, marker="o", label=label, color="C1" if phase == "val" else "C0")
         ax.plot(
             [best["epoch"]],
-            [best["val"][key]],
+            [_nan(best["val"].get(key))],
             marker="*",
             markersize=16,
             color="tab:red",
             linestyle="none",
-            label=f"best epoch ({best['epoch']}): val accuracy {best['val']['accuracy']:.4f}",
+            label=best_label,
         )
-        ax.set_title(f"Training and Validation {title}")
+        ax.set_title(title)
+    lr_ax = axes[-1]
     lrs = [(row["epoch"], row["lr"]) for row in history if "lr" in row]
-    axes[2].plot([e for e, _ in lrs], [lr for _, lr in lrs], marker="o", color="tab:gray", label="learning rate")
-    axes[2].set_title("Learning rate (at the end of each epoch)")
-    axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    lr_ax.plot([e for e, _ in lrs], [lr for _, lr in lrs], marker="o", color="tab:gray", label="learning rate")
+    lr_ax.set_title("Learning rate (at the end of each epoch)")
+    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     for ax in axes:
         ax.axvline(best["epoch"], color="tab:red", linestyle=":", linewidth=1)
         ax.set_xlabel("epoch")
@@ -160,6 +175,25 @@ def history_figure(history: list[dict]):
     return fig
 
 
-def best_epoch(history: list[dict]) -> dict:
-    """Highest val accuracy; ties go to the lower val loss, then the earlier epoch."""
-    return max(history, key=lambda r: (r["val"]["accuracy"], -r["val"]["loss"], -r["epoch"]))
+def _keys(history: list[dict], phase: str) -> set[str]:
+    return {k for row in history for k in row.get(phase, {})}
+
+
+def _nan(v):
+    return float("nan") if v is None else v
+
+
+def best_epoch(history: list[dict], metric: str = "accuracy") -> dict:
+    """The best epoch by ``metric`` as training picks it: highest val accuracy (ties: lower val loss), lowest
+    val loss (ties: higher accuracy), or highest val mAP (ties: lower loss; no mAP ranks last); then the
+    earlier epoch."""
+
+    def key(r):
+        v = r["val"]
+        if metric == "map":
+            return (-1.0 if v.get("map") is None else v["map"]), -v["loss"], -r["epoch"]
+        if metric == "loss":
+            return -v["loss"], v["accuracy"], -r["epoch"]
+        return v["accuracy"], -v["loss"], -r["epoch"]
+
+    return max(history, key=key)

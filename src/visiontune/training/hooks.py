@@ -161,7 +161,7 @@ class EpochOutputs:
             )
             state = records.plain_state_dict(chosen)
         rows = copy.deepcopy(history)
-        run_dir, metadata, pth = self.run_dir, self.model_metadata, self.save_pth
+        run_dir, metadata, pth, metric = self.run_dir, self.model_metadata, self.save_pth, self.best_metric
         thresholds = history[-1][best_from].get("thresholds") if best_from is not None else None
         if thresholds is not None:  # multi-label: the best epoch's thresholds travel in the model file
             metadata = runinfo.metadata_with_thresholds(metadata, thresholds)
@@ -171,7 +171,7 @@ class EpochOutputs:
                 records.save_model(run_dir, state, metadata=metadata, pth=pth)
             files.write_json(f"{run_dir}/history.json", rows)
             records.write_metrics_csv(f"{run_dir}/metrics.csv", rows)
-            figures.plot_history(f"{run_dir}/training_results.png", rows)
+            figures.plot_history(f"{run_dir}/training_results.png", rows, metric)
 
         self.writes.submit(write)
 
