@@ -279,7 +279,9 @@ def test_a_multi_label_model_answers_a_sigmoid_per_class_and_the_labels_at_its_t
 
     runtime = load_runtime(weights=str(tmp_path / "best.safetensors"))
     with TestClient(build_app(runtime, ServeOptions())) as client:
+        deadline = time.monotonic() + 30
         while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
             time.sleep(0.01)
         files = [("files", (p.name, p.read_bytes(), "image/png")) for p in paths]
         for query, used in (("", thresholds), ("?threshold=0.5", [0.5] * 3)):

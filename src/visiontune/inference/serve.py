@@ -4,7 +4,9 @@
 ``application/octet-stream`` content type) or any number as the files of a
 ``multipart/form-data`` body, decodes them in a thread pool with ``predict``'s
 code (``runtime``) and hands them to the ``Batcher``, which runs the images of
-requests arriving within ``max_wait_ms`` as one batch. ``GET /health`` is 200
+requests arriving within ``max_wait_ms`` as one batch. A multi-label model answers
+each image with its label set (the model file's per-class thresholds, or
+``?threshold=T``) and every class's sigmoid probability. ``GET /health`` is 200
 once the model is loaded and a warm-up forward pass has run (503 before, and
 while shutting down), ``GET /metadata`` describes the model, ``GET /metrics``
 counts in Prometheus' text format.
