@@ -7,7 +7,8 @@ index -- shard, byte offset and size of each image, and its label -- kept in
 the user's cache folder under the shards' names, sizes and mtimes; sample i is
 then one ``pread``, so the seeded sampler, the split, DDP sharding, exact resume,
 the bad-file screen and ``--cache`` treat shards as they treat a folder's files.
-Streaming remote shards (URLs) gives up that random access and is not read.
+Streaming remote shards (URLs) gives up that random access and is not read: the
+refusal names a command that downloads them (``fetch_command``).
 
 ``visiontune shard`` writes any data visiontune reads with ``webdataset.ShardWriter``,
 the bad files left out, beside an ``index.json`` in webdataset's ``wids`` shard-index
@@ -55,10 +56,16 @@ def expand(pattern: str) -> list[str]:
 def is_shards(data: str) -> bool:
     """Whether ``data`` names tar shards: a brace pattern, a .tar file, or a folder of .tar files only."""
     if data.startswith(_REMOTE):
+        why = "exact sampling and resume need random access to each sample, which a stream does not give"
+        if data.startswith("pipe:"):
+            raise UserError(f"{data}: piped shards are not read ({why}); write the command's output to .tar files")
+        command, local = fetch_command(data)
         raise UserError(
-            f"{data}: remote shards are not read (exact sampling and resume need random access); "
-            "download them and pass the local folder"
+            f"{data}: remote shards are not read ({why}); download them first, e.g. `{command}`, "
+            f"then pass --data {local}"
         )
+    if data.startswith("file://"):
+        raise UserError(f"{data}: pass the path itself: --data {data[len('file://') :]}")
     if "{" in data and ".tar" in data:
         return True
     if data.endswith(".tar") and os.path.isfile(data):
@@ -68,6 +75,31 @@ def is_shards(data: str) -> bool:
     with os.scandir(data) as it:
         entries = [(e.name, e.is_dir()) for e in it if not e.name.startswith(".")]
     return any(n.endswith(".tar") for n, _ in entries) and not any(d for _, d in entries)
+
+
+def fetch_command(url: str) -> tuple[str, str]:
+    """A command that copies remote shards, with the ``index.json`` beside them, into ``./shards``, and
+    the ``--data`` that then reads them."""
+    folder, _, name = url.rstrip("/").rpartition("/")
+    if url.startswith(("http://", "https://")):
+        if name.endswith(".tar"):  # a pattern or one file; curl's globs write {000..127} as [000-127]
+            glob = re.sub(r"\{(\d+)\.\.(\d+)\}", r"[\1-\2]", name)
+            get = f"curl -f --create-dirs --output-dir shards -O '{folder}/{glob}' -O '{folder}/{INDEX}'"
+            return get, "shards"
+        return f"wget -r -np -nd -A tar,json -P shards {url.rstrip('/')}/", "shards"  # a folder's listing page
+    if not name.endswith(".tar"):
+        folder = url.rstrip("/")
+    if url.startswith("s3://"):
+        return f"aws s3 cp --recursive {folder}/ shards/", "shards"
+    if url.startswith("gs://"):
+        return f"gcloud storage cp '{folder}/*' shards/", "shards"
+    if url.startswith("hf://datasets/"):
+        parts = folder[len("hf://datasets/") :].split("/")
+        repo, sub = "/".join(parts[:2]).partition("@")[0], "/".join(parts[2:])
+        include = f" --include '{sub}/*'" if sub else ""
+        local = f"shards/{sub}" if sub else "shards"
+        return f"hf download {repo} --repo-type dataset{include} --local-dir shards", local
+    raise ValueError(url)
 
 
 def _files(root: str) -> tuple[list[str], dict | None]:
