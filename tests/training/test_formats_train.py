@@ -67,7 +67,7 @@ def test_shards_and_hf_data_train_exactly_like_the_folder_they_were_made_from(tm
     runs = {}
     for name, data in formats.items():
         runs[name] = tmp_path / name
-        extra = ["--cache", str(tmp_path / "cache")] if name == "hf" else []
+        extra = ["--cache", str(tmp_path / f"cache-{name}")] if name != "folder" else []
         assert main(["train", "--data", data, "--output-dir", str(runs[name]), *ONE_EPOCH, *extra]) == 0
     said = capsys.readouterr()
     assert "the split recorded in index.json" in said.out and "building the image cache" in said.out
