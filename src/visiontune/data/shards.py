@@ -40,6 +40,7 @@ _IMAGE_EXTS = {e[1:] for e in IMAGE_EXTENSIONS} | {"img", "image"}
 _REMOTE = ("http://", "https://", "s3://", "gs://", "pipe:", "hf://")
 _MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"), (b"II*", "tiff"))
 _MAGIC += ((b"MM\0*", "tiff"),)
+_ZERO_BLOCK = bytes(512)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -130,25 +131,80 @@ def _files(root: str) -> tuple[list[str], dict | None]:
     return shards, index
 
 
+def _number(field: bytes) -> int:
+    """A tar header's number: octal text, or GNU's base-256 for large values (first byte 0x80/0xff)."""
+    if field[0] in (0o200, 0o377):
+        n = int.from_bytes(field[1:], "big")
+        return n - 256 ** (len(field) - 1) if field[0] == 0o377 else n
+    return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    """The records of a pax extended header: ``"<length> <key>=<value>\\n"`` each."""
+    out, pos = {}, 0
+    while pos < len(data) and data[pos : pos + 1] != b"\0":
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _members(fd: int, end: int):
+    """(name, data offset, size) of each regular file of the tar at ``fd``, header by header.
+
+    tarfile's iteration keeps a TarInfo for every member and costs ~0.2 ms a member: at 100k
+    samples ~23 s and ~190 MB. This reads the same ustar, GNU (long names) and pax headers with one
+    ``pread`` each, checks each header's checksum and skips the data.
+    """
+    pos, long_name, pax = 0, None, {}
+    while True:
+        block = os.pread(fd, 512, pos)
+        if len(block) < 512:
+            raise tarfile.ReadError("no end-of-archive marker" if not block else f"cut inside the header at {pos}")
+        if block == _ZERO_BLOCK:
+            if end < pos + 1024:  # a tar ends with two zero blocks; a cut file lacks them
+                raise tarfile.ReadError("no end-of-archive marker")
+            return
+        stored = _number(block[148:156])
+        unsigned = sum(block[:148]) + 256 + sum(block[156:])  # the checksum field counted as 8 spaces
+        if stored != unsigned and stored != unsigned - 256 * sum(b > 127 for b in block[:148] + block[156:]):
+            raise tarfile.ReadError(f"bad header checksum at byte {pos}")
+        kind, size, data = block[156:157], _number(block[124:136]), pos + 512
+        if data + size > end:
+            raise tarfile.ReadError(f"the member at byte {pos} ends past the end of the file")
+        if kind == b"L":  # GNU: the next member's long name
+            long_name = os.pread(fd, size, data).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif kind == b"x":  # pax: the next member's path, size, ...
+            pax = _pax(os.pread(fd, size, data))
+        elif kind != b"g":  # (a global pax header holds nothing a sample needs)
+            name = block[:100].split(b"\0", 1)[0]
+            if block[257:263] == b"ustar\0" and block[345]:  # POSIX ustar: a directory prefix
+                name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+            size = int(pax.get("size", size))
+            if data + size > end:
+                raise tarfile.ReadError(f"the member at byte {pos} ends past the end of the file")
+            if kind in (b"0", b"\0", b"7"):
+                yield long_name or pax.get("path") or name.decode("utf-8", "surrogateescape"), data, size
+            long_name, pax = None, {}
+        pos = data + (size + 511) // 512 * 512
+
+
 def _walk(path: str) -> list[tuple[str, int, int, int]]:
     """(key, image offset, image size, label) of each sample of one shard, in order; a damaged tar stops here."""
-    end, groups = os.path.getsize(path), {}
+    groups: dict[str, dict] = {}
     try:
-        with tarfile.open(path, "r:") as tar:
-            for m in tar:
-                if not m.isfile():
-                    continue
-                folder, _, base = m.name.rpartition("/")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for name, offset, size in _members(fd, os.fstat(fd).st_size):
+                folder, _, base = name.rpartition("/")
                 key, _, ext = base.partition(".")
-                entry = groups.setdefault(f"{folder}/{key}" if folder else key, {})
-                entry[ext.lower()] = (m.offset_data, m.size)
-                if m.offset_data + m.size > end:
-                    raise tarfile.ReadError(f"{m.name} ends past the end of the file")
-            last = tar.offset
-    except (tarfile.TarError, OSError) as e:
+                groups.setdefault(f"{folder}/{key}" if folder else key, {})[ext.lower()] = (offset, size)
+        finally:
+            os.close(fd)
+    except (tarfile.TarError, OSError, ValueError) as e:
         raise UserError(f"{path}: truncated or damaged shard ({e}); write it again (visiontune shard)") from None
-    if end < last + 1024:  # a tar ends with two zero blocks; a cut file lacks them
-        raise UserError(f"{path}: truncated shard (no end-of-archive marker); write it again (visiontune shard)")
     out = []
     with open(path, "rb") as f:
         for key, entry in groups.items():
