@@ -115,10 +115,13 @@ def test_the_listing_hand_over_reopens_readers_with_their_split(tmp_path, folder
 
 def test_shard_writes_webdataset_shards_that_read_back_as_the_folder(tmp_path, folder, capsys):
     out = tmp_path / "sh"
-    assert main(["shard", str(folder), "--out", str(out), "--shard-size", "40KB", "--seed", "7"]) == 0
+    assert main(["shard", str(folder), "--out", str(out), "--shard-size", "150KB", "--seed", "7"]) == 0
     index = json.loads((out / "index.json").read_text())
     tars = sorted(p.name for p in out.glob("*.tar"))
     assert [s["url"] for s in index["shardlist"]] == tars and len(tars) > 2
+    # --shard-size bounds the files (tar headers and padding included), unless one sample is larger alone.
+    assert all((out / s["url"]).stat().st_size <= 150_000 or s["nsamples"] == 1 for s in index["shardlist"])
+    assert any(s["nsamples"] > 1 for s in index["shardlist"])
     source = discover(str(folder))
     assert sum(s["nsamples"] for s in index["shardlist"]) == len(source) == 20
     # webdataset's own reader sees KEY.jpg + KEY.cls samples with the folder's labels, in order.

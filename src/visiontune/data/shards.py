@@ -41,6 +41,7 @@ _REMOTE = ("http://", "https://", "s3://", "gs://", "pipe:", "hf://")
 _MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"), (b"II*", "tiff"))
 _MAGIC += ((b"MM\0*", "tiff"),)
 _ZERO_BLOCK = bytes(512)
+_TAR_END = 1024 + 10240  # two zero blocks, then padding to tarfile's 10 KiB record
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -397,7 +398,11 @@ def write(
     keys = [f"{i:09d}" for i in range(len(images))]
     os.makedirs(out, exist_ok=True)
     counts: dict[str, int] = {}
-    with webdataset.ShardWriter(os.path.join(out, PATTERN), maxsize=maxsize, maxcount=10**9, verbose=0) as w:
+    # ShardWriter's maxsize counts the payload only (and closes a shard after it is passed), but each member
+    # of its tars takes a 512-byte header, a pax header (1 KB) and padding to 512 bytes: 3.5 KB a sample,
+    # twice a 3 KB thumbnail. So the shards are cut here, on the tar file's own offset plus what the next
+    # sample takes at most, end blocks and record padding included.
+    with webdataset.ShardWriter(os.path.join(out, PATTERN), maxsize=float("inf"), maxcount=10**9, verbose=0) as w:
         for i, key in enumerate(keys):
             source = images.source(i)
             if isinstance(source, str):
@@ -405,7 +410,12 @@ def write(
                     blob = f.read()
             else:
                 blob = source
-            w.write({"__key__": key, _ext(source, blob): blob, "cls": int(images.labels[i])})
+            label = int(images.labels[i])
+            size = sum(1536 + -(-len(data) // 512) * 512 for data in (blob, str(label).encode()))
+            held = w.tarstream.tarstream.offset if w.tarstream is not None else 0  # tarfile.TarFile's position
+            if held and held + size + _TAR_END > maxsize:
+                w.next_stream()
+            w.write({"__key__": key, _ext(source, blob): blob, "cls": label})
             name = os.path.basename(w.fname)
             counts[name] = counts.get(name, 0) + 1
     index = {
