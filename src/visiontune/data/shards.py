@@ -2,7 +2,7 @@
 
 ``--data DIR`` (a folder of ``*.tar``), ``DIR/shards-{000000..000127}.tar`` or one
 ``.tar`` reads shards in WebDataset's naming (``KEY.jpg``/``KEY.png`` and
-``KEY.cls``). The tar headers are walked once (``tarfile``) into a per-sample
+``KEY.cls``). The tar headers are walked once (one ``pread`` a header) into a per-sample
 index -- shard, byte offset and size of each image, and its label -- kept in
 the user's cache folder under the shards' names, sizes and mtimes; sample i is
 then one ``pread``, so the seeded sampler, the split, DDP sharding, exact resume,
