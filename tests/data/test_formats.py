@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from PIL import Image as PILImage
 
 from visiontune.cli.commands import main
-from visiontune.data import jobdata
+from visiontune.data import jobdata, shards
 from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.check import scan
 from visiontune.data.decode import try_read
@@ -114,10 +115,13 @@ def test_the_listing_hand_over_reopens_readers_with_their_split(tmp_path, folder
 
 def test_shard_writes_webdataset_shards_that_read_back_as_the_folder(tmp_path, folder, capsys):
     out = tmp_path / "sh"
-    assert main(["shard", str(folder), "--out", str(out), "--shard-size", "40KB", "--seed", "7"]) == 0
+    assert main(["shard", str(folder), "--out", str(out), "--shard-size", "150KB", "--seed", "7"]) == 0
     index = json.loads((out / "index.json").read_text())
     tars = sorted(p.name for p in out.glob("*.tar"))
     assert [s["url"] for s in index["shardlist"]] == tars and len(tars) > 2
+    # --shard-size bounds the files (tar headers and padding included), unless one sample is larger alone.
+    assert all((out / s["url"]).stat().st_size <= 150_000 or s["nsamples"] == 1 for s in index["shardlist"])
+    assert any(s["nsamples"] > 1 for s in index["shardlist"])
     source = discover(str(folder))
     assert sum(s["nsamples"] for s in index["shardlist"]) == len(source) == 20
     # webdataset's own reader sees KEY.jpg + KEY.cls samples with the folder's labels, in order.
@@ -162,15 +166,61 @@ def test_shards_written_by_shardwriter_with_a_corrupt_sample_and_a_truncated_sha
     assert len(err) == 1 and f"{last}: truncated" in err[0]
 
 
+@pytest.mark.parametrize("fmt", ["pax", "gnu", "ustar"])
+def test_the_shard_walk_finds_every_member_where_tarfile_does(tmp_path, fmt):
+    """The index's own header reader against tarfile's: long names (pax records, GNU 'L' members, the ustar
+    prefix), non-ASCII names, a directory and links between the samples; then a header broken."""
+    deep = "d" * 90 + "/" + "e" * 90  # over 100 characters: a prefix in ustar, a long-name record otherwise
+    names = [f"{deep}/k{i:03d}" for i in range(3)] + ["short/img", "caf\u00e9/\u732b"] * (fmt != "ustar")
+    path = tmp_path / f"{fmt}.tar"
+    with tarfile.open(path, "w", format=getattr(tarfile, f"{fmt.upper()}_FORMAT")) as tar:
+        folder = tarfile.TarInfo("short")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        for n, name in enumerate(names):
+            for ext, data in (("png", _png(20 * n) * (n + 1)), ("cls", str(n).encode())):
+                info = tarfile.TarInfo(f"{name}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            link = tarfile.TarInfo(f"{name}.link")
+            link.type, link.linkname = tarfile.SYMTYPE, "elsewhere.png"
+            tar.addfile(link)
+    with tarfile.open(path) as tar:
+        want = [(m.name, m.offset_data, m.size) for m in tar if m.isfile()]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert list(shards._members(fd, path.stat().st_size)) == want and len(want) == 2 * len(names)
+    finally:
+        os.close(fd)
+    found = discover(str(path))
+    assert [p.rpartition("/")[2] for p in found.paths] == [n.rpartition("/")[2] for n in names]
+    assert [found.reader[i] for i in range(len(names))] == [_png(20 * n) * (n + 1) for n in range(len(names))]
+    # A header whose checksum does not add up is a damaged shard.
+    raw = bytearray(path.read_bytes())
+    raw[520] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match="damaged shard .*checksum"):
+        shards.read(str(path))
+
+
 def test_without_the_extra_hf_data_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets fails, as when it is not installed
     assert main(["check", "hf:some/set"]) == 2
     assert "pip install 'visiontune[formats]'" in capsys.readouterr().err
 
 
-def test_remote_shards_are_refused_in_one_line(capsys):
-    assert main(["check", "https://example.org/shards-{000..009}.tar"]) == 2
-    assert "random access" in capsys.readouterr().err
+def test_remote_shards_are_refused_in_one_line_that_says_how_to_download_them(capsys):
+    assert main(["check", "https://example.org/set/shards-{000..009}.tar"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "random access" in err[0]
+    # curl's own glob for the same ten files, and the index beside them.
+    get = "curl -f --create-dirs --output-dir shards -O 'https://example.org/set/shards-[000-009].tar' "
+    assert get + "-O 'https://example.org/set/index.json'`, then pass --data shards" in err[0]
+    assert main(["check", "hf://datasets/org/name@v1/train/shards-{0..3}.tar"]) == 2
+    err = capsys.readouterr().err
+    assert "`hf download org/name --repo-type dataset --include 'train/*' --local-dir shards`" in err
+    assert err.strip().endswith("then pass --data shards/train")
+    assert main(["check", "file:///data/shards"]) == 2 and "--data /data/shards" in capsys.readouterr().err
 
 
 def test_a_hub_id_offline_names_the_datasets_cache(tmp_path, worker_env):

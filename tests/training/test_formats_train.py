@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def test_shards_and_hf_data_train_exactly_like_the_folder_they_were_made_from(tm
     runs = {}
     for name, data in formats.items():
         runs[name] = tmp_path / name
-        extra = ["--cache", str(tmp_path / "cache")] if name == "hf" else []
+        extra = ["--cache", str(tmp_path / f"cache-{name}")] if name != "folder" else []
         assert main(["train", "--data", data, "--output-dir", str(runs[name]), *ONE_EPOCH, *extra]) == 0
     said = capsys.readouterr()
     assert "the split recorded in index.json" in said.out and "building the image cache" in said.out
@@ -89,7 +90,10 @@ def test_shards_and_hf_data_train_exactly_like_the_folder_they_were_made_from(tm
 
 
 STEPS, EPOCHS = 3, 2  # 15 train images at batch 4
+# One thread everywhere: the killed run is a subprocess, the reference and the resumed run are in this process,
+# and a conv's sums are taken in another order with another thread count.
 KILL_RUN = [*SQUEEZENET, *flags(timeout=60, epochs=EPOCHS, batch_size=4, save_every_steps=1, max_bad_fraction=0.1)]
+KILL_RUN += flags(threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +145,113 @@ def test_ddp_on_hf_data_with_its_own_odd_validation_split_counts_each_image_once
     # Row 5 of the folder's order (the corrupt cat.5.jpg) is train row 4 here: skipped, so 14 train, 5 val.
     assert split["counts"] == {"train": 14, "val": 5} and split["val"] == [f"validation/{i}" for i in range(5)]
     assert summary["val_images_counted"] == 5
+
+
+# Loaded into every process of a job (launcher and workers) through PYTHONPATH: notes each sample the loaders
+# hand to training or validation -- its rank, phase (a train index carries its epoch) and file name -- one
+# O_APPEND line each, so the lines of concurrent processes never interleave.
+READS = """
+import os
+if os.environ.get("VT_TEST_READS"):
+    from visiontune.data import pipeline
+    from visiontune.data.augment import EpochIndex
+
+    real = pipeline.ImageDataset._finish
+
+    def _finish(self, i, img):
+        phase = f"train {i.epoch}" if isinstance(i, EpochIndex) else "other -"
+        line = f"{os.environ.get('RANK', '0')} {phase} {os.path.basename(self.paths[i])}\\n"
+        fd = os.open(os.environ["VT_TEST_READS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        return real(self, i, img)
+
+    pipeline.ImageDataset._finish = _finish
+"""
+
+
+def _reads(log: Path) -> dict[tuple[str, str], list[str]]:
+    """The names read, in order, by (rank, epoch) for training and by (rank, "other") for the rest."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for line in log.read_text().splitlines():
+        rank, phase, epoch, name = line.split()
+        out.setdefault((rank, epoch if phase == "train" else "other"), []).append(name)
+    return out
+
+
+def test_ddp_on_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_every_sample_once(tmp_path, worker_env):
+    """ddp x2 with --augment on shards, kill -9 (launcher and workers) after a seeded random step, --resume
+    auto: the final tensors are those of an uninterrupted ddp run on the folder the shards were made from;
+    rank by rank, the resumed job reads exactly the samples the uninterrupted one read after that point;
+    each epoch, every train sample once across the ranks; the 5 validation images (odd: one rank has fewer)
+    counted once."""
+    make_sample_data(tmp_path / "data", per_class=11, test_count=0, seed=5)
+    (tmp_path / "data" / "train" / "dog.10.jpg").unlink()  # 21 images: 16 train (4 global batches of 4), 5 val
+    assert main(["shard", str(tmp_path / "data"), "--out", str(tmp_path / "shards"), "--shard-size", "50KB"]) == 0
+    assert len(list((tmp_path / "shards").glob("*.tar"))) > 2
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(READS)
+    env = env_for(worker_env, tmp_path)
+    env["PYTHONPATH"] = f"{hooks}:{env['PYTHONPATH']}"
+    ddp = [*SQUEEZENET, *flags(timeout=60, epochs=EPOCHS, batch_size=2, strategy="ddp", nproc=2)]
+    ddp += [*flags(num_workers=0, save_every_steps=1), "--augment"]
+    steps = 4
+
+    def job(data: str, out: Path, log: Path, *extra: str) -> list[str]:
+        env["VT_TEST_READS"] = str(log)
+        return [PYTHON, "-m", "visiontune", "train", "--data", data, "--output-dir", str(out), *ddp, *extra]
+
+    reference = tmp_path / "folder-run"
+    done = run(job(str(tmp_path / "data"), reference, tmp_path / "folder.reads"), env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    out = tmp_path / "shards-run"
+    proc = start(job(str(tmp_path / "shards"), out, tmp_path / "killed.reads"), env, tmp_path / "killed.log")
+    step = random.Random("shards-ddp").randint(1, EPOCHS * steps - 2)
+    wait_for(out / "checkpoints" / checkpoint.name(*divmod(step, steps)), proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (out / "checkpoints" / checkpoint.name(EPOCHS, 0)).exists(), "the run ended before the kill"
+    resumed = run(job(str(tmp_path / "shards"), out, tmp_path / "resumed.reads", "--resume", "auto"), env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "the split recorded in index.json" in resumed.stdout
+    at = re.search(r"resuming from \S+ \(Epoch (\d+)/\d+, after batch (\d+)\)", resumed.stdout)
+    assert at, resumed.stdout[-3000:]
+    epoch, batch = int(at[1]) - 1, int(at[2])
+
+    # Bit-identical: every tensor of the model and of the optimizer state.
+    final, want = (d / "checkpoints" / checkpoint.name(EPOCHS, 0) for d in (out, reference))
+    assert_same_weights(load_file(str(final / "model.safetensors")), load_file(str(want / "model.safetensors")))
+    got, expected = (torch.load(c / "optimizer.bin", weights_only=True)["state"] for c in (final, want))
+    assert got.keys() == expected.keys()
+    for k in expected:
+        assert all(torch.equal(got[k][n], v) for n, v in expected[k].items() if isinstance(v, torch.Tensor))
+    history = [json.loads((d / "history.json").read_text()) for d in (out, reference)]
+    assert [(h["train"]["images"], h["val"]["accuracy"]) for h in history[0]] == [
+        (h["train"]["images"], h["val"]["accuracy"]) for h in history[1]
+    ]
+
+    # What each rank read. The folder run: each epoch, the 16 train images once across the two ranks.
+    split = json.loads((out / "split.json").read_text())
+    folder_split = json.loads((reference / "split.json").read_text())
+    assert [split[k] for k in ("train", "val", "sha256")] == [folder_split[k] for k in ("train", "val", "sha256")]
+    train, val = ({Path(p).name for p in split[k]} for k in ("train", "val"))
+    assert (len(train), len(val)) == (16, 5)
+    folder, killed, after = (_reads(tmp_path / f"{n}.reads") for n in ("folder", "killed", "resumed"))
+    for e in range(EPOCHS):
+        both = folder["0", str(e)] + folder["1", str(e)]
+        assert sorted(both) == sorted(train) and len(both) == len(train)
+    # The shards job, killed then resumed: before the checkpoint it resumed from, what the killed job read;
+    # after it, what the resumed job read; together, rank by rank, the folder run's reads in the same order.
+    per_rank = batch * 2  # batches of 2 per rank
+    for rank in ("0", "1"):
+        for e in range(EPOCHS):
+            before = killed.get((rank, str(e)), []) if e < epoch else killed.get((rank, str(e)), [])[:per_rank]
+            later = after.get((rank, str(e)), [])
+            assert before + later == folder[rank, str(e)], (rank, e)
+    # Validation (and anything else read without an epoch): the 5 validation images, counted once each.
+    assert {n for rank in ("0", "1") for n in after.get((rank, "other"), [])} == val
+    assert json.loads((out / "summary.json").read_text())["val_images_counted"] == 5

@@ -318,7 +318,7 @@ def discover(
     ``multi_label`` reads a manifest's label cells as label sets (a ``;`` in one says so by itself); a
     Hugging Face label column that is a sequence of ``ClassLabel`` is a label set anyway.
     """
-    if data.startswith("hf:"):
+    if data.startswith("hf:") and not (data.startswith("hf://") and ".tar" in data):  # hf://...tar: shards
         from visiontune.data import hfdata
 
         return _checked(hfdata.read(data, image_column, label_column, every_split=every_split), data, every_split)
