@@ -116,3 +116,40 @@ def test_a_resume_with_another_sampler_or_other_class_weights_is_refused():
     # A checkpoint from before these settings: random order, no weights.
     old = {k: v for k, v in meta.items() if k not in ("sampler", "class_weights")}
     assert compatible(Checkpoint("c", old), {**now, "sampler": "random", "class_weights": None})
+
+
+def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images_and_say_the_choices(tmp_path):
+    from visiontune.data.layouts import ImageSet
+    from visiontune.data.split import Split
+    from visiontune.runs import records
+    from visiontune.settings.config import TrainConfig
+    from visiontune.settings.validation import validate
+    from visiontune.training import overview
+
+    said: list[str] = []
+    accelerator = SimpleNamespace(print=lambda *a: said.append(" ".join(map(str, a))))
+    setup = SimpleNamespace(
+        strategy="single", devices=["cpu"], world_size=1, per_process_batch=4, global_batch=4, lr=0.1
+    )
+    labels = [0] * 60 + [1] * 20
+    images = ImageSet(str(tmp_path), "folder", [f"{i}.jpg" for i in range(80)], labels, ["cat", "dog"])
+    cfg = validate(TrainConfig(data="d", sampler="balanced", class_weights="auto", epochs=1, image_size=32))
+    for dogs, warned in ((9, True), (10, False)):  # val: 30 cats and 9 or 10 dogs; train: 30 cats, the other dogs
+        said.clear()
+        split = Split(
+            np.r_[np.arange(30), np.arange(60 + dogs, 80)], np.r_[np.arange(30, 60), np.arange(60, 60 + dogs)]
+        )
+        weights = imbalance.class_weights("auto", images.classes, images.labels[split.train])
+        text = imbalance.describe("auto", weights, images.classes)
+        rows = overview.rows(cfg, setup, len(split.train), len(split.val), images.classes, 40, 10, "torchvision", text)
+        records.announce(accelerator, cfg, setup, images, split, str(tmp_path), rows)
+        assert said[0].startswith("visiontune: single on cpu")
+        warning = "visiontune: warning: the rarest class, 'dog', has 9 validation images (fewer than 10)"
+        assert (warning in said[1]) is warned and sum("fewer than 10" in s for s in said) == warned
+        start = next(s for s in said if s.startswith("Running training"))
+        n, dog = 30 + 20 - dogs, 20 - dogs  # sklearn's balanced weights: n / (2 * count)
+        weighted = f"cross-entropy, class weights inverse frequency: cat {n / 60:.4g}, dog {n / (2 * dog):.4g}"
+        assert f"  {'loss':<15}  {weighted}\n" in start
+        assert (
+            f"  {'sampler':<15}  balanced: the 2 classes drawn equally often, about 20 images each per epoch" in start
+        )

@@ -87,9 +87,10 @@ def announce(
     val_counts = np.bincount(images.labels[split.val], minlength=len(images.classes))
     if len(split.val) and val_counts.min() < RARE_VAL_IMAGES:
         rarest = int(val_counts.argmin())
+        count = int(val_counts[rarest])
         accelerator.print(
-            f"visiontune: warning: the rarest class, {images.classes[rarest]!r}, has {val_counts[rarest]} validation "
-            f"image{'s' * (val_counts[rarest] != 1)} (fewer than {RARE_VAL_IMAGES}): its recall and the balanced "
+            f"visiontune: warning: the rarest class, {images.classes[rarest]!r}, has {count} validation "
+            f"image{'s' * (count != 1)} (fewer than {RARE_VAL_IMAGES}): its recall and the balanced "
             "accuracy are coarse; add images of it or raise --val-fraction"
         )
     if overview:
