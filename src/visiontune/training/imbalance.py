@@ -103,6 +103,20 @@ def read_weight_file(path: str, classes: Sequence[str]) -> torch.Tensor:
     return weights
 
 
+def check_single_label(cfg, multi_label: bool) -> None:
+    """Refuse, in one line, --class-weights or --sampler balanced on multi-label data (single-label only)."""
+    asked = [
+        f
+        for f, on in (
+            ("--class-weights", cfg.class_weights != "none"),
+            ("--sampler balanced", cfg.sampler == "balanced"),
+        )
+        if on
+    ]
+    if multi_label and asked:
+        raise UserError(f"{' and '.join(asked)} work on single-label data; this data is multi-label: leave them out")
+
+
 def class_weights(spec: str, classes: Sequence[str], train_labels: np.ndarray) -> torch.Tensor | None:
     """The loss's class weights for ``--class-weights spec`` (None for ``none``), from the train
     split's labels (negative ones: no class) or the file."""

@@ -232,6 +232,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
+    imbalance.check_single_label(cfg, images.multi_label)
     weights = imbalance.class_weights(cfg.class_weights, images.classes, images.labels[split.train])
     cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
     job = dataclasses.replace(job, cfg=cfg)
