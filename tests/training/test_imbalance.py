@@ -82,13 +82,13 @@ def test_the_weighted_loss_is_torch_s_weighted_cross_entropy_over_the_readable_c
     torch.manual_seed(0)
     logits, labels = torch.randn(6, 3), torch.tensor([0, 2, 1, UNREADABLE, 0, 2])
     w = torch.tensor([0.5, 3.0, 1.5], dtype=torch.float64)
-    got = optim.criterion(_cfg(), w)(logits, labels)
+    got = optim.criterion(_cfg(), class_weights=w)(logits, labels)
     per = F.cross_entropy(logits, labels, weight=w.float(), reduction="none")  # weight[y] * ce, 0 where ignored
     assert got.item() == pytest.approx(per.sum().item() / 5, rel=1e-6)
-    assert optim.criterion(_cfg(), None) is None  # unweighted: the reference job's own loss
+    assert optim.criterion(_cfg()) is None  # unweighted: the reference job's own loss
     # A soft target weighs its sample by its mix of the classes' weights; a zero row (unreadable) counts 0.
     soft = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
-    got = optim.criterion(_cfg(mixup=0.2), w)(logits[:3], soft)
+    got = optim.criterion(_cfg(mixup=0.2), class_weights=w)(logits[:3], soft)
     ce = -(soft * logits[:3].log_softmax(1)).sum(1)
     assert got.item() == pytest.approx(((soft @ w.float()) * ce).sum().item() / 2, rel=1e-6)
 
@@ -153,3 +153,12 @@ def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images
         assert (
             f"  {'sampler':<15}  balanced: the 2 classes drawn equally often, about 20 images each per epoch" in start
         )
+
+
+def test_multi_label_data_refuses_the_single_label_choices_in_one_line():
+    cfg = SimpleNamespace(class_weights="auto", sampler="balanced")
+    with pytest.raises(UserError, match="^--class-weights and --sampler balanced work on single-label data") as e:
+        imbalance.check_single_label(cfg, multi_label=True)
+    assert "\n" not in str(e.value)
+    imbalance.check_single_label(cfg, multi_label=False)
+    imbalance.check_single_label(SimpleNamespace(class_weights="none", sampler="random"), multi_label=True)

@@ -84,7 +84,10 @@ def announce(
     )
     # Per-class recall (and the balanced accuracy, their mean) of a class with a handful of val images
     # jumps by large steps between epochs: say so before the numbers are read as differences.
-    val_counts = np.bincount(images.labels[split.val], minlength=len(images.classes))
+    if images.multi_label:  # an image counts for each of its classes
+        val_counts = images.targets[split.val].sum(0, dtype=np.int64)
+    else:
+        val_counts = np.bincount(images.labels[split.val], minlength=len(images.classes))
     if len(split.val) and val_counts.min() < RARE_VAL_IMAGES:
         rarest = int(val_counts.argmin())
         count = int(val_counts[rarest])
