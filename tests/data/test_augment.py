@@ -202,6 +202,7 @@ def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     common = flags(data=data, model="timm/test_vit", weights="none", image_size=32, no_progress=True, epochs=1)
     common += flags(val_fraction=0.3, num_workers=0, recipe="modern", optimizer="sgd", lr=0.01, warmup_steps=1)
     common += flags(augment="randaugment", random_erasing=0.5, mixup=0.4, cutmix=1, ema=0.5, normalize="data")
+    common += flags(sampler="balanced", class_weights="auto")  # each rank's share of one class-balanced epoch
     ddp, one = flags(strategy="ddp", nproc=2, batch_size=2), flags(batch_size=4)
     train_ddp_beside_one(common, ddp, one, tmp_path, {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path / "scan")})
     ckpt = "checkpoints/e0001-b0000000"

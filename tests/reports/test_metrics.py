@@ -147,3 +147,27 @@ def test_classes_named_by_their_index_print_once_in_the_confusion_text():
     named = ["cat", "dog", "2"]  # not every name is its index: the index and the name, as before
     text = metrics.confusion_text({**metrics.classification_metrics(logits, labels, named), "classes": named})
     assert text.splitlines()[2].split()[:3] == ["0", "cat", "1"]
+
+
+def test_average_precision_per_class_and_macro_equal_sklearn(got):
+    y, probs, _ = _np()
+    present = [c for c in range(len(CLASSES)) if c in y]
+    for c, name in enumerate(CLASSES):
+        ap = got["per_class"][name]["average_precision"]
+        if c in present:
+            assert ap == pytest.approx(skm.average_precision_score(y == c, probs[:, c]), abs=1e-12), name
+        else:
+            assert ap is None, name  # no images: no precision-recall curve
+    # Macro over the classes with images: sklearn's macro on the one-vs-rest columns of those classes.
+    onehot = np.eye(len(CLASSES))[y][:, present]
+    want = skm.average_precision_score(onehot, probs[:, present], average="macro")
+    assert got["macro_average_precision"] == pytest.approx(want, abs=1e-12)
+
+
+def test_average_precision_counts_tied_scores_as_one_threshold():
+    # sklearn's step sum over distinct scores: a tie's hits and misses arrive together.
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 4, 50) / 4.0
+    positive = rng.random(50) < 0.3
+    want = skm.average_precision_score(positive, scores)
+    assert metrics.average_precision(torch.tensor(scores), torch.tensor(positive)) == pytest.approx(want, abs=1e-12)

@@ -26,17 +26,22 @@ AUGMENTS = tuple(AUGMENT_VIEW)
 
 
 class EpochIndex(int):
-    """A dataset index that also carries the epoch it was drawn for (it pickles to loader workers)."""
+    """A dataset index that also carries the epoch it was drawn for (it pickles to loader workers).
+
+    ``draw`` counts the earlier draws of the same index in the epoch: a balanced epoch repeats the
+    images of rare classes, and each repeat gets draws of its own.
+    """
 
     epoch: int
+    draw: int
 
-    def __new__(cls, index: int, epoch: int) -> EpochIndex:  # noqa: PYI034 (typing.Self needs 3.11)
+    def __new__(cls, index: int, epoch: int, draw: int = 0) -> EpochIndex:  # noqa: PYI034 (typing.Self needs 3.11)
         obj = super().__new__(cls, index)
-        obj.epoch = epoch
+        obj.epoch, obj.draw = epoch, draw
         return obj
 
     def __reduce__(self):
-        return EpochIndex, (int(self), self.epoch)
+        return EpochIndex, (int(self), self.epoch, self.draw)
 
 
 def derive_seed(*parts: int) -> int:
@@ -109,7 +114,10 @@ class SampleAugment:
         self.resizes = any(isinstance(step, v2.RandomResizedCrop) for step in steps)
 
     def __call__(self, img: torch.Tensor, index: int) -> torch.Tensor:
-        with seeded(derive_seed(self.seed, getattr(index, "epoch", 0), int(index))):
+        # A first draw keeps the seed it had before repeats existed, so plain epochs augment as they did.
+        draw = getattr(index, "draw", 0)
+        parts = (self.seed, getattr(index, "epoch", 0), int(index), *((draw,) if draw else ()))
+        with seeded(derive_seed(*parts)):
             return self.transform(img)
 
 

@@ -70,6 +70,7 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
             seed=cfg.seed,
             num_workers=workers,
             pin_memory=pin,
+            balanced_labels=images.labels[idx] if train and cfg.sampler == "balanced" else None,
         )
         for idx, train in ((split.train, True), (split.val, False))
     )

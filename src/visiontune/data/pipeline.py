@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from visiontune.data.augment import EpochIndex, SampleAugment
+from visiontune.data.balanced import BalancedSampler
 from visiontune.data.decode import try_read
 from visiontune.data.pathlist import PathList
 from visiontune.settings.config import MEAN, STD
@@ -184,15 +185,30 @@ def collate_channels_last(batch):
 
 
 def make_loader(
-    dataset: Dataset, batch_size: int, *, train: bool, seed: int, num_workers: int, pin_memory: bool
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    train: bool,
+    seed: int,
+    num_workers: int,
+    pin_memory: bool,
+    balanced_labels: Sequence[int] | None = None,
 ) -> DataLoader:
-    """Train: seeded permutation, full batches only. Val: in order, every sample."""
+    """Train: seeded permutation (or, given the dataset's ``balanced_labels``, a class-balanced
+    epoch), full batches only. Val: in order, every sample."""
     generator = torch.Generator().manual_seed(seed) if train else None
+    sampler = None
+    if train:
+        sampler = (
+            EpochSampler(len(dataset), seed, generator)
+            if balanced_labels is None
+            else BalancedSampler(balanced_labels, seed, generator)
+        )
     return DataLoader(
         dataset,
         batch_size=batch_size,
         generator=generator,
-        sampler=EpochSampler(len(dataset), seed, generator) if train else None,
+        sampler=sampler,
         drop_last=train,
         num_workers=num_workers,
         pin_memory=pin_memory,

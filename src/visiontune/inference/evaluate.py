@@ -245,7 +245,8 @@ def print_report(report: dict) -> None:
     print(
         f"visiontune: scored {report['scored']}{'; TTA ' + report['tta'] if report['tta'] != 'none' else ''}\n"
         f"visiontune: accuracy {_num(report['accuracy'])}, balanced accuracy {_num(report['balanced_accuracy'])}"
-        f"{top}, macro F1 {_num(report['averages']['macro']['f1'])}, log loss {_num(report['log_loss'])}, "
+        f"{top}, macro F1 {_num(report['averages']['macro']['f1'])}, "
+        f"macro AP {_num(report.get('macro_average_precision'))}, log loss {_num(report['log_loss'])}, "
         f"ECE {_num(report['ece'])}"
     )
 

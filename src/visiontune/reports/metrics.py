@@ -6,7 +6,8 @@ Conventions, chosen to match scikit-learn: a class that is never predicted has
 no precision of its own (``None`` in its row) and counts as 0 in the averages;
 macro averages and balanced accuracy run over the classes that have images
 (a class with no images says nothing about the model); weighted averages
-weight each class by its images. F1 is ``2 tp / (2 tp + fp + fn)``.
+weight each class by its images. F1 is ``2 tp / (2 tp + fp + fn)``. Average precision ranks the
+images by one class's probability against the rest (macro: the mean over classes with images).
 """
 
 from __future__ import annotations
@@ -34,6 +35,23 @@ def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: 
     correct = torch.bincount(which, weights=(pred == labels).double(), minlength=bins)
     confidence = torch.bincount(which, weights=conf.double(), minlength=bins)
     return ((correct - confidence).abs().sum() / labels.numel()).item() if labels.numel() else 0.0
+
+
+def average_precision(scores: torch.Tensor, positive: torch.Tensor) -> float | None:
+    """Area under the precision-recall curve as a step sum, sklearn's ``average_precision_score``: over
+    the distinct scores, highest first, the precision there times the recall it adds; None without
+    positives (no curve to draw)."""
+    total = int(positive.sum())
+    if not total:
+        return None
+    scores, order = scores.double().sort(descending=True, stable=True)
+    hits = positive[order].double().cumsum(0)
+    # Tied scores are one threshold: keep the last position of each run of equal scores.
+    last = torch.cat([scores[1:] != scores[:-1], torch.ones(1, dtype=torch.bool)])
+    tp = hits[last]
+    seen = torch.nonzero(last).flatten().double() + 1
+    recall_gain = torch.diff(tp, prepend=tp.new_zeros(1)) / total
+    return (recall_gain * tp / seen).sum().item()
 
 
 def per_class(confusion: torch.Tensor, classes: list[str]) -> dict[str, dict]:
@@ -74,6 +92,10 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor, classes: 
     recalls = [r["recall"] for r in rows.values() if r["support"]]
     top_k = top_k_for(k)
     actual = confusion.sum(1, keepdim=True).double()
+    # One class against the rest, ranked by its probability; macro over the classes with images.
+    for c, row in enumerate(rows.values()):
+        row["average_precision"] = average_precision(probs[:, c], labels == c)
+    aps = [r["average_precision"] for r in rows.values() if r["support"]]
     return {
         "images": n,
         "accuracy": (pred == labels).double().mean().item() if n else None,
@@ -85,6 +107,7 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor, classes: 
         "log_loss": F.cross_entropy(logits, labels).item() if n else None,
         "ece": expected_calibration_error(probs, labels) if n else None,
         "ece_bins": ECE_BINS,
+        "macro_average_precision": sum(aps) / len(aps) if aps else None,
         "averages": averages(rows),
         "per_class": rows,
         "confusion_matrix": confusion.tolist(),

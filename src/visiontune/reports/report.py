@@ -162,6 +162,7 @@ def _evaluation(folder: Path, ev: dict) -> str:
         ("images", "images"),
         ("accuracy", "accuracy"),
         ("balanced accuracy", "balanced_accuracy"),
+        ("macro average precision", "macro_average_precision"),
         (top, "top_k_accuracy"),
         ("log loss", "log_loss"),
         (f"ECE ({ev['ece_bins']} bins)", "ece"),

@@ -60,6 +60,9 @@ def results(history: list[dict], metric: str) -> dict:
     }
 
 
+RARE_VAL_IMAGES = 10  # below this many val images of a class, the start lines warn
+
+
 def announce(
     accelerator,
     cfg: TrainConfig,
@@ -70,8 +73,8 @@ def announce(
     overview: list[tuple[str, str]] = (),
     note: str | None = None,
 ) -> None:
-    """The run's opening line (strategy, devices, split sizes, batch, lr and run folder), then the
-    resolved setup, one row a line, and a note on the recipe if it has one."""
+    """The run's opening line (strategy, devices, split sizes, batch, lr and run folder) and a warning when
+    a class has few val images, then the resolved setup, one row a line, and a note on the recipe if it has one."""
     accelerator.print(
         f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
         f"{len(split.train)} train / {len(split.val)} val images"
@@ -79,6 +82,20 @@ def announce(
         f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
         f"lr {setup.lr:g} | run folder {run_dir}"
     )
+    # Per-class recall (and the balanced accuracy, their mean) of a class with a handful of val images
+    # jumps by large steps between epochs: say so before the numbers are read as differences.
+    if images.multi_label:  # an image counts for each of its classes
+        val_counts = images.targets[split.val].sum(0, dtype=np.int64)
+    else:
+        val_counts = np.bincount(images.labels[split.val], minlength=len(images.classes))
+    if len(split.val) and val_counts.min() < RARE_VAL_IMAGES:
+        rarest = int(val_counts.argmin())
+        count = int(val_counts[rarest])
+        accelerator.print(
+            f"visiontune: warning: the rarest class, {images.classes[rarest]!r}, has {count} validation "
+            f"image{'s' * (count != 1)} (fewer than {RARE_VAL_IMAGES}): its recall and the balanced "
+            "accuracy are coarse; add images of it or raise --val-fraction"
+        )
     if overview:
         width = max(len(label) for label, _ in overview)
         accelerator.print("Running training\n" + "\n".join(f"  {label:<{width}}  {text}" for label, text in overview))

@@ -54,6 +54,15 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
                 f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
                 "x processes, or start a new run"
             )
+    # The remaining steps must draw and weigh the images as the first ones did (older checkpoints: neither).
+    for key, flag, default in (("sampler", "--sampler", "random"), ("class_weights", "--class-weights", None)):
+        there, here = meta.get(key, default), current.get(key, default)
+        if there != here:
+            there, here = ("none" if v is None else v for v in (there, here))
+            raise UserError(
+                f"cannot resume: {flag} differs from the checkpoint's ({there!r} there, {here!r} now); "
+                f"resume with the run's {flag}, or start a new run"
+            )
     # The remaining steps must see the images the first ones saw; another size is a new run (--init-from).
     saved = meta.get("config", {})
     view = [k for k in ("image_size", "interpolation", "crop_pct") if k in saved and k in current]  # older: fewer

@@ -83,6 +83,9 @@ class TrainConfig:
     folds: int = _setting(0, "K-fold cross-validation: split the data into K folds (0: off; see --fold)")
     fold: int = _setting(0, "with --folds K: the fold (0 to K-1) held out for validation")
     seed: int = _setting(42, "seed of the split, the sampler and the head's init")
+    sampler: Literal["random", "balanced"] = _setting(
+        "random", "random (each image once per epoch) or balanced (each class drawn equally often per epoch)"
+    )
     threads: int | None = _setting(
         None,
         "intra-op threads per process (default: OMP_NUM_THREADS when set, else this process's share of "
@@ -125,6 +128,11 @@ class TrainConfig:
     warmup_epochs: float | None = _setting(None, "linear lr warm-up, in epochs (fractions allowed)")
     warmup_steps: int = _setting(0, "linear lr warm-up in optimizer steps (wins over --warmup-epochs)")
     label_smoothing: float | None = _setting(None, "label smoothing of the training loss")
+    class_weights: str = _setting(
+        "none",
+        "weigh the training loss by class: none, auto (inverse frequency), effective[:BETA] (effective number "
+        "of samples, BETA 0.999) or a JSON/CSV file of class weights; see docs/training.md",
+    )
     ema: float | None = _setting(None, "decay of an EMA of the weights, evaluated each epoch (0: off)")
     freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
     backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")

@@ -138,6 +138,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--momentum and --weight-decay must be >= 0, got {cfg.momentum} and {cfg.weight_decay}")
     if cfg.timeout <= 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
+    weights = cfg.class_weights
+    if weights not in ("none", "auto") and weights.partition(":")[0] != "effective" and not Path(weights).is_file():
+        raise UserError(
+            f"--class-weights must be none, auto, effective[:BETA] or a JSON/CSV file, got {weights!r} (no such file)"
+        )
     return cfg
 
 

@@ -28,7 +28,7 @@ from visiontune.models.build import build_model, get_spec
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.training import optim
+from visiontune.training import imbalance, optim
 from visiontune.training.engine import readable_cross_entropy
 
 
@@ -63,12 +63,15 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     set_seed(cfg.seed)
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     data = prepare_data(accelerator, cfg, out, images)
-    cfg, loader, _ = loaders(cfg, data, split_for(data.images, cfg)[0], out)
+    split = split_for(data.images, cfg)[0]
+    cfg, loader, _ = loaders(cfg, data, split, out)
     optimizer, _ = optim.optimization(cfg, model, 1.0, max(1, len(loader)))
     ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, *presets.mean_std(cfg))
-    criterion = optim.criterion(cfg, images.multi_label) or readable_cross_entropy
+    imbalance.check_single_label(cfg, images.multi_label)
+    weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.labels[split.train])
+    criterion = optim.criterion(cfg, images.multi_label, weights) or readable_cross_entropy  # the run's loss
     model.train()
     lrs, losses, avg, lowest = [], [], 0.0, float("inf")
     batches = itertools.chain.from_iterable(_epochs(loader))

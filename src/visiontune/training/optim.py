@@ -104,11 +104,18 @@ def per_sample_bce(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tens
     return loss
 
 
-def criterion(cfg, multi_label: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+def criterion(
+    cfg, multi_label: bool = False, class_weights: torch.Tensor | None = None
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """The training loss: the mean over readable samples (engine's contract), or None for the reference
-    job's own cross entropy (multi-label: binary cross-entropy) when neither label smoothing nor mixed
-    labels change it."""
-    if not (cfg.label_smoothing or cfg.mixup or cfg.cutmix):
+    job's own cross entropy (multi-label: binary cross-entropy) when neither label smoothing, mixed
+    labels nor class weights change it.
+
+    ``class_weights`` ([K], ``training.imbalance``; single-label) scales each sample's loss by its class's
+    weight (a soft target: by its mix of the classes' weights); the sum is still divided by the readable
+    count, so with weights whose mean over the train split is 1 the loss keeps the plain one's scale.
+    """
+    if not (cfg.label_smoothing or cfg.mixup or cfg.cutmix) and class_weights is None:
         return None
     if multi_label:
         per_bce = per_sample_bce(cfg.label_smoothing)
@@ -118,10 +125,19 @@ def criterion(cfg, multi_label: bool = False) -> Callable[[torch.Tensor, torch.T
 
         return bce
     per_sample = per_sample_loss(cfg.label_smoothing)
+    on_device: dict = {}  # the weights copied once per (device, dtype), not every step
 
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        readable = targets.sum(1) > 0 if targets.is_floating_point() else targets >= 0
-        return per_sample(logits, targets).sum() / readable.sum().clamp(min=1)
+        soft = targets.is_floating_point()
+        readable = targets.sum(1) > 0 if soft else targets >= 0
+        per = per_sample(logits, targets)
+        if class_weights is not None:
+            key = (per.device, per.dtype)
+            w = on_device.get(key)
+            if w is None:
+                w = on_device[key] = class_weights.to(device=per.device, dtype=per.dtype)
+            per = per * (targets.to(per.dtype) @ w if soft else w[targets.clamp(min=0)])
+        return per.sum() / readable.sum().clamp(min=1)
 
     return loss
 

@@ -52,6 +52,20 @@ def _augmentation(cfg: TrainConfig) -> str:
     return ", ".join([cfg.augment, *extra])
 
 
+def _loss(cfg: TrainConfig, class_weights: str) -> str:
+    text = f"cross-entropy, label smoothing {cfg.label_smoothing:g}" if cfg.label_smoothing else "cross-entropy"
+    return text if class_weights == "none" else f"{text}, class weights {class_weights}"
+
+
+def _sampler(cfg: TrainConfig, num_classes: int, images_per_epoch: int) -> str:
+    if cfg.sampler != "balanced":
+        return "random: each train image once per epoch"
+    return (
+        f"balanced: the {num_classes} classes drawn equally often, about {_n(images_per_epoch // max(num_classes, 1))}"
+        " images each per epoch (a rare class's images repeat)"
+    )
+
+
 def rows(
     cfg: TrainConfig,
     setup,
@@ -61,8 +75,9 @@ def rows(
     images_per_epoch: int,
     steps_per_epoch: int,
     source: str,
+    class_weights: str = "none",
 ) -> list[tuple[str, str]]:
-    """The resolved setup as (label, text) rows."""
+    """The resolved setup as (label, text) rows; ``class_weights`` as ``imbalance.describe`` says them."""
     train = _n(train_images)
     if images_per_epoch < train_images:  # the train loader keeps full batches only
         train += (
@@ -92,7 +107,8 @@ def rows(
         ),
         ("optimizer", _optimizer(cfg, setup.lr)),
         ("lr schedule", _schedule(cfg, steps_per_epoch)),
-        ("loss", f"cross-entropy, label smoothing {cfg.label_smoothing:g}" if cfg.label_smoothing else "cross-entropy"),
+        ("loss", _loss(cfg, class_weights)),
+        ("sampler", _sampler(cfg, len(classes), images_per_epoch)),
         ("augmentation", _augmentation(cfg)),
         ("EMA", f"decay {cfg.ema:g}" if cfg.ema else "off"),
         ("normalisation", f"{cfg.normalize}: mean {cfg.mean}, std {cfg.std}"),

@@ -34,7 +34,7 @@ from visiontune.runs import records, resume, runinfo, runlock
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.training import elastic, engine, meter, optim, overview
+from visiontune.training import elastic, engine, imbalance, meter, optim, overview
 from visiontune.training.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
 from visiontune.training.schedule import Stepper
 from visiontune.training.steplog import StepLog
@@ -76,6 +76,7 @@ class _Trainables:
     scheduler: Stepper  # the lr schedule and the EMA, stepped after every optimizer step
     train_loader: Iterable
     val_loader: Iterable
+    class_weights: torch.Tensor | None = None  # of the loss (--class-weights), None: unweighted
 
 
 def _open_job(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> _Job:
@@ -98,9 +99,11 @@ def _check_one_global_batch(job: _Job, split) -> None:
         )
 
 
-def _identity(job: _Job, split_rec: dict, num_classes: int) -> dict:
+def _identity(job: _Job, split_rec: dict, num_classes: int, class_weights: torch.Tensor | None) -> dict:
     """What a checkpoint must match for this run to resume it."""
     return {
+        "sampler": job.cfg.sampler,
+        "class_weights": None if class_weights is None else class_weights.tolist(),
         "split_sha256": split_rec["sha256"],
         "model": job.cfg.model,
         "num_classes": num_classes,
@@ -177,7 +180,7 @@ def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info
             cfg.on_nan,
             cfg.progress,
             cfg.timing_warmup,
-            criterion=optim.criterion(cfg, info.multi_label),
+            criterion=optim.criterion(cfg, info.multi_label, parts.class_weights),
             mix=mix,
             on_step=hooks.on_step,
             on_epoch_end=hooks.on_epoch_end,
@@ -229,6 +232,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
+    imbalance.check_single_label(cfg, images.multi_label)
+    weights = imbalance.class_weights(cfg.class_weights, images.classes, images.labels[split.train])
     cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
     job = dataclasses.replace(job, cfg=cfg)
     mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
@@ -239,20 +244,28 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     # The train loader keeps full batches only: what an epoch trains on, of the train split.
     per_epoch_images = len(train_loader) // setup.world_size * setup.world_size * setup.per_process_batch
     rows = overview.rows(
-        cfg, setup, len(split.train), len(split.val), images.classes, per_epoch_images, per_epoch, spec.source
+        cfg,
+        setup,
+        len(split.train),
+        len(split.val),
+        images.classes,
+        per_epoch_images,
+        per_epoch,
+        spec.source,
+        imbalance.describe(cfg.class_weights, weights, images.classes),
     )
     if images.multi_label:
         rows = overview.multi_label(rows, cfg)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
-    identity = _identity(job, split_rec, len(images.classes))
+    identity = _identity(job, split_rec, len(images.classes), weights)
     resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
     records.announce(accelerator, cfg, setup, images, split, run_dir, rows, overview.recipe_note(cfg, spec.source))
     records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info, rows)
     if accelerator.is_main_process:
         elastic.record_world(run_dir, setup, cfg, resumed)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
-    parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader)
+    parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader, weights)
     history = _fit(job, parts, normalize, identity, resumed, info)
     return records.finish(accelerator, run_dir, since, history, split, images, setup, cfg.best_metric)
