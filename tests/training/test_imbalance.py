@@ -155,10 +155,42 @@ def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images
         )
 
 
-def test_multi_label_data_refuses_the_single_label_choices_in_one_line():
+def test_multi_label_data_refuses_the_balanced_sampler_in_one_line():
     cfg = SimpleNamespace(class_weights="auto", sampler="balanced")
-    with pytest.raises(UserError, match="^--class-weights and --sampler balanced work on single-label data") as e:
+    with pytest.raises(UserError, match="^--sampler balanced works on single-label data") as e:
         imbalance.check_single_label(cfg, multi_label=True)
     assert "\n" not in str(e.value)
     imbalance.check_single_label(cfg, multi_label=False)
-    imbalance.check_single_label(SimpleNamespace(class_weights="none", sampler="random"), multi_label=True)
+    imbalance.check_single_label(SimpleNamespace(class_weights="auto", sampler="random"), multi_label=True)
+
+
+# 40 multi-label train images: label 0 on 30, label 1 on 4, label 2 on none, label 3 on all.
+TARGETS = np.zeros((40, 4), np.uint8)
+TARGETS[:30, 0], TARGETS[:4, 1], TARGETS[:, 3] = 1, 1, 1
+
+
+@pytest.mark.parametrize("spec", ["auto", "effective:0.99"])
+def test_multi_label_weights_are_each_labels_positive_weight(spec):
+    got = imbalance.class_weights(spec, list("abcd"), TARGETS).numpy()
+    pos, neg = TARGETS.sum(0).astype(np.float64), 40 - TARGETS.sum(0).astype(np.float64)
+    if spec == "auto":
+        want = neg[:2] / pos[:2]  # BCEWithLogitsLoss's pos_weight: as many negatives as positives, weighed
+    else:
+        want = (1 - 0.99 ** neg[:2]) / (1 - 0.99 ** pos[:2])
+    np.testing.assert_allclose(got[:2], want, rtol=1e-12)
+    assert got[2] == got[3] == 1  # no positive, or no negative: nothing to balance
+
+
+def test_the_multi_label_weighted_loss_is_bce_with_logits_pos_weight_over_the_readable_count():
+    weights = imbalance.class_weights("auto", list("abcd"), TARGETS)
+    cfg = SimpleNamespace(label_smoothing=0.0, mixup=0.0, cutmix=0.0)
+    loss = optim.criterion(cfg, multi_label=True, class_weights=weights)
+    logits = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    targets = torch.tensor(TARGETS[[0, 3, 31, 35, 5]], dtype=torch.float32)
+    targets[2] = UNREADABLE  # a bad image's row: no loss, not counted
+    ok = [0, 1, 3, 4]
+    want = torch.nn.BCEWithLogitsLoss(pos_weight=weights.float())(logits[ok], targets[ok])
+    assert loss(logits, targets).item() == pytest.approx(want.item(), rel=1e-6)
+    assert imbalance.describe("auto", weights, list("abcd"), multi_label=True).startswith(
+        "positive weight negatives / positives: a 0.3333, b 9"
+    )

@@ -12,6 +12,11 @@ classes by how often they occur (a multi-label BCE's ``pos_weight`` from per-cla
 both scaled so that the train split's mean weight per image is 1 (a weighted loss is on the scale
 of the plain one, and the lr needs no change). A class without training images gets weight 0 (it
 has no image to weigh). ``FILE`` gives the weights by class name, used as they are.
+
+Multi-label data is K two-way problems, each imbalanced between an image with the label and one
+without: there the weights are binary cross-entropy's ``pos_weight`` (``positive_weights``), a
+positive's loss against a negative's per class -- ``auto`` negatives / positives, the field's usual
+choice, ``effective`` the ratio of their effective numbers -- and a FILE gives them by class name.
 """
 
 from __future__ import annotations
@@ -103,36 +108,54 @@ def read_weight_file(path: str, classes: Sequence[str]) -> torch.Tensor:
     return weights
 
 
+def positive_weights(positives: Sequence[int], images: int, how: str = "auto") -> torch.Tensor:
+    """float64 ``pos_weight`` per class of multi-label data with ``positives`` of ``images`` train images
+    carrying each label: ``auto`` negatives / positives; ``effective[:BETA]`` the negatives' effective
+    number over the positives', ``(1 - BETA^neg) / (1 - BETA^pos)``. 1 where a class has no positive or
+    no negative (nothing to balance)."""
+    pos = torch.as_tensor(np.asarray(positives, np.float64))
+    neg = images - pos
+    beta = parse_beta(how)
+    if how == "auto":
+        ratio = neg / pos
+    elif beta is not None:
+        ratio = torch.expm1(neg * math.log(beta)) / torch.expm1(pos * math.log(beta)) if beta else torch.ones_like(pos)
+    else:
+        raise ValueError(f"unknown weighting {how!r}")
+    return torch.where((pos > 0) & (neg > 0), ratio, 1.0)
+
+
 def check_single_label(cfg, multi_label: bool) -> None:
-    """Refuse, in one line, --class-weights or --sampler balanced on multi-label data (single-label only)."""
-    asked = [
-        f
-        for f, on in (
-            ("--class-weights", cfg.class_weights != "none"),
-            ("--sampler balanced", cfg.sampler == "balanced"),
+    """Refuse, in one line, --sampler balanced on multi-label data (an image there is of several classes)."""
+    if multi_label and cfg.sampler == "balanced":
+        raise UserError(
+            "--sampler balanced works on single-label data; this data is multi-label: leave it out"
+            " (--class-weights auto weighs each label's positives instead)"
         )
-        if on
-    ]
-    if multi_label and asked:
-        raise UserError(f"{' and '.join(asked)} work on single-label data; this data is multi-label: leave them out")
 
 
 def class_weights(spec: str, classes: Sequence[str], train_labels: np.ndarray) -> torch.Tensor | None:
-    """The loss's class weights for ``--class-weights spec`` (None for ``none``), from the train
-    split's labels (negative ones: no class) or the file."""
+    """The loss's class weights for ``--class-weights spec`` (None for ``none``), from the train split's
+    labels (negative ones: no class; a [N, K] multi-hot array: multi-label ``pos_weight``) or the file."""
     if spec == "none":
         return None
     if spec == "auto" or parse_beta(spec) is not None:
         labels = np.asarray(train_labels, np.int64)
+        if labels.ndim == 2:
+            return positive_weights(labels.sum(0), len(labels), spec)
         return weights_from_counts(np.bincount(labels[labels >= 0], minlength=len(classes)), spec)
     return read_weight_file(spec, classes)
 
 
-def describe(spec: str, weights: torch.Tensor | None, classes: Sequence[str], shown: int = 10) -> str:
+def describe(
+    spec: str, weights: torch.Tensor | None, classes: Sequence[str], multi_label: bool = False, shown: int = 10
+) -> str:
     """The weights as the start lines and config.json say them: what made them, then class weight pairs."""
     if weights is None:
         return "none"
     beta = parse_beta(spec)
-    how = {"auto": "inverse frequency"}.get(spec) or (f"effective number, beta {beta:g}" if beta is not None else spec)
+    auto = "positive weight negatives / positives" if multi_label else "inverse frequency"
+    how = {"auto": auto}.get(spec) or (f"effective number, beta {beta:g}" if beta is not None else spec)
+    how = f"positive weight, {how}" if multi_label and spec != "auto" else how
     pairs = ", ".join(f"{name} {w:.4g}" for name, w in zip(classes[:shown], weights.tolist()))
     return f"{how}: {pairs}{', ...' if len(classes) > shown else ''}"

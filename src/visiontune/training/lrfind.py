@@ -70,7 +70,7 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, *presets.mean_std(cfg))
     imbalance.check_single_label(cfg, images.multi_label)
-    weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.labels[split.train])
+    weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.label_array[split.train])
     criterion = optim.criterion(cfg, images.multi_label, weights) or readable_cross_entropy  # the run's loss
     model.train()
     lrs, losses, avg, lowest = [], [], 0.0, float("inf")

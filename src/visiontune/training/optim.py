@@ -87,18 +87,27 @@ def per_sample_loss(label_smoothing: float) -> Callable[[torch.Tensor, torch.Ten
     return loss
 
 
-def per_sample_bce(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def per_sample_bce(
+    label_smoothing: float, pos_weight: torch.Tensor | None = None
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Multi-label per-sample loss: ``binary_cross_entropy_with_logits`` (what ``BCEWithLogitsLoss`` computes)
     averaged over the classes, for multi-hot or mixed [B, K] targets; an unreadable row (UNREADABLE) gives 0.
 
     Label smoothing pulls every target towards 0.5, ``y (1 - e) + e / 2``: each class is a two-way choice,
     so this is cross-entropy's smoothing towards the uniform distribution over its two outcomes.
+    ``pos_weight`` ([K], ``--class-weights`` on multi-label data) weighs each class's positive term.
     """
+    on_device: dict = {}  # the weights copied once per device, not every step
 
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         ok = targets[:, 0] >= 0
         y = targets.float().clamp(min=0) * (1 - label_smoothing) + label_smoothing / 2
-        per = F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none").mean(1)
+        w = None
+        if pos_weight is not None:
+            w = on_device.get(logits.device)
+            if w is None:
+                w = on_device[logits.device] = pos_weight.to(device=logits.device, dtype=torch.float32)
+        per = F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none", pos_weight=w).mean(1)
         return per * ok
 
     return loss
@@ -111,14 +120,15 @@ def criterion(
     job's own cross entropy (multi-label: binary cross-entropy) when neither label smoothing, mixed
     labels nor class weights change it.
 
-    ``class_weights`` ([K], ``training.imbalance``; single-label) scales each sample's loss by its class's
-    weight (a soft target: by its mix of the classes' weights); the sum is still divided by the readable
-    count, so with weights whose mean over the train split is 1 the loss keeps the plain one's scale.
+    ``class_weights`` ([K], ``training.imbalance``) scales each sample's loss by its class's weight (a soft
+    target: by its mix of the classes' weights); the sum is still divided by the readable count, so with
+    weights whose mean over the train split is 1 the loss keeps the plain one's scale. On multi-label
+    data they are the binary cross-entropy's ``pos_weight``.
     """
     if not (cfg.label_smoothing or cfg.mixup or cfg.cutmix) and class_weights is None:
         return None
     if multi_label:
-        per_bce = per_sample_bce(cfg.label_smoothing)
+        per_bce = per_sample_bce(cfg.label_smoothing, class_weights)
 
         def bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return per_bce(logits, targets).sum() / (targets[:, 0] >= 0).sum().clamp(min=1)

@@ -233,7 +233,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
     imbalance.check_single_label(cfg, images.multi_label)
-    weights = imbalance.class_weights(cfg.class_weights, images.classes, images.labels[split.train])
+    weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train])
     cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
     job = dataclasses.replace(job, cfg=cfg)
     mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
@@ -252,7 +252,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         per_epoch_images,
         per_epoch,
         spec.source,
-        imbalance.describe(cfg.class_weights, weights, images.classes),
+        imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
     )
     if images.multi_label:
         rows = overview.multi_label(rows, cfg)
