@@ -116,10 +116,11 @@ def rows(
     ]
 
 
-def multi_label(rows: list[tuple[str, str]], cfg: TrainConfig) -> list[tuple[str, str]]:
+def multi_label(rows: list[tuple[str, str]], cfg: TrainConfig, class_weights: str = "none") -> list[tuple[str, str]]:
     """The rows of a multi-label run: its loss is one sigmoid per class."""
     smoothing = f", label smoothing {cfg.label_smoothing:g} (targets towards 0.5)" if cfg.label_smoothing else ""
-    loss = f"binary cross-entropy, one sigmoid per class (multi-label){smoothing}"
+    weights = "" if class_weights == "none" else f", {class_weights}"
+    loss = f"binary cross-entropy, one sigmoid per class (multi-label){smoothing}{weights}"
     return [(label, loss if label == "loss" else text) for label, text in rows]
 
 

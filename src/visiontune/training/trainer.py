@@ -252,10 +252,10 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         per_epoch_images,
         per_epoch,
         spec.source,
-        imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
+        described := imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
     )
     if images.multi_label:
-        rows = overview.multi_label(rows, cfg)
+        rows = overview.multi_label(rows, cfg, described)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
