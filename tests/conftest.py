@@ -62,6 +62,7 @@ SLOW = {
     "test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact",
     "test_ema_best_pick_early_stop_and_the_recorded_recipe",
     "test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum",
+    "test_lr_auto_uses_lr_finds_suggestion_records_it_and_a_resume_reuses_it",
     "test_too_little_free_space_stops_before_writing",
     "test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint",
     "test_a_real_full_disk_while_writing",

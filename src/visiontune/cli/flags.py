@@ -55,6 +55,16 @@ def seed(text: str) -> int:
     return value
 
 
+def _lr(text: str) -> float | str:
+    """argparse type: a positive number, or auto (lr-find's suggestion, see --lr)."""
+    if text == "auto":
+        return text
+    value = finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number or auto, got {text!r}")
+    return value
+
+
 def _workers(text: str) -> int | None:
     if text == "auto":
         return None
@@ -190,7 +200,7 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
                 flag, nargs=2, type=finite, metavar=("MIN", "MAX"), default=argparse.SUPPRESS, help=help_text
             )
             continue
-        kind = {"num_workers": _workers, "seed": seed}.get(f.name, _PARSERS[f.type])
+        kind = {"num_workers": _workers, "seed": seed, "lr": _lr}.get(f.name) or _PARSERS[f.type]
         p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
 
 

@@ -148,6 +148,8 @@ def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
     strategy = effective_strategy(cfg)
     global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
     lr = cfg.lr * global_batch / cfg.reference_batch if cfg.scale_lr else cfg.lr
+    if lr == "auto":  # chosen by the sweep at the start of train, before anything reads it
+        lr = float("nan")
     if strategy == "dp" and torch.cuda.device_count() > 1:
         devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     else:  # every process says which device it holds

@@ -155,6 +155,12 @@ def find_resume(resume: str | None, run_dir: str, restarted: bool, say=print) ->
     return found
 
 
+def resumed_folder(cfg: TrainConfig, run_dir: str) -> str | None:
+    """The run folder whose checkpoint this run will continue, or None for a fresh start."""
+    found = find_resume(cfg.resume, run_dir, launch.restart_count() > 0, say=lambda *_: None)
+    return None if found is None else os.path.dirname(os.path.dirname(found.path))
+
+
 def restore(accelerator, cfg: TrainConfig, run_dir: str, current: dict, scheduler) -> Checkpoint | None:
     """Load the checkpoint ``--resume`` (or an elastic restart) names; return it or None."""
     found = find_resume(cfg.resume, run_dir, launch.restart_count() > 0, accelerator.print)

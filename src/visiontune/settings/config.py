@@ -116,7 +116,11 @@ class TrainConfig:
     optimizer: Literal["sgd", "adamw"] | None = _setting(
         None, "sgd or adamw (AdamW: no weight decay on norms and biases)"
     )
-    lr: float | None = _setting(None, "learning rate")
+    lr: float | str | None = _setting(
+        None,
+        "learning rate, or auto: lr-find's suggestion for this run (its sweep at the start, on the main process; "
+        "config.json records auto and the lr chosen, and a resume reuses that lr)",
+    )
     momentum: float = _setting(0.9, "SGD momentum")
     weight_decay: float | None = _setting(None, "weight decay")
     lr_schedule: Literal["none", "cosine", "linear", "step", "onecycle"] | None = _setting(

@@ -118,8 +118,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             )
     if not 0.0 < cfg.val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1, got {cfg.val_fraction}")
-    if cfg.lr <= 0:
-        raise UserError(f"--lr must be positive, got {cfg.lr}")
+    if cfg.lr == "auto":
+        if cfg.scale_lr:  # the sweep already runs at the run's global batch
+            raise UserError("--lr auto finds the lr for the run's own global batch: drop --scale-lr")
+    elif isinstance(cfg.lr, str) or cfg.lr <= 0:
+        raise UserError(f"--lr must be a positive number or auto, got {cfg.lr}")
     if cfg.nproc is not None and cfg.nproc < 1:
         raise UserError(f"--nproc must be a positive integer, got {cfg.nproc}")
     if cfg.threads is not None and cfg.threads < 1:

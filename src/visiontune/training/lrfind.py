@@ -1,21 +1,30 @@
-"""``visiontune lr-find``: a short exponential learning-rate sweep, as fastai and Lightning do it.
+"""``visiontune lr-find`` and ``--lr auto``: a short exponential learning-rate sweep, as fastai and Lightning do it.
 
 The run's own model, data, optimizer (with its parameter groups and their lr
-ratios) and loss train for up to ``steps`` batches while the lr grows
+ratios) and loss train for up to ``steps`` optimizer steps while the lr grows
 geometrically from ``start`` to ``end``; the sweep stops early once the smoothed
 loss passes four times its minimum. The suggestion is the classic one: a tenth
 of the lr at the smoothed loss's minimum, where the loss still falls steeply.
-One process, one device: the sweep is short and its answer does not depend on
-the number of processes (pass the global batch you will train with).
+
+The sweep runs in one process on one device, in full precision (fp16 without the
+run's loss scaler would underflow), seeded with ``--seed`` and leaving the
+caller's random state as it found it. Each step sees the run's global batch: the
+loader's batches, ``processes x --grad-accum`` of them accumulated, as DDP and
+accumulation average them. So ``train --lr auto`` gets exactly the lr that
+``lr-find`` with the same flags suggests.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
+import json
 import os
+import random
 
+import numpy as np
 import torch
-from accelerate.utils import set_seed
+from accelerate.utils import broadcast_object_list, set_seed
 
 from visiontune.cluster.launch import default_output_dir
 from visiontune.cluster.strategy import make_accelerator
@@ -30,6 +39,9 @@ from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
 from visiontune.training import imbalance, optim
 from visiontune.training.engine import readable_cross_entropy
+
+START, END, STEPS = 1e-7, 10.0, 100  # fastai's lr_find range and length; --lr auto sweeps the same
+RECORD = "lr_find.json"
 
 
 def _plot(path: str, lrs: list[float], losses: list[float], suggested: float) -> None:
@@ -48,7 +60,64 @@ def _plot(path: str, lrs: list[float], losses: list[float], suggested: float) ->
     plt.close(fig)
 
 
-def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: int = 100) -> dict:
+def sweep(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    loader,
+    device,
+    accumulate: int,
+    criterion,
+    *,
+    start=START,
+    end=END,
+    steps=STEPS,
+) -> dict:
+    """The sweep on ``model`` (trained in place: pass a copy to keep it) over the unprepared train ``loader``."""
+    if not 0 < start < end or steps < 2:
+        raise UserError("lr-find needs 0 < --start-lr < --end-lr and --steps >= 2")
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    set_seed(cfg.seed)  # the same sweep whatever the caller drew before
+    try:
+        return _sweep(cfg, model.to(device), loader, device, accumulate, criterion, start, end, steps)
+    finally:  # the run that follows draws as it would have without the sweep
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _sweep(cfg, model, loader, device, accumulate: int, criterion, start: float, end: float, steps: int) -> dict:
+    optimizer, _ = optim.optimization(cfg, model, 1.0, max(1, len(loader)))
+    ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
+    normalize = DeviceNormalize(device, cfg.channels_last, *presets.mean_std(cfg))
+    model.train()
+    lrs, losses, avg, lowest = [], [], 0.0, float("inf")
+    batches = itertools.chain.from_iterable(_epochs(loader))
+    for step in range(steps):
+        lr = start * (end / start) ** (step / (steps - 1))
+        for g, r in zip(optimizer.param_groups, ratios):
+            g["lr"] = lr * r
+        total = 0.0
+        for images, labels in itertools.islice(batches, accumulate):  # one global batch
+            loss = criterion(model(normalize(images.to(device))), labels.to(device)) / accumulate
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        avg = 0.98 * avg + 0.02 * total  # the smoothing of fastai's sweep, debiased below
+        smooth = avg / (1 - 0.98 ** (step + 1))
+        lrs.append(lr)
+        losses.append(smooth)
+        lowest = min(lowest, smooth)
+        if not np.isfinite(total) or smooth > 4 * lowest:
+            break
+    suggested = lrs[losses.index(min(losses))] / 10
+    return {"suggested_lr": suggested, "lrs": lrs, "losses": losses, "start": start, "end": end}
+
+
+def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: int = STEPS) -> dict:
     """Sweep the lr; write ``lr_find.png`` and ``lr_find.json`` in the output folder; return the record."""
     from visiontune.data.loaders import loaders  # the train loader exactly as `train` builds it
 
@@ -60,47 +129,55 @@ def lr_find(cfg: TrainConfig, *, start: float = 1e-7, end: float = 10.0, steps: 
     os.makedirs(out, exist_ok=True)
     accelerator = make_accelerator(cfg)
     images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
-    set_seed(cfg.seed)
+    set_seed(cfg.seed)  # the model's init, as train's main process draws it
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     data = prepare_data(accelerator, cfg, out, images)
     split = split_for(data.images, cfg)[0]
     cfg, loader, _ = loaders(cfg, data, split, out)
-    optimizer, _ = optim.optimization(cfg, model, 1.0, max(1, len(loader)))
-    ratios = [g["initial_lr"] for g in optimizer.param_groups]  # lr multipliers of the groups
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    normalize = DeviceNormalize(accelerator.device, cfg.channels_last, *presets.mean_std(cfg))
     imbalance.check_single_label(cfg, images.multi_label)
     weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.label_array[split.train])
     criterion = optim.criterion(cfg, images.multi_label, weights) or readable_cross_entropy  # the run's loss
-    model.train()
-    lrs, losses, avg, lowest = [], [], 0.0, float("inf")
-    batches = itertools.chain.from_iterable(_epochs(loader))
-    for step, (images_, labels) in zip(range(steps), batches):
-        lr = start * (end / start) ** (step / (steps - 1))
-        for g, r in zip(optimizer.param_groups, ratios):
-            g["lr"] = lr * r
-        loss = criterion(model(normalize(images_)), labels)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        avg = 0.98 * avg + 0.02 * loss.item()  # the smoothing of fastai's sweep, debiased below
-        smooth = avg / (1 - 0.98 ** (step + 1))
-        lrs.append(lr)
-        losses.append(smooth)
-        lowest = min(lowest, smooth)
-        if not torch.isfinite(loss) or smooth > 4 * lowest:
-            break
-    suggested = lrs[losses.index(min(losses))] / 10
-    record = {"suggested_lr": suggested, "lrs": lrs, "losses": losses, "start": start, "end": end}
+    record = sweep(cfg, model, loader, accelerator.device, cfg.grad_accum, criterion, start=start, end=end, steps=steps)
     if accelerator.is_main_process:
         from visiontune import files
 
-        files.write_json(os.path.join(out, "lr_find.json"), record)
-        _plot(os.path.join(out, "lr_find.png"), lrs, losses, suggested)
+        files.write_json(os.path.join(out, RECORD), record)
+        _plot(os.path.join(out, "lr_find.png"), record["lrs"], record["losses"], record["suggested_lr"])
     return {**record, "dir": out}
+
+
+def auto_lr(accelerator, cfg: TrainConfig, model: torch.nn.Module, loader, criterion, resumed_from: str | None):
+    """``--lr auto``: the lr of a resumed run as its folder recorded it, else the sweep's suggestion.
+
+    The main process sweeps a copy of its freshly built ``model`` (the others' heads were drawn with
+    other seeds until DDP copies rank 0's weights) and every process takes its answer, so all ranks
+    train with one lr, with the run's own loss (``criterion``). Returns the lr and the sweep's record
+    (None on a resume), which the run keeps as ``lr_find.json``.
+    """
+    if resumed_from is not None:  # the resumed run's own choice: the sweep is not run again
+        return _recorded(resumed_from), None
+    found = [None]
+    if accelerator.is_main_process:
+        accumulate = accelerator.num_processes * cfg.grad_accum
+        model = copy.deepcopy(model)  # the run trains the model as built; the sweep, a copy
+        found[0] = sweep(cfg, model, loader, accelerator.device, accumulate, criterion, steps=STEPS)
+    if accelerator.num_processes > 1:
+        broadcast_object_list(found)
+    return found[0]["suggested_lr"], found[0]
+
+
+def _recorded(source: str) -> float:
+    path = os.path.join(source, "config.json")
+    try:
+        with open(path) as f:
+            return float(json.load(f)["setup"]["lr"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(
+            f"--lr auto resumes with the lr its run chose, but {path} does not say it; pass that run's --lr"
+        ) from None
 
 
 def _epochs(loader):
     for epoch in itertools.count():
-        loader.set_epoch(epoch)
+        loader.sampler.set_epoch(epoch)
         yield loader

@@ -18,10 +18,11 @@ def _n(value: int) -> str:
 
 
 def _optimizer(cfg: TrainConfig, lr: float) -> str:
+    shown = f"{lr:.3g} (--lr auto: lr-find's suggestion)" if cfg.lr == "auto" else f"{lr:g}"
     if cfg.optimizer == "adamw":
-        text = f"AdamW, lr {lr:g}, weight decay {cfg.weight_decay:g} (none on norms and biases)"
+        text = f"AdamW, lr {shown}, weight decay {cfg.weight_decay:g} (none on norms and biases)"
     else:
-        text = f"SGD, lr {lr:g}, momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}"
+        text = f"SGD, lr {shown}, momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}"
     if cfg.backbone_lr_mult != 1:
         text += f", backbone lr x{cfg.backbone_lr_mult:g}"
     return text

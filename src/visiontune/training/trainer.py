@@ -19,6 +19,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
+from visiontune import files
 from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import Setup, describe, make_accelerator, prepare
 from visiontune.data.augment import BatchMix
@@ -34,7 +35,7 @@ from visiontune.runs import records, resume, runinfo, runlock
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.training import elastic, engine, imbalance, meter, optim, overview
+from visiontune.training import elastic, engine, imbalance, lrfind, meter, optim, overview
 from visiontune.training.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
 from visiontune.training.schedule import Stepper
 from visiontune.training.steplog import StepLog
@@ -235,7 +236,13 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     imbalance.check_single_label(cfg, images.multi_label)
     weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train])
     cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
-    job = dataclasses.replace(job, cfg=cfg)
+    swept = None
+    if cfg.lr == "auto":  # before the optimizer is built: lr-find's suggestion, or the resumed run's choice
+        source = resume.resumed_folder(cfg, run_dir)
+        loss = optim.criterion(cfg, images.multi_label, weights) or engine.readable_cross_entropy  # the run's
+        lr, swept = lrfind.auto_lr(accelerator, cfg, model, train_loader, loss, source)
+        setup = dataclasses.replace(setup, lr=lr)
+    job = dataclasses.replace(job, cfg=cfg, setup=setup)
     mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(
         cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct, images.multi_label
@@ -263,6 +270,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
     records.announce(accelerator, cfg, setup, images, split, run_dir, rows, overview.recipe_note(cfg, spec.source))
     records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info, rows)
+    if swept is not None and accelerator.is_main_process:
+        files.write_json(f"{run_dir}/{lrfind.RECORD}", swept)  # the sweep behind --lr auto's choice
     if accelerator.is_main_process:
         elastic.record_world(run_dir, setup, cfg, resumed)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
