@@ -30,6 +30,8 @@ Peers, outside the project's environment:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
@@ -146,7 +148,8 @@ def visiontune(flags: list[str], folders: dict, seed: int, epochs: int, size: in
     seconds = timed([*cmd, *flags, "--output-dir", str(out)], env)
     import visiontune as vt
 
-    report = vt.load(out).evaluate(str(folders["test"]), out=str(out / "test"))
+    with contextlib.redirect_stdout(io.StringIO()):  # its report lines: the accuracy is all this needs
+        report = vt.load(out).evaluate(str(folders["test"]), out=str(out / "test"))
     return {"accuracy": report["accuracy"], "seconds": seconds}
 
 
@@ -261,7 +264,8 @@ def main() -> None:
             load = {"before": load_before, "now": os.getloadavg()}
             table = summary(runs, seeds[: i + 1], say=i == len(seeds) - 1)
             complete = i == len(seeds) - 1
-            write_result(args.result, {**record, "complete": complete, "table": table, "runs": runs, "load_average": load})
+            result = {**record, "complete": complete, "table": table, "runs": runs, "load_average": load}
+            write_result(args.result, result)
 
 
 def summary(runs: dict, seeds: list[int], say: bool) -> dict:
