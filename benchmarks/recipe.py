@@ -230,6 +230,8 @@ def main() -> None:
     p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: timm, fastai, {', '.join(VISIONTUNE)}")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    if len(seeds) < 2:
+        p.error("give at least two --seeds: an interval needs them")
     tools = [
         t for t in args.tools.split(",") if (t != "timm" or args.timm_train) and (t != "fastai" or args.peer_python)
     ]
