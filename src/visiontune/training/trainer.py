@@ -239,7 +239,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     swept = None
     if cfg.lr == "auto":  # before the optimizer is built: lr-find's suggestion, or the resumed run's choice
         source = resume.resumed_folder(cfg, run_dir)
-        loss = optim.criterion(cfg, images.multi_label, weights) or engine.readable_cross_entropy  # the run's
+        # The sweep trains with the run's own loss (class weights included).
+        loss = optim.criterion(cfg, images.multi_label, weights) or engine.readable_cross_entropy
         lr, swept = lrfind.auto_lr(accelerator, cfg, model, train_loader, loss, source)
         setup = dataclasses.replace(setup, lr=lr)
     job = dataclasses.replace(job, cfg=cfg, setup=setup)
