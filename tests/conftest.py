@@ -71,6 +71,7 @@ SLOW = {
     "test_a_closed_pipe_ends_quietly",
     "test_every_model_gets_a_new_head_of_the_right_shape",  # ~80 models built and run on the meta device
     "test_the_resize_flags_reach_the_cache_the_loaders_and_the_record",
+    "test_predict_decodes_as_the_file_says_unless_told",  # two predict commands in-process
     "test_the_run_records_its_threads_and_what_chose_them",
     "test_a_run_with_onecycle_records_the_cycle",
     "test_a_kill_while_the_epoch_files_are_written_resumes_to_the_same_files",

@@ -12,9 +12,11 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torchvision
+from PIL import Image
 from safetensors.torch import save_file
 from torchvision.io import ImageReadMode, decode_image, write_png
 from torchvision.transforms import v2
@@ -149,15 +151,16 @@ def test_an_old_run_folder_without_the_field_is_bilinear(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flag,interpolation,crop,suffix",
+    "flag,interpolation,crop,decode,suffix",
     [
-        (["--interpolation", "bicubic"], "bicubic", None, "px-bicubic.u8"),
-        (["--crop-pct", "0.5"], "bilinear", 0.5, "px-crop0.5.u8"),
+        (["--interpolation", "bicubic"], "bicubic", None, "exact", "px-bicubic.u8"),
+        (["--crop-pct", "0.5"], "bilinear", 0.5, "exact", "px-crop0.5.u8"),
+        (["--decode", "fast"], "bilinear", None, "fast", "px-fast.u8"),
     ],
-    ids=["interpolation", "crop-pct"],
+    ids=["interpolation", "crop-pct", "decode"],
 )
 def test_the_resize_flags_reach_the_cache_the_loaders_and_the_record(
-    small_data, tmp_path, flag, interpolation, crop, suffix
+    small_data, tmp_path, flag, interpolation, crop, decode, suffix
 ):
     run, cache = tmp_path / "run", tmp_path / "cache"
     argv = ["train", "--data", str(small_data), "--output-dir", str(run), *FAST, "--epochs", "1"]
@@ -166,16 +169,26 @@ def test_the_resize_flags_reach_the_cache_the_loaders_and_the_record(
     record = json.loads((run / "config.json").read_text())
     assert record["config"]["interpolation"] == record["model"]["interpolation"] == interpolation
     assert record["config"]["crop_pct"] == record["model"]["crop_pct"] == crop  # a torchvision model: squash by default
+    assert record["config"]["decode"] == record["model"]["decode"] == decode
     described = runinfo.read_file(str(run / "best.safetensors"))
-    assert (described.interpolation, described.crop_pct) == (interpolation, crop)
+    assert (described.interpolation, described.crop_pct, described.decode) == (interpolation, crop, decode)
     [array] = cache.glob("*.u8")
     assert array.name.endswith(suffix)
     files = json.loads((run / "split.json").read_text())
     listed = sorted(small_data.rglob("*.jpg"))
     rows = torch.frombuffer(bytearray(array.read_bytes()), dtype=torch.uint8).view(-1, 32, 32, 3)
     assert len(rows) == len(listed) == len(files["train"]) + len(files["val"])
-    want = [hand_resize(decode_image(str(p), mode=ImageReadMode.RGB), 32, interpolation, crop) for p in listed]
+    want = [hand_resize(decoded(p, 32, decode), 32, interpolation, crop) for p in listed]
     assert {r.permute(2, 0, 1).contiguous().numpy().tobytes() for r in rows} == {w.numpy().tobytes() for w in want}
+
+
+def decoded(path: Path, size: int, decode: str) -> torch.Tensor:
+    """The full decode, or (fast) PIL's own DCT-scaled one for a size x size request."""
+    if decode == "exact":
+        return decode_image(str(path), mode=ImageReadMode.RGB)
+    with Image.open(path) as im:
+        im.draft("RGB", (size, size))
+        return torch.from_numpy(np.asarray(im.convert("RGB")).copy()).permute(2, 0, 1)
 
 
 def test_a_crop_pct_out_of_range_is_one_line(sample_data, capsys):

@@ -138,6 +138,10 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, 
         (["--image-size", "48"], "resized differently from the checkpoint's (32 px bilinear no crop there, 48 px"),
         (["--interpolation", "bicubic"], "(32 px bilinear no crop there, 32 px bicubic no crop now)"),
         (["--crop-pct", "0.5"], "(32 px bilinear no crop there, 32 px bilinear crop 0.5 now)"),
+        (
+            ["--decode", "fast"],
+            "decoded with --decode exact, this run's with --decode fast; resume with --decode exact",
+        ),
     ],
 )
 def test_resume_refuses_a_different_batch_model_or_split(finished_run, capsys, change, expected):

@@ -149,7 +149,10 @@ def _inference(args: argparse.Namespace):
     )
     if getattr(args, "threshold", None) is not None:
         loaded = _one_threshold(loaded, args.threshold)
-    return loaded, InferenceConfig(args.batch_size or loaded.batch_size, args.mixed_precision, args.progress)
+    icfg = InferenceConfig(
+        args.batch_size or loaded.batch_size, args.mixed_precision, args.progress, decode=getattr(args, "decode", None)
+    )
+    return loaded, icfg
 
 
 def _one_threshold(loaded, threshold: float):

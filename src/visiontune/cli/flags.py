@@ -85,6 +85,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "image_size",
         "interpolation",
         "crop_pct",
+        "decode",
         "normalize",
         "mean",
         "std",
@@ -218,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             "image_size": earlier.image_size,
             "interpolation": earlier.interpolation,
             "crop_pct": earlier.crop_pct,
+            "decode": earlier.decode,
             **merged,
         }
     return validate(TrainConfig(**merged))
@@ -239,6 +241,11 @@ def _add_inference_flags(p: argparse.ArgumentParser) -> None:
         type=finite,
         help="multi-label models: one probability threshold for every class (default: the per-class ones "
         "tuned on the run's validation split)",
+    )
+    p.add_argument(
+        "--decode",
+        choices=("exact", "fast"),
+        help="how images are decoded (default: as the model was trained, recorded in its file)",
     )
 
 

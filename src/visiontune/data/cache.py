@@ -3,10 +3,10 @@
 The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images
 back to back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``,
 a small header whose ``key`` is a sha256 of the file list with each file's size and mtime, the image
-size, the resize (interpolation and crop; a non-default one also names the files, so a bilinear
-and a bicubic cache of one data set live side by side), the format version and the torchvision
-release (its resize defines the pixels). A header whose key matches means the array is reusable; anything else
-rebuilds it in place, written to temp files and moved into place (array first,
+size, the resize (interpolation and crop) and the decode (``--decode``; a non-default one of these
+also names the files, so a bilinear and a bicubic cache of one data set live side by side), the
+format version and the torchvision release (its resize defines the pixels). A header whose key
+matches means the array is reusable; anything else rebuilds it in place, written to temp files and moved into place (array first,
 header last), so a reader never sees half a cache. Every process and every
 epoch reads the same file through the OS page cache: nothing is loaded into a
 process's own memory, and a process drops its page mappings after each read,
@@ -48,10 +48,12 @@ def resolve_dir(cache: str) -> str:
     return user_cache_dir() if cache == "auto" else cache
 
 
-def _resize_tag(interpolation: str, crop_pct: float | None) -> str:
-    # Empty for the default (bilinear squash), so caches built before the choice existed stay valid.
-    return ("" if interpolation == "bilinear" else f"-{interpolation}") + (
-        "" if crop_pct is None else f"-crop{crop_pct:g}"
+def _resize_tag(interpolation: str, crop_pct: float | None, decode: str = "exact") -> str:
+    # Empty for the default (exact decode, bilinear squash), so caches built before the choice existed stay valid.
+    return (
+        ("" if interpolation == "bilinear" else f"-{interpolation}")
+        + ("" if crop_pct is None else f"-crop{crop_pct:g}")
+        + ("" if decode == "exact" else f"-{decode}")
     )
 
 
@@ -61,11 +63,14 @@ def cache_key(
     interpolation: str = "bilinear",
     crop_pct: float | None = None,
     reader=None,
+    decode: str = "exact",
 ) -> str:
-    """sha256 over what decides the cached pixels: files (path, size, mtime), the size and the resize."""
+    """sha256 over what decides the cached pixels: files (path, size, mtime), the size, the resize and the decode."""
     head = [CACHE_VERSION, image_size, torchvision.__version__]
     if _resize_tag(interpolation, crop_pct):
         head += [interpolation, crop_pct]
+    if decode != "exact":
+        head += [decode]
     h = hashlib.sha256(json.dumps(head).encode())
     # A missing file is part of the key too: it is recorded as bad.
     keys = file_keys(paths, MAX_PIXELS) if reader is None else name_keys(paths, reader.fingerprint, MAX_PIXELS)
@@ -120,6 +125,7 @@ def build(
     interpolation: str = "bilinear",
     crop_pct: float | None = None,
     reader=None,
+    decode: str = "exact",
 ) -> ImageCache:
     """Decode + resize every file (in a thread pool: the decoders release the GIL) and write both files."""
     bad: dict[int, tuple[str, str]] = {}
@@ -129,7 +135,7 @@ def build(
         # Bounded look-ahead: memory stays flat while building. Each file is decoded once, here: the
         # files that fail are the run's bad files, so no separate scan decodes them again.
         def read(i: int) -> torch.Tensor | str:
-            return try_read(paths[i] if reader is None else reader[i], image_size, interpolation, crop_pct)
+            return try_read(paths[i] if reader is None else reader[i], image_size, interpolation, crop_pct, decode)
 
         for i, img in enumerate(bounded_map(read, range(len(paths)), max(1, threads))):
             if isinstance(img, str):
@@ -146,6 +152,7 @@ def build(
         "image_size": image_size,
         "interpolation": interpolation,
         "crop_pct": crop_pct,
+        "decode": decode,
         "count": len(paths),
         "bad": {str(i): list(pr) for i, pr in bad.items()},
     }
@@ -162,25 +169,27 @@ def open_or_build(
     interpolation: str = "bilinear",
     crop_pct: float | None = None,
     reader=None,
+    decode: str = "exact",
 ) -> ImageCache:
-    """The cache of ``paths`` at ``image_size`` (resized as ``decode.resize_uint8`` does with
-    ``interpolation`` and ``crop_pct``) in folder ``cache`` (or auto), built if missing or stale."""
+    """The cache of ``paths`` at ``image_size`` (decoded as ``decode`` says, resized as ``decode.resize_uint8``
+    does with ``interpolation`` and ``crop_pct``) in folder ``cache`` (or auto), built if missing or stale."""
     folder = resolve_dir(cache)
-    array_path, header_path = _files(folder, paths, image_size, _resize_tag(interpolation, crop_pct))
-    key = cache_key(paths, image_size, interpolation, crop_pct, reader)
+    array_path, header_path = _files(folder, paths, image_size, _resize_tag(interpolation, crop_pct, decode))
+    key = cache_key(paths, image_size, interpolation, crop_pct, reader, decode)
     found = _load(array_path, header_path, key, len(paths), image_size)
     if found is not None:
         return found
     # stdout, from whichever process builds: a second build in one job would show up here.
     print(
-        f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px, {interpolation})",
+        f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px, "
+        f"{interpolation}, {decode} decode)",
         flush=True,
     )
     if threads is None:  # the other processes wait for this one: all the machine's cores may decode
         threads = available_cores()
     try:
         os.makedirs(folder, exist_ok=True)
-        return build(array_path, header_path, key, paths, image_size, threads, interpolation, crop_pct, reader)
+        return build(array_path, header_path, key, paths, image_size, threads, interpolation, crop_pct, reader, decode)
     except OSError as e:
         raise UserError(
             f"cannot write the image cache in {folder} ({e.strerror or e}); pass --cache a writable "

@@ -9,6 +9,12 @@ the size lazily so the pixel limit is still checked before any pixel is
 decoded. Every failure, whatever library raised it, leaves this module as a
 ``BadImage`` carrying a short reason a user can act on. PIL's global settings
 are read, never written.
+
+``--decode fast`` (``DECODES``): a JPEG at least twice the size it will be resized to is
+decoded at one of libjpeg's DCT scales (1/2, 1/4, 1/8; ``dct_scale``), through PIL's
+``draft``, since ``decode_image`` has no such option; then resized as usual. It skips most
+of the inverse DCT and the colour conversion of pixels the resize would throw away, at the
+price of pixels that differ from the full decode's by a few grey levels (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -21,13 +27,17 @@ import re
 import numpy as np
 import torch
 import torchvision.transforms.v2.functional as F
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import InterpolationMode
 
 MAX_PIXELS = 89_478_485  # PIL's own default decompression-bomb limit
 # The modes resize offers for uint8 tensors (PIL-only ones, lanczos/box/hamming, are not among them).
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")
+# exact: every pixel decoded, then resized (the reference pipeline's pixels, within a grey level);
+# fast: large JPEGs decoded at a DCT scale first (dct_scale). Recorded with the run and its model files.
+DECODES = ("exact", "fast")
+_DCT_SCALES = (8, 4, 2)  # the power-of-two reductions libjpeg's scaled IDCT offers (and PIL's draft uses)
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -111,18 +121,60 @@ def _read_with_pil(data: bytes, fmt: str, max_pixels: int) -> torch.Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
 
 
-def read_image(path: str | os.PathLike, *, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
+def dct_scale(width: int, height: int, target: int) -> int:
+    """The reduction a ``width`` x ``height`` JPEG is decoded at for a resize to ``target`` px per side.
+
+    The largest of 8, 4, 2 that keeps every side at or above ``target`` (libjpeg rounds a scaled
+    side up, so ``side // scale >= target`` is enough), else 1: an image under twice the target is
+    decoded whole.
+    """
+    fit = min(width // target, height // target)
+    return next((s for s in _DCT_SCALES if s <= fit), 1)
+
+
+def resize_target(size: int, crop_pct: float | None = None) -> int:
+    """The side ``resize_uint8`` brings the image's shorter side to at least: ``size``, or timm's
+    ``floor(size / crop_pct)`` before its centre crop."""
+    return size if crop_pct is None else math.floor(size / crop_pct)
+
+
+def _read_scaled(data: bytes, width: int, height: int, target: int) -> torch.Tensor | None:
+    """A JPEG decoded at ``dct_scale``'s reduction, or None when it has none or PIL cannot do it
+    here (the full decode then reads the file, and names its faults)."""
+    scale = dct_scale(width, height, target)
+    # A truncated file must fail, not come back half grey: that is PIL's default, which other code may
+    # have turned off, and then the full decoder (which checks for itself) reads the file instead.
+    if scale == 1 or ImageFile.LOAD_TRUNCATED_IMAGES:
+        return None
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if im.mode not in ("RGB", "L"):  # CMYK and the like: left to the full decode's conversion
+                return None
+            im.draft("RGB", (width // scale, height // scale))  # PIL picks the largest scale these allow: ours
+            im.load()
+            im = ImageOps.exif_transpose(im.convert("RGB"))
+            hwc = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8).view(im.height, im.width, 3)
+    except Exception:
+        return None
+    return hwc.permute(2, 0, 1)
+
+
+def read_image(path: str | os.PathLike, *, max_pixels: int = MAX_PIXELS, scale_to: int | None = None) -> torch.Tensor:
     """Decode ``path`` into a uint8 tensor [3, H, W], RGB and upright, or raise BadImage."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
         raise BadImage(f"cannot read file ({exc.strerror or type(exc).__name__})") from None
-    return decode_bytes(data, max_pixels=max_pixels)
+    return decode_bytes(data, max_pixels=max_pixels, scale_to=scale_to)
 
 
-def decode_bytes(data: bytes, *, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
-    """Decode an encoded image (a file's bytes, an upload) as ``read_image`` does, or raise BadImage."""
+def decode_bytes(data: bytes, *, max_pixels: int = MAX_PIXELS, scale_to: int | None = None) -> torch.Tensor:
+    """Decode an encoded image (a file's bytes, an upload) as ``read_image`` does, or raise BadImage.
+
+    ``scale_to``: the side the image will be resized to (``--decode fast``): a JPEG at least twice
+    that is decoded at a DCT scale that keeps every side at or above it (``dct_scale``).
+    """
     if not data:
         raise BadImage("empty file")
 
@@ -135,6 +187,10 @@ def decode_bytes(data: bytes, *, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
         return _read_with_pil(data, fmt, max_pixels)
 
     _check_pixels(*size, max_pixels)
+    if scale_to is not None and fmt == "JPEG":
+        scaled = _read_scaled(data, *size, scale_to)
+        if scaled is not None:
+            return scaled
     try:
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         img = _to_uint8(decode_image(buf, mode=ImageReadMode.RGB, apply_exif_orientation=True))
@@ -169,15 +225,16 @@ def resize_uint8(
     return F.center_crop(img, [size, size])
 
 
-def read_source(source: str | os.PathLike | bytes | torch.Tensor) -> torch.Tensor:
-    """A path, an encoded image's bytes, or an already decoded uint8 [3, H, W] tensor, as uint8 [3, H, W]."""
+def read_source(source: str | os.PathLike | bytes | torch.Tensor, scale_to: int | None = None) -> torch.Tensor:
+    """A path, an encoded image's bytes, or an already decoded uint8 [3, H, W] tensor, as uint8 [3, H, W]
+    (``scale_to``: see ``decode_bytes``)."""
     if isinstance(source, torch.Tensor):
         if source.dtype != torch.uint8 or source.ndim != 3 or source.shape[0] != 3:
             raise BadImage(f"expected a uint8 [3, H, W] RGB tensor, got {source.dtype} {tuple(source.shape)}")
         return source
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return decode_bytes(bytes(source))
-    return read_image(source)
+        return decode_bytes(bytes(source), scale_to=scale_to)
+    return read_image(source, scale_to=scale_to)
 
 
 def try_read(
@@ -185,11 +242,13 @@ def try_read(
     size: int | None = None,
     interpolation: str = "bilinear",
     crop_pct: float | None = None,
+    decode: str = "exact",
 ) -> torch.Tensor | str:
     """``read_source`` brought to size x size by ``resize_uint8`` (full size without ``size``), or why it
-    cannot be read."""
+    cannot be read; ``decode`` is one of ``DECODES`` (fast: see ``decode_bytes``)."""
     try:
-        img = read_source(source)
+        scale_to = resize_target(size, crop_pct) if decode == "fast" and size is not None else None
+        img = read_source(source, scale_to)
     except BadImage as e:
         return str(e)
     return img if size is None else resize_uint8(img, size, interpolation, crop_pct)

@@ -171,6 +171,7 @@ def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], 
             interpolation=interpolation,
             crop_pct=crop_pct,
             reader=images.reader,
+            decode=cfg.decode,
         )
         return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache
     found = scan(images.paths, workers=available_cores(), cache_path=scan_cache_path(images.root), reader=images.reader)

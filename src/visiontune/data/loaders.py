@@ -46,6 +46,7 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
                 interpolation=interpolation,
                 crop_pct=crop_pct,
                 reader=None if images.reader is None else images.reader.take(idx),
+                decode=cfg.decode,
             )
 
     workers, pin = loader_workers(cfg), torch.cuda.is_available()

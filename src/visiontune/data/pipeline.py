@@ -53,7 +53,8 @@ def readable(labels: torch.Tensor) -> torch.Tensor:
 
 
 class ImageDataset(Dataset):
-    """(uint8 [3,S,S] image, label) pairs, resized by ``decode.resize_uint8`` (``interpolation``, ``crop_pct``).
+    """(uint8 [3,S,S] image, label) pairs, resized by ``decode.resize_uint8`` (``interpolation``, ``crop_pct``),
+    decoded as ``decode`` says (``decode.DECODES``).
 
     A file that cannot be read (it broke after the scan) keeps its slot as a
     black image labelled ``UNREADABLE``: batches keep their size, so sharding
@@ -78,6 +79,7 @@ class ImageDataset(Dataset):
         interpolation: str = "bilinear",
         crop_pct: float | None = None,
         reader=None,
+        decode: str = "exact",
     ):
         # ``reader`` (an ImageSet's): then paths are names and the bytes of sample i are reader[i].
         self.reader = reader
@@ -85,6 +87,7 @@ class ImageDataset(Dataset):
         self.paths = paths if isinstance(paths, PathList) else list(paths)
         self.labels, self.size, self.report = label_array(labels), image_size, report
         self.interpolation, self.crop_pct = interpolation, crop_pct  # how resize_uint8 brings files to size
+        self.decode = decode
         self.failures_csv = failures_csv  # where files that fail at load time are recorded
         self.augment = augment
         self.threads = threads
@@ -97,11 +100,11 @@ class ImageDataset(Dataset):
         return {**self.__dict__, "_pool": None}
 
     def _decode(self, i: int) -> torch.Tensor | str:
-        # Full size when augmenting: the random crop comes before the resize.
+        # Full size when augmenting: the random crop comes before the resize (so no DCT scale either).
         source = self.paths[i] if self.reader is None else self.reader[i]
         if self.augment and self.augment.resizes:
             return try_read(source)
-        return try_read(source, self.size, self.interpolation, self.crop_pct)
+        return try_read(source, self.size, self.interpolation, self.crop_pct, self.decode)
 
     def _finish(self, i: int, img: torch.Tensor | str):
         if isinstance(img, str):

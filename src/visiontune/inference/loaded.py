@@ -66,6 +66,7 @@ class InferenceConfig:
     progress: bool = True
     num_workers: int | None = None  # None: strategy.loader_workers' choice
     timeout: float = 600.0  # seconds any collective may wait
+    decode: str | None = None  # decode.DECODES; None: as the model was trained (its RunInfo)
     # Never accumulated or logged: fixed, for make_accelerator.
     grad_accum: ClassVar[int] = 1
     log_with: ClassVar[None] = None
@@ -173,6 +174,7 @@ def forward(
         interpolation=loaded.info.interpolation,  # resized as the model was trained
         crop_pct=loaded.info.crop_pct,
         reader=reader,
+        decode=icfg.decode or loaded.info.decode,
     )
     loader = make_loader(
         dataset,

@@ -48,7 +48,7 @@ class Runtime:
 
     def prepare(self, data: bytes) -> torch.Tensor | str:
         """An upload as a uint8 [3, S, S] image, or why it cannot be read."""
-        return try_read(data, self.info.image_size, self.info.interpolation, self.info.crop_pct)
+        return try_read(data, self.info.image_size, self.info.interpolation, self.info.crop_pct, self.info.decode)
 
     def probabilities(self, images: list[torch.Tensor]) -> torch.Tensor:
         """[N, classes] probabilities of prepared images, on the CPU: float32 softmax, or for a multi-label

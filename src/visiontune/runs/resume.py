@@ -87,6 +87,14 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
             f"cannot resume exactly: the augmentation differs from the checkpoint's ({there} there, {here} now);"
             " resume with the checkpoint's settings, or train on from its weights in a new run with --init-from"
         )
+    # The same pixels too: a checkpoint from before --decode existed decoded exactly.
+    there = saved.get("decode", "exact")
+    if "decode" in current and there != current["decode"]:
+        raise UserError(
+            f"cannot resume: the checkpoint's images were decoded with --decode {there}, this run's with "
+            f"--decode {current['decode']}; resume with --decode {there}, or train on from its weights in a "
+            "new run with --init-from"
+        )
     # Checkpoints written before the position was kept in samples: the batch was in the saving run's units.
     samples = meta.get("samples", meta["batch"] * meta["config"]["batch_size"] * meta.get("world_size", 1))
     batch, rest = divmod(samples, current["batch_samples"])

@@ -3,7 +3,8 @@
 ``RunInfo`` is decided once, when training starts -- the model name and its
 source, the class names in label order, the image size, the mean/std the
 images were normalised with, the resize (interpolation, and timm's centre
-crop ``crop_pct`` or None for a plain squash to size), the visiontune
+crop ``crop_pct`` or None for a plain squash to size), the decode
+(``--decode``: exact, or fast with its DCT-scaled JPEGs), the visiontune
 version, and for a multi-label model ``multi_label`` and the per-class
 ``thresholds`` of its best epoch (``EpochOutputs`` adds them to the file) --
 and written into the run's ``config.json`` (its ``"model"`` section). The same
@@ -24,14 +25,14 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from visiontune.data.decode import INTERPOLATIONS
+from visiontune.data.decode import DECODES, INTERPOLATIONS
 from visiontune.errors import UserError
 from visiontune.models.spec import SOURCES
 from visiontune.settings.config import MEAN, STD
 
 KEY = "visiontune"
 # Fields added after descriptions were first written, with what older files mean by leaving them out.
-LATER: dict[str, Any] = {"interpolation": "bilinear", "crop_pct": None}
+LATER: dict[str, Any] = {"interpolation": "bilinear", "crop_pct": None, "decode": "exact"}
 # Written only for multi-label models (a single-label description stays as it was): one sigmoid per class,
 # and the per-class thresholds tuned on the validation split of the best epoch (None until one is known).
 MULTI_LABEL: dict[str, Any] = {"multi_label": False, "thresholds": None}
@@ -75,6 +76,7 @@ SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
     "interpolation": (lambda v: v in INTERPOLATIONS, f"one of {', '.join(INTERPOLATIONS)}"),
     "version": (lambda v: isinstance(v, str) and len(v) <= 100 and v.isprintable(), "a version string"),
     "crop_pct": (lambda v: v is None or _number(v, 1e-6, 2.0), "null or a number in (0, 2]"),
+    "decode": (lambda v: v in DECODES, f"one of {', '.join(DECODES)}"),
     "multi_label": (lambda v: isinstance(v, bool), "true or false"),
     "thresholds": (
         lambda v: v is None or (isinstance(v, (list, tuple)) and all(_number(x, 0.0, 1.0) for x in v)),
@@ -121,6 +123,7 @@ class RunInfo:
     crop_pct: float | None = None  # None: the whole image squashed to size (decode.resize_uint8)
     multi_label: bool = False  # one sigmoid per class (data/multilabel.py)
     thresholds: tuple[float, ...] | None = None  # multi-label: per class, tuned on the validation split
+    decode: str = "exact"  # decode.DECODES: how files were decoded before the resize (--decode)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -166,6 +169,7 @@ def describe(
     interpolation: str,
     crop_pct: float | None = None,
     multi_label: bool = False,
+    decode: str = "exact",
 ) -> RunInfo:
     from visiontune.version import __version__
 
@@ -180,6 +184,7 @@ def describe(
         __version__,
         crop_pct,
         multi_label,
+        decode=decode,
     )
 
 

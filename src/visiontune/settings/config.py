@@ -50,6 +50,11 @@ class TrainConfig:
         "centre crop: the short side resized to size / CROP_PCT, then the centre size x size kept, as timm "
         "evaluates (default: the model's for timm and Hub models; torchvision's squash the whole image; recorded)",
     )
+    decode: Literal["exact", "fast"] = _setting(
+        "exact",
+        "exact (every pixel decoded, then resized) or fast (a JPEG at least twice the image size decoded at a "
+        "DCT scale first: faster, pixels a few grey levels off; docs/performance.md); recorded",
+    )
     augment: Literal["none", "flip-crop", "light", "trivial", "randaugment"] | None = _setting(
         None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"
     )

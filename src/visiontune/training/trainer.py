@@ -115,6 +115,7 @@ def _identity(job: _Job, split_rec: dict, num_classes: int, class_weights: torch
         "interpolation": job.cfg.interpolation,
         "crop_pct": job.cfg.crop_pct,
         **{k: getattr(job.cfg, k) for k in resume.AUGMENTATION},
+        "decode": job.cfg.decode,
     }
 
 
@@ -246,7 +247,16 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     job = dataclasses.replace(job, cfg=cfg, setup=setup)
     mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(
-        cfg.model, spec.source, images.classes, cfg.image_size, mean, std, interpolation, crop_pct, images.multi_label
+        cfg.model,
+        spec.source,
+        images.classes,
+        cfg.image_size,
+        mean,
+        std,
+        interpolation,
+        crop_pct,
+        images.multi_label,
+        decode=cfg.decode,
     )
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
     # The train loader keeps full batches only: what an epoch trains on, of the train split.
