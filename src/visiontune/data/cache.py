@@ -1,20 +1,19 @@
 """``--cache``: decode and resize every image once into a memory-mapped uint8 array.
 
-The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images
-back to back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``,
-a small header whose ``key`` is a sha256 of the file list with each file's size and mtime, the image
-size, the resize (interpolation and crop) and the decode (``--decode``; a non-default one of these
-also names the files, so a bilinear and a bicubic cache of one data set live side by side), the
-format version and the torchvision release (its resize defines the pixels). A header whose key
-matches means the array is reusable; anything else rebuilds it in place, written to temp files and moved into place (array first,
-header last), so a reader never sees half a cache. Every process and every
-epoch reads the same file through the OS page cache: nothing is loaded into a
-process's own memory, and a process drops its page mappings after each read,
-so its resident memory does not grow with the data set. Files that fail to
-decode are stored as zeros, listed in the header, and skipped by
-``CachedDataset`` exactly as ``ImageDataset`` skips them. Samples read through a
-reader (datasets rows, shard members) are keyed by their names and the reader's
-content fingerprint instead of each file's size and mtime.
+The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images back to
+back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a small header whose
+``key`` is a sha256 of the file list with each file's size and mtime, the image size, the resize
+(interpolation and crop) and the decode (``--decode``; a non-default one of these also names the
+files, so a bilinear and a bicubic cache of one data set live side by side), the format version and
+the torchvision release (its resize defines the pixels). A header whose key matches means the array
+is reusable; anything else rebuilds it in place, written to temp files and moved into place (array
+first, header last), so a reader never sees half a cache. Every process and every epoch reads the
+same file through the OS page cache: nothing is loaded into a process's own memory, and a process
+drops its page mappings after each read, so its resident memory does not grow with the data set.
+Files that fail to decode are stored as zeros, listed in the header, and skipped by
+``CachedDataset`` exactly as ``ImageDataset`` skips them. Samples read through a reader (datasets
+rows, shard members) are keyed by their names and the reader's content fingerprint instead of each
+file's size and mtime.
 """
 
 from __future__ import annotations
