@@ -7,6 +7,10 @@ uint8 and are normalised on the device, inside the model step; the
 ``*_cpu_normalize`` figures add that step in the consuming process
 (``DeviceNormalize`` on the CPU), as a CPU-only run does, to end where the
 blog's loader ends: normalised floats.
+
+The ``--decode`` rows compare ``--decode fast`` with ``exact`` (and the blog's pipeline) at 64,
+128 and 224 px on the same JPEGs: at 64 px every file is decoded at a quarter or an eighth of its
+size, at 128 px at a half, at 224 px only the files at least 448 px on both sides, at a half.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 
 SIZE, BATCH, PER_CLASS = 224, 50, 100
+DECODE_SIZES = (64, 128, 224)
 
 
 def drain(loader, normalize=None) -> int:
@@ -44,28 +49,54 @@ def main() -> None:
     cached = make_loader(
         CachedDataset(cache, range(len(paths)), labels), BATCH, train=True, seed=0, num_workers=1, pin_memory=False
     )
-    res = interleave(
-        {
-            "blog_pil": lambda: timed(lambda: drain(blog)),
-            "visiontune": lambda: timed(lambda: drain(ours)),
-            "visiontune_cache": lambda: timed(lambda: drain(cached)),
-            "visiontune_cpu_normalize": lambda: timed(lambda: drain(ours, normalize)),
-            "visiontune_cache_cpu_normalize": lambda: timed(lambda: drain(cached, normalize)),
+    candidates = {
+        "blog_pil": lambda: timed(lambda: drain(blog)),
+        "visiontune": lambda: timed(lambda: drain(ours)),
+        "visiontune_cache": lambda: timed(lambda: drain(cached)),
+        "visiontune_cpu_normalize": lambda: timed(lambda: drain(ours, normalize)),
+        "visiontune_cache_cpu_normalize": lambda: timed(lambda: drain(cached, normalize)),
+    }
+    for size in DECODE_SIZES:
+        for decode in ("exact", "fast"):
+            ds = ImageDataset(paths, labels, size, decode=decode)
+            loader = make_loader(ds, BATCH, train=True, seed=0, num_workers=1, pin_memory=False)
+            candidates[f"{decode}_{size}"] = lambda loader=loader: timed(lambda: drain(loader))
+        if size != SIZE:
+            small = DataLoader(
+                BlogDataset(paths, size), batch_size=BATCH, shuffle=True, num_workers=1, persistent_workers=True
+            )
+            candidates[f"blog_{size}"] = lambda small=small: timed(lambda: drain(small))
+    res = interleave(candidates)
+    res[f"blog_{SIZE}"] = res["blog_pil"]
+    decode_rows = {
+        size: {
+            "fast_vs_exact": res[f"fast_{size}"]["median"] / res[f"exact_{size}"]["median"],
+            "fast_vs_blog": res[f"fast_{size}"]["median"] / res[f"blog_{size}"]["median"],
+            "exact_vs_blog": res[f"exact_{size}"]["median"] / res[f"blog_{size}"]["median"],
         }
-    )
+        for size in DECODE_SIZES
+    }
     base = res["blog_pil"]["median"]
     out = {
         "what": f"loader images/s, {len(paths)} JPEGs 300-500 px -> {SIZE} px, batch {BATCH}, 1 worker each; "
         "visiontune's batches are uint8 (normalised on the device); the *_cpu_normalize rows also "
         "normalise them in the consuming process, as a CPU-only run does",
         "images_per_s": res,
-        **{f"ratio_{k}_vs_blog": res[k]["median"] / base for k in res if k != "blog_pil"},
+        **{f"ratio_{k}_vs_blog": res[k]["median"] / base for k in res if k.startswith("visiontune")},
+        "decode": decode_rows,
         "targets": {"ratio_visiontune_vs_blog": 2.5, "ratio_visiontune_cache_vs_blog": 10.0},
     }
     print(
         f"loader: blog {base:.0f} img/s; "
-        + ", ".join(f"{k} {res[k]['median']:.0f} ({res[k]['median'] / base:.2f}x)" for k in res if k != "blog_pil")
+        + ", ".join(
+            f"{k} {res[k]['median']:.0f} ({res[k]['median'] / base:.2f}x)" for k in res if k.startswith("visiontune")
+        )
     )
+    for size, r in decode_rows.items():
+        print(
+            f"loader {size} px: fast {res[f'fast_{size}']['median']:.0f}, exact {res[f'exact_{size}']['median']:.0f}, "
+            f"blog {res[f'blog_{size}']['median']:.0f} img/s; fast/exact {r['fast_vs_exact']:.2f}x"
+        )
     write_result("loader", out)
 
 

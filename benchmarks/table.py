@@ -39,6 +39,18 @@ def rows() -> list[tuple[str, ...]]:
                     target,
                 )
             )
+        for size, q in r.get("decode", {}).items():
+            fast, exact = f"fast_{size}", f"exact_{size}"
+            out.append(
+                (
+                    f"Loader {size} px, 1 worker: `--decode fast` / `exact` "
+                    f"(blog PIL pipeline: {ips[f'blog_{size}']['median']:.0f} img/s)",
+                    f"{ips[fast]['median']:.0f} / {ips[exact]['median']:.0f} img/s",
+                    f"{q['fast_vs_exact']:.2f}x (fast / blog {q['fast_vs_blog']:.2f}x)",
+                    _best(ips, fast, exact) + "x",
+                    "",
+                )
+            )
     if r := _load("overhead"):
         ips = r["images_per_s"]
         out.append(
@@ -52,9 +64,10 @@ def rows() -> list[tuple[str, ...]]:
         )
     if r := _load("e2e"):
         m, q = r["median_seconds"], r["ratios"]
-        best = {k: min(x["epoch"] for x in v[1:]) for k, v in r["runs"].items()}  # [0] is the warm-up
+        best = {k: min(x["wall"] for x in v[1:]) for k, v in r["runs"].items()}  # [0] is the warm-up
         for key, label in (
             ("visiontune", "`visiontune train` (shufflenet_v2_x0_5 64 px)"),
+            ("visiontune_fast", "`visiontune train --decode fast`"),
             ("visiontune_1worker", "`visiontune train --num-workers 1`"),
             ("visiontune_cache", "`visiontune train --cache` (warm)"),
         ):
@@ -62,14 +75,26 @@ def rows() -> list[tuple[str, ...]]:
                 continue
             out.append(
                 (
-                    f"One epoch, blog script / {label}",
-                    f"{m['blog']['epoch']:.1f} / {m[key]['epoch']:.1f} s "
-                    f"(wall {m['blog']['wall']:.1f} / {m[key]['wall']:.1f} s)",
-                    f"{q[key + '_vs_blog_epoch']:.2f}x (wall {q[key + '_vs_blog_wall']:.2f}x)",
+                    f"Whole command, {r['what'].split(',')[0]}: blog script / {label}",
+                    f"wall {m['blog']['wall']:.1f} / {m[key]['wall']:.1f} s "
+                    f"(epochs {m['blog']['epoch']:.1f} / {m[key]['epoch']:.1f} s)",
+                    f"{q[key + '_vs_blog_wall']:.2f}x (epochs {q[key + '_vs_blog_epoch']:.2f}x)",
                     f"{best['blog'] / best[key]:.2f}x",
-                    ">= 1.5x" if key != "visiontune_1worker" else "",
+                    ">= 1.5x" if key in ("visiontune", "visiontune_fast") else "",
                 )
             )
+    if r := _load("contention"):
+        ips, s = r["images_per_s"], r["slowdown"]
+        out.append(
+            (
+                "Beside a 2-thread matmul process: slowdown of `visiontune train` / of a bare loop",
+                f"{s['visiontune']:.2f}x / {s['bare']:.2f}x (alone {ips['visiontune_alone']['median']:.0f} / "
+                f"{ips['bare_alone']['median']:.0f} img/s)",
+                f"{s['visiontune'] / s['bare']:.2f}",
+                "",
+                "<= 1",
+            )
+        )
     if r := _load("ddp"):
         ips = r["images_per_s"]
         out.append(
