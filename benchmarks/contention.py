@@ -18,16 +18,20 @@ import torch
 from common import interleave, python_env, sample_data, write_result
 from overhead import BATCH, LR, MODEL, PER_CLASS, SIZE, cached_images, hand_rate, visiontune_rate
 
+# It says "ready" once its first products are done: importing torch alone takes seconds on a busy machine.
 COMPETITOR = (
-    "import torch\ntorch.set_num_threads(2)\na = torch.randn(384, 384)\nwhile True:\n    a = (a @ a).clamp_(-1, 1)\n"
+    "import torch\ntorch.set_num_threads(2)\na = torch.randn(384, 384)\nfor _ in range(20):\n"
+    "    a = (a @ a).clamp_(-1, 1)\nprint('ready', flush=True)\nwhile True:\n    a = (a @ a).clamp_(-1, 1)\n"
 )
 
 
 def beside_competitor(fn):
     def run() -> float:
-        proc = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=python_env())
+        proc = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=python_env(), stdout=subprocess.PIPE, text=True)
         try:
-            time.sleep(2)  # the competitor is at full speed before the timing starts
+            if proc.stdout.readline().strip() != "ready":
+                raise SystemExit(f"the competing process ended before it started ({proc.wait()})")
+            time.sleep(1)  # its threads at full speed before the timing starts
             return fn()
         finally:
             proc.kill()
