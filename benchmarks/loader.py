@@ -11,18 +11,23 @@ blog's loader ends: normalised floats.
 The ``--decode`` rows compare ``--decode fast`` with ``exact`` (and the blog's pipeline) at 64,
 128 and 224 px on the same JPEGs: at 64 px every file is decoded at a quarter or an eighth of its
 size, at 128 px at a half, at 224 px only the files at least 448 px on both sides, at a half.
+Beside the loaders' images/s, ``decode_cpu_ms`` is the CPU time per image of decode + resize
+alone, one thread in this process (``time.process_time``, interleaved and repeated as the rest):
+on a machine shared with other work, CPU time moves far less than wall time.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader
 
 from common import WORK, BlogDataset, image_paths, interleave, sample_data, timed, write_result
 from visiontune.data.cache import CachedDataset, open_or_build
+from visiontune.data.decode import try_read
 from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
 
 SIZE, BATCH, PER_CLASS = 224, 50, 100
@@ -36,6 +41,14 @@ def drain(loader, normalize=None) -> int:
             images = normalize(images)
         n += len(labels)
     return n
+
+
+def decode_rate(paths: list[str], size: int, decode: str) -> float:
+    """Images per CPU second of decode + resize, in this process on one thread."""
+    start = time.process_time()
+    for p in paths:
+        try_read(p, size, decode=decode)
+    return len(paths) / (time.process_time() - start)
 
 
 def main() -> None:
@@ -68,11 +81,19 @@ def main() -> None:
             candidates[f"blog_{size}"] = lambda small=small: timed(lambda: drain(small))
     res = interleave(candidates)
     res[f"blog_{SIZE}"] = res["blog_pil"]
+    cpu = interleave(
+        {
+            f"{decode}_{size}": lambda size=size, decode=decode: decode_rate(paths, size, decode)
+            for size in DECODE_SIZES
+            for decode in ("exact", "fast")
+        }
+    )
     decode_rows = {
         size: {
             "fast_vs_exact": res[f"fast_{size}"]["median"] / res[f"exact_{size}"]["median"],
             "fast_vs_blog": res[f"fast_{size}"]["median"] / res[f"blog_{size}"]["median"],
             "exact_vs_blog": res[f"exact_{size}"]["median"] / res[f"blog_{size}"]["median"],
+            "cpu_fast_vs_exact": cpu[f"fast_{size}"]["median"] / cpu[f"exact_{size}"]["median"],
         }
         for size in DECODE_SIZES
     }
@@ -84,6 +105,8 @@ def main() -> None:
         "images_per_s": res,
         **{f"ratio_{k}_vs_blog": res[k]["median"] / base for k in res if k.startswith("visiontune")},
         "decode": decode_rows,
+        "decode_cpu_ms": {k: 1000 / v["median"] for k, v in cpu.items()},
+        "decode_images_per_cpu_s": cpu,
         "targets": {"ratio_visiontune_vs_blog": 2.5, "ratio_visiontune_cache_vs_blog": 10.0},
     }
     print(
@@ -95,7 +118,9 @@ def main() -> None:
     for size, r in decode_rows.items():
         print(
             f"loader {size} px: fast {res[f'fast_{size}']['median']:.0f}, exact {res[f'exact_{size}']['median']:.0f}, "
-            f"blog {res[f'blog_{size}']['median']:.0f} img/s; fast/exact {r['fast_vs_exact']:.2f}x"
+            f"blog {res[f'blog_{size}']['median']:.0f} img/s; fast/exact {r['fast_vs_exact']:.2f}x; decode + resize "
+            f"CPU ms/image fast {1000 / cpu[f'fast_{size}']['median']:.2f}, exact "
+            f"{1000 / cpu[f'exact_{size}']['median']:.2f} ({r['cpu_fast_vs_exact']:.2f}x)"
         )
     write_result("loader", out)
 

@@ -51,6 +51,17 @@ def rows() -> list[tuple[str, ...]]:
                     "",
                 )
             )
+            if "cpu_fast_vs_exact" in q:
+                cpu, ms = r["decode_images_per_cpu_s"], r["decode_cpu_ms"]
+                out.append(
+                    (
+                        f"Decode + resize to {size} px, CPU per image: `--decode exact` / `fast` (1 thread)",
+                        f"{ms[exact]:.2f} / {ms[fast]:.2f} ms",
+                        f"{q['cpu_fast_vs_exact']:.2f}x",
+                        _best(cpu, fast, exact) + "x",
+                        "",
+                    )
+                )
     if r := _load("overhead"):
         ips = r["images_per_s"]
         out.append(
