@@ -5,10 +5,12 @@ or a notebook would. Both trainers train what ``overhead.py`` trains (resnet18, 
 cached pixels); visiontune sizes its threads itself (``launch.threads_choice``), the bare loop keeps
 torch's default (one thread per core). The figure is each trainer's slowdown, alone / beside the
 competitor, in second-epoch training images/s; visiontune's must be no worse than the bare loop's.
+``VT_CONTENTION_PER_CLASS`` makes the data set smaller (default: ``overhead.py``'s).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -41,7 +43,7 @@ def beside_competitor(fn):
 
 
 def main() -> None:
-    data = sample_data(PER_CLASS)
+    data = sample_data(int(os.environ.get("VT_CONTENTION_PER_CLASS", PER_CLASS)))
     cfg, images, labels = cached_images(data)
     cfg = cfg.replace(threads=None)
     default_threads = torch.get_num_threads()
@@ -63,7 +65,8 @@ def main() -> None:
     )
     slow = {k: res[f"{k}_alone"]["median"] / res[f"{k}_contended"]["median"] for k in ("bare", "visiontune")}
     out = {
-        "what": f"train images/s, 2nd epoch, {MODEL} {SIZE} px, batch {BATCH}, lr {LR}, alone and beside a "
+        "what": f"train images/s, 2nd epoch, {MODEL} {SIZE} px, batch {BATCH}, lr {LR}, {len(labels)} train images, "
+        "alone and beside a "
         "2-thread matmul process; slowdown = alone / contended",
         "images_per_s": res,
         "slowdown": slow,
