@@ -152,7 +152,8 @@ def _read_scaled(data: bytes, width: int, height: int, target: int) -> torch.Ten
                 return None
             im.draft("RGB", (width // scale, height // scale))  # PIL picks the largest scale these allow: ours
             im.load()
-            im = ImageOps.exif_transpose(im.convert("RGB"))
+            im = im if im.mode == "RGB" else im.convert("RGB")  # convert would copy an RGB image too
+            ImageOps.exif_transpose(im, in_place=True)
             hwc = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8).view(im.height, im.width, 3)
     except Exception:
         return None
