@@ -51,6 +51,15 @@ def decode_rate(paths: list[str], size: int, decode: str) -> float:
     return len(paths) / (time.process_time() - start)
 
 
+def pixel_diffs(paths: list[str]) -> dict:
+    """Max and mean |fast - exact| in grey levels per target size, over every pixel of every file."""
+    out = {}
+    for size in DECODE_SIZES:
+        d = torch.stack([(try_read(p, size, decode="fast").int() - try_read(p, size).int()).abs() for p in paths])
+        out[size] = {"max": int(d.max()), "mean": round(float(d.float().mean()), 3)}
+    return out
+
+
 def main() -> None:
     torch.set_num_threads(1)  # the consumer; each loader worker is one more process
     paths = image_paths(sample_data(PER_CLASS))
@@ -106,6 +115,7 @@ def main() -> None:
         **{f"ratio_{k}_vs_blog": res[k]["median"] / base for k in res if k.startswith("visiontune")},
         "decode": decode_rows,
         "decode_cpu_ms": {k: 1000 / v["median"] for k, v in cpu.items()},
+        "fast_vs_exact_grey_levels": pixel_diffs(paths),
         "decode_images_per_cpu_s": cpu,
         "targets": {"ratio_visiontune_vs_blog": 2.5, "ratio_visiontune_cache_vs_blog": 10.0},
     }
