@@ -30,6 +30,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path(os.environ.get("VT_BENCH_WORK", "/tmp/visiontune-bench"))
 BLOG_MEAN, BLOG_STD = [0.4883, 0.4551, 0.4170], [0.2257, 0.2211, 0.2214]
 REPEATS = int(os.environ.get("VT_BENCH_REPEATS", "5"))
+WARMUP = int(os.environ.get("VT_BENCH_WARMUP", "1"))  # 0 only where time is short: the first round then counts
 
 
 def blog_transform(size: int) -> transforms.Compose:
@@ -67,7 +68,7 @@ def image_paths(data: Path) -> list[str]:
     return sorted(str(p) for p in (data / "train").glob("*.jpg"))
 
 
-def interleave(candidates: dict[str, Callable[[], float]], repeats: int = REPEATS, warmup: int = 1) -> dict:
+def interleave(candidates: dict[str, Callable[[], float]], repeats: int = REPEATS, warmup: int = WARMUP) -> dict:
     """Run each candidate (returns a rate, higher is better) in turn; medians after ``warmup`` rounds."""
     samples: dict[str, list[float]] = {k: [] for k in candidates}
     for r in range(warmup + repeats):

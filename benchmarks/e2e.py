@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, WORK, interleave, run, sample_data, write_result
+from common import ROOT, WARMUP, WORK, interleave, run, sample_data, write_result
 
 MODEL, SIZE, BATCH = "shufflenet_v2_x0_5", 64, 32
 PER_CLASS, EPOCHS = int(os.environ.get("VT_E2E_PER_CLASS", "1200")), int(os.environ.get("VT_E2E_EPOCHS", "2"))
@@ -106,7 +106,8 @@ def main() -> None:
             "visiontune_cache": lambda: visiontune(data, rec, "visiontune_cache", cache),
         }
     )
-    med = {k: {m: sorted(r[m] for r in v[1:])[len(v[1:]) // 2] for m in ("wall", "epoch")} for k, v in rec.items()}
+    rec = {k: v[WARMUP:] for k, v in rec.items()}  # the warm-up rounds left out
+    med = {k: {m: sorted(r[m] for r in v)[len(v) // 2] for m in ("wall", "epoch")} for k, v in rec.items()}
     ratios = {
         f"{k}_vs_blog_{m}": med["blog"][m] / med[k][m]
         for k in ("visiontune", "visiontune_fast", "visiontune_cache")

@@ -75,7 +75,7 @@ def rows() -> list[tuple[str, ...]]:
         )
     if r := _load("e2e"):
         m, q = r["median_seconds"], r["ratios"]
-        best = {k: min(x["wall"] for x in v[1:]) for k, v in r["runs"].items()}  # [0] is the warm-up
+        best = {k: min(x["wall"] for x in v) for k, v in r["runs"].items()}
         for key, label in (
             ("visiontune", "`visiontune train` (shufflenet_v2_x0_5 64 px)"),
             ("visiontune_fast", "`visiontune train --decode fast`"),
