@@ -173,7 +173,7 @@ def test_the_cache_is_keyed_by_the_decode(tmp_path, capsys):
 
 
 def test_the_decode_is_part_of_the_model_description(tmp_path):
-    info = runinfo.describe("resnet18", "torchvision", ["a", "b"], 32, MEAN, STD, "bilinear", None, "fast")
+    info = runinfo.describe("resnet18", "torchvision", ["a", "b"], 32, MEAN, STD, "bilinear", None, decode="fast")
     assert runinfo.RunInfo.from_dict(json.loads(info.metadata()[runinfo.KEY]), "x") == info
     older = {k: v for k, v in info.to_dict().items() if k != "decode"}  # written before the field
     assert runinfo.RunInfo.from_dict(older, "x").decode == "exact"
@@ -190,7 +190,7 @@ def test_predict_decodes_as_the_file_says_unless_told(tmp_path):
         paths[-1].write_bytes(jpeg(picture(i)))
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=2).eval()
-    info = runinfo.describe("resnet18", "torchvision", ["a", "b"], 32, MEAN, STD, "bilinear", None, "fast")
+    info = runinfo.describe("resnet18", "torchvision", ["a", "b"], 32, MEAN, STD, "bilinear", None, decode="fast")
     weights = tmp_path / "fast.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights), metadata=info.metadata())
 
