@@ -124,7 +124,7 @@ class TrainConfig:
     lr: float | str | None = _setting(
         None,
         "learning rate, or auto: lr-find's suggestion for this run (its sweep at the start, on the main process; "
-        "config.json records auto and the lr chosen, and a resume reuses that lr)",
+        "config.json records auto and the lr chosen, which a continued run keeps)",
     )
     momentum: float = _setting(0.9, "SGD momentum")
     weight_decay: float | None = _setting(None, "weight decay")
