@@ -20,10 +20,8 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-
 from common import WORK, python_env, run, write_result
+from visiontune.data.sample import overlapping_classes as overlapping
 
 RUN = ["--model", "timm/test_resnet", "--weights", "none", "--image-size", "16", "--no-progress"]
 RUN += ["--num-workers", "0", "--batch-size", "16", "--epochs", "3", "--recipe", "modern", "--threads", "1"]
@@ -33,17 +31,6 @@ CHOICES = {
     "--class-weights auto": ["--class-weights", "auto"],
     "--class-weights effective": ["--class-weights", "effective"],
 }
-
-
-def overlapping(out: Path, counts: dict[str, int], seed: int) -> None:
-    """Class folders of 16 px noisy squares, brightness N(100, 20) for cats and N(130, 20) for dogs."""
-    rng = np.random.default_rng(seed)
-    for name, n in counts.items():
-        (out / name).mkdir(parents=True)
-        for i in range(n):
-            level = rng.normal({"cat": 100.0, "dog": 130.0}[name], 20.0)
-            pixels = np.clip(level + rng.normal(0, 10, (16, 16, 3)), 0, 255).astype(np.uint8)
-            Image.fromarray(pixels).save(out / name / f"{i}.png")
 
 
 def data(root: Path) -> tuple[Path, Path]:

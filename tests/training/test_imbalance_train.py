@@ -8,25 +8,11 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from trainrun import assert_same_weights, final_weights, flags
 from visiontune import cli
-
-
-def overlapping(out: Path, counts: dict[str, int], seed: int) -> None:
-    """Class folders of 16 px noisy squares whose brightness differs by class but overlaps (means 100 and
-    130, spread 20): no model tells every image apart, so where it puts the boundary shows; a plain run
-    on 95/5 data puts it deep in the rare class, as the prior tells it to."""
-    rng = np.random.default_rng(seed)
-    for name, n in counts.items():
-        (out / name).mkdir(parents=True)
-        for i in range(n):
-            level = rng.normal({"cat": 100.0, "dog": 130.0}[name], 20.0)
-            pixels = np.clip(level + rng.normal(0, 10, (16, 16, 3)), 0, 255).astype(np.uint8)
-            Image.fromarray(pixels).save(out / name / f"{i}.png")
+from visiontune.data.sample import overlapping_classes as overlapping
 
 
 @pytest.fixture(scope="module")

@@ -151,3 +151,16 @@ def make_multilabel_data(out_dir: str | os.PathLike, *, count: int = 64, size: i
         lines.append(f"{name},{';'.join(present)}")
     (Path(out_dir) / "train.csv").write_text("\n".join(lines) + "\n")
     return {"classes": sorted(SHAPES), "labels": sets}  # in the order a run lists them
+
+
+def overlapping_classes(out: Path, counts: dict[str, int], seed: int) -> None:
+    """Class folders of 16 px noisy squares whose brightness differs by class but overlaps (means 100 and
+    130, spread 20): no model tells every image apart, so where it puts the boundary shows; a plain run
+    on 95/5 data puts it deep in the rare class, as the prior tells it to."""
+    rng = np.random.default_rng(seed)
+    for name, n in counts.items():
+        (out / name).mkdir(parents=True)
+        for i in range(n):
+            level = rng.normal({"cat": 100.0, "dog": 130.0}[name], 20.0)
+            pixels = np.clip(level + rng.normal(0, 10, (16, 16, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(out / name / f"{i}.png")
