@@ -171,7 +171,8 @@ def timm(train_py: Path, folders: dict, seed: int, epochs: int, size: int, out: 
     seconds = timed(cmd, env, cwd=str(train_py.parent))
     # Scored as train.py validates: its eval transform for this input size, on its best-on-validation weights.
     model = timm_lib.create_model(MODEL, num_classes=10, checkpoint_path=str(out / "run" / "model_best.pth.tar"))
-    data = ImageDataset(str(folders["test"]), transform=create_transform(**resolve_data_config({}, model=model)))
+    config = resolve_data_config({"input_size": (3, size, size)}, model=model)  # not timm's default 224 px
+    data = ImageDataset(str(folders["test"]), transform=create_transform(**config))
     model.eval()
     right = 0
     with torch.inference_mode():
@@ -228,6 +229,10 @@ def main() -> None:
     p.add_argument("--sets", default="digits,mnist5k", help=f"comma-separated: {', '.join(SETS)}")
     p.add_argument("--result", default="recipe", help="benchmarks/results/RESULT.json")
     p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: timm, fastai, {', '.join(VISIONTUNE)}")
+    p.add_argument("--jobs", type=int, default=1, help="(seed, data set) cells run at once (accuracy only)")
+    p.add_argument("--cell", help=argparse.SUPPRESS)  # SEED:SET, run by --jobs in a child process
+    p.add_argument("--cell-out", help=argparse.SUPPRESS)
+    p.add_argument("--stamp", help=argparse.SUPPRESS)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if len(seeds) < 2:
@@ -237,7 +242,7 @@ def main() -> None:
     ]
     env = python_env(threads=args.threads)  # the same threads for every tool
     work = WORK / "recipe"
-    stamp = str(int(time.time()))
+    stamp = args.stamp or str(int(time.time()))
     load_before = os.getloadavg()
     runs: dict = {}
     argv = [{args.timm_train: "TIMM_TRAIN", args.peer_python: "PEER_PYTHON"}.get(a, a) for a in sys.argv[1:]]
@@ -258,27 +263,64 @@ def main() -> None:
         data = SETS[name](work / "data" / f"{name}{args.per_class or ''}", args.peer_python, args.per_class)
         if data is not None:
             sets[name] = data
-    # Seeds outermost: every seed adds one run of each tool on each set, so a run cut short still compares.
-    for i, seed in enumerate(seeds):
-        for name, data in sets.items():
-            folders = seed_split(data, seed, work / "splits" / f"{data.name}-{seed}")
-            for tool in tools:
-                out = work / "runs" / f"{stamp}-{name}-{seed}-{tool}"
-                if tool == "timm":
-                    r = timm(Path(args.timm_train).resolve(), folders, seed, args.epochs, args.image_size, out, env)
-                elif tool == "fastai":
-                    r = fastai(args.peer_python, folders, seed, args.epochs, args.image_size, out, env)
-                else:
-                    r = visiontune(VISIONTUNE[tool], folders, seed, args.epochs, args.image_size, out, env)
-                runs.setdefault(name, {}).setdefault(tool, []).append(r)
-                line = f"{name:8s} seed {seed} {tool:24s} test acc {r['accuracy']:.3f}  {r['seconds']:.0f} s"
-                print(line, flush=True)
-        if i >= 1:  # written after every seed from the second on, marked complete after the last
-            load = {"before": load_before, "now": os.getloadavg()}
-            table = summary(runs, seeds[: i + 1], say=i == len(seeds) - 1)
-            complete = i == len(seeds) - 1
-            result = {**record, "complete": complete, "table": table, "runs": runs, "load_average": load}
-            write_result(args.result, result)
+    cells = [(seed, name) for seed in seeds for name in sets]
+    for seed, name in cells:  # made here, before any cell runs, so parallel cells never race on them
+        seed_split(sets[name], seed, work / "splits" / f"{sets[name].name}-{seed}")
+    if args.cell:
+        seed, name = int(args.cell.split(":")[0]), args.cell.split(":")[1]
+        cell = run_cell(args, tools, sets[name], name, seed, work, stamp, env)
+        Path(args.cell_out).write_text(json.dumps(cell))
+        return
+    if args.jobs > 1:
+        results = run_cells_in_parallel(args, cells, work, stamp)
+    else:
+        results = {(s, name): run_cell(args, tools, sets[name], name, s, work, stamp, env) for s, name in cells}
+    for seed, name in cells:  # in seed order, whichever finished first
+        for tool, r in results[(seed, name)].items():
+            runs.setdefault(name, {}).setdefault(tool, []).append(r)
+    load = {"before": load_before, "now": os.getloadavg()}
+    table = summary(runs, seeds, say=True)
+    result = {**record, "jobs": args.jobs, "complete": True, "table": table, "runs": runs, "load_average": load}
+    write_result(args.result, result)
+
+
+def run_cell(args, tools: list[str], data: Path, name: str, seed: int, work: Path, stamp: str, env: dict) -> dict:
+    """Every tool on one (seed, data set): {tool: {"accuracy", "seconds"}}, the tools one after another."""
+    folders = seed_split(data, seed, work / "splits" / f"{data.name}-{seed}")
+    cell = {}
+    for tool in tools:
+        out = work / "runs" / f"{stamp}-{name}-{seed}-{tool}"
+        if tool == "timm":
+            r = timm(Path(args.timm_train).resolve(), folders, seed, args.epochs, args.image_size, out, env)
+        elif tool == "fastai":
+            r = fastai(args.peer_python, folders, seed, args.epochs, args.image_size, out, env)
+        else:
+            r = visiontune(VISIONTUNE[tool], folders, seed, args.epochs, args.image_size, out, env)
+        cell[tool] = r
+        print(f"{name:8s} seed {seed} {tool:24s} test acc {r['accuracy']:.3f}  {r['seconds']:.0f} s", flush=True)
+    return cell
+
+
+def run_cells_in_parallel(args, cells: list, work: Path, stamp: str) -> dict:
+    """``--jobs N``: each (seed, data set) cell in its own process, N at once. The accuracies are those of
+    a one-at-a-time run (every tool is seeded and single-threaded); the wall times then include the
+    other cells' load, so speed is compared with ``--jobs 1``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(cell):
+        seed, name = cell
+        out = work / "cells" / f"{stamp}-{name}-{seed}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        argv = [a for a in sys.argv[1:]]
+        i = argv.index("--jobs") if "--jobs" in argv else None
+        if i is not None:
+            del argv[i : i + 2]
+        cmd = [sys.executable, __file__, *argv, "--cell", f"{seed}:{name}", "--cell-out", str(out), "--stamp", stamp]
+        subprocess.run(cmd, check=True, env={**os.environ})
+        return cell, json.loads(out.read_text())
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        return dict(pool.map(one, cells))
 
 
 def summary(runs: dict, seeds: list[int], say: bool) -> dict:
