@@ -43,6 +43,7 @@ SLOW = {
     "test_check_train_and_evaluate_use_the_nested_rule_and_report_counts",
     "test_single_process_job_lists_the_data_once",
     "test_first_cached_run_decodes_each_file_exactly_once",
+    "default_runs",  # test_default_cache.py: four runs, the default cache built, reused, off, over the cap
     "trained_run",
     "baseline_run",
     "logged",
@@ -180,13 +181,15 @@ def worker_env_module():
 
 @pytest.fixture
 def no_scan(monkeypatch):
-    """Fail the test if training gets as far as the bad-file scan: the problem must be found before it."""
+    """Fail the test if training gets as far as screening the files (the bad-file scan, or the image cache
+    that replaces it): the problem must be found before it."""
     from visiontune.data import jobdata
 
     def scan(*a, **kw):
-        raise AssertionError("the scan ran: the problem was found too late")
+        raise AssertionError("the files were screened (scan or image cache): the problem was found too late")
 
     monkeypatch.setattr(jobdata, "scan", scan)
+    monkeypatch.setattr(jobdata, "choose", scan)
 
 
 PYTHON = sys.executable
@@ -235,7 +238,8 @@ def trained_run(tmp_path_factory, sample_data) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _scan_cache_in_tmp(tmp_path_factory):
-    """Keep the bad-file scan's cache out of the user's home during tests."""
+    """Keep the bad-file scan's cache and the default image cache (``--cache fit``) out of the user's home
+    during tests: one folder for the session, so runs on the same data share one image cache."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("scan-cache")))
         yield

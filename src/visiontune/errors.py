@@ -7,3 +7,7 @@ nothing, so it sits below them all.
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""
+
+
+class NoSpaceError(UserError):
+    """A write that ran out of disk space or quota: a ``UserError`` a caller may also catch and work around."""

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from visiontune.errors import UserError
+from visiontune.errors import NoSpaceError
 
 
 @contextmanager
@@ -43,7 +43,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             # The temp file is gone and ``path`` was never touched: say so, in one line, not a traceback.
             kept = f"the previous {path.name} is kept whole" if path.exists() else f"no {path.name} was written"
-            raise UserError(
+            raise NoSpaceError(
                 f"no space left on the disk of {path.parent} while writing {path.name} ({e.strerror}); "
                 f"{kept}; free some space and run the command again"
             ) from None

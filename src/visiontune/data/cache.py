@@ -1,5 +1,10 @@
 """``--cache``: decode and resize every image once into a memory-mapped uint8 array.
 
+By default (``--cache fit``, ``choose``) the array goes in the user cache folder when it fits under a cap
+(the smaller of 8 GiB and a quarter of the free space there), and a run whose array does not fit, or
+cannot be written, decodes every epoch instead, after one line saying why; ``--cache DIR|auto`` always
+caches (in DIR, or the user cache folder) and ``--cache off`` never does. The pixels are the same either way.
+
 The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images back to
 back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a small header whose
 ``key`` is a sha256 of the file list with each file's size and mtime, the image size, the resize
@@ -22,6 +27,7 @@ import hashlib
 import json
 import mmap
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +41,7 @@ from visiontune.cluster.host import available_cores, user_cache_dir
 from visiontune.data.check import bounded_map, file_keys, name_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
 from visiontune.data.pipeline import label_array, sample_label, unreadable_label
-from visiontune.errors import UserError
+from visiontune.errors import NoSpaceError, UserError
 from visiontune.files import atomic_file, atomic_write
 
 CACHE_VERSION = 2  # 2: rows stored height x width x channel
@@ -159,6 +165,58 @@ def build(
     return ImageCache(array_path, image_size, len(paths), bad)
 
 
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where the cache of one (data set, size, resize, decode) lives in a folder, and the key it must carry."""
+
+    folder: str
+    array_path: str
+    header_path: str
+    key: str
+    count: int
+    image_size: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * 3 * self.image_size * self.image_size
+
+
+def _slot(folder, paths, image_size, interpolation, crop_pct, reader, decode) -> _Slot:
+    array_path, header_path = _files(folder, paths, image_size, _resize_tag(interpolation, crop_pct, decode))
+    key = cache_key(paths, image_size, interpolation, crop_pct, reader, decode)
+    return _Slot(folder, array_path, header_path, key, len(paths), image_size)
+
+
+def _build_in(slot: _Slot, paths, threads, interpolation, crop_pct, reader, decode) -> ImageCache:
+    """Build the cache in ``slot``, saying so; a folder that cannot be written raises ``OSError``, a full
+    disk ``NoSpaceError`` (nothing half-written is left either way)."""
+    # stdout, from whichever process builds: a second build in one job would show up here.
+    print(
+        f"visiontune: building the image cache {slot.array_path} ({slot.count} images at {slot.image_size} px, "
+        f"{interpolation}, {decode} decode)",
+        flush=True,
+    )
+    if threads is None:  # the other processes wait for this one: all the machine's cores may decode
+        threads = available_cores()
+    os.makedirs(slot.folder, exist_ok=True)
+    return build(
+        slot.array_path,
+        slot.header_path,
+        slot.key,
+        paths,
+        slot.image_size,
+        threads,
+        interpolation,
+        crop_pct,
+        reader,
+        decode,
+    )
+
+
 def open_or_build(
     cache: str,
     paths: Sequence[str],
@@ -171,30 +229,114 @@ def open_or_build(
     decode: str = "exact",
 ) -> ImageCache:
     """The cache of ``paths`` at ``image_size`` (decoded as ``decode`` says, resized as ``decode.resize_uint8``
-    does with ``interpolation`` and ``crop_pct``) in folder ``cache`` (or auto), built if missing or stale."""
-    folder = resolve_dir(cache)
-    array_path, header_path = _files(folder, paths, image_size, _resize_tag(interpolation, crop_pct, decode))
-    key = cache_key(paths, image_size, interpolation, crop_pct, reader, decode)
-    found = _load(array_path, header_path, key, len(paths), image_size)
+    does with ``interpolation`` and ``crop_pct``) in folder ``cache`` (or auto), built if missing or stale.
+    The folder was named by the user: one that cannot be written is an error."""
+    slot = _slot(resolve_dir(cache), paths, image_size, interpolation, crop_pct, reader, decode)
+    found = _load(slot.array_path, slot.header_path, slot.key, slot.count, image_size)
     if found is not None:
         return found
-    # stdout, from whichever process builds: a second build in one job would show up here.
-    print(
-        f"visiontune: building the image cache {array_path} ({len(paths)} images at {image_size} px, "
-        f"{interpolation}, {decode} decode)",
-        flush=True,
-    )
-    if threads is None:  # the other processes wait for this one: all the machine's cores may decode
-        threads = available_cores()
     try:
-        os.makedirs(folder, exist_ok=True)
-        return build(array_path, header_path, key, paths, image_size, threads, interpolation, crop_pct, reader, decode)
+        return _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode)
     except OSError as e:
         raise UserError(
-            f"cannot write the image cache in {folder} ({e.strerror or e}); pass --cache a writable "
-            f"folder with {len(paths) * 3 * image_size * image_size / 2**30:.1f} GiB free, "
-            "or leave --cache out"
+            f"cannot write the image cache in {slot.folder} ({e.strerror or e}); pass --cache a writable "
+            f"folder with {_gib(slot.nbytes)} free, or --cache off"
         ) from None
+
+
+# --cache's settings besides a folder: FIT, the default, caches in the user cache folder when the array
+# fits there; AUTO always caches there (an error if it cannot); OFF decodes the files every epoch.
+FIT, AUTO, OFF = "fit", "auto", "off"
+# FIT's cap: the smaller of FIT_MAX_BYTES and FIT_FREE_SHARE of the folder's free space. A cache nobody asked
+# for must not fill a disk: 8 GiB holds 700,000 images at 64 px (ImageNet-1k at 64 px is 15 GiB, at 224 px
+# 180 GiB), and three quarters of the free space stay for checkpoints, data sets and other users' files.
+# Above the cap --cache DIR (or auto) still caches: the user has then chosen the disk.
+FIT_MAX_BYTES = 8 * 2**30
+FIT_FREE_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class CacheChoice:
+    """What ``--cache`` came to in this run: the array read (None: each epoch decodes the files) and why."""
+
+    setting: str  # fit, auto, off or the folder given
+    path: str | None
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"setting": self.setting, "path": self.path, "why": self.why}
+
+    def text(self) -> str:
+        """The start-up table's row."""
+        return f"{self.path} ({self.why})" if self.path else f"off ({self.why})"
+
+
+def free_bytes(folder: str) -> int:
+    """Free bytes (for this user) on the disk that holds ``folder``, or would once it is made."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
+def fit_cap(folder: str) -> tuple[int, int]:
+    """(the most bytes ``--cache fit`` writes in ``folder``, the free bytes there)."""
+    free = free_bytes(folder)
+    return min(FIT_MAX_BYTES, int(free * FIT_FREE_SHARE)), free
+
+
+def choose(
+    setting: str | None,
+    paths: Sequence[str],
+    image_size: int,
+    threads: int | None = None,
+    *,
+    interpolation: str = "bilinear",
+    crop_pct: float | None = None,
+    reader=None,
+    decode: str = "exact",
+) -> tuple[ImageCache | None, CacheChoice]:
+    """The run's cache as ``--cache`` says (None: the files are decoded every epoch), and what was chosen and why.
+
+    ``fit`` reuses a cache of this data in the user cache folder whatever its size (it is on the disk already),
+    builds one there when it fits under the cap, and otherwise -- too big, or the folder cannot be written --
+    says so in one line and goes on without: the cache changes the speed only, never the pixels.
+    """
+    view = {"interpolation": interpolation, "crop_pct": crop_pct, "reader": reader, "decode": decode}
+    if setting in (None, OFF):  # None: a config.json from before --cache had a default
+        return None, CacheChoice(OFF, None, "--cache off: every epoch decodes the images")
+    if setting != FIT:
+        cache = open_or_build(setting, paths, image_size, threads, **view)
+        return cache, CacheChoice(setting, cache.array_path, f"--cache {setting}")
+    slot = _slot(user_cache_dir(), paths, image_size, interpolation, crop_pct, reader, decode)
+    found = _load(slot.array_path, slot.header_path, slot.key, slot.count, image_size)
+    if found is not None:
+        return found, CacheChoice(FIT, found.array_path, f"--cache fit: reused, {_gib(slot.nbytes)}")
+    try:
+        cap, free = fit_cap(slot.folder)
+    except OSError as e:
+        cap, free, problem = 0, 0, f"cannot read the free space of {slot.folder} ({e.strerror or e})"
+    else:
+        problem = (
+            None
+            if slot.nbytes <= cap
+            else f"the cache would take {_gib(slot.nbytes)}, over --cache fit's cap of {_gib(cap)} (the smaller "
+            f"of {_gib(FIT_MAX_BYTES)} and {FIT_FREE_SHARE:.0%} of the {_gib(free)} free in {slot.folder})"
+        )
+    if problem is None:
+        try:
+            built = _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode)
+            return built, CacheChoice(FIT, built.array_path, f"--cache fit: built, {_gib(slot.nbytes)}")
+        except NoSpaceError:  # the disk or the quota filled up while writing; nothing half-written is left
+            problem = f"the disk of {slot.folder} filled up while the cache was written"
+        except OSError as e:
+            problem = f"cannot write the cache in {slot.folder} ({e.strerror or e})"
+    print(
+        f"visiontune: no image cache: {problem}; every epoch decodes the images. To cache them, pass "
+        f"--cache DIR (a folder with {_gib(slot.nbytes)} free)",
+        flush=True,
+    )
+    return None, CacheChoice(FIT, None, problem)
 
 
 class CachedDataset(Dataset):

@@ -3,14 +3,16 @@
 ``visiontune train`` lists the data folder once, in the command itself; when it
 starts workers it leaves the listing in a temp file named by an environment
 variable, so no worker lists the folder again. Inside the job, each machine's
-local main process screens the files -- the bad-file scan, or on a first
-``--cache`` run the cache build, which records the bad files itself, so every
-image is decoded once -- on all of the machine's cores, while the other
-processes wait on the process group's key-value store by polling it: waiting
-for the scan is not a hung peer, so no collective (and no ``--timeout``) is
-involved however long it takes. The local main then hands the result to the
-other processes of its machine in one compact file, and every process drops
-the same bad files before the split.
+local main process screens the files -- on a first run the image cache's build
+(``--cache``, by default when it fits), which records the bad files itself, or
+the bad-file scan when there is no cache, so every image is decoded once -- on
+all of the machine's cores, while the other processes wait on the process
+group's key-value store by polling it: waiting for the scan is not a hung peer,
+so no collective (and no ``--timeout``) is involved however long it takes.
+The local main then hands the result to the other processes of its machine in
+one compact file, and every process drops the same bad files before the split.
+Machines choose the default cache each by its own free space; the pixels are
+the same either way.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 
 from visiontune.cluster.host import available_cores
 from visiontune.data import layouts
-from visiontune.data.cache import ImageCache, open_or_build
+from visiontune.data.cache import CacheChoice, ImageCache, choose
 from visiontune.data.check import (
     bad_fraction_error,
     scan,
@@ -50,6 +52,7 @@ class JobData:
     bad: list[tuple[str, str]]  # (path, reason): the layout's rejects, then the files that do not decode
     cache: ImageCache | None = None  # --cache: the decoded images
     rows: np.ndarray | None = None  # with a cache: each usable image's row in it (int64)
+    cache_choice: CacheChoice | None = None  # what --cache came to on this machine, and why (recorded)
 
 
 def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None:
@@ -157,25 +160,26 @@ def listed(
     return layouts.discover(data, image_column, label_column, multi_label=multi_label)
 
 
-def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None]:
-    """The bad files (layout rejects first) and, with --cache, the cache: each file decoded once."""
-    if cfg.cache:
-        from visiontune.models.build import input_view
+def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None, CacheChoice]:
+    """The bad files (layout rejects first) and the cache as --cache chose it: each file decoded once, by the
+    cache build, or by the scan when there is no cache to build."""
+    from visiontune.models.build import input_view
 
-        interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)  # as the loaders resize
-        cache = open_or_build(
-            cfg.cache,
-            images.paths,
-            cfg.image_size,
-            available_cores(),
-            interpolation=interpolation,
-            crop_pct=crop_pct,
-            reader=images.reader,
-            decode=cfg.decode,
-        )
-        return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache
+    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)  # as the loaders resize
+    cache, choice = choose(
+        cfg.cache,
+        images.paths,
+        cfg.image_size,
+        available_cores(),
+        interpolation=interpolation,
+        crop_pct=crop_pct,
+        reader=images.reader,
+        decode=cfg.decode,
+    )
+    if cache is not None:
+        return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache, choice
     found = scan(images.paths, workers=available_cores(), cache_path=scan_cache_path(images.root), reader=images.reader)
-    return list(images.rejects) + found, None
+    return list(images.rejects) + found, None, choice
 
 
 def _cache_dict(cache: ImageCache | None) -> dict | None:
@@ -221,10 +225,10 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
     if accelerator.is_local_main_process:
         try:
             images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
-            bad, cache = _screen(cfg, images)
+            bad, cache, choice = _screen(cfg, images)
             fd, path = tempfile.mkstemp(prefix="visiontune-data-", suffix=".bin")
             os.close(fd)
-            save_listing(images, path, {"bad": bad, "cache": _cache_dict(cache)})
+            save_listing(images, path, {"bad": bad, "cache": _cache_dict(cache), "choice": choice.to_dict()})
             store.set(f"{prefix}file/{machine}", path)
         except BaseException as e:
             store.set(
@@ -241,20 +245,24 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
         raise UserError(store.get(f"{prefix}error").decode())
     if not accelerator.is_local_main_process:
         images, extra = load_listing(store.get(f"{prefix}file/{machine}").decode())
-        bad, cache = [tuple(b) for b in extra["bad"]], _cache_from(extra["cache"])
+        bad, cache, choice = (
+            [tuple(b) for b in extra["bad"]],
+            _cache_from(extra["cache"]),
+            CacheChoice(**extra["choice"]),
+        )
     accelerator.wait_for_everyone()  # every process has read the file: quick, they all started together
     if path:
         os.unlink(path)
-    return images, bad, cache
+    return images, bad, cache, choice
 
 
 def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None = None) -> JobData:
     """The job's usable images, the same in every process; stops the run when too many are bad."""
     if accelerator.num_processes > 1:
-        images, bad, cache = _screen_per_machine(accelerator, cfg, images)
+        images, bad, cache, choice = _screen_per_machine(accelerator, cfg, images)
     else:
         images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
-        bad, cache = _screen(cfg, images)
+        bad, cache, choice = _screen(cfg, images)
     accelerator.print(images.describe())
     report = os.path.join(run_dir, "bad_files.csv")
     problem = bad_fraction_error(len(bad), len(images.paths) + len(images.rejects), cfg.max_bad_fraction, report)
@@ -267,7 +275,7 @@ def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None
         accelerator.print(f"visiontune: skipping {len(bad)} bad file(s), listed in {report}")
     drop = {p for p, _ in bad}
     if not drop:  # the common case: no copies of the lists
-        return JobData(images, bad, cache, np.arange(len(images.paths)) if cache else None)
+        return JobData(images, bad, cache, np.arange(len(images.paths)) if cache else None, choice)
     keep = np.flatnonzero(np.fromiter((p not in drop for p in images.paths), bool, len(images.paths)))
     usable = images.take(keep)
-    return JobData(usable, bad, cache, keep if cache else None)
+    return JobData(usable, bad, cache, keep if cache else None, choice)

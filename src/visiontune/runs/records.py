@@ -123,10 +123,13 @@ def write_records(
     run_dir: str,
     info: runinfo.RunInfo,
     overview: list[tuple[str, str]] = (),
+    image_cache: dict | None = None,
 ) -> None:
-    """The run folder's records (main process), and the trackers, which write into it."""
+    """The run folder's records (main process), and the trackers, which write into it; ``image_cache``
+    is what ``--cache`` came to (``cache.CacheChoice.to_dict``)."""
     record = {
         "config": cfg.to_dict(),
+        "image_cache": image_cache,
         "setup": setup.__dict__,
         "overview": dict(overview),  # the resolved setup as announced, for the report
         "versions": host.versions(),
@@ -155,7 +158,15 @@ def write_records(
 
 
 def finish(
-    accelerator, run_dir: str, since: float, history: list[dict], split: Split, images: ImageSet, setup, metric: str
+    accelerator,
+    run_dir: str,
+    since: float,
+    history: list[dict],
+    split: Split,
+    images: ImageSet,
+    setup,
+    metric: str,
+    image_cache: dict | None = None,
 ) -> dict:
     elapsed = time.time() - since
     summary = {
@@ -166,6 +177,7 @@ def finish(
         "train_split_size": len(split.train),
         "classes": images.classes,
         **setup.__dict__,
+        "image_cache": image_cache,  # total_seconds depends on it: a cache built, read, or none
     }
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
     accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")

@@ -101,7 +101,12 @@ class TrainConfig:
         "loader worker processes per process, or auto (default: "
         "cores - 1 with a GPU, none on a CPU, where threads decode)",
     )
-    cache: str | None = _setting(None, "decode once into a memory-mapped uint8 cache: a folder or auto")
+    cache: str | None = _setting(
+        "fit",
+        "decode and resize every image once into a memory-mapped uint8 cache that every epoch reads: fit (the "
+        "user cache folder when the cache fits in the smaller of 8 GiB and a quarter of its free space, else "
+        "no cache, said in one line), auto (the user cache folder, always), off (decode every epoch), or a folder",
+    )
     max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
     image_column: str | None = _setting(None, "hf: data: the image column (default: the one with the Image feature)")
     label_column: str | None = _setting(None, "hf: data: the label column (default: the ClassLabel one)")

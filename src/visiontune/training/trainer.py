@@ -274,13 +274,15 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     )
     if images.multi_label:
         rows = overview.multi_label(rows, cfg, described)
+    rows.append(("image cache", data.cache_choice.text()))
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
     identity = _identity(job, split_rec, len(images.classes), weights)
     resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
     records.announce(accelerator, cfg, setup, images, split, run_dir, rows, overview.recipe_note(cfg, spec.source))
-    records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info, rows)
+    cached = data.cache_choice.to_dict()
+    records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info, rows, cached)
     if swept is not None and accelerator.is_main_process:
         files.write_json(f"{run_dir}/{lrfind.RECORD}", swept)  # the sweep behind --lr auto's choice
     if accelerator.is_main_process:
@@ -288,4 +290,4 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
     parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader, weights)
     history = _fit(job, parts, normalize, identity, resumed, info)
-    return records.finish(accelerator, run_dir, since, history, split, images, setup, cfg.best_metric)
+    return records.finish(accelerator, run_dir, since, history, split, images, setup, cfg.best_metric, cached)
