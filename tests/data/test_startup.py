@@ -76,8 +76,8 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
     )
     out = tmp_path / "run"
     argv = [PYTHON, "-m", "visiontune", "train", *flags(data=data), *TINY]
-    done = subprocess.run(
-        [*argv, *flags(strategy="ddp", nproc=2, timeout=5, output_dir=out)],
+    done = subprocess.run(  # --cache off: the scan, not the cache build that replaces it by default
+        [*argv, *flags(strategy="ddp", nproc=2, timeout=5, output_dir=out, cache="off")],
         env=env,
         capture_output=True,
         text=True,
