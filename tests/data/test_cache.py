@@ -140,7 +140,7 @@ def test_dataset_pickles_without_the_array_and_augments_uint8(files, tmp_path):
 
 
 def test_two_ddp_processes_share_one_cache_built_once(sample_data, tmp_path, worker_env):
-    cache_dir = tmp_path / "cache"
+    cache_dir = tmp_path / "cache"  # the user cache folder: the default, --cache fit, caches there
     cmd = [
         PYTHON,
         "-m",
@@ -154,16 +154,17 @@ def test_two_ddp_processes_share_one_cache_built_once(sample_data, tmp_path, wor
             strategy="ddp",
             nproc=2,
             num_workers=0,
-            cache=cache_dir,
             output_dir=tmp_path / "run",
         ),
     ]
-    out = subprocess.run(cmd, env=worker_env, capture_output=True, text=True, timeout=300)
+    env = {**worker_env, "VISIONTUNE_CACHE_DIR": str(cache_dir)}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("building the image cache") == 1, out.stdout
     assert len(list(cache_dir.glob("*.u8"))) == 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["val_images_counted"] == summary["val_split_size"]
+    assert summary["image_cache"]["path"] == str(next(cache_dir.glob("*.u8")))
 
 
 def _rss_file_kib() -> int:

@@ -106,7 +106,7 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_scan(small_data
     (data / "cat.999.jpg").write_bytes(b"not a jpeg")
     cfg = TrainConfig(data=str(data.parent), model="squeezenet1_1", image_size=32)
     bad, cache, choice = jobdata._screen(cfg, layouts.discover(str(data.parent)))
-    assert cache is None and choice.path is None and "filled up" in choice.why
+    assert cache is None and choice.path is None and "no space was left" in choice.why
     assert [p for p, _ in bad] == [str(data / "cat.999.jpg")]  # found by the scan instead
     out = capsys.readouterr().out.splitlines()
     assert len([line for line in out if "no image cache" in line]) == 1, out

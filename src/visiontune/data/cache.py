@@ -50,7 +50,7 @@ _AROUND = max(mmap.PAGESIZE, 64 * 1024)
 
 def resolve_dir(cache: str) -> str:
     """``auto`` -> the user's cache folder (``host.user_cache_dir``); anything else is the folder itself."""
-    return user_cache_dir() if cache == "auto" else cache
+    return user_cache_dir() if cache == AUTO else cache
 
 
 def _resize_tag(interpolation: str, crop_pct: float | None, decode: str = "exact") -> str:
@@ -315,7 +315,7 @@ def choose(
     try:
         cap, free = fit_cap(slot.folder)
     except OSError as e:
-        cap, free, problem = 0, 0, f"cannot read the free space of {slot.folder} ({e.strerror or e})"
+        problem = f"cannot read the free space of {slot.folder} ({e.strerror or e})"
     else:
         problem = (
             None
@@ -328,7 +328,7 @@ def choose(
             built = _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode)
             return built, CacheChoice(FIT, built.array_path, f"--cache fit: built, {_gib(slot.nbytes)}")
         except NoSpaceError:  # the disk or the quota filled up while writing; nothing half-written is left
-            problem = f"the disk of {slot.folder} filled up while the cache was written"
+            problem = f"no space was left in {slot.folder} (a full disk or quota) while the cache was written"
         except OSError as e:
             problem = f"cannot write the cache in {slot.folder} ({e.strerror or e})"
     print(
