@@ -43,7 +43,7 @@ SLOW = {
     "test_check_train_and_evaluate_use_the_nested_rule_and_report_counts",
     "test_single_process_job_lists_the_data_once",
     "test_first_cached_run_decodes_each_file_exactly_once",
-    "default_runs",  # test_default_cache.py: four runs, the default cache built, reused, off, over the cap
+    "default_runs",  # test_default_cache.py: the default cache built, reused, off, over the cap; a resume
     "trained_run",
     "baseline_run",
     "logged",

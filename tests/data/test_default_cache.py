@@ -7,6 +7,7 @@ import contextlib
 import errno
 import io
 import json
+import shutil
 
 import pytest
 
@@ -32,11 +33,16 @@ def default_runs(small_data, tmp_path_factory):
         with contextlib.redirect_stdout(printed):
             code = main(["train", *flags(data=small_data, output_dir=tmp / name), *ARGS, *extra])
         assert code == 0, printed.getvalue()[-2000:]
-        files = {p.name: p.stat().st_mtime_ns for p in (tmp / user).iterdir()}
+        # The image cache's files (the scan keeps its verdicts beside them, as scan-*)
+        files = {p.name: p.stat().st_mtime_ns for p in (tmp / user).iterdir() if not p.name.startswith("scan-")}
         out[name] = (tmp / name, printed.getvalue(), files)
 
     with pytest.MonkeyPatch.context() as mp:
-        train("first", "user")
+        train("first", "user", "--save-every-steps", "4")  # a checkpoint half way through the epoch, too
+        # The first run as if stopped after step 4, continued without a cache: the cache is for speed only.
+        shutil.copytree(tmp / "first", tmp / "resumed")
+        shutil.rmtree(tmp / "resumed" / "checkpoints" / "e0001-b0000000")
+        train("resumed", "user", "--resume", "auto", "--cache", "off")
         train("second", "user")
         train("off", "off-user", "--cache", "off")
         # A disk whose quarter of the free space is one byte short of the cache: over the cap.
@@ -64,9 +70,16 @@ def test_the_default_builds_the_cache_in_the_user_cache_folder_and_the_next_run_
     assert_same_weights(final_weights(first, 1), final_weights(second, 1))
 
 
+def test_a_run_continued_with_another_cache_setting_ends_with_the_same_weights(default_runs):
+    resumed, printed, _ = default_runs["resumed"]
+    assert "resuming from" in printed and "e0000-b0000004" in printed
+    assert _record(resumed, "summary.json")["setting"] == "off"
+    assert_same_weights(final_weights(default_runs["first"][0], 1), final_weights(resumed, 1))
+
+
 def test_off_decodes_every_epoch_and_trains_the_same_weights_as_the_default(default_runs):
     off, printed, files = default_runs["off"]
-    assert BUILD not in printed and not [n for n in files if n.endswith(".u8")]  # only the scan's verdicts
+    assert BUILD not in printed and not files
     assert _record(off, "summary.json") == {
         "setting": "off",
         "path": None,
@@ -80,7 +93,7 @@ def test_a_data_set_over_the_cap_says_so_in_one_line_and_trains_as_off(default_r
     lines = [line for line in printed.splitlines() if "no image cache" in line]
     assert len(lines) == 1 and BUILD not in printed, printed
     assert "the cache would take 0.1 MiB, over --cache fit's cap" in lines[0] and "pass --cache DIR" in lines[0]
-    assert not [n for n in files if n.endswith(".u8")]
+    assert not files
     record = _record(over, "config.json")
     assert record["setting"] == "fit" and record["path"] is None and "over --cache fit's cap" in record["why"]
     assert_same_weights(final_weights(default_runs["off"][0], 1), final_weights(over, 1))
