@@ -34,9 +34,10 @@ DISTRIBUTED = {
     "uninterrupted",  # the fault-injection matrix's reference runs (single and ddp)
     "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
     "test_timm_under_ddp_saves_a_self_describing_model_and_counts_val_once",
-    "test_ddp_on_hf_data_with_its_own_odd_validation_split_counts_each_image_once",
+    "test_ddp_on_hf_data_with_its_own_odd_validation_split_killed_mid_epoch_resumes_to_the_folder_run",
     "test_ddp_x2_equals_one_process_and_counts_every_val_image_once",  # test_multilabel.py
     "test_ddp_on_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_every_sample_once",
+    "ddp_reference",  # test_formats_train.py: the ddp folder run that the shards and hf: jobs must end as
 }
 SLOW = {
     "test_train_with_group_by_records_the_grouped_split_and_resumes_only_with_it",

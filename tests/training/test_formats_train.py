@@ -14,11 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import FAST
+from conftest import FAST, _worker_env
 from trainrun import PYTHON, SQUEEZENET, assert_same_weights, env_for, flags, run, start, wait_for
 from visiontune.cli.commands import main
 from visiontune.data.layouts import discover
 from visiontune.data.sample import make_sample_data
+from visiontune.data.split import relative_paths
 from visiontune.runs import checkpoint
 
 datasets = pytest.importorskip("datasets")
@@ -27,8 +28,9 @@ pytest.importorskip("webdataset")
 ONE_EPOCH = [*FAST, *flags(num_workers=0, batch_size=4, epochs=1, timeout=60, max_bad_fraction=0.1)]
 
 
-def _hf_copy(folder: Path, out: Path, validation: slice | None = None) -> str:
-    """The folder's listing (bad file included) as a datasets set saved with save_to_disk, rows in its order."""
+def _hf_copy(folder: Path, out: Path, splits: dict[str, list[str]] | None = None) -> str:
+    """The folder's listing (bad file included) as a datasets set saved with save_to_disk, rows in its order;
+    with ``splits`` (split name: the folder's relative names), as those splits, rows in the names' order."""
     images = discover(str(folder))
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=images.classes)})
     rows = {
@@ -36,15 +38,12 @@ def _hf_copy(folder: Path, out: Path, validation: slice | None = None) -> str:
         "label": images.labels.tolist(),
     }
     whole = datasets.Dataset.from_dict(rows, features=features)
-    if validation is None:
+    if splits is None:
         whole.save_to_disk(str(out))
     else:
-        val = set(range(len(whole))[validation])
-        parts = {
-            "train": whole.select([i for i in range(len(whole)) if i not in val]),
-            "validation": whole.select(sorted(val)),
-        }
-        datasets.DatasetDict({k: v.flatten_indices() for k, v in parts.items()}).save_to_disk(str(out))
+        row = {name: i for i, name in enumerate(relative_paths(images.paths, range(len(images)), images.root))}
+        parts = {k: whole.select([row[n] for n in names]).flatten_indices() for k, names in splits.items()}
+        datasets.DatasetDict(parts).save_to_disk(str(out))
     return f"hf:{out}"
 
 
@@ -131,22 +130,6 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_folder_runs_tensors(
         assert all(torch.equal(got[k][n], want[k][n]) for n in want[k] if isinstance(want[k][n], torch.Tensor))
 
 
-def test_ddp_on_hf_data_with_its_own_odd_validation_split_counts_each_image_once(tmp_path, formats, worker_env):
-    """2 processes, 5 validation rows (the data's own split): each counted once, none padded in."""
-    data = _hf_copy(Path(formats["folder"]), tmp_path / "hf", validation=slice(0, 20, 4))
-    out = tmp_path / "run"
-    argv = [PYTHON, "-m", "visiontune", "train", "--data", data, "--output-dir", str(out), *SQUEEZENET]
-    argv += flags(timeout=60, epochs=1, batch_size=2, strategy="ddp", nproc=2, max_bad_fraction=0.1)
-    done = run(argv, env_for(worker_env, tmp_path))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "its own train/validation splits" in done.stdout
-    summary = json.loads((out / "summary.json").read_text())
-    split = json.loads((out / "split.json").read_text())
-    # Row 5 of the folder's order (the corrupt cat.5.jpg) is train row 4 here: skipped, so 14 train, 5 val.
-    assert split["counts"] == {"train": 14, "val": 5} and split["val"] == [f"validation/{i}" for i in range(5)]
-    assert summary["val_images_counted"] == 5
-
-
 # Loaded into every process of a job (launcher and workers) through PYTHONPATH: notes each sample the loaders
 # hand to training or validation -- its rank, phase (a train index carries its epoch) and file name -- one
 # O_APPEND line each, so the lines of concurrent processes never interleave.
@@ -160,7 +143,8 @@ if os.environ.get("VT_TEST_READS"):
 
     def _finish(self, i, img):
         phase = f"train {i.epoch}" if isinstance(i, EpochIndex) else "other -"
-        line = f"{os.environ.get('RANK', '0')} {phase} {os.path.basename(self.paths[i])}\\n"
+        name = "/".join(self.paths[i].split("/")[-2:])  # the folder's train/cat.1.jpg, an hf row's train/7
+        line = f"{os.environ.get('RANK', '0')} {phase} {name}\\n"
         fd = os.open(os.environ["VT_TEST_READS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())
@@ -181,77 +165,110 @@ def _reads(log: Path) -> dict[tuple[str, str], list[str]]:
     return out
 
 
-def test_ddp_on_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_every_sample_once(tmp_path, worker_env):
-    """ddp x2 with --augment on shards, kill -9 (launcher and workers) after a seeded random step, --resume
-    auto: the final tensors are those of an uninterrupted ddp run on the folder the shards were made from;
-    rank by rank, the resumed job reads exactly the samples the uninterrupted one read after that point;
-    each epoch, every train sample once across the ranks; the 5 validation images (odd: one rank has fewer)
-    counted once."""
-    make_sample_data(tmp_path / "data", per_class=11, test_count=0, seed=5)
-    (tmp_path / "data" / "train" / "dog.10.jpg").unlink()  # 21 images: 16 train (4 global batches of 4), 5 val
-    assert main(["shard", str(tmp_path / "data"), "--out", str(tmp_path / "shards"), "--shard-size", "50KB"]) == 0
-    assert len(list((tmp_path / "shards").glob("*.tar"))) > 2
-    hooks = tmp_path / "hooks"
+DDP_STEPS = 4  # 16 train images, a global batch of 4
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory):
+    """An uninterrupted ddp x2 --augment run on a 21-image folder (16 train, 5 validation: odd, so one rank
+    has fewer), with what each rank read: the run a killed and resumed job on its shards or its hf: copy
+    must end as. Each epoch it read every train image once across the ranks."""
+    tmp = tmp_path_factory.mktemp("ddp-reference")
+    make_sample_data(tmp / "data", per_class=11, test_count=0, seed=5)
+    (tmp / "data" / "train" / "dog.10.jpg").unlink()
+    hooks = tmp / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(READS)
-    env = env_for(worker_env, tmp_path)
+    env = env_for(_worker_env(), tmp)
     env["PYTHONPATH"] = f"{hooks}:{env['PYTHONPATH']}"
-    ddp = [*SQUEEZENET, *flags(timeout=60, epochs=EPOCHS, batch_size=2, strategy="ddp", nproc=2)]
-    ddp += [*flags(num_workers=0, save_every_steps=1), "--augment"]
-    steps = 4
-
-    def job(data: str, out: Path, log: Path, *extra: str) -> list[str]:
-        env["VT_TEST_READS"] = str(log)
-        return [PYTHON, "-m", "visiontune", "train", "--data", data, "--output-dir", str(out), *ddp, *extra]
-
-    reference = tmp_path / "folder-run"
-    done = run(job(str(tmp_path / "data"), reference, tmp_path / "folder.reads"), env)
+    ref = {"tmp": tmp, "data": tmp / "data", "run": tmp / "folder-run", "env": env}
+    done = run(_ddp_job(ref, str(ref["data"]), ref["run"], tmp / "folder.reads"), env)
     assert done.returncode == 0, done.stderr[-3000:]
+    split = json.loads((ref["run"] / "split.json").read_text())
+    assert (len(split["train"]), len(split["val"])) == (16, 5)
+    ref |= {"split": split, "reads": _reads(tmp / "folder.reads")}
+    for e in range(EPOCHS):
+        both = ref["reads"]["0", str(e)] + ref["reads"]["1", str(e)]
+        assert sorted(both) == sorted(split["train"]) and len(both) == len(split["train"])
+    return ref
 
-    out = tmp_path / "shards-run"
-    proc = start(job(str(tmp_path / "shards"), out, tmp_path / "killed.reads"), env, tmp_path / "killed.log")
-    step = random.Random("shards-ddp").randint(1, EPOCHS * steps - 2)
-    wait_for(out / "checkpoints" / checkpoint.name(*divmod(step, steps)), proc)
+
+def _ddp_job(ref: dict, data: str, out: Path, log: Path, *extra: str) -> list[str]:
+    ref["env"]["VT_TEST_READS"] = str(log)
+    argv = [PYTHON, "-m", "visiontune", "train", "--data", data, "--output-dir", str(out), *SQUEEZENET]
+    argv += [*flags(timeout=60, epochs=EPOCHS, batch_size=2, strategy="ddp", nproc=2), "--augment"]
+    return argv + [*flags(num_workers=0, save_every_steps=1), *extra]
+
+
+def _killed_and_resumed(ref: dict, data: str, tmp_path: Path, rename=lambda name: name) -> tuple[str, dict]:
+    """The ddp job on ``data`` (a copy of the reference's folder) killed with kill -9, launcher and workers,
+    after a seeded random step, then ``--resume auto``: its final tensors and per-epoch numbers are the
+    reference run's; rank by rank, what the killed job read before the checkpoint it resumed from and
+    what the resumed job read after it are together the reference's reads, in order (so every train
+    sample once per epoch across the ranks); the validation images were each counted once. ``rename``
+    turns ``data``'s sample names into the folder's. The resumed job's output and split record back."""
+    env, out = ref["env"], tmp_path / "run"
+    proc = start(_ddp_job(ref, data, out, tmp_path / "killed.reads"), env, tmp_path / "killed.log")
+    step = random.Random(data.rpartition("/")[2]).randint(1, EPOCHS * DDP_STEPS - 2)
+    wait_for(out / "checkpoints" / checkpoint.name(*divmod(step, DDP_STEPS)), proc)
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     assert not (out / "checkpoints" / checkpoint.name(EPOCHS, 0)).exists(), "the run ended before the kill"
-    resumed = run(job(str(tmp_path / "shards"), out, tmp_path / "resumed.reads", "--resume", "auto"), env)
+    resumed = run(_ddp_job(ref, data, out, tmp_path / "resumed.reads", "--resume", "auto"), env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "the split recorded in index.json" in resumed.stdout
     at = re.search(r"resuming from \S+ \(Epoch (\d+)/\d+, after batch (\d+)\)", resumed.stdout)
     assert at, resumed.stdout[-3000:]
     epoch, batch = int(at[1]) - 1, int(at[2])
 
     # Bit-identical: every tensor of the model and of the optimizer state.
-    final, want = (d / "checkpoints" / checkpoint.name(EPOCHS, 0) for d in (out, reference))
+    final, want = (d / "checkpoints" / checkpoint.name(EPOCHS, 0) for d in (out, ref["run"]))
     assert_same_weights(load_file(str(final / "model.safetensors")), load_file(str(want / "model.safetensors")))
     got, expected = (torch.load(c / "optimizer.bin", weights_only=True)["state"] for c in (final, want))
     assert got.keys() == expected.keys()
     for k in expected:
         assert all(torch.equal(got[k][n], v) for n, v in expected[k].items() if isinstance(v, torch.Tensor))
-    history = [json.loads((d / "history.json").read_text()) for d in (out, reference)]
+    history = [json.loads((d / "history.json").read_text()) for d in (out, ref["run"])]
     assert [(h["train"]["images"], h["val"]["accuracy"]) for h in history[0]] == [
         (h["train"]["images"], h["val"]["accuracy"]) for h in history[1]
     ]
 
-    # What each rank read. The folder run: each epoch, the 16 train images once across the two ranks.
     split = json.loads((out / "split.json").read_text())
-    folder_split = json.loads((reference / "split.json").read_text())
-    assert [split[k] for k in ("train", "val", "sha256")] == [folder_split[k] for k in ("train", "val", "sha256")]
-    train, val = ({Path(p).name for p in split[k]} for k in ("train", "val"))
-    assert (len(train), len(val)) == (16, 5)
-    folder, killed, after = (_reads(tmp_path / f"{n}.reads") for n in ("folder", "killed", "resumed"))
-    for e in range(EPOCHS):
-        both = folder["0", str(e)] + folder["1", str(e)]
-        assert sorted(both) == sorted(train) and len(both) == len(train)
-    # The shards job, killed then resumed: before the checkpoint it resumed from, what the killed job read;
-    # after it, what the resumed job read; together, rank by rank, the folder run's reads in the same order.
+    assert [[rename(n) for n in split[k]] for k in ("train", "val")] == [ref["split"][k] for k in ("train", "val")]
+    killed, after = (_reads(tmp_path / f"{n}.reads") for n in ("killed", "resumed"))
     per_rank = batch * 2  # batches of 2 per rank
     for rank in ("0", "1"):
         for e in range(EPOCHS):
-            before = killed.get((rank, str(e)), []) if e < epoch else killed.get((rank, str(e)), [])[:per_rank]
+            before = killed.get((rank, str(e)), []) if e <= epoch else []  # after the checkpoint: not kept
+            before = before if e < epoch else before[:per_rank]
             later = after.get((rank, str(e)), [])
-            assert before + later == folder[rank, str(e)], (rank, e)
-    # Validation (and anything else read without an epoch): the 5 validation images, counted once each.
-    assert {n for rank in ("0", "1") for n in after.get((rank, "other"), [])} == val
+            assert [rename(n) for n in before + later] == ref["reads"][rank, str(e)], (rank, e)
+    # Validation (and anything else read without an epoch, such as the top-losses figure): the 5 validation
+    # images, counted once each.
+    assert {rename(n) for rank in ("0", "1") for n in after.get((rank, "other"), [])} == set(ref["split"]["val"])
     assert json.loads((out / "summary.json").read_text())["val_images_counted"] == 5
+    return resumed.stdout, split
+
+
+def test_ddp_on_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_every_sample_once(tmp_path, ddp_reference):
+    """ddp x2 with --augment on the folder's shards (several of them), killed and resumed: the folder run's
+    tensors, reads and split record, to its hash (``_killed_and_resumed``)."""
+    data = tmp_path / "shards"
+    assert main(["shard", str(ddp_reference["data"]), "--out", str(data), "--shard-size", "50KB"]) == 0
+    assert len(list(data.glob("*.tar"))) > 2
+    said, split = _killed_and_resumed(ddp_reference, str(data), tmp_path)
+    assert "the split recorded in index.json" in said
+    assert split["sha256"] == ddp_reference["split"]["sha256"]
+
+
+def test_ddp_on_hf_data_with_its_own_odd_validation_split_killed_mid_epoch_resumes_to_the_folder_run(
+    tmp_path, ddp_reference
+):
+    """ddp x2 with --augment on an hf: copy of the folder whose own train/validation splits are the folder
+    run's seeded split (5 validation rows: odd), killed and resumed: the folder run's tensors and reads,
+    row for image (``_killed_and_resumed``)."""
+    rows = {"train": ddp_reference["split"]["train"], "validation": ddp_reference["split"]["val"]}
+    data = _hf_copy(ddp_reference["data"], tmp_path / "hf", splits=rows)
+    names = {f"{part}/{row}": name for part, listed in rows.items() for row, name in enumerate(listed)}
+    said, split = _killed_and_resumed(ddp_reference, data, tmp_path, names.__getitem__)
+    assert "its own train/validation splits" in said
+    assert split["counts"] == {"train": 16, "val": 5}
