@@ -3,11 +3,14 @@ skipped and counted, exact resume after kill -9, every validation image counted 
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import random
 import re
 import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -86,6 +89,66 @@ def test_shards_and_hf_data_train_exactly_like_the_folder_they_were_made_from(tm
     # The same bad row is more than --max-bad-fraction allows by default: the run stops before training.
     assert main(["train", "--data", formats["hf"], "--output-dir", str(tmp_path / "stop"), *FAST]) == 2
     assert "1 of 20 files are bad" in capsys.readouterr().err
+
+
+@contextmanager
+def _served(folder: str):
+    """``folder`` over HTTP on localhost, from a thread of this process: the base URL, and the paths asked."""
+    asked: list[str] = []
+
+    class Files(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=folder, **kwargs)
+
+        def log_message(self, *args):
+            asked.append(self.path)  # and nothing on stderr
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_shards_from_an_http_url_are_copied_whole_and_train_as_the_local_shards(tmp_path, formats, monkeypatch, capsys):
+    """`--data URL/shards-{...}.tar`: the shards and index.json fetched through webdataset's opener into the
+    shard cache, then trained on exactly as the same shards on disk; the URL is the run's data, so a later
+    evaluate finds it (served from the cache, the server gone). A missing URL: one line, exit 2."""
+    monkeypatch.setenv("VISIONTUNE_SHARD_CACHE", str(tmp_path / "shard-cache"))
+    local = sorted(Path(formats["shards"]).glob("*.tar"))
+    pattern = f"shards-{{000000..{len(local) - 1:06d}}}.tar"
+    local_run, url_run = tmp_path / "local", tmp_path / "url"
+    assert main(["train", "--data", f"{formats['shards']}/{pattern}", "--output-dir", str(local_run), *ONE_EPOCH]) == 0
+    with _served(formats["shards"]) as (base, asked):
+        url = f"{base}/{pattern}"
+        assert main(["train", "--data", url, "--output-dir", str(url_run), *ONE_EPOCH]) == 0
+        assert f"downloading {len(local)} of {len(local)} shard(s) of {url}" in capsys.readouterr().out
+        assert sorted(asked) == sorted(["/index.json", *(f"/{p.name}" for p in local)])
+        asked.clear()
+        assert main(["train", "--data", f"{base}/nowhere/{pattern}", "--output-dir", str(tmp_path / "404")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"cannot download {base}/nowhere/shards-000000.tar" in err[0] and "HTTP" in err[0]
+        assert "/nowhere/shards-000000.tar" in asked and not (tmp_path / "404").exists()
+    assert_same_weights(load_file(str(url_run / "best.safetensors")), load_file(str(local_run / "best.safetensors")))
+    assert _summary(url_run) == _summary(local_run)
+    local_split, url_split = (json.loads((r / "split.json").read_text()) for r in (local_run, url_run))
+    assert (url_split["train"], url_split["val"]) == (local_split["train"], local_split["val"])
+    data = json.loads((url_run / "config.json").read_text())["data"]
+    assert data == {"root": url, "layout": "shards", "source": url}
+    # The cache: each shard and the index whole, byte for byte, and nothing else (no partial download).
+    (copies,) = [d for d in (tmp_path / "shard-cache").iterdir() if any(d.glob("*.tar"))]
+    assert sorted(p.name for p in copies.iterdir()) == sorted(["index.json", *(p.name for p in local)])
+    for p in [*local, Path(formats["shards"]) / "index.json"]:
+        assert (copies / p.name).read_bytes() == p.read_bytes(), p.name
+    # The server is gone: evaluate reads the run's URL from its cached copies and scores its validation split.
+    assert (
+        main(["evaluate", "--run", str(url_run), "--out", str(tmp_path / "eval" / "eval.json"), "--no-progress"]) == 0
+    )
+    scored = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert (scored["data"], scored["split"], scored["own_data"], scored["split_files_missing"]) == (url, "val", True, 0)
 
 
 STEPS, EPOCHS = 3, 2  # 15 train images at batch 4

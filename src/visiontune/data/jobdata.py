@@ -22,14 +22,14 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from visiontune.cluster.host import available_cores
-from visiontune.data import layouts
+from visiontune.data import layouts, remote
 from visiontune.data.cache import CacheChoice, ImageCache, choose
 from visiontune.data.check import (
     bad_fraction_error,
@@ -52,7 +52,6 @@ class JobData:
     bad: list[tuple[str, str]]  # (path, reason): the layout's rejects, then the files that do not decode
     cache: ImageCache | None = None  # --cache: the decoded images
     rows: np.ndarray | None = None  # with a cache: each usable image's row in it (int64)
-    cache_choice: CacheChoice | None = None  # what --cache came to on this machine, and why (recorded)
 
 
 def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None:
@@ -211,25 +210,21 @@ def _wait_for(store, key: str, count: int) -> None:
         delay = min(1.0, delay * 1.5)
 
 
-def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
-    """(listing, bad, cache) in every process; the local main of each machine does the work."""
+def _once_per_machine(accelerator, step: str, work: Callable[[], str]) -> str:
+    """``work()`` in the local main process of each machine, as long as it takes, while the machine's other
+    processes poll the store for it; every process gets its machine's result (a short string). A failure
+    there ends every process: one line for a ``UserError``, else the host and the error."""
     import torch.distributed as dist
 
     store = dist.distributed_c10d._get_default_store()
     from visiontune.cluster import launch
 
-    prefix = f"visiontune/data/{launch.restart_count()}/"
+    prefix = f"visiontune/{step}/{launch.restart_count()}/"
     local = launch.local_world_size()
     machine = launch.group_rank(accelerator.process_index // local)
-    path = None
     if accelerator.is_local_main_process:
         try:
-            images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
-            bad, cache, choice = _screen(cfg, images)
-            fd, path = tempfile.mkstemp(prefix="visiontune-data-", suffix=".bin")
-            os.close(fd)
-            save_listing(images, path, {"bad": bad, "cache": _cache_dict(cache), "choice": choice.to_dict()})
-            store.set(f"{prefix}file/{machine}", path)
+            store.set(f"{prefix}result/{machine}", work())
         except BaseException as e:
             store.set(
                 f"{prefix}error",
@@ -243,15 +238,43 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
     _wait_for(store, f"{prefix}ready", max(1, accelerator.num_processes // local))
     if store.check([f"{prefix}error"]):
         raise UserError(store.get(f"{prefix}error").decode())
-    if not accelerator.is_local_main_process:
-        images, extra = load_listing(store.get(f"{prefix}file/{machine}").decode())
-        bad, cache, choice = (
-            [tuple(b) for b in extra["bad"]],
-            _cache_from(extra["cache"]),
-            CacheChoice(**extra["choice"]),
-        )
+    return store.get(f"{prefix}result/{machine}").decode()
+
+
+def fetch_per_machine(accelerator, data: str) -> None:
+    """Remote shards (``data/remote.py``): downloaded into the cache by each machine's local main process
+    before any process lists them, so that the others read its copies instead of downloading them too."""
+    if accelerator.num_processes > 1 and remote.is_remote(data):
+        _once_per_machine(accelerator, "fetch", lambda: remote.fetch(data))
+
+
+def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
+    """(listing, bad, cache, cache choice) in every process; the local main of each machine does the work."""
+    screened = {}
+
+    def screen() -> str:
+        listing = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
+        screened["bad"], screened["cache"], screened["choice"] = _screen(cfg, listing)
+        screened["images"] = listing
+        fd, path = tempfile.mkstemp(prefix="visiontune-data-", suffix=".bin")
+        os.close(fd)
+        extra = {
+            "bad": screened["bad"],
+            "cache": _cache_dict(screened["cache"]),
+            "choice": screened["choice"].to_dict(),
+        }
+        save_listing(listing, path, extra)
+        return path
+
+    path = _once_per_machine(accelerator, "data", screen)
+    if accelerator.is_local_main_process:
+        images, bad, cache, choice = screened["images"], screened["bad"], screened["cache"], screened["choice"]
+    else:
+        images, extra = load_listing(path)
+        bad, cache = [tuple(b) for b in extra["bad"]], _cache_from(extra["cache"])
+        choice = CacheChoice(**extra["choice"])
     accelerator.wait_for_everyone()  # every process has read the file: quick, they all started together
-    if path:
+    if accelerator.is_local_main_process:
         os.unlink(path)
     return images, bad, cache, choice
 

@@ -7,8 +7,8 @@ index -- shard, byte offset and size of each image, and its label -- kept in
 the user's cache folder under the shards' names, sizes and mtimes; sample i is
 then one ``pread``, so the seeded sampler, the split, DDP sharding, exact resume,
 the bad-file screen and ``--cache`` treat shards as they treat a folder's files.
-Streaming remote shards (URLs) gives up that random access and is not read: the
-refusal names a command that downloads them (``fetch_command``).
+A URL (``https://``, ``hf://``, ``pipe:``, ...) is copied into the cache first
+(``data/remote.py``) and read from there, under its URL's name.
 
 ``visiontune shard`` writes any data visiontune reads with ``webdataset.ShardWriter``,
 the bad files left out, beside an ``index.json`` in webdataset's ``wids`` shard-index
@@ -30,6 +30,7 @@ import tarfile
 
 import numpy as np
 
+from visiontune.data import remote
 from visiontune.data.decode import IMAGE_EXTENSIONS
 from visiontune.data.layouts import ImageSet
 from visiontune.errors import UserError
@@ -37,7 +38,6 @@ from visiontune.errors import UserError
 INDEX = "index.json"
 PATTERN = "shards-%06d.tar"
 _IMAGE_EXTS = {e[1:] for e in IMAGE_EXTENSIONS} | {"img", "image"}
-_REMOTE = ("http://", "https://", "s3://", "gs://", "pipe:", "hf://")
 _MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"), (b"II*", "tiff"))
 _MAGIC += ((b"MM\0*", "tiff"),)
 _ZERO_BLOCK = bytes(512)
@@ -56,16 +56,10 @@ def expand(pattern: str) -> list[str]:
 
 
 def is_shards(data: str) -> bool:
-    """Whether ``data`` names tar shards: a brace pattern, a .tar file, or a folder of .tar files only."""
-    if data.startswith(_REMOTE):
-        why = "exact sampling and resume need random access to each sample, which a stream does not give"
-        if data.startswith("pipe:"):
-            raise UserError(f"{data}: piped shards are not read ({why}); write the command's output to .tar files")
-        command, local = fetch_command(data)
-        raise UserError(
-            f"{data}: remote shards are not read ({why}); download them first, e.g. `{command}`, "
-            f"then pass --data {local}"
-        )
+    """Whether ``data`` names tar shards: a brace pattern, a .tar file, a folder of .tar files only, or a URL
+    (``data/remote.py``)."""
+    if remote.is_remote(data):
+        return True
     if data.startswith("file://"):
         raise UserError(f"{data}: pass the path itself: --data {data[len('file://') :]}")
     if "{" in data and ".tar" in data:
@@ -77,31 +71,6 @@ def is_shards(data: str) -> bool:
     with os.scandir(data) as it:
         entries = [(e.name, e.is_dir()) for e in it if not e.name.startswith(".")]
     return any(n.endswith(".tar") for n, _ in entries) and not any(d for _, d in entries)
-
-
-def fetch_command(url: str) -> tuple[str, str]:
-    """A command that copies remote shards, with the ``index.json`` beside them, into ``./shards``, and
-    the ``--data`` that then reads them."""
-    folder, _, name = url.rstrip("/").rpartition("/")
-    if url.startswith(("http://", "https://")):
-        if name.endswith(".tar"):  # a pattern or one file; curl's globs write {000..127} as [000-127]
-            glob = re.sub(r"\{(\d+)\.\.(\d+)\}", r"[\1-\2]", name)
-            get = f"curl -f --create-dirs --output-dir shards -O '{folder}/{glob}' -O '{folder}/{INDEX}'"
-            return get, "shards"
-        return f"wget -r -np -nd -A tar,json -P shards {url.rstrip('/')}/", "shards"  # a folder's listing page
-    if not name.endswith(".tar"):
-        folder = url.rstrip("/")
-    if url.startswith("s3://"):
-        return f"aws s3 cp --recursive {folder}/ shards/", "shards"
-    if url.startswith("gs://"):
-        return f"gcloud storage cp '{folder}/*' shards/", "shards"
-    if url.startswith("hf://datasets/"):
-        parts = folder[len("hf://datasets/") :].split("/")
-        repo, sub = "/".join(parts[:2]).partition("@")[0], "/".join(parts[2:])
-        include = f" --include '{sub}/*'" if sub else ""
-        local = f"shards/{sub}" if sub else "shards"
-        return f"hf download {repo} --repo-type dataset{include} --local-dir shards", local
-    raise ValueError(url)
 
 
 def _files(root: str) -> tuple[list[str], dict | None]:
@@ -300,9 +269,13 @@ def reopen(spec: dict) -> ShardReader:
 
 
 def read(data: str) -> ImageSet:
-    """List shards as an ImageSet whose ``reader`` reads each sample's image by offset."""
-    root = os.path.abspath(os.path.expanduser(data))
-    shards, index = _files(root)
+    """List shards as an ImageSet whose ``reader`` reads each sample's image by offset. Remote shards are
+    read from their local copies (``remote.fetch``) under their URL's name."""
+    if remote.is_remote(data):
+        root, shards, index = data, *_files(remote.fetch(data))
+    else:
+        root = os.path.abspath(os.path.expanduser(data))
+        shards, index = _files(root)
     found = _index(shards)
     keys, labels = found["key"].tolist(), found["label"]
     own = (index or {}).get("visiontune", {})
@@ -421,7 +394,11 @@ def write(
     index = {
         "__kind__": "wids-shard-index-v1",
         "wids_version": 1,
-        "shardlist": [{"url": name, "nsamples": n} for name, n in counts.items()],
+        # filesize: what a copy of a remote shard is checked against (data/remote.py)
+        "shardlist": [
+            {"url": name, "nsamples": n, "filesize": os.path.getsize(os.path.join(out, name))}
+            for name, n in counts.items()
+        ],
         "visiontune": {
             "source": images.root,
             "classes": images.classes,

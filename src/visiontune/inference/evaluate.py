@@ -22,6 +22,7 @@ from pathlib import Path
 
 from visiontune import files
 from visiontune.cluster import launch
+from visiontune.data import remote
 from visiontune.data.groups import split_images
 from visiontune.data.layouts import ImageSet, discover
 from visiontune.data.pipeline import UNREADABLE, readable
@@ -58,7 +59,7 @@ def recorded_data(run_dir: str) -> tuple[str, tuple[str | None, str | None]]:
             "pass --data with the folder holding train.csv, or the .csv itself"
         )
     source = source or data["root"]
-    if not (source.startswith("hf:") or "{" in source or Path(source).exists()):
+    if not (source.startswith("hf:") or "{" in source or remote.is_remote(source) or Path(source).exists()):
         raise UserError(f"evaluate needs labelled data: the run's data {source} no longer exists; pass --data FOLDER")
     config = record.get("config") or {}
     return source, (config.get("image_column"), config.get("label_column"))

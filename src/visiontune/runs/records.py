@@ -22,6 +22,7 @@ import torch
 
 from visiontune import files
 from visiontune.cluster import host
+from visiontune.data import remote
 from visiontune.data.check import write_report
 from visiontune.data.layouts import ImageSet
 from visiontune.data.split import Split, write_split
@@ -112,6 +113,11 @@ def announce(
         )
 
 
+def _named(data: str) -> bool:
+    """Whether ``data`` is a name rather than a path: ``hf:...`` or a URL."""
+    return data.startswith("hf:") or remote.is_remote(data)
+
+
 def write_records(
     accelerator,
     cfg: TrainConfig,
@@ -133,13 +139,14 @@ def write_records(
         "setup": setup.__dict__,
         "overview": dict(overview),  # the resolved setup as announced, for the report
         "versions": host.versions(),
-        # Absolute: evaluate recognises the run's own data by it from any working folder (hf: names stay).
+        # Absolute: evaluate recognises the run's own data by it from any working folder (hf: names and
+        # URLs stay: a URL's shards are read from the cache, which is no name for them).
         # "source" is what discover was given, which evaluate lists again: a manifest's root is its images'
         # folder (DATA/train), a folder discover cannot read as a layout by itself.
         "data": {
-            "root": images.root if images.layout == "hf" else os.path.abspath(images.root),
+            "root": images.root if _named(images.root) else os.path.abspath(images.root),
             "layout": images.layout,
-            "source": cfg.data if cfg.data.startswith("hf:") else os.path.abspath(os.path.expanduser(cfg.data)),
+            "source": cfg.data if _named(cfg.data) else os.path.abspath(os.path.expanduser(cfg.data)),
         },
         "model": info.to_dict(),
     }

@@ -24,7 +24,9 @@ def _setting(default: Any, help_text: str) -> Any:
 @dataclass(frozen=True)
 class TrainConfig:
     data: str = _setting(
-        "", "data folder (Kaggle layout, train.csv manifest, or class subfolders), tar shards, or hf:PATH|ORG/NAME"
+        "",
+        "data folder (Kaggle layout, train.csv manifest, or class subfolders), tar shards (a folder, pattern or "
+        "URL), or hf:PATH|ORG/NAME",
     )
     output_dir: str | None = _setting(None, "run folder (default runs/<UTC timestamp>)")
     # model

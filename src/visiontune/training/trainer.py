@@ -24,7 +24,7 @@ from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import Setup, describe, make_accelerator, prepare
 from visiontune.data.augment import BatchMix
 from visiontune.data.groups import split_for
-from visiontune.data.jobdata import listed
+from visiontune.data.jobdata import fetch_per_machine, listed
 from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
 from visiontune.data.loaders import loaders
@@ -218,6 +218,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
     # The job's one listing (handed over by the command or its launcher): the model and the input are
     # checked against it before the bad-file scan, which can take minutes on a large folder.
+    if images is None:  # workers started by torchrun or srun: remote shards are downloaded once per machine
+        fetch_per_machine(accelerator, cfg.data)
     images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
     if cfg.best_metric == "map" and not images.multi_label:
         raise UserError(f"--best-metric map is for multi-label data; {cfg.data} has one label per image")
