@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from visiontune.cluster.host import user_cache_dir
+from visiontune.data import remote
 from visiontune.data.decode import MAX_PIXELS, BadImage, decode_bytes, read_image
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
@@ -221,7 +222,8 @@ def scan_cache_path(data_root: str) -> str:
     """
     base = user_cache_dir()
     os.makedirs(base, exist_ok=True)
-    key = hashlib.sha256(os.path.abspath(data_root).encode()).hexdigest()[:16]
+    name = data_root if remote.is_remote(data_root) else os.path.abspath(data_root)  # a URL is no path
+    key = hashlib.sha256(name.encode()).hexdigest()[:16]
     return os.path.join(base, f"scan-{key}.v{_CACHE_VERSION}.keys")
 
 
