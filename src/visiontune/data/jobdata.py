@@ -52,6 +52,7 @@ class JobData:
     bad: list[tuple[str, str]]  # (path, reason): the layout's rejects, then the files that do not decode
     cache: ImageCache | None = None  # --cache: the decoded images
     rows: np.ndarray | None = None  # with a cache: each usable image's row in it (int64)
+    cache_choice: CacheChoice | None = None  # what --cache came to on this machine, and why (recorded)
 
 
 def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None:
