@@ -24,7 +24,6 @@ from visiontune.errors import UserError
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import jobplan, launch, strategy
     from visiontune.data.layouts import discover
-    from visiontune.models import build
     from visiontune.runs import runlock
 
     cfg = config_from_args(args)
@@ -34,11 +33,13 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     columns = (cfg.image_column, cfg.label_column)
     images = None if launch.is_worker() else discover(cfg.data, *columns, multi_label=cfg.multi_label)
     strategy.check(cfg)
-    build.get_spec(cfg.model)  # an unknown or unreachable model: one line now
     if launch.needs_launcher(cfg):
-        from visiontune.data.jobdata import shared_listing
+        from visiontune.data.listing import shared_listing
+        from visiontune.models.names import check_model
 
-        build.ensure_weights(cfg.model, cfg.weights)
+        # An unknown or unreachable model: one line now. This process only starts the workers, so it
+        # checks the name without importing the models (torchvision's import alone is seconds).
+        check_model(cfg.model, cfg.weights, host.user_cache_dir())
         if cfg.output_dir is None:  # fixed here, so that every worker writes the same folder
             cfg = cfg.replace(output_dir=launch.run_folder(cfg))
             argv = [*argv, "--output-dir", cfg.output_dir]
@@ -46,6 +47,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         one_machine = jobplan.node_range(launch.plan(cfg).nnodes) == (1, 1)
         with runlock.hold_for_workers(cfg.output_dir if one_machine else None), shared_listing(images, cfg.data):
             return launch.relaunch(cfg, argv)
+    from visiontune.models import build
+
+    build.get_spec(cfg.model)  # an unknown or unreachable model: one line before the trainer's imports
     from visiontune.training.trainer import train
 
     train(cfg, images)

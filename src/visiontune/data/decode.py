@@ -38,7 +38,6 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")
 # fast: large JPEGs decoded at a DCT scale first (dct_scale). Recorded with the run and its model files.
 DECODES = ("exact", "fast")
 _DCT_SCALES = (8, 4, 2)  # the power-of-two reductions libjpeg's scaled IDCT offers (and PIL's draft uses)
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

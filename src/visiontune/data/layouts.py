@@ -38,6 +38,8 @@ from visiontune.data import multilabel
 from visiontune.data.pathlist import PathList
 from visiontune.errors import UserError
 
+# The suffixes of image files (predict lists a folder by them, shards name a sample's image by them).
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
 OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"}

@@ -31,8 +31,7 @@ import tarfile
 import numpy as np
 
 from visiontune.data import remote
-from visiontune.data.decode import IMAGE_EXTENSIONS
-from visiontune.data.layouts import ImageSet
+from visiontune.data.layouts import IMAGE_EXTENSIONS, ImageSet
 from visiontune.errors import UserError
 
 INDEX = "index.json"

@@ -24,6 +24,7 @@ import torchvision
 from torch import nn
 
 from visiontune.errors import UserError
+from visiontune.models.names import UNKNOWN
 from visiontune.models.spec import IMAGENET_CLASSES, ModelSpec, Preprocess, is_weights_file
 from visiontune.models.statedict import load_fitting, load_state_file
 
@@ -35,9 +36,7 @@ def get_spec(name: str) -> ModelSpec:
 
         return timm_models.spec(name)
     if name not in torchvision_names():
-        raise UserError(
-            f"unknown model {name!r}; see `visiontune models` (timm models: timm/NAME, Hub models: hf-hub:ORG/NAME)"
-        )
+        raise UserError(UNKNOWN.format(name))
     t = torchvision.models.get_model_weights(name).DEFAULT.transforms()
     return ModelSpec(
         name,

@@ -11,7 +11,11 @@ import os
 from importlib import metadata
 from pathlib import Path
 
+from visiontune.errors import UserError
 from visiontune.files import atomic_write
+from visiontune.models.spec import is_weights_file
+
+UNKNOWN = "unknown model {!r}; see `visiontune models` (timm models: timm/NAME, Hub models: hf-hub:ORG/NAME)"
 
 
 def _version(package: str) -> str:
@@ -66,3 +70,16 @@ def model_names(source: str = "torchvision", text: str = "", cache_dir: str | os
     """Names ``--model`` accepts from ``source`` (torchvision, timm or all) that contain ``text``."""
     sources = ("torchvision", "timm") if source == "all" else (source,)
     return matching([n for s in sources for n in all_names(s, cache_dir)], text)
+
+
+def check_model(name: str, weights: str, cache_dir: str | os.PathLike | None = None) -> None:
+    """Refuse what ``build.get_spec`` and ``build.ensure_weights`` refuse, and fetch named weights, in the
+    process that only launches the workers: a torchvision name is looked up in the cached list, so that
+    process imports neither torchvision nor the torch.compile machinery its import pulls in (seconds).
+    """
+    if name.startswith(("hf-hub:", "timm/")) or not (weights.lower() == "none" or is_weights_file(weights)):
+        from visiontune.models import build  # timm's and the Hub's names, and downloads, need the model code
+
+        build.ensure_weights(name, weights)
+    elif name not in all_names("torchvision", cache_dir):
+        raise UserError(UNKNOWN.format(name))
