@@ -83,6 +83,7 @@ SLOW = {
     "test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best",
     "test_a_thousand_one_image_classes_with_hostile_names_train_and_write_only_in_the_run",
     "test_models_imports_neither_torch_nor_timm",  # two subprocesses, the first imports timm
+    "test_the_launching_process_imports_no_model_code",  # a subprocess that imports torch
     "server",  # test_serve.py: the real server in a subprocess
     "ml_run",  # test_multilabel.py: the shared multi-label run
     "test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights",

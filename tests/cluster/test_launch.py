@@ -102,3 +102,61 @@ def test_the_launcher_hands_every_worker_one_run_folder(sample_data, tmp_path, m
         assert folder == str(tmp_path / expected)
     else:
         assert folder.startswith("runs/") and len(folder) > len("runs/")
+
+
+@pytest.mark.parametrize(
+    "extra,msg",
+    [(["--model", "resnet999"], "unknown model 'resnet999'"), (["--weights", "IMAGENET9K"], "unknown weights")],
+)
+def test_the_launching_process_refuses_a_bad_model_in_one_line_before_any_worker(
+    sample_data, tmp_path, monkeypatch, capsys, extra, msg
+):
+    from visiontune import cli
+    from visiontune.cluster import launch
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(launch, "relaunch", lambda *a, **kw: pytest.fail("a worker was started"))
+    argv = ["train", *flags(data=sample_data, model="resnet18", weights="none", strategy="ddp", nproc=2), *extra]
+    for _ in range(2):  # the first lists torchvision's names, the second reads them from the cache
+        assert cli.main([*argv, "--output-dir", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_the_cached_names_are_the_models_the_workers_build(tmp_path):
+    from visiontune.models import build, names
+
+    for _ in range(2):  # listed, then read back
+        assert names.all_names("torchvision", tmp_path) == build.torchvision_names()
+    names.check_model("squeezenet1_1", "none", tmp_path)
+    names.check_model("resnet18", str(tmp_path / "weights.safetensors"), tmp_path)  # a file: checked by the workers
+
+
+# What the launching process of `train --strategy ddp` imports before torch.distributed.run starts the workers.
+_LAUNCHER_IMPORTS = """
+import sys
+from visiontune.cli.commands import main
+from visiontune.cluster import launch
+launch.relaunch = lambda cfg, argv, command="train": print(sorted(m for m in ("torchvision", "timm") if m in sys.modules))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_launching_process_imports_no_model_code(sample_data, tmp_path, worker_env):
+    """Each DDP job starts a launching process beside its workers: torchvision's import (seconds) is kept out."""
+    import subprocess
+    import sys
+
+    from visiontune.models import names
+
+    names.all_names("torchvision", tmp_path)  # listed once on this machine, as after any earlier run
+    argv = ["train", *flags(data=sample_data, model="resnet18", weights="none", strategy="ddp", nproc=2)]
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER_IMPORTS, *argv, "--output-dir", str(tmp_path / "run")],
+        env={**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
