@@ -241,7 +241,12 @@ def trained_run(tmp_path_factory, sample_data) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def _scan_cache_in_tmp(tmp_path_factory):
     """Keep the bad-file scan's cache and the default image cache (``--cache fit``) out of the user's home
-    during tests: one folder for the session, so runs on the same data share one image cache."""
+    during tests: one folder for the session, so runs on the same data share one image cache. The model
+    names are listed in it as on any machine that ran visiontune before (a DDP job's launching process
+    reads them)."""
+    from visiontune.models.names import all_names
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("scan-cache")))
+        all_names("torchvision", os.environ["VISIONTUNE_CACHE_DIR"])
         yield

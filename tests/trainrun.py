@@ -73,8 +73,13 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 
 def env_for(worker_env: dict, tmp: Path) -> dict:
+    """``worker_env`` with a cache folder of its own: no scan cache yet, the model names listed as on any
+    machine that ran visiontune before (so the launching process of a DDP job reads them, not torchvision)."""
+    from visiontune.models.names import all_names
+
     env = dict(worker_env)
     env["VISIONTUNE_CACHE_DIR"] = str(tmp / "scan-cache")
+    all_names("torchvision", env["VISIONTUNE_CACHE_DIR"])
     env.pop("TORCHELASTIC_RESTART_COUNT", None)
     return env
 

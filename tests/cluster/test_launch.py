@@ -137,7 +137,7 @@ _LAUNCHER_IMPORTS = """
 import sys
 from visiontune.cli.commands import main
 from visiontune.cluster import launch
-launch.relaunch = lambda cfg, argv, command="train": print(sorted(m for m in ("torchvision", "timm") if m in sys.modules))
+launch.relaunch = lambda *a, **kw: print(sorted(m for m in ("torchvision", "timm") if m in sys.modules))
 sys.exit(main(sys.argv[1:]))
 """
 

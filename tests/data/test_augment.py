@@ -11,7 +11,15 @@ import torch
 from safetensors.torch import load_file
 from torchvision.transforms import v2
 
-from trainrun import assert_same_weights, final_weights, flags, relative_difference, train_argv, train_ddp_beside_one
+from trainrun import (
+    assert_same_weights,
+    env_for,
+    final_weights,
+    flags,
+    relative_difference,
+    train_argv,
+    train_ddp_beside_one,
+)
 from visiontune import cli
 from visiontune.cli.commands import build_parser
 from visiontune.cli.flags import config_from_args
@@ -204,7 +212,7 @@ def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     common += flags(augment="randaugment", random_erasing=0.5, mixup=0.4, cutmix=1, ema=0.5, normalize="data")
     common += flags(sampler="balanced", class_weights="auto")  # each rank's share of one class-balanced epoch
     ddp, one = flags(strategy="ddp", nproc=2, batch_size=2), flags(batch_size=4)
-    train_ddp_beside_one(common, ddp, one, tmp_path, {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path / "scan")})
+    train_ddp_beside_one(common, ddp, one, tmp_path, env_for(worker_env, tmp_path))
     ckpt = "checkpoints/e0001-b0000000"
     weights = [load_file(str(tmp_path / d / ckpt / "model.safetensors")) for d in ("ddp", "one")]
     ema = [torch.load(tmp_path / d / ckpt / "lr_scheduler.pt", weights_only=True)["ema"] for d in ("ddp", "one")]

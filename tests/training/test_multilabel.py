@@ -19,7 +19,15 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, average_precision_score, f1_score, precision_score, recall_score
 
-from trainrun import assert_same_weights, final_weights, flags, relative_difference, train_argv, train_ddp_beside_one
+from trainrun import (
+    assert_same_weights,
+    env_for,
+    final_weights,
+    flags,
+    relative_difference,
+    train_argv,
+    train_ddp_beside_one,
+)
 from visiontune.cli.commands import main
 from visiontune.cluster import strategy
 from visiontune.data.augment import BatchMix
@@ -223,7 +231,7 @@ def test_ddp_x2_equals_one_process_and_counts_every_val_image_once(tmp_path, wor
     common += flags(val_fraction=0.3, num_workers=0, optimizer="sgd", lr=0.01, best_metric="map")
     common += flags(label_smoothing=0.1, mixup=0.4, cutmix=1.0)
     ddp, one = flags(strategy="ddp", nproc=2, batch_size=2), flags(batch_size=4)
-    train_ddp_beside_one(common, ddp, one, tmp_path, {**worker_env, "VISIONTUNE_CACHE_DIR": str(tmp_path / "scan")})
+    train_ddp_beside_one(common, ddp, one, tmp_path, env_for(worker_env, tmp_path))
     summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ddp", "one")]
     for s in summaries:
         assert s["val_images_counted"] == s["val_split_size"]
