@@ -25,7 +25,7 @@ DISTRIBUTED = {
     "test_two_processes_write_the_same_bytes",
     "test_two_processes_give_exactly_the_same_numbers",
     "test_signal_to_the_launcher_stops_every_worker_at_the_same_step",
-    "test_a_killed_worker_without_restarts_ends_the_job_and_resume_auto_gives_the_uninterrupted_tensors",
+    "test_a_killed_worker_ends_the_job_without_restarts_and_is_restarted_with_them_to_the_uninterrupted_tensors",
     "cluster_reference",  # test_cluster.py: two "nodes" on localhost, Slurm/Kubernetes/c10d
     "test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch",
     "test_killing_the_launcher_with_sigkill_leaves_no_worker",
