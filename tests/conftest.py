@@ -28,7 +28,6 @@ DISTRIBUTED = {
     "test_a_killed_worker_ends_the_job_without_restarts_and_is_restarted_with_them_to_the_uninterrupted_tensors",
     "cluster_reference",  # test_cluster.py: two "nodes" on localhost, Slurm/Kubernetes/c10d
     "test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch",
-    "test_killing_the_launcher_with_sigkill_leaves_no_worker",
     "test_a_run_folder_that_is_not_shared_stops_before_training",
     "test_ddp_with_the_new_options_matches_one_process",
     "uninterrupted",  # the fault-injection matrix's reference runs (single and ddp)

@@ -457,32 +457,6 @@ def test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same
     assert json.loads((out / "summary.json").read_text())["world_size"] == 1
 
 
-def test_killing_the_launcher_with_sigkill_leaves_no_worker(tmp_path, small_data, base_env):
-    # Long enough that orphaned workers would still be training when the check below ends.
-    proc = _start(
-        [*train_argv(small_data, tmp_path / "run"), *RUN, "--nproc", "2", "--epochs", "500"],
-        base_env,
-        tmp_path / "log",
-        PAIR,
-    )
-    launcher, end = psutil.Process(proc.pid), time.monotonic() + 120
-    while (
-        len(workers := [p.pid for p in launcher.children(recursive=True)]) < 2
-        or not (tmp_path / "run" / "world.jsonl").exists()
-    ):  # the workers are training
-        assert time.monotonic() < end and proc.poll() is None
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while pids_alive(workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    orphans = pids_alive(workers)
-    for pid in orphans:
-        psutil.Process(pid).kill()
-    assert orphans == []
-
-
 def test_a_run_folder_that_is_not_shared_stops_before_training(tmp_path, small_data, base_env):
     """Two machines, each with its own disk: the same relative --output-dir names two different folders."""
     port = _free_port(50000, 60000)

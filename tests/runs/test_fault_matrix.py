@@ -2,7 +2,8 @@
 
 Four cases cover {no augmentation, --augment} x {one process, ddp x2} x {0, 1 loader worker} pairwise
 (a Latin square: every two of the three factors meet in all their combinations): the run
-checkpoints every optimizer step, is SIGKILLed (launcher and workers at once) as soon as the checkpoint
+checkpoints every optimizer step, is SIGKILLed (the launcher's process group; DDP workers, which
+torch.distributed.run starts in sessions of their own, must die with it) as soon as the checkpoint
 of a seeded random step is on disk -- so the kill lands anywhere in the steps after it, checkpoint
 writes included -- and ``--resume auto`` finishes it. Every tensor of the final model and optimizer
 must equal the uninterrupted run's. The uninterrupted runs use no loader worker, so the 1-worker cases
@@ -21,6 +22,7 @@ import os
 import random
 import shutil
 import signal
+import time
 
 import psutil
 import pytest
@@ -99,10 +101,23 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors(
     step = random.Random(f"{aug}/{strategy}/{workers}").randint(1, EPOCHS * STEPS_PER_EPOCH - 2)
     proc = start(argv, env, tmp_path / "killed.log")
     wait_for(out / "checkpoints" / checkpoint.name(*divmod(step, STEPS_PER_EPOCH)), proc)
+    workers = []
     if strategy == "ddp":  # the launcher holds the run folder; its restartable workers do not
         assert (out / runlock.LOCK_FILE).read_text().split()[0] == str(proc.pid)
+        workers = [p.pid for p in psutil.Process(proc.pid).children()]  # the agent's (loader workers are theirs)
+        assert len(workers) == 2
+    # The launcher's process group. torch.distributed.run starts each worker in a session of its own, so a
+    # worker dies with its launcher (a parent-death signal) or trains on as an orphan.
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
+    end = time.monotonic() + 10
+    while pids_alive(workers) and time.monotonic() < end:
+        time.sleep(0.05)
+    orphans = pids_alive(workers)
+    for pid in orphans:
+        psutil.Process(pid).kill()
+    assert orphans == []
+    # ...and not because they had finished: an orphan that trained on would have written the last checkpoint.
     assert not _final(out).exists(), "the run ended before the kill"
 
     if strategy == "single":  # resumed in this process: it starts from what is on disk, as a new one would
