@@ -117,8 +117,8 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors(
     for pid in orphans:
         psutil.Process(pid).kill()
     assert orphans == []
-    # ...and not because they had finished: an orphan that trained on would have written the last checkpoint.
-    assert not _final(out).exists(), "the run ended before the kill"
+    # ...and not because they had finished: orphans that trained on would have written the last checkpoint.
+    assert not _final(out).exists(), "the run ended: before the kill, or its workers trained on after it"
 
     if strategy == "single":  # resumed in this process: it starts from what is on disk, as a new one would
         monkeypatch.setenv("VISIONTUNE_CACHE_DIR", env["VISIONTUNE_CACHE_DIR"])
