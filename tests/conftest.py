@@ -20,7 +20,6 @@ DISTRIBUTED = {
     "test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once",
     "jobs",
     "bench_dir",  # fixtures
-    "test_ddp_with_batch_b_matches_one_process_with_batch_2b",
     "test_two_ddp_processes_share_one_cache_built_once",
     "test_two_processes_write_the_same_bytes",
     "test_two_processes_give_exactly_the_same_numbers",
@@ -32,7 +31,7 @@ DISTRIBUTED = {
     "test_ddp_with_the_new_options_matches_one_process",
     "uninterrupted",  # the fault-injection matrix's reference runs (single and ddp)
     "test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors",
-    "test_timm_under_ddp_saves_a_self_describing_model_and_counts_val_once",
+    "test_timm_under_ddp_saves_a_self_describing_model_counts_val_once_and_equals_one_process",
     "test_ddp_on_hf_data_with_its_own_odd_validation_split_killed_mid_epoch_resumes_to_the_folder_run",
     "test_ddp_x2_equals_one_process_and_counts_every_val_image_once",  # test_multilabel.py
     "test_ddp_on_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_every_sample_once",

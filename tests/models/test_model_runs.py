@@ -165,30 +165,35 @@ def test_broken_or_foreign_checkpoint_is_one_line(make, msg, small_data, tmp_pat
     assert not (tmp_path / "run" / "config.json").exists()
 
 
-def test_timm_under_ddp_saves_a_self_describing_model_and_counts_val_once(small_data, tmp_path, worker_env):
+def test_timm_under_ddp_saves_a_self_describing_model_counts_val_once_and_equals_one_process(
+    small_data, tmp_path, worker_env
+):
     """A timm model (bicubic, crop 0.95) trained by two gloo processes: its best.safetensors builds back from
-    its metadata alone, and the val metrics are those of the saved model over each val image once."""
-    import subprocess
-
-    from conftest import PYTHON
+    its metadata alone, and the val metrics are those of the saved model over each val image once. ConvNeXt
+    has neither BatchNorm (SyncBatchNorm does not run on the CPU) nor dropout, so DDP with batch b computes
+    what one process computes with batch 2b: the same weights, beside it in this process."""
     from trained import hand_resize
+    from trainrun import env_for, relative_difference, train_ddp_beside_one
     from visiontune.inference.loaded import load_model
 
-    run, batch = tmp_path / "run", 4
-    argv = ["train", "--data", str(small_data), "--output-dir", str(run), *TINY, "--batch-size", str(batch)]
-    argv += ["--model", "timm/test_convnext", "--weights", "none", "--val-fraction", "0.3"]
-    done = subprocess.run(
-        [PYTHON, "-m", "visiontune", *argv, "--strategy", "ddp", "--nproc", "2"],
-        env=worker_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    # 40 images: 30 train (5 global batches of 6, none partial) and 10 val (the last batch of 2 x 3 padded).
+    batch = 3
+    common = [*flags(data=small_data, model="timm/test_convnext", weights="none", val_fraction=0.25), *TINY]
+    # DDP asks for its lr through --scale-lr (0.005 x 6 / 3), the single run states it: equal weights then
+    # also prove that the scaled lr is the one the optimizer used.
+    ddp = flags(strategy="ddp", nproc=2, batch_size=batch, lr=0.005, scale_lr=True, reference_batch=batch)
+    train_ddp_beside_one(common, ddp, flags(batch_size=2 * batch, lr=0.01), tmp_path, env_for(worker_env, tmp_path))
+    run = tmp_path / "ddp"
     summary = json.loads((run / "summary.json").read_text())
     val = json.loads((run / "split.json").read_text())["val"]
     assert summary["world_size"] == 2 and len(val) % (2 * batch) != 0  # the last val batch is padded
     assert summary["val_images_counted"] == summary["val_split_size"] == len(val)
+    steps = [
+        [h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())] for d in ("ddp", "one")
+    ]
+    assert steps == [[30], [30]]
+    # One epoch: best is the final model.
+    assert relative_difference(*(load_file(str(tmp_path / d / "best.safetensors")) for d in ("ddp", "one"))) < 1e-5
 
     loaded = load_model(weights=str(run / "best.safetensors"))  # nothing but the file
     info = loaded.info

@@ -25,10 +25,9 @@ from safetensors.torch import load_file
 
 from conftest import FAST, PYTHON, _worker_env
 from trained import independent_eval
-from trainrun import flags, relative_difference, train_ddp_beside_one
+from trainrun import flags
 from visiontune.cli.commands import main
 from visiontune.cluster import strategy
-from visiontune.data.sample import make_sample_data
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 from visiontune.training import trainer
@@ -236,32 +235,6 @@ def test_two_machines_finish_and_write_one_set_of_outputs(jobs):
     newest = sorted((first.run_dir / "checkpoints").glob("e*"))[-1]
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in newest.iterdir()}
     assert "visiontune: outputs in" in first.log and "visiontune: outputs in" not in second.log
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    """6 images: a 4/2 split, so a global batch of 2 makes 2 optimizer steps (the order matters)."""
-    out = tmp_path_factory.mktemp("tiny") / "data"
-    make_sample_data(out, per_class=3, test_count=1, seed=1)
-    return out
-
-
-def test_ddp_with_batch_b_matches_one_process_with_batch_2b(tiny_data, tmp_path):
-    # ViT has neither BatchNorm (SyncBatchNorm does not run on the CPU) nor dropout, so the two runs
-    # must compute the same thing; timm's test_vit (0.3M parameters) is a small model without either.
-    common = flags(data=tiny_data, model="timm/test_vit", weights="none", image_size=32, no_progress=True, epochs=1)
-    common += flags(val_fraction=0.3)
-    # DDP asks for its lr through --scale-lr (0.005 x 2 / 1), the single run states it: equal weights
-    # then also prove that the scaled lr is the one the optimizer used.
-    ddp = flags(strategy="ddp", nproc=2, batch_size=1, lr=0.005, scale_lr=True, reference_batch=1)
-    train_ddp_beside_one(common, ddp, flags(batch_size=2, lr=0.01), tmp_path, _env())
-    steps = [
-        [h["train"]["images"] for h in json.loads((tmp_path / d / "history.json").read_text())] for d in ("ddp", "one")
-    ]
-    assert steps == [[4], [4]]
-    # One epoch: best is the final model.
-    a, b = (load_file(str(tmp_path / d / "best.safetensors")) for d in ("ddp", "one"))
-    assert relative_difference(a, b) < 1e-5
 
 
 def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, capsys):
