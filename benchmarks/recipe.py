@@ -231,8 +231,7 @@ def main() -> None:
     p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: timm, fastai, {', '.join(VISIONTUNE)}")
     p.add_argument("--jobs", type=int, default=1, help="(seed, data set) cells run at once (accuracy only)")
     p.add_argument("--cell", help=argparse.SUPPRESS)  # SEED:SET, run by --jobs in a child process
-    p.add_argument("--cell-out", help=argparse.SUPPRESS)
-    p.add_argument("--stamp", help=argparse.SUPPRESS)
+    p.add_argument("--stamp", help="continue the run of this stamp (its cell files): finished tools are not rerun")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if len(seeds) < 2:
@@ -268,27 +267,36 @@ def main() -> None:
         seed_split(sets[name], seed, work / "splits" / f"{sets[name].name}-{seed}")
     if args.cell:
         seed, name = int(args.cell.split(":")[0]), args.cell.split(":")[1]
-        cell = run_cell(args, tools, sets[name], name, seed, work, stamp, env)
-        Path(args.cell_out).write_text(json.dumps(cell))
+        run_cell(args, tools, sets[name], name, seed, work, stamp, env)  # saved in its cell file
         return
     if args.jobs > 1:
         results = run_cells_in_parallel(args, cells, work, stamp)
     else:
         results = {(s, name): run_cell(args, tools, sets[name], name, s, work, stamp, env) for s, name in cells}
     for seed, name in cells:  # in seed order, whichever finished first
-        for tool, r in results[(seed, name)].items():
-            runs.setdefault(name, {}).setdefault(tool, []).append(r)
+        for tool in tools:
+            runs.setdefault(name, {}).setdefault(tool, []).append(results[(seed, name)][tool])
     load = {"before": load_before, "now": os.getloadavg()}
     table = summary(runs, seeds, say=True)
     result = {**record, "jobs": args.jobs, "complete": True, "table": table, "runs": runs, "load_average": load}
     write_result(args.result, result)
 
 
+def cell_path(work: Path, stamp: str, name: str, seed: int) -> Path:
+    return work / "cells" / f"{stamp}-{name}-{seed}.json"
+
+
 def run_cell(args, tools: list[str], data: Path, name: str, seed: int, work: Path, stamp: str, env: dict) -> dict:
-    """Every tool on one (seed, data set): {tool: {"accuracy", "seconds"}}, the tools one after another."""
+    """Every tool on one (seed, data set): {tool: {"accuracy", "seconds"}}, the tools one after another.
+
+    Each result is saved as soon as it is known, and a tool already saved for this stamp is not run again:
+    ``--stamp`` continues a run that was stopped."""
     folders = seed_split(data, seed, work / "splits" / f"{data.name}-{seed}")
-    cell = {}
+    saved = cell_path(work, stamp, name, seed)
+    cell = json.loads(saved.read_text()) if saved.exists() else {}
     for tool in tools:
+        if tool in cell:
+            continue
         out = work / "runs" / f"{stamp}-{name}-{seed}-{tool}"
         if tool == "timm":
             r = timm(Path(args.timm_train).resolve(), folders, seed, args.epochs, args.image_size, out, env)
@@ -297,8 +305,10 @@ def run_cell(args, tools: list[str], data: Path, name: str, seed: int, work: Pat
         else:
             r = visiontune(VISIONTUNE[tool], folders, seed, args.epochs, args.image_size, out, env)
         cell[tool] = r
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(cell))
         print(f"{name:8s} seed {seed} {tool:24s} test acc {r['accuracy']:.3f}  {r['seconds']:.0f} s", flush=True)
-    return cell
+    return {tool: cell[tool] for tool in tools}
 
 
 def run_cells_in_parallel(args, cells: list, work: Path, stamp: str) -> dict:
@@ -309,15 +319,14 @@ def run_cells_in_parallel(args, cells: list, work: Path, stamp: str) -> dict:
 
     def one(cell):
         seed, name = cell
-        out = work / "cells" / f"{stamp}-{name}-{seed}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        argv = [a for a in sys.argv[1:]]
-        i = argv.index("--jobs") if "--jobs" in argv else None
-        if i is not None:
-            del argv[i : i + 2]
-        cmd = [sys.executable, __file__, *argv, "--cell", f"{seed}:{name}", "--cell-out", str(out), "--stamp", stamp]
+        argv = list(sys.argv[1:])
+        for flag in ("--jobs", "--stamp"):
+            if flag in argv:
+                i = argv.index(flag)
+                del argv[i : i + 2]
+        cmd = [sys.executable, __file__, *argv, "--cell", f"{seed}:{name}", "--stamp", stamp]
         subprocess.run(cmd, check=True, env={**os.environ})
-        return cell, json.loads(out.read_text())
+        return cell, json.loads(cell_path(work, stamp, name, seed).read_text())
 
     with ThreadPoolExecutor(args.jobs) as pool:
         return dict(pool.map(one, cells))
