@@ -52,9 +52,9 @@ def measure(args, mode: str) -> list[dict]:
     import torch
 
     from visiontune.cluster.strategy import loader_workers, make_accelerator, prepare
-    from visiontune.data.cache import CachedDataset, open_or_build
     from visiontune.data.layouts import discover
-    from visiontune.data.pipeline import DeviceNormalize, make_loader
+    from visiontune.loading.cache import CachedDataset, open_or_build
+    from visiontune.loading.pipeline import DeviceNormalize, make_loader
     from visiontune.models.build import build_model
     from visiontune.settings.config import TrainConfig
     from visiontune.training.engine import LoopOptions, train_one_epoch
@@ -122,9 +122,9 @@ def measure(args, mode: str) -> list[dict]:
 
 
 def prepare_data(args) -> None:
-    from visiontune.data.cache import open_or_build
     from visiontune.data.layouts import discover
     from visiontune.data.sample import make_sample_data
+    from visiontune.loading.cache import open_or_build
 
     if not Path(args.data, "train").is_dir():
         make_sample_data(args.data, per_class=args.images // 2, test_count=0, seed=0)

@@ -26,9 +26,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from common import WORK, BlogDataset, image_paths, interleave, sample_data, timed, write_result
-from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.decode import try_read
-from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader
+from visiontune.loading.cache import CachedDataset, open_or_build
+from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader
 
 SIZE, BATCH, PER_CLASS = 224, 50, 100
 DECODE_SIZES = (64, 128, 224)

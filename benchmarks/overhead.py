@@ -22,10 +22,10 @@ import torch.nn.functional as F
 
 from common import WORK, interleave, sample_data, write_result
 from visiontune.cluster.launch import cpu_budget
-from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.layouts import discover
-from visiontune.data.pipeline import DeviceNormalize
 from visiontune.data.split import make_split
+from visiontune.loading.cache import CachedDataset, open_or_build
+from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model
 from visiontune.settings.config import TrainConfig
 from visiontune.training.trainer import train

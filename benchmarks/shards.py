@@ -45,8 +45,8 @@ from PIL import Image
 
 from common import RESULTS, WORK, write_result
 from visiontune.data.layouts import discover
-from visiontune.data.pipeline import ImageDataset, make_loader
 from visiontune.data.shards import write
+from visiontune.loading.pipeline import ImageDataset, make_loader
 
 N = int(os.environ.get("VT_SHARDS_N", "25000"))
 PX = int(os.environ.get("VT_SHARDS_PX", "96"))

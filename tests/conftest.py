@@ -183,7 +183,7 @@ def worker_env_module():
 def no_scan(monkeypatch):
     """Fail the test if training gets as far as screening the files (the bad-file scan, or the image cache
     that replaces it): the problem must be found before it."""
-    from visiontune.data import jobdata
+    from visiontune.loading import jobdata
 
     def scan(*a, **kw):
         raise AssertionError("the files were screened (scan or image cache): the problem was found too late")

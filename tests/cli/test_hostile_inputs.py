@@ -279,7 +279,7 @@ def test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best(
 def shaken_run(tmp_path_factory):
     """Two epochs on an ImageFolder set with symbolic link loops in it, given as a relative --data, with
     one picture deleted after the bad-file scan, before the first training step reads anything."""
-    from visiontune.data import pipeline
+    from visiontune.loading import pipeline
 
     tmp = tmp_path_factory.mktemp("shaken")
     data = _image_folder(tmp / "data", per_class=8)

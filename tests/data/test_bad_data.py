@@ -16,8 +16,8 @@ import visiontune.data.check as check
 from badfiles import make_bad_files, make_odd_mode_images, natural_ish
 from trainrun import TINY, flags
 from visiontune import cli
-from visiontune.data.pipeline import UNREADABLE, ImageDataset
 from visiontune.data.sample import make_sample_data
+from visiontune.loading.pipeline import UNREADABLE, ImageDataset
 
 
 def _report(path: Path) -> dict[str, str]:

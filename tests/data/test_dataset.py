@@ -8,9 +8,9 @@ from PIL import Image
 from torch.utils.data import default_collate
 from torchvision import transforms
 
-from visiontune.data.augment import EpochIndex, sample_augment
 from visiontune.data.layouts import discover
-from visiontune.data.pipeline import UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
+from visiontune.loading.augment import EpochIndex, sample_augment
+from visiontune.loading.pipeline import UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
 from visiontune.settings.config import MEAN, STD
 
 
@@ -99,7 +99,7 @@ def _batch_with_a_broken_file(tmp_path, sample_data, **kw) -> tuple[ImageDataset
 def test_a_batch_decoded_by_threads_equals_one_image_at_a_time(tmp_path, sample_data, monkeypatch):
     import threading
 
-    import visiontune.data.pipeline as pipeline
+    import visiontune.loading.pipeline as pipeline
 
     serial, order = _batch_with_a_broken_file(tmp_path, sample_data)
     threaded, _ = _batch_with_a_broken_file(tmp_path, sample_data, threads=2)

@@ -11,10 +11,11 @@ import shutil
 
 import pytest
 
-import visiontune.data.cache as cache_mod
+import visiontune.loading.cache as cache_mod
 from trainrun import SQUEEZENET, assert_same_weights, final_weights, flags
 from visiontune.cli.commands import main
-from visiontune.data import jobdata, layouts
+from visiontune.data import layouts
+from visiontune.loading import jobdata
 from visiontune.settings.config import TrainConfig
 
 ARGS = [*SQUEEZENET, *flags(epochs=1, batch_size=4, num_workers=0)]

@@ -24,9 +24,9 @@ from safetensors.torch import save_file
 
 from trained import hand_resize, one_thread  # noqa: F401  (one_thread: autouse)
 from visiontune.cli.commands import main
-from visiontune.data.cache import open_or_build
 from visiontune.data.decode import BadImage, dct_scale, decode_bytes, resize_target, try_read
 from visiontune.errors import UserError
+from visiontune.loading.cache import open_or_build
 from visiontune.runs import runinfo
 from visiontune.settings.config import MEAN, STD
 
@@ -122,7 +122,7 @@ def test_a_rotated_jpeg_is_scaled_upright():
 
 # Measured on these images: max 4, mean 0.48 (64 px) and 0.66 (128 px) grey levels; on the benchmarks'
 # 300-500 px sample set (heavier noise, sharp blobs) max 19, mean 1.6 at 64 px. The reference PIL
-# pipeline's tolerance (tests/data/test_pipeline.py) is max 1, mean 0.05: fast is outside it, hence a flag.
+# pipeline's tolerance (tests/loading/test_pipeline.py) is max 1, mean 0.05: fast is outside it, hence a flag.
 @pytest.mark.parametrize("size,max_diff,mean_diff", [(64, 8, 1.0), (128, 8, 1.0)])
 def test_fast_pixels_stay_within_a_few_grey_levels_of_exact(size, max_diff, mean_diff):
     diffs = []

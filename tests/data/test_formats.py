@@ -15,14 +15,15 @@ import pytest
 from PIL import Image as PILImage
 
 from visiontune.cli.commands import main
-from visiontune.data import jobdata, shards
-from visiontune.data.cache import CachedDataset, open_or_build
+from visiontune.data import shards
 from visiontune.data.check import scan
 from visiontune.data.decode import try_read
 from visiontune.data.layouts import discover
 from visiontune.data.sample import make_sample_data
 from visiontune.data.split import make_split, relative_paths, split_of
 from visiontune.errors import UserError
+from visiontune.loading import jobdata
+from visiontune.loading.cache import CachedDataset, open_or_build
 
 datasets = pytest.importorskip("datasets")
 webdataset = pytest.importorskip("webdataset")

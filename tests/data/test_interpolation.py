@@ -25,9 +25,9 @@ from torchvision.transforms.v2 import InterpolationMode
 from conftest import FAST
 from trained import hand_resize, one_thread  # noqa: F401  (one_thread: autouse)
 from visiontune.cli.commands import main
-from visiontune.data.augment import EpochIndex, derive_seed, sample_augment, seeded
-from visiontune.data.cache import open_or_build
-from visiontune.data.pipeline import ImageDataset
+from visiontune.loading.augment import EpochIndex, derive_seed, sample_augment, seeded
+from visiontune.loading.cache import open_or_build
+from visiontune.loading.pipeline import ImageDataset
 from visiontune.models.build import input_view
 from visiontune.runs import runinfo
 

@@ -9,8 +9,9 @@ import pickle
 
 import torch
 
-from visiontune.data import jobdata, layouts
+from visiontune.data import layouts
 from visiontune.data.split import make_split, read_record, split_summary, write_split
+from visiontune.loading import jobdata
 
 # split.json's sha256 for odd_tree() (seed 3, val fraction 0.25), written by the code before the
 # compact listing (commit 0ac2dd9): resume compares it, so the same data must keep the same hash.
@@ -86,7 +87,7 @@ def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
     )
     assert list(jobdata.load_listing(str(tmp_path / "v.bin"))[0].paths) == [pairs[i][0] for i in pick]
     # A loader worker gets the arrays: pickling costs the bytes, not an object per file.
-    from visiontune.data.pipeline import ImageDataset
+    from visiontune.loading.pipeline import ImageDataset
 
     ds = ImageDataset(view, found.labels[pick], 8)
     assert ds.paths is view and pickle.loads(pickle.dumps(ds)).paths == [pairs[i][0] for i in pick]
@@ -133,7 +134,7 @@ def test_paths_outside_the_root_and_the_warm_scan_lookup():
 
 
 def test_image_cache_file_name_is_unchanged_for_a_compact_listing(tmp_path):
-    from visiontune.data.cache import _files
+    from visiontune.loading.cache import _files
 
     # More paths than one chunk, some not UTF-8: the name the earlier code gave the cache files.
     paths = [f"/d/c{i % 7}/ü {i}.jpg" for i in range(70_000)] + [os.fsdecode(b"/d/c1/\xff.jpg")]

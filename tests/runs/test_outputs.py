@@ -110,7 +110,8 @@ def test_atomic_files_respect_the_umask(tmp_path):
 
 def test_the_image_cache_and_the_scan_use_one_cache_folder(tmp_path, monkeypatch):
     from visiontune.cluster import host
-    from visiontune.data import cache, check
+    from visiontune.data import check
+    from visiontune.loading import cache
 
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "vt"))
     assert cache.resolve_dir("auto") == str(tmp_path / "vt") == os.path.dirname(check.scan_cache_path("/data"))

@@ -13,8 +13,8 @@ import pytest
 
 from trainrun import TINY
 from visiontune import cli
-from visiontune.data import jobdata
 from visiontune.errors import UserError
+from visiontune.loading import jobdata
 from visiontune.runs import runlock
 
 HOLD = (

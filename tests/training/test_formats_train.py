@@ -199,8 +199,8 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_folder_runs_tensors(
 READS = """
 import os
 if os.environ.get("VT_TEST_READS"):
-    from visiontune.data import pipeline
-    from visiontune.data.augment import EpochIndex
+    from visiontune.loading import pipeline
+    from visiontune.loading.augment import EpochIndex
 
     real = pipeline.ImageDataset._finish
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from sklearn.utils.class_weight import compute_class_weight
 
-from visiontune.data.pipeline import UNREADABLE
 from visiontune.errors import UserError
+from visiontune.loading.pipeline import UNREADABLE
 from visiontune.runs.checkpoint import Checkpoint
 from visiontune.runs.resume import compatible
 from visiontune.training import imbalance, optim

@@ -30,12 +30,12 @@ from trainrun import (
 )
 from visiontune.cli.commands import main
 from visiontune.cluster import strategy
-from visiontune.data.augment import BatchMix
-from visiontune.data.jobdata import load_listing, save_listing
 from visiontune.data.layouts import discover
 from visiontune.data.sample import make_multilabel_data
 from visiontune.data.split import read_record, split_of
 from visiontune.errors import UserError
+from visiontune.loading.augment import BatchMix
+from visiontune.loading.jobdata import load_listing, save_listing
 from visiontune.reports.multilabel import multilabel_metrics, tune_thresholds
 from visiontune.training.optim import per_sample_bce
 

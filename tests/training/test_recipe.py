@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from trainrun import flags
-from visiontune.data import loaders
 from visiontune.errors import UserError
+from visiontune.loading import loaders
 from visiontune.runs import records
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig

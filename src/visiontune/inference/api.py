@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from visiontune.data.pipeline import UNREADABLE
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.evaluate import evaluate, run_data
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, load_model
+from visiontune.loading.pipeline import UNREADABLE
 
 Image = str | os.PathLike | bytes | torch.Tensor  # or a PIL image, converted to a tensor here
 

@@ -25,12 +25,12 @@ from visiontune.cluster import launch
 from visiontune.data import remote
 from visiontune.data.groups import split_images
 from visiontune.data.layouts import ImageSet, discover
-from visiontune.data.pipeline import UNREADABLE, readable
 from visiontune.data.split import relative_paths, split_of, split_summary
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
+from visiontune.loading.pipeline import UNREADABLE, readable
 from visiontune.reports import figures, metrics, multilabel
 
 SPLITS = ("val", "train", "all")

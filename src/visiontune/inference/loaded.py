@@ -26,8 +26,8 @@ from torch import nn
 
 from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator
 from visiontune.data.decode import BadImage, read_source
-from visiontune.data.pipeline import DeviceNormalize, ImageDataset, make_loader, readable
 from visiontune.errors import UserError
+from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader, readable
 from visiontune.models.build import build_model, get_spec, input_view
 from visiontune.models.spec import WEIGHT_SUFFIXES
 from visiontune.runs import runinfo

@@ -21,11 +21,11 @@ import torch
 
 from visiontune import files
 from visiontune.data.layouts import IMAGE_EXTENSIONS
-from visiontune.data.pipeline import UNREADABLE
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
+from visiontune.loading.pipeline import UNREADABLE
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from visiontune.data.decode import try_read
-from visiontune.data.pipeline import DeviceNormalize, collate_channels_last
 from visiontune.errors import UserError
 from visiontune.inference.loaded import load_model
+from visiontune.loading.pipeline import DeviceNormalize, collate_channels_last
 from visiontune.runs import runinfo
 from visiontune.runs.runinfo import KEY, RunInfo
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 
 from visiontune.cluster.signals import RunStopped
-from visiontune.data.pipeline import UNREADABLE, readable
+from visiontune.loading.pipeline import UNREADABLE, readable
 from visiontune.training.meter import PhaseResult, StepClock, Totals, progress_bar, run_progress
 
 # criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that

@@ -29,10 +29,10 @@ from accelerate.utils import broadcast_object_list, set_seed
 from visiontune.cluster.launch import default_output_dir
 from visiontune.cluster.strategy import make_accelerator
 from visiontune.data.groups import split_for
-from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import discover
-from visiontune.data.pipeline import DeviceNormalize
 from visiontune.errors import UserError
+from visiontune.loading.jobdata import prepare as prepare_data
+from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model, get_spec
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
@@ -119,7 +119,7 @@ def _sweep(cfg, model, loader, device, accumulate: int, criterion, start: float,
 
 def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: int = STEPS) -> dict:
     """Sweep the lr; write ``lr_find.png`` and ``lr_find.json`` in the output folder; return the record."""
-    from visiontune.data.loaders import loaders  # the train loader exactly as `train` builds it
+    from visiontune.loading.loaders import loaders  # the train loader exactly as `train` builds it
 
     cfg = validate(cfg.replace(strategy="single", log_with=None))
     cfg = cfg.replace(image_size=cfg.image_size or get_spec(cfg.model).preprocess.size)

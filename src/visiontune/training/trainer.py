@@ -22,14 +22,14 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from visiontune import files
 from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import Setup, describe, make_accelerator, prepare
-from visiontune.data.augment import BatchMix
 from visiontune.data.groups import split_for
-from visiontune.data.jobdata import fetch_per_machine, listed
-from visiontune.data.jobdata import prepare as prepare_data
 from visiontune.data.layouts import ImageSet
-from visiontune.data.loaders import loaders
-from visiontune.data.pipeline import DeviceNormalize
 from visiontune.errors import UserError
+from visiontune.loading.augment import BatchMix
+from visiontune.loading.jobdata import fetch_per_machine, listed
+from visiontune.loading.jobdata import prepare as prepare_data
+from visiontune.loading.loaders import loaders
+from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model, check_input, get_spec, input_view
 from visiontune.runs import records, resume, runinfo, runlock
 from visiontune.settings import presets

@@ -11,11 +11,11 @@ import os
 import torch
 
 from visiontune.cluster.strategy import decode_threads, loader_workers
-from visiontune.data.augment import sample_augment
-from visiontune.data.cache import CachedDataset
-from visiontune.data.jobdata import JobData
-from visiontune.data.pipeline import ImageDataset, make_loader, readable
 from visiontune.data.split import Split
+from visiontune.loading.augment import sample_augment
+from visiontune.loading.cache import CachedDataset
+from visiontune.loading.jobdata import JobData
+from visiontune.loading.pipeline import ImageDataset, make_loader, readable
 from visiontune.models.build import input_view
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.presets import stats_text

@@ -28,7 +28,6 @@ import numpy as np
 
 from visiontune.cluster.host import available_cores
 from visiontune.data import remote
-from visiontune.data.cache import CacheChoice, ImageCache, choose
 from visiontune.data.check import (
     bad_fraction_error,
     scan,
@@ -38,6 +37,7 @@ from visiontune.data.check import (
 from visiontune.data.layouts import ImageSet
 from visiontune.data.listing import listed, load_listing, save_listing
 from visiontune.errors import UserError
+from visiontune.loading.cache import CacheChoice, ImageCache, choose
 from visiontune.settings.config import TrainConfig
 
 

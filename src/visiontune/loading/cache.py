@@ -40,9 +40,9 @@ from torch.utils.data import Dataset
 from visiontune.cluster.host import available_cores, user_cache_dir
 from visiontune.data.check import bounded_map, file_keys, name_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
-from visiontune.data.pipeline import label_array, sample_label, unreadable_label
 from visiontune.errors import NoSpaceError, UserError
 from visiontune.files import atomic_file, atomic_write
+from visiontune.loading.pipeline import label_array, sample_label, unreadable_label
 
 CACHE_VERSION = 2  # 2: rows stored height x width x channel
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)

@@ -15,7 +15,7 @@ from conftest import PYTHON, ROOT
 from trainrun import flags
 from visiontune.cluster.strategy import enable_gpu_speedups
 from visiontune.data.decode import read_image, resize_uint8
-from visiontune.data.pipeline import DeviceNormalize
+from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model, load_state_file
 from visiontune.settings.config import MEAN, STD
 

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from visiontune.data.augment import EpochIndex, SampleAugment
-from visiontune.data.balanced import BalancedSampler
 from visiontune.data.decode import try_read
 from visiontune.data.pathlist import PathList
+from visiontune.loading.augment import EpochIndex, SampleAugment
+from visiontune.loading.balanced import BalancedSampler
 from visiontune.settings.config import MEAN, STD
 
 # The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count. A

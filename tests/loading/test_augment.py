@@ -23,9 +23,9 @@ from trainrun import (
 from visiontune import cli
 from visiontune.cli.commands import build_parser
 from visiontune.cli.flags import config_from_args
-from visiontune.data.augment import BatchMix, EpochIndex, derive_seed, sample_augment, seeded
-from visiontune.data.pipeline import UNREADABLE, EpochSampler
 from visiontune.errors import UserError
+from visiontune.loading.augment import BatchMix, EpochIndex, derive_seed, sample_augment, seeded
+from visiontune.loading.pipeline import UNREADABLE, EpochSampler
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
 

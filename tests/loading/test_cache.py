@@ -1,4 +1,4 @@
-"""Tests for visiontune.data.cache: exact pixels, rebuilt on change, reused otherwise, one build per job."""
+"""Tests for visiontune.loading.cache: exact pixels, rebuilt on change, reused otherwise, one build per job."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-import visiontune.data.cache as cache_mod
+import visiontune.loading.cache as cache_mod
 from conftest import FAST, PYTHON
 from trainrun import flags
 from visiontune.cli.commands import main
-from visiontune.data.augment import sample_augment
-from visiontune.data.cache import CachedDataset, open_or_build
 from visiontune.data.decode import read_image, resize_uint8
-from visiontune.data.pipeline import UNREADABLE, ImageDataset
+from visiontune.loading.augment import sample_augment
+from visiontune.loading.cache import CachedDataset, open_or_build
+from visiontune.loading.pipeline import UNREADABLE, ImageDataset
 
 SIZE = 24
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from visiontune.data.augment import EpochIndex, derive_seed
+from visiontune.loading.augment import EpochIndex, derive_seed
 
 
 def balanced_epoch(labels: Sequence[int], seed: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:

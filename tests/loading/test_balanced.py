@@ -9,9 +9,9 @@ import torch
 from accelerate.data_loader import BatchSamplerShard, skip_first_batches
 from torch.utils.data import BatchSampler, DataLoader
 
-from visiontune.data.augment import EpochIndex, sample_augment
-from visiontune.data.balanced import BalancedSampler
-from visiontune.data.pipeline import make_loader
+from visiontune.loading.augment import EpochIndex, sample_augment
+from visiontune.loading.balanced import BalancedSampler
+from visiontune.loading.pipeline import make_loader
 
 # 95/5 of 200 images, plus a third class of 3 images: 198 train slots over 3 classes.
 LABELS = np.array([0] * 185 + [1] * 10 + [2] * 3)
