@@ -345,7 +345,8 @@ def summary(runs: dict, seeds: list[int], say: bool) -> dict:
         best = max(peers, key=lambda t: rows[t]["mean"]) if peers else None
         for tool, row in rows.items():
             if best and tool.startswith("vt-"):
-                row["vs_best_peer"] = f"{verdict(row, rows[best])} than {best}"
+                said = verdict(row, rows[best])
+                row["vs_best_peer"] = f"{said} {'with' if said == 'tie' else 'than'} {best}"
                 row["speed_vs_best_peer"] = rows[best]["seconds"] / row["seconds"]
         table[name] = rows
         if not say:
