@@ -188,7 +188,13 @@ def test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninter
         """One in-process run of ``--resume auto`` stopped by ``sig`` at a call of ``owner.name``; its stderr."""
         with monkeypatch.context() as m:
             _signal_on(m, owner, name, sig, call)
-            assert cli.main([*argv[3:], "--resume", "auto"]) == code
+            # Python's own Ctrl-C handler, as in a terminal: a shell's background job (CI run with `&`,
+            # nohup) starts with SIGINT ignored, and a process that starts so keeps ignoring it.
+            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                assert cli.main([*argv[3:], "--resume", "auto"]) == code
+            finally:
+                signal.signal(signal.SIGINT, previous)
         err = capsys.readouterr().err
         assert "Traceback" not in err, err
         return err
