@@ -86,6 +86,7 @@ SLOW = {
     "ml_run",  # test_multilabel.py: the shared multi-label run
     "test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights",
     "imbalanced_runs",  # test_imbalance_train.py: three runs on a 95/5 set
+    "device_runs",  # test_devicedecode.py: a run with --decode exact and one with --decode device
     "test_a_balanced_weighted_run_resumed_mid_epoch_ends_with_the_uninterrupted_tensors",
 }
 

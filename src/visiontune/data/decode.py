@@ -23,6 +23,7 @@ import io
 import math
 import os
 import re
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,8 +36,10 @@ MAX_PIXELS = 89_478_485  # PIL's own default decompression-bomb limit
 # The modes resize offers for uint8 tensors (PIL-only ones, lanczos/box/hamming, are not among them).
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")
 # exact: every pixel decoded, then resized (the reference pipeline's pixels, within a grey level);
-# fast: large JPEGs decoded at a DCT scale first (dct_scale). Recorded with the run and its model files.
-DECODES = ("exact", "fast")
+# fast: large JPEGs decoded at a DCT scale first (dct_scale); device: JPEGs decoded on the training
+# device in batches (loading.devicedecode), exact's pixels up to the decoder's rounding, and read
+# as exact everywhere else (predict, evaluate, serve). Recorded with the run and its model files.
+DECODES = ("exact", "fast", "device")
 _DCT_SCALES = (8, 4, 2)  # the power-of-two reductions libjpeg's scaled IDCT offers (and PIL's draft uses)
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -49,12 +52,13 @@ class BadImage(Exception):
     """A file that cannot be used as a training image; str(exc) is the reason."""
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from the first SOF marker, or None when the marker walk breaks."""
+def _jpeg_segments(data: bytes):
+    """(marker, payload start, payload end) of each segment up to the start of scan (0xDA), the last one
+    yielded; the walk stops early where it breaks."""
     i = 2
-    while i + 9 <= len(data):
+    while i + 4 <= len(data):
         if data[i] != 0xFF:
-            return None  # libjpeg would resync past garbage; we refuse and let PIL judge instead
+            return  # libjpeg would resync past garbage; we refuse and let PIL judge instead
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte before a marker
             i += 1
@@ -62,12 +66,82 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length field
             i += 2
             continue
+        end = i + 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+        yield marker, i + 4, end
+        if marker == 0xDA:  # start of scan: the header is over
+            return
+        i = end
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the first SOF marker, or None when the marker walk breaks first."""
+    for marker, start, _ in _jpeg_segments(data):
         if marker in _JPEG_SOF:
-            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
-        if marker == 0xDA:  # start of scan before any frame header: malformed
-            return None
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+            if start + 5 > len(data):
+                return None
+            return int.from_bytes(data[start + 3 : start + 5], "big"), int.from_bytes(
+                data[start + 1 : start + 3], "big"
+            )
     return None
+
+
+class JpegHeader(NamedTuple):
+    width: int
+    height: int
+    components: int  # 1 grey, 3 YCbCr/RGB, 4 CMYK/YCCK
+    frame: int  # the SOF marker: 0xC0 baseline, 0xC1 extended, 0xC2 progressive, others lossless/arithmetic
+    precision: int  # bits per sample
+    orientation: int  # EXIF orientation, 1 (upright) to 8; 1 when absent or unreadable
+
+
+def jpeg_header(data: bytes) -> JpegHeader | None:
+    """What a JPEG's header says before any pixel is decoded, or None when the marker walk breaks before
+    the scan (an odd file: the full decoder judges it)."""
+    header, orientation, exif_seen = None, 1, False
+    for marker, start, end in _jpeg_segments(data):
+        if marker == 0xDA:
+            return None if header is None else JpegHeader(*header, orientation)
+        if marker == 0xE1 and not exif_seen:  # libjpeg hands torchvision the first APP1 segment, Exif or not
+            exif_seen = True
+            orientation = exif_orientation(data[start + 6 : min(end, len(data))])
+        elif marker in _JPEG_SOF and header is None:
+            if start + 6 > len(data):
+                return None
+            height, width = (int.from_bytes(data[start + k : start + k + 2], "big") for k in (1, 3))
+            header = (width, height, data[start + 5], marker, data[start])
+    return None
+
+
+def exif_orientation(tiff: bytes) -> int:
+    """The orientation tag of an Exif block's first directory (after "Exif\\0\\0"), read as torchvision's
+    ``decode_jpeg(apply_exif_orientation=True)`` reads it (its exif.h): 1 when absent or out of range."""
+    if len(tiff) < 8:
+        return 1
+    order = "little" if tiff[:2] == b"II" else "big"  # torchvision reads anything but "II" as big-endian
+
+    def number(at: int, size: int) -> int | None:
+        return int.from_bytes(tiff[at : at + size], order) if at + size <= len(tiff) else None
+
+    if number(2, 2) != 0x2A:
+        return 1
+    offset = number(4, 4)
+    entries = number(offset, 2) if offset is not None else None
+    for k in range(entries or 0):
+        tag = number(offset + 2 + 12 * k, 2)
+        if tag is None or tag == 0xFFFF:  # torchvision's reader stops at its out-of-bounds value
+            break
+        if tag == 0x0112:
+            value = number(offset + 2 + 12 * k + 8, 2)
+            return value if value is not None and 1 <= value <= 8 else 1
+    return 1
+
+
+def orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
+    """[..., H, W] as EXIF ``orientation`` says to view it: the flips and transposes of torchvision's decoder,
+    in its order, so the result (values and memory layout) is what ``apply_exif_orientation=True`` gives."""
+    transposed = img.transpose(-1, -2) if orientation >= 5 else img
+    flips = {2: (-1,), 3: (-2, -1), 4: (-2,), 6: (-1,), 7: (-2, -1), 8: (-2,)}.get(orientation)
+    return transposed.flip(flips) if flips else transposed
 
 
 def _png_size(data: bytes) -> tuple[int, int] | None:
@@ -245,7 +319,8 @@ def try_read(
     decode: str = "exact",
 ) -> torch.Tensor | str:
     """``read_source`` brought to size x size by ``resize_uint8`` (full size without ``size``), or why it
-    cannot be read; ``decode`` is one of ``DECODES`` (fast: see ``decode_bytes``)."""
+    cannot be read; ``decode`` is one of ``DECODES`` (fast: see ``decode_bytes``; device reads as exact here,
+    the pixels ``loading.devicedecode`` gets on a CPU)."""
     try:
         scale_to = resize_target(size, crop_pct) if decode == "fast" and size is not None else None
         img = read_source(source, scale_to)

@@ -252,6 +252,7 @@ FIT, AUTO, OFF = "fit", "auto", "off"
 # 180 GiB), and three quarters of the free space stay for checkpoints, data sets and other users' files.
 # Above the cap --cache DIR (or auto) still caches: the user has then chosen the disk.
 FIT_MAX_BYTES = 8 * 2**30
+DEVICE_DECODES = "--decode device: JPEGs are decoded on the device each epoch"  # why fit caches nothing then
 FIT_FREE_SHARE = 0.25
 
 
@@ -305,6 +306,8 @@ def choose(
     view = {"interpolation": interpolation, "crop_pct": crop_pct, "reader": reader, "decode": decode}
     if setting in (None, OFF):  # None: a config.json from before --cache had a default
         return None, CacheChoice(OFF, None, "--cache off: every epoch decodes the images")
+    if decode == "device":  # fit comes to off (settings.validation refuses a folder or auto with it)
+        return None, CacheChoice(setting, None, DEVICE_DECODES)
     if setting != FIT:
         cache = open_or_build(setting, paths, image_size, threads, **view)
         return cache, CacheChoice(setting, cache.array_path, f"--cache {setting}")

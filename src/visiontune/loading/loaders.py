@@ -14,6 +14,7 @@ from visiontune.cluster.strategy import decode_threads, loader_workers
 from visiontune.data.split import Split
 from visiontune.loading.augment import sample_augment
 from visiontune.loading.cache import CachedDataset
+from visiontune.loading.devicedecode import DeviceDecodeDataset
 from visiontune.loading.jobdata import JobData
 from visiontune.loading.pipeline import ImageDataset, make_loader, readable
 from visiontune.models.build import input_view
@@ -31,12 +32,12 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
     interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
     if data.cache:
 
-        def subset(idx, augment):
+        def subset(idx, augment, device=False):  # a cached image is decoded already
             return CachedDataset(data.cache, data.rows[idx], images.label_array[idx], augment)
     else:
 
-        def subset(idx, augment):
-            return ImageDataset(
+        def subset(idx, augment, device=False):  # device: JPEGs reach the training process undecoded
+            return (DeviceDecodeDataset if device else ImageDataset)(
                 images.paths.take(idx),  # a view: no str per file until a sample is read
                 images.label_array[idx],  # class indices, or multi-hot rows
                 cfg.image_size,
@@ -61,11 +62,12 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
         crop_scale=cfg.crop_scale,
     )
     if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
+        # Decoded here with --decode device too (as exact): the statistics are the same up to the decoder's rounding.
         mean, std = data_stats(subset(split.train, None), seed=cfg.seed)
         cfg = cfg.replace(mean=mean, std=std)
     return cfg, *(
         make_loader(
-            subset(idx, augment if train else None),
+            subset(idx, augment if train else None, device=cfg.decode == "device"),
             cfg.batch_size,
             train=train,
             seed=cfg.seed,

@@ -100,8 +100,10 @@ class ImageDataset(Dataset):
         return {**self.__dict__, "_pool": None}
 
     def _decode(self, i: int) -> torch.Tensor | str:
+        return self._read(self.paths[i] if self.reader is None else self.reader[i])
+
+    def _read(self, source) -> torch.Tensor | str:
         # Full size when augmenting: the random crop comes before the resize (so no DCT scale either).
-        source = self.paths[i] if self.reader is None else self.reader[i]
         if self.augment and self.augment.resizes:
             return try_read(source)
         return try_read(source, self.size, self.interpolation, self.crop_pct, self.decode)
@@ -111,7 +113,7 @@ class ImageDataset(Dataset):
             if self.report:
                 print(f"visiontune: skipped unreadable image {self.paths[i]}: {img}", file=sys.stderr)
             if self.failures_csv:
-                _record_failure(self.failures_csv, self.paths[i], img)
+                record_failure(self.failures_csv, self.paths[i], img)
             return torch.zeros(3, self.size, self.size, dtype=torch.uint8), unreadable_label(self.labels)
         return (self.augment(img, i) if self.augment else img), sample_label(self.labels, i)
 
@@ -127,7 +129,7 @@ class ImageDataset(Dataset):
         return [self._finish(i, img) for i, img in zip(indices, self._pool[1].map(self._decode, indices))]
 
 
-def _record_failure(csv_path: str, path: str, problem: str) -> None:
+def record_failure(csv_path: str, path: str, problem: str) -> None:
     # Loader workers of every process may append at once: one small O_APPEND write per row
     # lands whole, so rows never interleave.
     buf = io.StringIO()
@@ -216,7 +218,7 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
-        collate_fn=collate_channels_last,
+        collate_fn=getattr(dataset, "collate", collate_channels_last),  # devicedecode's datasets bring their own
         prefetch_factor=4 if num_workers > 0 else None,
     )
 

@@ -52,10 +52,12 @@ class TrainConfig:
         "centre crop: the short side resized to size / CROP_PCT, then the centre size x size kept, as timm "
         "evaluates (default: the model's for timm and Hub models; torchvision's squash the whole image; recorded)",
     )
-    decode: Literal["exact", "fast"] = _setting(
+    decode: Literal["exact", "fast", "device"] = _setting(
         "exact",
-        "exact (every pixel decoded, then resized) or fast (a JPEG at least twice the image size decoded at a "
-        "DCT scale first: faster, pixels a few grey levels off; docs/performance.md); recorded",
+        "exact (every pixel decoded, then resized), fast (a JPEG at least twice the image size decoded at a "
+        "DCT scale first: faster, pixels a few grey levels off) or device (JPEGs decoded on the training device "
+        "in batches, nvJPEG on a GPU, then resized there; other files as exact; no image cache); "
+        "docs/performance.md; recorded",
     )
     augment: Literal["none", "flip-crop", "light", "trivial", "randaugment"] | None = _setting(
         None, "none, flip-crop (also plain --augment), light, trivial or randaugment (default: the recipe's)"

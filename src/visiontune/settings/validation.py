@@ -116,6 +116,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise UserError(
                 f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}"
             )
+    if cfg.decode == "device" and cfg.cache not in (None, "fit", "off"):
+        raise UserError(
+            f"--decode device decodes the JPEGs on the device every epoch and keeps no image cache, but --cache "
+            f"{cfg.cache} asks for one; drop --cache, or cache the decoded images with --decode exact"
+        )
     if not 0.0 < cfg.val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1, got {cfg.val_fraction}")
     if cfg.lr == "auto":

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 
 from visiontune.cluster.signals import RunStopped
+from visiontune.loading.devicedecode import on_device
 from visiontune.loading.pipeline import UNREADABLE, readable
 from visiontune.training.meter import PhaseResult, StepClock, Totals, progress_bar, run_progress
 
@@ -130,6 +131,7 @@ def train_one_epoch(
     bar = progress_bar(accelerator, loader, "train", opts.progress)
     for step, (images, labels) in enumerate(bar, start=start_step):
         steady = clock.batch_ready()
+        images, labels = on_device(images, labels)  # --decode device: the batch's JPEGs decoded here
         with accelerator.accumulate(model):
             inputs, targets = prepare_input(images), labels
             if opts.mix is not None:
@@ -203,6 +205,7 @@ def evaluate(
     start = time.perf_counter()
     gathered: list = []
     for images, labels in progress_bar(accelerator, loader, desc, progress):
+        images, labels = on_device(images, labels)
         logits = model(prepare_input(images))
         multi = labels.ndim == 2
         if multi:

@@ -31,6 +31,7 @@ from visiontune.cluster.strategy import make_accelerator
 from visiontune.data.groups import split_for
 from visiontune.data.layouts import discover
 from visiontune.errors import UserError
+from visiontune.loading.devicedecode import on_device
 from visiontune.loading.jobdata import prepare as prepare_data
 from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model, get_spec
@@ -101,7 +102,8 @@ def _sweep(cfg, model, loader, device, accumulate: int, criterion, start: float,
             g["lr"] = lr * r
         total = 0.0
         for images, labels in itertools.islice(batches, accumulate):  # one global batch
-            loss = criterion(model(normalize(images.to(device))), labels.to(device)) / accumulate
+            images, labels = on_device(images.to(device), labels.to(device))  # --decode device's JPEGs
+            loss = criterion(model(normalize(images)), labels) / accumulate
             loss.backward()
             total += loss.item()
         optimizer.step()
