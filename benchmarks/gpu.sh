@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # VGG16 training images/s on this machine's CUDA GPU: fp32 (TF32), bf16, bf16 + channels-last,
 # bf16 + channels-last + compile, from synthetic tensors and from the cache, each with its share of
-# the GPU's peak; JSON in benchmarks/results/gpu.json. Under 8 minutes (hard limit 470 s).
+# the GPU's peak; for bf16 + channels-last also from the JPEG files, decoded by loader workers and on
+# the GPU (--decode device), each with its ratio to the cached rate; JSON in benchmarks/results/gpu.json.
+# Under 8 minutes (hard limit 470 s).
 # Without a GPU it says so and exits 0. Extra arguments go to benchmarks/gpu_bench.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."

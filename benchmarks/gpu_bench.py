@@ -5,7 +5,11 @@
 as visiontune allows them), bf16, bf16 + channels-last, bf16 + channels-last +
 torch.compile. Each mode is measured from synthetic uint8 batches already on
 the GPU (the model's ceiling) and from the uint8 cache through loader workers
-(what the input pipeline lets it reach). VGG16 training costs about 93 GFLOP
+(what the input pipeline lets it reach); the modes of ``--file-modes`` (bf16 +
+channels-last) also from the JPEG files themselves, every epoch: decoded by the
+loader workers (``--decode exact --cache off``) and decoded on the GPU in batches
+(``--decode device``, nvJPEG). Every row of a mode carries its ratio to that
+mode's cached row. VGG16 training costs about 93 GFLOP
 per 224 px image (3x the 31 GFLOP forward pass), so images/s x 93 GFLOP over the
 GPU's dense peak (a small table below, by name) is the share of peak reached.
 ``--smoke`` runs the same code tiny on a CPU, for the test suite.
@@ -51,10 +55,11 @@ def measure(args, mode: str) -> list[dict]:
     """In this process: one mode, every source."""
     import torch
 
-    from visiontune.cluster.strategy import loader_workers, make_accelerator, prepare
+    from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator, prepare
     from visiontune.data.layouts import discover
     from visiontune.loading.cache import CachedDataset, open_or_build
-    from visiontune.loading.pipeline import DeviceNormalize, make_loader
+    from visiontune.loading.devicedecode import DeviceDecodeDataset
+    from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader
     from visiontune.models.build import build_model
     from visiontune.settings.config import TrainConfig
     from visiontune.training.engine import LoopOptions, train_one_epoch
@@ -75,26 +80,32 @@ def measure(args, mode: str) -> list[dict]:
     device = accelerator.device
     images = discover(args.data)
     cache = open_or_build(args.cache, images.paths, args.image_size)
-    loader = make_loader(
-        CachedDataset(cache, range(len(images)), images.labels),
-        args.batch,
-        train=True,
-        seed=0,
-        num_workers=args.workers if args.workers >= 0 else loader_workers(cfg),
-        pin_memory=device.type == "cuda",
-    )
+    workers = args.workers if args.workers >= 0 else loader_workers(cfg)
+    datasets = {"cache": CachedDataset(cache, range(len(images)), images.labels)}
+    if mode in args.file_modes.split(","):
+        # The files as `train --cache off` reads them: --decode exact (the workers decode and resize),
+        # --decode device (the workers read bytes; the training process decodes on the GPU).
+        for source, kind in (("files-cpu", ImageDataset), ("files-device", DeviceDecodeDataset)):
+            threads = decode_threads(cfg.replace(num_workers=workers))
+            datasets[source] = kind(images.paths, images.labels, args.image_size, report=False, threads=threads)
+    loaders = [
+        make_loader(ds, args.batch, train=True, seed=0, num_workers=workers, pin_memory=device.type == "cuda")
+        for ds in datasets.values()
+    ]
     model = build_model(args.model, 2, "none")
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    model, optimizer, (loader,) = prepare(accelerator, cfg, model, optimizer, loader)
+    model, optimizer, loaders = prepare(accelerator, cfg, model, optimizer, *loaders)
+    loaders = dict(zip(datasets, loaders))
     normalize = DeviceNormalize(device, channels_last)
     x = torch.randint(0, 256, (args.batch, 3, args.image_size, args.image_size), dtype=torch.uint8, device=device)
     y = torch.randint(0, 2, (args.batch,), device=device)
     results, opts = [], LoopOptions(epochs=1, progress=False)
-    for source in ("synthetic", "cache"):
+    for source in ("synthetic", *loaders):
 
         def epoch(steps: int):
             if source == "synthetic":  # noqa: B023 -- epoch() is called within this iteration only
                 return train_one_epoch(accelerator, model, [(x, y)] * steps, optimizer, None, normalize, opts)
+            loader = loaders[source]  # noqa: B023
             loader.set_epoch(len(results))
             return train_one_epoch(accelerator, model, loader, optimizer, None, normalize, opts)
 
@@ -117,7 +128,11 @@ def measure(args, mode: str) -> list[dict]:
             }
         )
         share = f"{tflops / peak:.1%} of {peak:g} TFLOP/s peak" if peak else "peak unknown for this GPU"
-        print(f"{mode:28s} {source:9s} {ips:8.1f} img/s  {tflops:6.1f} TFLOP/s  {share}", flush=True)
+        print(f"{mode:28s} {source:12s} {ips:8.1f} img/s  {tflops:6.1f} TFLOP/s  {share}", flush=True)
+    cached = next(r["images_per_s"] for r in results if r["source"] == "cache")
+    for r in results:  # the share of the cached input's rate each source keeps
+        r["ratio_to_cache"] = round(r["images_per_s"] / cached, 3)
+    print("  ratio to cache: " + ", ".join(f"{r['source']} {r['ratio_to_cache']:.2f}" for r in results), flush=True)
     return results
 
 
@@ -147,6 +162,11 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--workers", type=int, default=-1, help="loader workers (default: visiontune's auto)")
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument(
+        "--file-modes",
+        default="bf16-channels-last",
+        help="modes also measured from the JPEG files: workers decoding, and --decode device",
+    )
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this mode in this process
     p.add_argument("--smoke", action="store_true", help="tiny CPU run of the same code (tests)")
     args = p.parse_args()

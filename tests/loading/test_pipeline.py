@@ -92,13 +92,14 @@ def test_gpu_script_says_there_is_no_gpu_and_exits_0(worker_env):
 
 
 def test_gpu_benchmark_code_runs_tiny_on_a_cpu(tmp_path, worker_env):
-    """The measuring code gpu.sh runs, at toy size: every source counts the images it trained on."""
+    """The measuring code gpu.sh runs, at toy size: every source counts the images it trained on, and the
+    JPEG files' rows (workers decoding; --decode device) carry their ratio to the cached row."""
     out_json = tmp_path / "gpu.json"
     res = subprocess.run(
         [
             PYTHON,
             str(ROOT / "benchmarks" / "gpu_bench.py"),
-            *flags(smoke=True, modes="fp32", workers=0, work=tmp_path, out=out_json),
+            *flags(smoke=True, modes="fp32", file_modes="fp32", workers=0, work=tmp_path, out=out_json),
         ],
         env=worker_env,
         capture_output=True,
@@ -107,7 +108,11 @@ def test_gpu_benchmark_code_runs_tiny_on_a_cpu(tmp_path, worker_env):
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(out_json.read_text())["results"]
-    assert [(r["mode"], r["source"]) for r in rows] == [("fp32", "synthetic"), ("fp32", "cache")]
+    sources = ["synthetic", "cache", "files-cpu", "files-device"]
+    assert [(r["mode"], r["source"]) for r in rows] == [("fp32", s) for s in sources]
     assert rows[0]["images"] == 2 * 4 and rows[1]["images"] == 16  # --smoke: 2 steps of 4; 16 cached images
+    assert rows[2]["images"] == rows[3]["images"] == 16  # every file, decoded either way
     assert all(r["images_per_s"] > 0 and r["share_of_peak"] is None for r in rows)
+    for r in rows:
+        assert r["ratio_to_cache"] == round(r["images_per_s"] / rows[1]["images_per_s"], 3)
     assert os.path.exists(tmp_path / "cache")

@@ -4,7 +4,7 @@
 source, the class names in label order, the image size, the mean/std the
 images were normalised with, the resize (interpolation, and timm's centre
 crop ``crop_pct`` or None for a plain squash to size), the decode
-(``--decode``: exact, or fast with its DCT-scaled JPEGs), the visiontune
+(``--decode``: exact, fast with its DCT-scaled JPEGs, or device, read as exact), the visiontune
 version, and for a multi-label model ``multi_label`` and the per-class
 ``thresholds`` of its best epoch (``EpochOutputs`` adds them to the file) --
 and written into the run's ``config.json`` (its ``"model"`` section). The same
