@@ -24,7 +24,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator
+from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator, no_datasets_import
 from visiontune.data.decode import BadImage, read_source
 from visiontune.errors import UserError
 from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader, readable
@@ -186,7 +186,8 @@ def forward(
     )
     # evaluation_mode: device placement and mixed precision, no DDP wrapper (nothing to synchronise).
     model = accelerator.prepare_model(loaded.model, evaluation_mode=True)
-    loader = accelerator.prepare_data_loader(loader)
+    with no_datasets_import():
+        loader = accelerator.prepare_data_loader(loader)
     kept: list = []
     engine.evaluate(
         accelerator,
