@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -380,28 +381,33 @@ def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, smal
 
 
 def test_kubernetes_pods_train_as_one_job_without_flags(tmp_path, small_data, base_env, cluster_reference):
+    """Each pod has a working folder of its own and pod 1 reads its own copy of the data at another path (the
+    split must still agree); both write into the one shared run folder, and only the first says so."""
     out, port = tmp_path / "run", _free_port(30000, 40000)
     logs = [tmp_path / f"pod{n}.log" for n in (0, 1)]
-    pods = [
-        _start(
-            [*train_argv(small_data, out), *RUN],
-            {
-                **base_env,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "WORLD_SIZE": "2",
-                "RANK": str(n),
-                "PET_NNODES": "2",
-                "PET_NODE_RANK": str(n),
-                "PET_NPROC_PER_NODE": "1",
-            },
-            logs[n],
-            {CORES[n % len(CORES)]},
-        )
-        for n in (0, 1)
-    ]
+    data = [small_data, shutil.copytree(small_data, tmp_path / "copy")]
+    cwds = [tmp_path / f"pod{n}" for n in (0, 1)]
+    pods = []
+    for n in (0, 1):
+        cwds[n].mkdir()
+        env = {
+            **base_env,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2",
+            "RANK": str(n),
+            "PET_NNODES": "2",
+            "PET_NODE_RANK": str(n),
+            "PET_NPROC_PER_NODE": "1",
+        }
+        pods.append(_start([*train_argv(data[n], out), *RUN], env, logs[n], {CORES[n % len(CORES)]}, cwds[n]))
     assert _finish(pods, logs) == [0, 0]
     assert_same_weights(_weights(out), _weights(cluster_reference))
+    assert not any(p.is_file() for cwd in cwds for p in cwd.rglob("*"))
+    newest = checkpoints(out)[-1]  # each process's share of a checkpoint (its RNG state) is in the run folder
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in newest.iterdir()}
+    said = [log.read_text() for log in logs]
+    assert "visiontune: outputs in" in said[0] and "visiontune: outputs in" not in said[1]
 
 
 def test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch(

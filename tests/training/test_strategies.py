@@ -1,8 +1,8 @@
 """single | dp | ddp: real torch.distributed.run with gloo on the CPU, checked against plain torch.
 
 The module fixture ``jobs`` starts, all at once, the same tiny DDP run (2 processes) through every
-way of launching it -- visiontune's own ``--nproc``, ``torchrun``, ``accelerate launch``, and two
-one-process "machines" on localhost -- and the tests read what each left behind. The split is sized
+way of launching it on one machine -- visiontune's own ``--nproc``, ``torchrun``, ``accelerate launch``
+-- and the tests read what each left behind (several machines: tests/cluster/test_cluster.py). The split is sized
 so that nothing divides evenly: 101 val images (batch 5 per process, 2 processes) and 19 train
 images, i.e. 3 full batches of 5 of which the third has no partner on the other rank.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -89,20 +88,6 @@ def _run_all(commands: dict[str, tuple[list[str], Path]], logs: Path, timeout: f
 def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
     root = tmp_path_factory.mktemp("launch")
     train = ["train", "--data", str(sample_data), *RUN]
-    node = [
-        PYTHON,
-        "-m",
-        "visiontune",
-        *train,
-        *flags(
-            strategy="ddp",
-            nnodes=2,
-            nproc=1,
-            master_addr="127.0.0.1",
-            master_port=_free_port(),
-            output_dir=root / "shared",
-        ),
-    ]
     commands = {
         "visiontune": (
             [PYTHON, "-m", "visiontune", *train, *flags(strategy="ddp", nproc=WORLD, output_dir=root / "visiontune")],
@@ -148,21 +133,12 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
             ],
             root,
         ),
-        # Each "machine" has its own working folder, and both the same run folder (as on a shared file
-        # system). Machine 1 reads its own copy of the data, at another path (the split must still agree).
-        "machine0": ([*node, "--node-rank", "0"], root / "machine0"),
-        "machine1": (
-            [*node, "--node-rank", "1", "--data", str(shutil.copytree(sample_data, root / "copy"))],
-            root / "machine1",
-        ),
     }
     done = _run_all(commands, root)
     dirs = {
         "visiontune": root / "visiontune",
         "torchrun": root / "torchrun",
         "accelerate": root / "accelerate",
-        "machine0": root / "shared",
-        "machine1": root / "machine1",
     }
     return {name: Job(code, log, dirs[name]) for name, (code, log) in done.items()}
 
@@ -207,12 +183,11 @@ def test_setup_is_printed_and_recorded(jobs):
         assert len(record["devices"]) == WORLD and all(d.startswith("cpu") for d in record["devices"])
     # Threads: cores / processes on this machine, set by visiontune's launcher for its workers.
     assert setup["threads"] == max(1, CORES // WORLD)
-    assert jobs["machine0"].read("config.json")["setup"]["threads"] == CORES  # one process per "machine"
     # On a CPU no loader processes compete with the model: each process decodes with its own budget.
     assert (setup["loader_workers"], setup["decode_threads"]) == (0, setup["threads"])
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "machine0"])
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
 def test_every_launcher_gives_the_same_run(jobs, launcher):
     base, job = jobs["visiontune"], jobs[launcher]
     assert base.code == 0 and job.code == 0, job.log
@@ -223,18 +198,6 @@ def test_every_launcher_gives_the_same_run(jobs, launcher):
     ta, tb = base.read("history.json")[0]["train"], job.read("history.json")[0]["train"]
     assert (tb["images"], tb["accuracy"]) == (ta["images"], ta["accuracy"])
     assert tb["loss"] == pytest.approx(ta["loss"], rel=1e-5)
-
-
-def test_two_machines_finish_and_write_one_set_of_outputs(jobs):
-    first, second = jobs["machine0"], jobs["machine1"]
-    assert first.code == 0 and second.code == 0, first.log + second.log
-    assert (first.run_dir / "summary.json").is_file() and first.read("summary.json")["world_size"] == 2
-    # Nothing in either machine's working folder; each process's share of a checkpoint (its RNG state)
-    # is in the one run folder.
-    assert not any(p.is_file() for m in ("machine0", "machine1") for p in (first.run_dir.parent / m).rglob("*"))
-    newest = sorted((first.run_dir / "checkpoints").glob("e*"))[-1]
-    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in newest.iterdir()}
-    assert "visiontune: outputs in" in first.log and "visiontune: outputs in" not in second.log
 
 
 def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, capsys):
