@@ -190,6 +190,12 @@ def test_the_run_records_the_decode_and_why_it_has_no_cache(device_runs):
         "why": "--decode device: JPEGs are decoded on the device each epoch",
     }
     assert runinfo.read_run(str(device)).decode == "device"
+    # Said where the run is described (console and report): here, on a CPU, that it brings no speed.
+    said = [json.loads((d / "config.json").read_text())["overview"]["decode"] for d in device_runs[:2]]
+    assert said == [
+        "exact: every pixel, on the loader side",
+        "device: JPEGs in batches on cpu in the training process; on a CPU the loader side is as fast",
+    ]
 
 
 @pytest.mark.parametrize("cache", ["auto", "DIR"])

@@ -67,6 +67,18 @@ def _sampler(cfg: TrainConfig, num_classes: int, images_per_epoch: int) -> str:
     )
 
 
+def _decode(cfg: TrainConfig, setup) -> str:
+    if cfg.decode == "fast":
+        return "fast: a JPEG at least twice the input size is decoded at a DCT scale, on the loader side"
+    if cfg.decode != "device":
+        return "exact: every pixel, on the loader side"
+    device = setup.devices[0] if setup.devices else "cpu"
+    if device.startswith("cuda"):
+        return f"device: JPEGs in batches on {device} (nvJPEG), other files on the loader side"
+    # Allowed (and bit-identical to exact) so the path can be tried anywhere, but no faster here.
+    return f"device: JPEGs in batches on {device} in the training process; on a CPU the loader side is as fast"
+
+
 def rows(
     cfg: TrainConfig,
     setup,
@@ -111,6 +123,7 @@ def rows(
         ("loss", _loss(cfg, class_weights)),
         ("sampler", _sampler(cfg, len(classes), images_per_epoch)),
         ("augmentation", _augmentation(cfg)),
+        ("decode", _decode(cfg, setup)),
         ("EMA", f"decay {cfg.ema:g}" if cfg.ema else "off"),
         ("normalisation", f"{cfg.normalize}: mean {cfg.mean}, std {cfg.std}"),
         ("recipe", cfg.recipe),
