@@ -78,6 +78,7 @@ SLOW = {
     "test_a_hub_id_offline_names_the_datasets_cache",  # a subprocess that imports datasets
     "formats",  # test_formats_train.py: trains on a folder, its shards and an hf: copy
     "shaken_run",  # test_hostile_inputs.py
+    "test_a_default_cache_folder_that_cannot_be_written_gives_way_to_a_temporary_one",
     "test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best",
     "test_a_thousand_one_image_classes_with_hostile_names_train_and_write_only_in_the_run",
     "test_models_imports_neither_torch_nor_timm",  # two subprocesses, the first imports timm

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import get_args, get_type_hints
 
@@ -100,6 +101,27 @@ def test_an_unusable_cache_folder_is_refused_at_start_up(tmp_path, small_data, c
     assert cli.main(tiny_train(small_data, tmp_path / "run")) == 2
     one_line(capsys, "VISIONTUNE_CACHE_DIR=", "writable folder")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_default_cache_folder_that_cannot_be_written_gives_way_to_a_temporary_one(
+    tmp_path, small_data, capsys, monkeypatch
+):
+    """A read-only home (as in many containers) does not stop a run: its caches go to a new temporary folder,
+    said in one line; a folder the user named is still refused (above)."""
+    (tmp_path / "home").write_text("a file: nothing can be made under it")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("VISIONTUNE_CACHE_DIR", raising=False)  # and restored after, whatever the run sets
+    assert cli.main(tiny_train(small_data, tmp_path / "run", *flags(epochs=1, batch_size=8))) == 0
+    temporary = os.environ["VISIONTUNE_CACHE_DIR"]
+    try:
+        notes = [line for line in capsys.readouterr().err.splitlines() if "cannot be written" in line]
+        assert len(notes) == 1 and str(tmp_path / "home" / ".cache" / "visiontune") in notes[0]
+        assert f"keeps its caches in {temporary} " in notes[0] and temporary.startswith(tempfile.gettempdir())
+        cache = json.loads((tmp_path / "run" / "config.json").read_text())["image_cache"]
+        assert cache["setting"] == "fit" and cache["path"].startswith(temporary + os.sep)
+    finally:
+        shutil.rmtree(temporary)
 
 
 def _image_folder(root, per_class: int = 4, classes=("cat", "dog")):

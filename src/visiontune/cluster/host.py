@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 
 from visiontune.errors import UserError
@@ -119,20 +120,40 @@ def check_environment(trains: bool) -> None:
 
     Read later, a bad value would end a run after its listing, scan and first steps, or in every
     worker at once: one line now instead. ``trains``: the command scans or caches images, so the
-    cache folder must be one this process can create and write in.
+    cache folder must be one this process can create and write in. A folder the user named
+    (``VISIONTUNE_CACHE_DIR``, ``XDG_CACHE_HOME``) is refused; the default one (a read-only home, as in
+    many containers) is replaced, as matplotlib does with its own, by a new temporary folder, said in
+    one line and set in ``VISIONTUNE_CACHE_DIR`` so that the workers the run starts use it too.
     """
     progress_seconds(0.0)
     if not trains:
         return
     base = user_cache_dir()
     named = next((v for v in ("VISIONTUNE_CACHE_DIR", "XDG_CACHE_HOME") if os.environ.get(v)), None)
-    where = f"{named}={os.environ[named]!r}" if named else f"the cache folder {base}"
+    problem = _unwritable(base)
+    if problem is None:
+        return
+    if named:
+        raise UserError(
+            f"{named}={os.environ[named]!r}: cannot write there ({problem}); "
+            "point VISIONTUNE_CACHE_DIR to a writable folder"
+        )
+    temporary = tempfile.mkdtemp(prefix="visiontune-cache-")
+    os.environ["VISIONTUNE_CACHE_DIR"] = temporary
+    print(
+        f"visiontune: the cache folder {base} cannot be written ({problem}); this run keeps its caches in "
+        f"{temporary} (set VISIONTUNE_CACHE_DIR to a writable folder to keep them between runs)",
+        file=sys.stderr,
+    )
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why ``folder`` cannot be created or written in, or None."""
     try:
-        os.makedirs(base, exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         # Root may write anywhere os.access says, and /proc says yes to it: only a real file tells.
-        with tempfile.TemporaryFile(dir=base):
+        with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
-        raise UserError(
-            f"{where}: cannot write there ({e.strerror}); point VISIONTUNE_CACHE_DIR to a writable folder"
-        ) from None
+        return e.strerror or type(e).__name__
+    return None
