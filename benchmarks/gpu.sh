@@ -12,10 +12,19 @@ if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-"$PY" -c 'import torch' || { echo "benchmarks/gpu.sh: cannot import torch with $PY" >&2; exit 1; }
-if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+# One interpreter for both questions (importing torch takes seconds): 3 = no torch, 4 = no CUDA GPU.
+found=0
+"$PY" -c 'import sys
+try:
+    import torch
+except Exception:
+    sys.exit(3)
+sys.exit(0 if torch.cuda.is_available() else 4)' || found=$?
+if [ "$found" = 3 ]; then echo "benchmarks/gpu.sh: cannot import torch with $PY" >&2; exit 1; fi
+if [ "$found" = 4 ]; then
   echo "benchmarks/gpu.sh: no CUDA GPU on this machine; nothing to measure (run it where torch.cuda.is_available())"
   exit 0
 fi
+if [ "$found" != 0 ]; then echo "benchmarks/gpu.sh: $PY failed ($found) checking for torch and a GPU" >&2; exit 1; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 exec timeout 470 "$PY" benchmarks/gpu_bench.py "$@"

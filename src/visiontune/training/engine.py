@@ -130,8 +130,9 @@ def train_one_epoch(
     clock = StepClock(opts.timing_warmup)
     bar = progress_bar(accelerator, loader, "train", opts.progress)
     for step, (images, labels) in enumerate(bar, start=start_step):
+        # --decode device: the batch's JPEGs are decoded here, and that is input time (data_stall), not the step's.
+        images, labels = on_device(images, labels)
         steady = clock.batch_ready()
-        images, labels = on_device(images, labels)  # --decode device: the batch's JPEGs decoded here
         with accelerator.accumulate(model):
             inputs, targets = prepare_input(images), labels
             if opts.mix is not None:
