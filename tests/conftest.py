@@ -35,6 +35,7 @@ DISTRIBUTED = {
     "test_ddp_on_hf_data_with_its_own_odd_validation_split_killed_mid_epoch_resumes_to_the_folder_run",
     "test_ddp_x2_equals_one_process_and_counts_every_val_image_once",  # test_multilabel.py
     "test_ddp_on_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_every_sample_once",
+    "test_a_full_disk_under_ddp_stops_the_job_in_one_line_per_process_without_a_traceback",
     "ddp_reference",  # test_formats_train.py: the ddp folder run that the shards and hf: jobs must end as
 }
 SLOW = {

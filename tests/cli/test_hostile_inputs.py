@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -17,7 +18,17 @@ from typing import get_args, get_type_hints
 import pytest
 
 from conftest import FAST
-from trainrun import SQUEEZENET, TINY, assert_same_weights, final_weights, flags, one_line, tiny_train
+from trainrun import (
+    SQUEEZENET,
+    TINY,
+    assert_same_weights,
+    env_for,
+    final_weights,
+    flags,
+    one_line,
+    tiny_train,
+    train_argv,
+)
 from visiontune import cli
 from visiontune.cluster import strategy
 from visiontune.data.sample import make_sample_data
@@ -294,6 +305,48 @@ def test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best(
     one_line(capsys, "best.safetensors", "the previous best.safetensors is kept whole")
     assert len(diverted) == 1
     assert_same_weights(load_file(str(out / "best.safetensors")), final_weights(out, epochs=1))  # epoch 1's, whole
+    assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
+
+
+# Loaded into rank 0 of a DDP job through PYTHONPATH: its second history.json write hits a full disk.
+_FULL_DISK_ON_RANK_0 = """
+import os
+if os.environ.get("RANK") == "0":
+    real, seen = os.open, []
+
+    def open_(path, flags, *mode, **kw):
+        name = os.path.basename(os.fspath(path))
+        if name.startswith(".history.json.") and name.endswith(".tmp"):
+            seen.append(name)
+            if len(seen) == 2:
+                os.close(real(path, flags, *mode, **kw))
+                return real("/dev/full", os.O_WRONLY)
+        return real(path, flags, *mode, **kw)
+
+    os.open = open_
+"""
+
+
+def test_a_full_disk_under_ddp_stops_the_job_in_one_line_per_process_without_a_traceback(
+    tmp_path, small_data, worker_env
+):
+    """Rank 0 says what filled up and exits 2; its peer, whose next collective fails, says why it stops too,
+    in one line; the job ends at once (not after --timeout) with rank 0's code, the files whole."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_FULL_DISK_ON_RANK_0)
+    env = env_for(worker_env, tmp_path)
+    env["PYTHONPATH"] = f"{hooks}{os.pathsep}{env['PYTHONPATH']}"
+    out = tmp_path / "run"
+    argv = train_argv(small_data, out, *flags(epochs=3, strategy="ddp", nproc=2, timeout=300))
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    ours = [line for line in said.splitlines() if line.startswith("visiontune: error")]
+    assert len(ours) == 1 and "no space left" in ours[0] and "history.json" in ours[0], ours
+    assert "visiontune: rank 1 stopped: another process of the job ended (its message is above)" in said
+    assert len(json.loads((out / "history.json").read_text())) == 1  # epoch 1's, whole
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
 
 

@@ -332,6 +332,16 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except RuntimeError as e:
+        if not launch.peer_gone(e):
+            raise  # a bug: its traceback is what a report needs
+        # The process that failed said why, in one line; its peers' tracebacks would bury that line.
+        print(
+            f"visiontune: rank {launch.rank()} stopped: another process of the job ended (its message is above)",
+            file=sys.stderr,
+        )
+        launch.leave_process_group()
+        return 1
 
 
 def entry() -> int:

@@ -94,6 +94,15 @@ def die_with_launcher() -> None:
         os._exit(128 + signal.SIGKILL)  # the agent died before the line above took effect
 
 
+# What gloo says in the processes left when a peer of the job has died (its own error said above).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def peer_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is this worker's collective failing because another process of the job ended."""
+    return inside_launcher() and isinstance(exc, RuntimeError) and any(p in str(exc) for p in _PEER_GONE)
+
+
 def leave_process_group() -> None:
     """Tear this worker's process group down before it exits on an error it has reported.
 
