@@ -360,6 +360,65 @@ def test_an_onnx_file_is_fed_as_the_torch_model_and_describes_itself(images, tmp
         load_runtime(weights=str(path))
 
 
+def test_a_multi_label_onnx_file_is_served_with_its_probabilities_and_thresholds(images, tmp_path):
+    """A multi-label ONNX graph as `visiontune export` writes one (sigmoid probabilities out, thresholds in the
+    metadata): served, each class's probability is the graph's own, and the label set is the classes at or
+    over the file's thresholds."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from fastapi.testclient import TestClient
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trained import preprocess
+    from visiontune.inference.runtime import load_runtime
+    from visiontune.inference.serve import ServeOptions, build_app
+    from visiontune.runs.runinfo import describe, metadata_with_thresholds
+    from visiontune.settings.config import MEAN, STD
+
+    classes = ["cloud", "river", "road"]
+    info = describe("resnet18", "torchvision", classes, 24, MEAN, STD, "bilinear", None, True)
+    weight = torch.tensor([[1.0, -2.0, 0.5], [0.5, 3.0, -1.0], [-1.5, 0.25, 2.0]])
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["images"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("MatMul", ["flat", "weight"], ["scores"]),
+            helper.make_node("Sigmoid", ["scores"], ["logits"]),  # export's output name, sigmoid included
+        ],
+        "mean-colour",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 24, 24])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(weight.numpy(), "weight")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    # The probabilities of these images, computed here in torch from the same weights.
+    want = torch.sigmoid(preprocess(images, 24, interpolation="bilinear").mean((2, 3)) @ weight).double()
+    thresholds = want.median(0).values.tolist()  # between the images', so the label sets differ
+    for key, value in metadata_with_thresholds(info.metadata(), thresholds).items():
+        proto.metadata_props.add(key=key, value=value)
+    path = tmp_path / "model.onnx"
+    onnx.save(proto, str(path))
+
+    served = load_runtime(weights=str(path))
+    assert served.backend == "onnx" and served.info.multi_label and served.thresholds() == pytest.approx(thresholds)
+    with TestClient(build_app(served, ServeOptions())) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        files = [("files", (p.name, p.read_bytes(), "image/jpeg")) for p in images]
+        got = client.post("/predict", files=files).json()
+    assert got["thresholds"] == pytest.approx(thresholds, abs=0)
+    for row, answer in zip(want.tolist(), got["predictions"]):
+        assert list(answer["probabilities"]) == classes
+        assert list(answer["probabilities"].values()) == pytest.approx(row, abs=1e-5)
+        assert answer["labels"] == [
+            c for c, p, t in zip(classes, answer["probabilities"].values(), thresholds) if p >= t
+        ]
+    assert len({tuple(a["labels"]) for a in got["predictions"]}) > 1
+
+
 def test_sigterm_answers_the_request_in_flight_refuses_new_ones_and_exits_0(server, images):
     """Last in the module: it ends the server."""
     jpeg = images[0].read_bytes()
