@@ -88,6 +88,8 @@ SLOW = {
     "ml_run",  # test_multilabel.py: the shared multi-label run
     "test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights",
     "imbalanced_runs",  # test_imbalance_train.py: three runs on a 95/5 set
+    "test_timm_family_trains_predicts_from_its_file_alone_and_exports",  # a timm model trained and exported
+    "test_text_tables_and_the_figure_stay_readable_with_100_long_class_names",  # a figure of 100 x 100 cells
     "device_runs",  # test_devicedecode.py: a run with --decode exact and one with --decode device
     "test_a_balanced_weighted_run_resumed_mid_epoch_ends_with_the_uninterrupted_tensors",
 }
