@@ -69,11 +69,12 @@ def served(folder: Path):
         server.server_close()
 
 
-def _one_line(capsys) -> str:
+def _one_line(capsys, fetching: bool = False) -> str:
+    """The one line on stderr; unless ``fetching`` (a shard download that then fails), nothing was fetched."""
     said = capsys.readouterr()
     lines = said.err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in said.err, said.err
-    assert "downloading" not in said.out
+    assert fetching or "downloading" not in said.out
     return lines[0]
 
 
@@ -224,3 +225,36 @@ def test_hf_urls_are_fetched_from_the_hub_with_the_token_kept_from_redirects(mon
     assert "Authorization" not in request.headers
     with pytest.raises(UserError, match="hf://datasets/ORG/NAME"):
         remote._request("hf://one-part.tar")
+
+
+def test_redirects_are_followed_five_times_at_most_and_only_to_http(shard_cache, capsys):
+    asked: list[str] = []
+
+    class Redirects(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            _, kind, n, name = self.path.split("/")
+            self.send_response(302)
+            self.send_header("Location", f"/hop/{int(n) + 1}/{name}" if kind == "hop" else "file:///etc/passwd")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirects)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert main(["check", f"{base}/hop/0/x.tar"]) == 2
+        assert f"cannot download {base}/hop/0/x.tar (the server answered HTTP 302: more than 5 redirects" in _one_line(
+            capsys, True
+        )
+        for name in ("index.json", "x.tar"):  # each: the GET and 5 redirects
+            assert [p for p in asked if p.endswith(name)] == [f"/hop/{i}/{name}" for i in range(6)]
+        assert main(["check", f"{base}/file/0/x.tar"]) == 2
+        assert "or one to a URL that is not http(s)" in _one_line(capsys, True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert list(shard_cache.rglob("*")) == []  # nothing fetched, no folder left for the URL

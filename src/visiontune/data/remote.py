@@ -345,7 +345,10 @@ def _failed(url: str, e: BaseException) -> UserError:
 
     reason = e.reason if isinstance(e, urllib.error.URLError) and not isinstance(e, urllib.error.HTTPError) else e
     if isinstance(e, urllib.error.HTTPError):
-        why = f"the server answered HTTP {e.code} {e.reason}"
+        e.close()  # (it holds the answer's connection)
+        why = f"the server answered HTTP {e.code} {_first_line(e.reason)}"
+        if 300 <= e.code < 400:  # urllib's own words span lines
+            why = f"the server answered HTTP {e.code}: more than 5 redirects, or one to a URL that is not http(s)"
     elif isinstance(reason, socket.gaierror):
         why = "host not found"
     elif isinstance(reason, ConnectionRefusedError):
@@ -361,7 +364,9 @@ def _failed(url: str, e: BaseException) -> UserError:
 
 
 def _first_line(e: object) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    """What ``e`` says, on one line (a server's words included: nothing unprintable)."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    return "".join(c if c.isprintable() else "?" for c in line)
 
 
 def _download(url: str, dest: str, size: int | None) -> None:
