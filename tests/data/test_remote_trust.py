@@ -44,8 +44,25 @@ def shard_cache(tmp_path, monkeypatch) -> Path:
 
 
 @contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler], host: str = "127.0.0.1"):
+    """``handler``'s server on a free port of 127.0.0.1, in a thread: its base URL (named by ``host``)."""
+
+    class Quiet(handler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
 def served(folder: Path):
-    """``folder`` over HTTP on 127.0.0.1 from a thread: the base URL, and every path asked for, in order."""
+    """``folder`` over HTTP: the base URL, and every path asked for, in order."""
     asked: list[str] = []
 
     class Files(http.server.SimpleHTTPRequestHandler):
@@ -56,17 +73,8 @@ def served(folder: Path):
             asked.append(self.path)  # before the answer: the client has it once it has its reply
             super().do_GET()
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Files) as base:
+        yield base, asked
 
 
 def _one_line(capsys, fetching: bool = False) -> str:
@@ -106,13 +114,22 @@ def test_a_command_in_a_config_file_is_never_run(tmp_path, capsys):
         assert not pwned.exists() and not out.exists()
 
 
-def test_a_pipe_command_on_the_command_line_runs_only_with_allow_pipe(sharded, shard_cache, tmp_path, capsys):
+def test_a_pipe_command_on_the_command_line_without_allow_pipe_is_one_line_and_runs_nothing(
+    sharded, shard_cache, tmp_path, capsys
+):
+    ran = tmp_path / "ran"
+    for data in (f"pipe:touch {ran}; cat {sharded}/{_pattern(sharded)}", f"pipe:touch {ran}; cat x.tar"):
+        for command in (["check", data], ["train", "--data", data, *FAST]):
+            assert main(command) == 2
+            line = _one_line(capsys)
+            assert "a pipe: command is run only when given on this command line together with --allow-pipe" in line
+    assert not ran.exists() and not shard_cache.exists()
+
+
+@pytest.mark.slow  # (the pipe: command's shells)
+def test_a_pipe_command_on_the_command_line_runs_with_allow_pipe(sharded, shard_cache, tmp_path, capsys):
     ran = tmp_path / "ran"
     command = f"pipe:touch {ran}; cat {sharded}/{_pattern(sharded)}"
-    assert main(["check", command]) == 2
-    line = _one_line(capsys)
-    assert "pipe: command is run only when given on this command line together with --allow-pipe" in line
-    assert not ran.exists() and not shard_cache.exists()
     assert main(["check", command, "--allow-pipe", "--report", str(tmp_path / "bad.csv")]) == 0
     assert ran.exists() and "6 images in 2 classes" in capsys.readouterr().out
     (copies,) = shard_cache.iterdir()
@@ -227,34 +244,67 @@ def test_hf_urls_are_fetched_from_the_hub_with_the_token_kept_from_redirects(mon
         remote._request("hf://one-part.tar")
 
 
-def test_redirects_are_followed_five_times_at_most_and_only_to_http(shard_cache, capsys):
+class Redirects(http.server.BaseHTTPRequestHandler):
+    """``/hop/N/NAME`` redirects to ``/hop/N+1/NAME``, anything else to a file:// URL."""
+
     asked: list[str] = []
 
-    class Redirects(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            asked.append(self.path)
-            _, kind, n, name = self.path.split("/")
-            self.send_response(302)
-            self.send_header("Location", f"/hop/{int(n) + 1}/{name}" if kind == "hop" else "file:///etc/passwd")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    def do_GET(self):
+        self.asked.append(self.path)
+        _, kind, n, name = self.path.split("/")
+        self.send_response(302)
+        self.send_header("Location", f"/hop/{int(n) + 1}/{name}" if kind == "hop" else "file:///etc/passwd")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
-        def log_message(self, *args):
-            pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirects)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+def test_redirects_are_followed_five_times_at_most_and_only_to_http(shard_cache, capsys):
+    with serving(Redirects) as base:
         assert main(["check", f"{base}/hop/0/x.tar"]) == 2
-        assert f"cannot download {base}/hop/0/x.tar (the server answered HTTP 302: more than 5 redirects" in _one_line(
-            capsys, True
-        )
+        line = _one_line(capsys, fetching=True)
+        assert f"cannot download {base}/hop/0/x.tar (the server answered HTTP 302: more than 5 redirects" in line
         for name in ("index.json", "x.tar"):  # each: the GET and 5 redirects
-            assert [p for p in asked if p.endswith(name)] == [f"/hop/{i}/{name}" for i in range(6)]
+            assert [p for p in Redirects.asked if p.endswith(name)] == [f"/hop/{i}/{name}" for i in range(6)]
         assert main(["check", f"{base}/file/0/x.tar"]) == 2
-        assert "or one to a URL that is not http(s)" in _one_line(capsys, True)
-    finally:
-        server.shutdown()
-        server.server_close()
+        assert "or one to a URL that is not http(s)" in _one_line(capsys, fetching=True)
     assert list(shard_cache.rglob("*")) == []  # nothing fetched, no folder left for the URL
+
+
+def test_the_hub_token_goes_to_the_hub_host_and_never_along_a_redirect_to_another(sharded, monkeypatch):
+    """hf:// through the one HTTP client: the token on the Hub's host (a same-host redirect included), not on
+    the file store's host it redirects to; the shard arrives whole."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    seen: dict[str, str | None] = {}
+    shard = next(iter(sorted(sharded.glob("*.tar"))))
+
+    class Store(http.server.BaseHTTPRequestHandler):  # the file store: answers a signed URL
+        def do_GET(self):
+            seen[f"store{self.path}"] = self.headers.get("Authorization")
+            body = shard.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Store, host="localhost") as store:
+
+        class Hub(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen[f"hub{self.path}"] = self.headers.get("Authorization")
+                where = f"{store}/signed/{shard.name}" if self.path.startswith("/moved/") else f"/moved{self.path}"
+                self.send_response(404 if "index.json" in self.path else 302)
+                self.send_header("Location", where)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        with serving(Hub) as hub:
+            monkeypatch.setattr(huggingface_hub, "hf_hub_url", lambda repo, name, **kw: f"{hub}/{repo}/{name}")
+            monkeypatch.setenv("HF_TOKEN", "hf_secret")
+            local = remote.fetch(f"hf://datasets/org/set/{shard.name}")
+    assert Path(local).read_bytes() == shard.read_bytes()
+    assert seen == {
+        "hub/org/set/index.json": "Bearer hf_secret",
+        f"hub/org/set/{shard.name}": "Bearer hf_secret",
+        f"hub/moved/org/set/{shard.name}": "Bearer hf_secret",  # the same host: still the Hub
+        f"store/signed/{shard.name}": None,
+    }
