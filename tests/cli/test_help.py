@@ -66,3 +66,14 @@ def test_lr_find_and_bench_leave_out_the_checkpoint_and_resume_flags(command):
     with pytest.raises(Exception, match="unrecognized arguments: --resume"):
         parser.parse_args(["--data", "d", "--resume", "auto"])
     assert "--resume" in _subparser("train").format_help() and "--keep-last" in _subparser("slurm").format_help()
+
+
+def test_version_prints_the_version_and_exits_0(capsys):
+    from visiontune.cli.commands import main
+    from visiontune.version import __version__
+
+    with pytest.raises(SystemExit) as stopped:  # argparse's own exit, as --help's
+        main(["--version"])
+    assert stopped.value.code == 0
+    out = capsys.readouterr()
+    assert out.out == f"visiontune {__version__}\n" and out.err == ""

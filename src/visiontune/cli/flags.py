@@ -20,6 +20,7 @@ from visiontune.errors import UserError
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig, choices
 from visiontune.settings.validation import load_config_file, validate
+from visiontune.version import __version__
 
 
 def positive(text: str) -> int:
@@ -302,6 +303,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         prog="visiontune",
         description="Fine-tune torchvision and timm image classifiers on a folder of images, on one CPU or many GPUs.",
     )
+    parser.add_argument("--version", action="version", version=f"visiontune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", usage=TRAIN_USAGE, help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
     add_train_flags(p)
