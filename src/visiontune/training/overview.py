@@ -6,6 +6,8 @@ config and the numbers the trainer computed; nothing here decides anything.
 
 from __future__ import annotations
 
+import math
+
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.training.schedule import warmup_steps
@@ -79,6 +81,24 @@ def _decode(cfg: TrainConfig, setup) -> str:
     return f"device: JPEGs in batches on {device} in the training process; on a CPU the loader side is as fast"
 
 
+def _resize(cfg: TrainConfig, given: TrainConfig, source: str) -> str:
+    """How every image is resized and cropped, and where each choice came from: ``given`` is the config
+    before ``input_view`` filled in the model's defaults (a value given there came from a flag or --config)."""
+    inherited = " or the --init-from run" if given.init_from else ""
+    own = "the model's pretrained config" if source != "torchvision" else "the torchvision weights' transforms"
+    how = f"{cfg.interpolation} interpolation ({'--interpolation' + inherited if given.interpolation else own})"
+    if cfg.crop_pct is None:
+        crop = "no crop: the whole image squashed to the input size (the default for torchvision models)"
+    else:
+        origin = "--crop-pct" + inherited if given.crop_pct is not None else "the model's pretrained config"
+        crop = (
+            f"centre crop {cfg.crop_pct:g}: the short side resized to {math.floor(cfg.image_size / cfg.crop_pct)} px, "
+            f"the centre {cfg.image_size} x {cfg.image_size} kept ({origin})"
+        )
+    size = "--image-size" + inherited if given.image_size else "the model's pretrained size"
+    return f"{cfg.image_size} px ({size}), {how}, {crop}"
+
+
 def rows(
     cfg: TrainConfig,
     setup,
@@ -89,8 +109,10 @@ def rows(
     steps_per_epoch: int,
     source: str,
     class_weights: str = "none",
+    given: TrainConfig | None = None,
 ) -> list[tuple[str, str]]:
-    """The resolved setup as (label, text) rows; ``class_weights`` as ``imbalance.describe`` says them."""
+    """The resolved setup as (label, text) rows; ``class_weights`` as ``imbalance.describe`` says them;
+    ``given``: the config as given, before the model's preprocessing defaults were filled in (default ``cfg``)."""
     train = _n(train_images)
     if images_per_epoch < train_images:  # the train loader keeps full batches only
         train += (
@@ -112,6 +134,7 @@ def rows(
         ("val images", val),
         ("classes", f"{len(classes)}: {names}"),
         ("model", f"{cfg.model} ({source}), weights {cfg.weights}, {cfg.image_size} px"),
+        ("resize", _resize(cfg, given or cfg, source)),
         ("batch", f"{batch} = global batch {setup.global_batch}"),
         (
             "optimizer steps",

@@ -213,6 +213,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
     # Recorded resolved in config.json.
     size = cfg.image_size or spec.preprocess.size
+    given = cfg  # what the start-up block says each resize choice came from
     cfg = cfg.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
     job = _open_job(cfg, run_folder)
     cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
@@ -273,6 +274,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         per_epoch,
         spec.source,
         described := imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
+        given,
     )
     if images.multi_label:
         rows = overview.multi_label(rows, cfg, described)
