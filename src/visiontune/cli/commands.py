@@ -232,8 +232,8 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     check_format(args.format)
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
-    diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing)
-    print(described(out, loaded.info, diff, args.with_preprocessing))
+    diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing, args.probabilities)
+    print(described(out, loaded.info, diff, args.with_preprocessing, args.probabilities))
     return 0
 
 

@@ -436,6 +436,12 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         action="store_true",
         help="onnx: take uint8 [N, H, W, 3] images of any size; resize and normalise inside the graph",
     )
+    p.add_argument(
+        "--probabilities",
+        action="store_true",
+        help="the softmax in the graph: output class probabilities, not logits (recorded in the file, which "
+        "serve reads; a multi-label model's sigmoid always is)",
+    )
     p.set_defaults(func=commands["export"])
     p = sub.add_parser("serve", help="serve a trained model over HTTP: POST /predict, with dynamic batching")
     _add_serve_flags(p)
