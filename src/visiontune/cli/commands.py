@@ -94,12 +94,13 @@ def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster.host import user_cache_dir
-    from visiontune.models.names import model_names  # imports no torch: the names are cached per version
+    from visiontune.models.names import model_names, with_parameters  # no torch: the names are cached per version
 
-    names = model_names(args.source, args.filter, user_cache_dir())
+    names = model_names(args.source, args.filter, user_cache_dir(), pretrained=args.pretrained)
     if not names:
-        raise UserError(f"no {args.source} model name contains {args.filter!r}")
-    print("\n".join(names))
+        kind = " pretrained" if args.pretrained else ""
+        raise UserError(f"no{kind} {args.source} model name contains {args.filter!r}")
+    print("\n".join(with_parameters(names, user_cache_dir()) if args.pretrained else names))
     return 0
 
 

@@ -361,6 +361,11 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         help="which library (default torchvision)",
     )
     p.add_argument("--filter", default="", help="only names containing this text (any case)")
+    p.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="only names with pretrained weights, with their parameter counts where known (torchvision's)",
+    )
     p.set_defaults(func=commands["models"])
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
     p.add_argument("data", help="a data folder, tar shards or hf:PATH|ORG/NAME, as train's --data")
