@@ -99,6 +99,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "num_workers",
         "cache",
         "max_bad_fraction",
+        "limit_images",
         "image_column",
         "label_column",
         "multi_label",
@@ -107,6 +108,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "optimisation": (
         "recipe",
         "epochs",
+        "max_steps",
         "batch_size",
         "optimizer",
         "lr",
@@ -223,7 +225,9 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
                 flag, nargs=2, type=finite, metavar=("MIN", "MAX"), default=argparse.SUPPRESS, help=help_text
             )
             continue
-        kind = {"num_workers": _workers, "seed": seed, "lr": _lr}.get(f.name) or _PARSERS[f.type]
+        kind = {"num_workers": _workers, "seed": seed, "lr": _lr, "max_steps": positive, "limit_images": positive}.get(
+            f.name
+        ) or _PARSERS[f.type]
         p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
 
 

@@ -124,6 +124,14 @@ def rows(
     batch = f"{setup.per_process_batch} per process x {setup.world_size} {processes}"
     if cfg.grad_accum > 1:
         batch += f" x {cfg.grad_accum} accumulated"
+    steps = (
+        f"{_n(steps_per_epoch)} per epoch x {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} = "
+        f"{_n(steps_per_epoch * cfg.epochs)}"
+    )
+    if cfg.max_steps is not None and cfg.max_steps < steps_per_epoch * cfg.epochs:
+        steps += f"; --max-steps {_n(cfg.max_steps)}: stops there"
+    if cfg.limit_images is not None:
+        train += f" (--limit-images {_n(cfg.limit_images)}: a seeded subset of the data, split.json)"
     val = f"{_n(val_images)}, each counted once per epoch"
     if cfg.folds:
         val += f"; fold {cfg.fold} of {cfg.folds} (folds 0 to {cfg.folds - 1})"
@@ -136,11 +144,7 @@ def rows(
         ("model", f"{cfg.model} ({source}), weights {cfg.weights}, {cfg.image_size} px"),
         ("resize", _resize(cfg, given or cfg, source)),
         ("batch", f"{batch} = global batch {setup.global_batch}"),
-        (
-            "optimizer steps",
-            f"{_n(steps_per_epoch)} per epoch x {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} = "
-            f"{_n(steps_per_epoch * cfg.epochs)}",
-        ),
+        ("optimizer steps", steps),
         ("optimizer", _optimizer(cfg, setup.lr)),
         ("lr schedule", _schedule(cfg, steps_per_epoch)),
         ("loss", _loss(cfg, class_weights)),
