@@ -270,14 +270,25 @@ def fit(
         run_bar.close()
 
 
+def _phase_mark(scheduler, epoch: int, steps_per_epoch: int) -> str:
+    """The epoch line's note of --freeze-epochs' phases: head only, and the epoch where everything starts."""
+    frozen = getattr(scheduler, "freeze_steps", 0)  # a Stepper's; 0 for a plain scheduler or none
+    if not frozen:
+        return ""
+    if epoch * steps_per_epoch < frozen:
+        return " (head only: backbone frozen)"
+    return " (backbone unfrozen: everything trains)" if (epoch - 1) * steps_per_epoch < frozen else ""
+
+
 def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input, opts, start, run_bar):
+    per_epoch = max(1, len(train_loader) // max(1, accelerator.gradient_accumulation_steps))  # optimizer steps
     for epoch in range(start.epoch, opts.epochs):
         if opts.max_batches is not None and epoch * len(train_loader) >= opts.max_batches:
             break  # a resumed run that had already reached --max-steps
         run_bar.set_description_str(f"run: epoch {epoch + 1}/{opts.epochs},", refresh=False)
         # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"); the records (history.json, metrics.csv,
         # summary.json, checkpoint names) keep the 0-based index.
-        accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}\n" + "-" * 10)
+        accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}{_phase_mark(scheduler, epoch, per_epoch)}\n" + "-" * 10)
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
         skip = start.batch if epoch == start.epoch else 0
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader

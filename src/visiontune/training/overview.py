@@ -10,7 +10,7 @@ import math
 
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
-from visiontune.training.schedule import warmup_steps
+from visiontune.training.schedule import frozen_steps, warmup_steps
 
 MAX_CLASS_NAMES = 10
 
@@ -33,7 +33,28 @@ def _optimizer(cfg: TrainConfig, lr: float) -> str:
 def _schedule(cfg: TrainConfig, steps_per_epoch: int) -> str:
     warm = warmup_steps(cfg, steps_per_epoch)
     shape = "constant" if cfg.lr_schedule == "none" else cfg.lr_schedule
-    return f"{warm} warm-up steps, then {shape}" if warm else shape
+    text = f"{warm} warm-up steps, then {shape}" if warm else shape
+    frozen = frozen_steps(cfg, steps_per_epoch)
+    if not frozen or cfg.lr_schedule == "onecycle":  # one cycle spans the whole run, its rise in the frozen phase
+        return text
+    return f"{_n(frozen)} head-only steps at the full lr, then {text} from the unfreeze"
+
+
+def _phases(cfg: TrainConfig, steps_per_epoch: int) -> str | None:
+    """The head-only phase of --freeze-epochs and the one after it, in the console's epoch numbers."""
+    if cfg.freeze_backbone:
+        return "every epoch: the new head only (--freeze-backbone; the backbone and its norms never change)"
+    if not cfg.freeze_epochs:
+        return None
+    frozen = min(cfg.freeze_epochs, cfg.epochs)
+    head = f"epoch{'s' * (frozen > 1)} {'1' if frozen == 1 else f'1-{frozen}'}"
+    text = f"{head}: the new head only, the backbone frozen (its BatchNorm statistics too)"
+    if frozen < cfg.epochs:
+        rest = f"epoch{'s' * (cfg.epochs - frozen > 1)} {frozen + 1}" + (
+            f"-{cfg.epochs}" if cfg.epochs - frozen > 1 else ""
+        )
+        text += f"; {rest}: everything (from step {_n(frozen * steps_per_epoch + 1)})"
+    return text
 
 
 def _view(cfg: TrainConfig) -> list[str]:
@@ -147,6 +168,7 @@ def rows(
         ("optimizer steps", steps),
         ("optimizer", _optimizer(cfg, setup.lr)),
         ("lr schedule", _schedule(cfg, steps_per_epoch)),
+        *([("phases", phases)] if (phases := _phases(cfg, steps_per_epoch)) else []),
         ("loss", _loss(cfg, class_weights)),
         ("sampler", _sampler(cfg, len(classes), images_per_epoch)),
         ("augmentation", _augmentation(cfg)),
