@@ -65,6 +65,22 @@ def cmd_lr_find(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.runs.runlock import writable_file
+    from visiontune.training.show import show
+
+    if args.images_from and "data" in vars(args) and args.data != args.images_from:
+        raise UserError("give the data once: DATA or --data DATA")
+    if args.images_from:
+        args.data = args.images_from
+    if not getattr(args, "data", None):
+        raise UserError("give the data to show: visiontune show DATA")
+    cfg = config_from_args(args)
+    writable_file(args.out, "--out")
+    print(show(cfg, args.out, args.count))
+    return 0
+
+
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.layouts import write_kaggle_manifest
 

@@ -343,6 +343,16 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--start-lr", type=finite, default=1e-7, help="first lr (default 1e-7)")
     p.add_argument("--end-lr", type=finite, default=10.0, help="last lr (default 10)")
     p.set_defaults(func=commands["lr-find"])
+    p = sub.add_parser(
+        "show",
+        usage="%(prog)s DATA [--augment LEVEL] [--model NAME] [--image-size N] [--out show.png] [train's options]",
+        help="a PNG grid of the first training batch as the model will see it (split, resize, augmentation)",
+    )
+    p.add_argument("images_from", nargs="?", metavar="DATA", help="the data, as train's --data")
+    p.add_argument("--out", default="show.png", help="the PNG to write (default show.png)")
+    p.add_argument("--count", type=positive, default=32, help="images of the batch to draw at most (default 32)")
+    add_train_flags(p, leave_out=CHECKPOINT_FLAGS)
+    p.set_defaults(func=commands["show"])
     p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
     p.add_argument("data", help="a data folder in the Kaggle layout (train/ with cat.1.jpg-style names)")
     p.set_defaults(func=commands["prepare"])
