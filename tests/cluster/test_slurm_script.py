@@ -110,6 +110,7 @@ def test_paths_with_shell_characters_reach_the_train_command_intact_and_run_noth
     assert "#SBATCH --partition=gpu,gpu-long\n" in text and "#SBATCH --job-name=cats.v2\n" in text
 
 
+@pytest.mark.slow  # bash reads the script
 def test_the_script_runs_the_environment_it_was_written_from_and_says_what_must_be_on_path(tmp_path, capsys):
     """Not a bare `visiontune` found on the job's PATH (another install, or none): this interpreter, by absolute
     path, with its environment's bin/ first on PATH; the comment says what else the nodes need."""
