@@ -74,3 +74,14 @@ def test_max_steps_and_limit_images_below_one_are_refused_in_one_line(sample_dat
         assert main(["train", "--data", str(sample_data), flag, "0"]) == 2
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and f"argument {flag}: must be a positive integer" in err
+
+
+def test_max_steps_below_one_from_the_api_or_a_config_file_is_refused_before_the_run_folder(sample_data, tmp_path):
+    from visiontune import TrainConfig, UserError, train
+
+    run = tmp_path / "never"
+    with pytest.raises(UserError, match="--max-steps must be a positive integer, got 0"):
+        train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", max_steps=0, output_dir=str(run)))
+    with pytest.raises(UserError, match="--limit-images must be a positive integer, got -3"):
+        limit(discover(str(sample_data)), -3, 0)
+    assert not run.exists()

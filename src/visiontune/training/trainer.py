@@ -207,6 +207,8 @@ def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
 
 def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack) -> dict:
     cfg = validate(cfg)
+    if cfg.max_steps is not None and cfg.max_steps < 1:  # the flag's type checks it; a config file or the API here
+        raise UserError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
