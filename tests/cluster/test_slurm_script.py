@@ -9,7 +9,9 @@ record their arguments, and a marker file shows whether anything injected ran.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,8 +102,47 @@ def test_paths_with_shell_characters_reach_the_train_command_intact_and_run_noth
     srun = Path(f"{log}.srun").read_bytes().decode().split("\0")[:-1]
     assert srun[srun.index("--data") + 1] == data
     assert srun[srun.index("--output-dir") + 1] == run_dir
-    assert srun[:3] == ["--kill-on-bad-exit=1", "visiontune", "train"] and srun[-2:] == ["--resume", "auto"]
+    assert srun[:5] == ["--kill-on-bad-exit=1", sys.executable, "-m", "visiontune", "train"]
+    assert srun[-2:] == ["--resume", "auto"]
     assert Path(f"{log}.scontrol").read_bytes() == b"requeue\x004242\x00"
     assert not Path(f"{log}.sbatch").exists()
     text = out.read_text()
     assert "#SBATCH --partition=gpu,gpu-long\n" in text and "#SBATCH --job-name=cats.v2\n" in text
+
+
+@pytest.mark.slow  # bash reads the script
+def test_the_script_runs_the_environment_it_was_written_from_and_says_what_must_be_on_path(tmp_path, capsys):
+    """Not a bare `visiontune` found on the job's PATH (another install, or none): this interpreter, by absolute
+    path, with its environment's bin/ first on PATH; the comment says what else the nodes need."""
+    from visiontune.cluster import sbatch
+
+    out = tmp_path / "job.sbatch"
+    code, err = _slurm(capsys, out)
+    assert code == 0, err
+    lines = out.read_text().splitlines()
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert shlex.split(srun)[2:6] == [sys.executable, "-m", "visiontune", "train"]
+    assert f'export PATH={shlex.quote(os.path.join(sys.prefix, "bin"))}:"$PATH"' in lines
+    assert lines.index(next(line for line in lines if line.startswith("export PATH="))) < lines.index(srun)
+    comment = " ".join(line[2:] for line in lines if line.startswith("# "))
+    assert "Every node must see that path" in comment and "srun and scontrol must be on PATH" in comment
+    # An environment at a path with spaces and quotes: each stays one word, and bash reads the script.
+    odd = str(tmp_path / "my envs" / "it's")
+    script = sbatch.batch_script(
+        ["--data", "/d"],
+        nodes=1,
+        gpus_per_node=0,
+        time="60",
+        partition=None,
+        cpus_per_task=None,
+        job_name="j",
+        output_dir=None,
+        python=f"{odd}/bin/python",
+        prefix=odd,
+    )
+    (tmp_path / "odd.sbatch").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "odd.sbatch")], check=False).returncode == 0
+    words = shlex.split(next(line for line in script.splitlines() if line.startswith("srun ")))
+    assert words[2] == f"{odd}/bin/python"
+    path_line = next(line for line in script.splitlines() if line.startswith("export PATH="))
+    assert shlex.split(path_line[len("export ") :]) == [f"PATH={odd}/bin:$PATH"]

@@ -106,3 +106,33 @@ def test_onnx_with_preprocessing_takes_uint8_images_of_any_size_and_equals_predi
     pt2 = tmp_path / "m.pt2"
     assert main(["export", "--run", str(run), "--format", "pt2", "--with-preprocessing", "--out", str(pt2)]) == 2
     assert "--with-preprocessing is for --format onnx" in capsys.readouterr().err and not pt2.exists()
+
+
+def test_onnx_with_probabilities_gives_the_softmax_and_serves_the_runs_probabilities(
+    run, batches, sample_data, tmp_path
+):
+    import onnx
+    import onnxruntime
+
+    from visiontune.inference.runtime import load_runtime
+
+    out, plain = tmp_path / "probs.onnx", tmp_path / "logits.onnx"
+    assert main(["export", "--run", str(run), "--format", "onnx", "--probabilities", "--out", str(out)]) == 0
+    assert main(["export", "--run", str(run), "--format", "onnx", "--out", str(plain)]) == 0
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["probabilities"]
+    for x, eager in batches:
+        got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+        assert (got - eager.softmax(1)).abs().max().item() <= 1e-5
+    props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert props["visiontune_output"] == "probabilities"
+    assert {p.key: p.value for p in onnx.load(str(plain)).metadata_props}["visiontune_output"] == "logits"
+    # What serve computes from each file (decode, resize, normalise, forward, its softmax or none): the run's.
+    files = sorted((sample_data / "test").iterdir())[:6]
+    runtimes = [load_runtime(run=str(run)), load_runtime(weights=str(out)), load_runtime(weights=str(plain))]
+    prepared = [runtimes[0].prepare(f.read_bytes()) for f in files]
+    expected, from_probs, from_logits = (r.probabilities(prepared) for r in runtimes)
+    assert runtimes[1].gives_probabilities and not runtimes[2].gives_probabilities
+    assert (from_probs - expected).abs().max().item() <= 1e-5 and (from_logits - expected).abs().max().item() <= 1e-5
+    # A second softmax would flatten the probabilities towards 1/2: these are far enough from it to show one.
+    assert (expected - 0.5).abs().max().item() > 0.05

@@ -15,7 +15,15 @@ from visiontune.training.schedule import Stepper
 
 
 def _cfg(**kw):
-    base = dict(epochs=2, warmup_steps=0, warmup_epochs=0.0, lr_schedule="onecycle", ema=0.0, freeze_epochs=0)
+    base = dict(
+        epochs=2,
+        warmup_steps=0,
+        warmup_epochs=0.0,
+        lr_schedule="onecycle",
+        ema=0.0,
+        freeze_epochs=0,
+        freeze_backbone=False,
+    )
     return SimpleNamespace(**{**base, **kw})
 
 

@@ -355,3 +355,43 @@ def test_the_start_lines_say_the_dropped_partial_batch_and_when_the_blog_recipe_
     assert "on a timm model" in overview.recipe_note(_cfg(model="timm/resnet18", normalize="blog"), "timm")
     assert overview.recipe_note(_cfg(), "torchvision") is None
     assert overview.recipe_note(_cfg(recipe="modern", weights="none"), "timm") is None
+
+
+def _resolved(**kw) -> tuple[TrainConfig, TrainConfig]:
+    """A config as given, and as the trainer resolves it: the model's size, interpolation and crop filled in."""
+    from visiontune.models.build import get_spec, input_view
+
+    given = _cfg(**kw)
+    interpolation, crop_pct = input_view(given.model, given.interpolation, given.crop_pct)
+    size = given.image_size or get_spec(given.model).preprocess.size
+    return given, given.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
+
+
+def test_the_start_lines_say_the_resize_the_crop_and_where_each_came_from():
+    from types import SimpleNamespace
+
+    from visiontune.training import overview
+
+    setup = SimpleNamespace(world_size=1, per_process_batch=50, global_batch=50, lr=1e-3)
+
+    def resize(source: str, **kw) -> str:
+        given, cfg = _resolved(**kw)
+        return dict(overview.rows(cfg, setup, 100, 20, ["a", "b"], 100, 2, source, given=given))["resize"]
+
+    # A timm model brings its pretrained config's bicubic resize and 0.875 centre crop: said, with its origin.
+    said = resize("timm", model="timm/resnet10t", weights="none", image_size=32)
+    assert said == (
+        "32 px (--image-size), bicubic interpolation (the model's pretrained config), centre crop 0.875: "
+        "the short side resized to 36 px, the centre 32 x 32 kept (the model's pretrained config)"
+    )
+    assert math.floor(32 / 0.875) == 36  # as decode.resize_uint8 resizes
+    # Flags win and say so; the size left out is the model's.
+    said = resize("timm", model="timm/resnet10t", interpolation="bilinear", crop_pct=1.0)
+    assert said.startswith("176 px (the model's pretrained size), bilinear interpolation (--interpolation), ")
+    assert said.endswith("centre crop 1: the short side resized to 176 px, the centre 176 x 176 kept (--crop-pct)")
+    # torchvision: the weights' interpolation, and the reference job's squash.
+    said = resize("torchvision", model="resnet18", image_size=64)
+    assert said == (
+        "64 px (--image-size), bilinear interpolation (the torchvision weights' transforms), "
+        "no crop: the whole image squashed to the input size (the default for torchvision models)"
+    )

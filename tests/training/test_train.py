@@ -135,12 +135,16 @@ def test_the_start_says_the_resolved_setup_and_the_recipe_s_weak_spot(logged):
         "  augmentation     none\n",
         "  normalisation    blog: mean 0.4883,0.4551,0.417, std 0.2257,0.2211,0.2214\n",
         "  recipe           blog\n",
+        # Where each resize choice came from: the size given, resnet18's own bilinear, no crop.
+        "  resize           32 px (--image-size), bilinear interpolation (the torchvision weights' transforms), "
+        "no crop: the whole image squashed to the input size (the default for torchvision models)\n",
     ):
         assert row in start
     # From scratch with the blog recipe: one line that names the better one.
     assert start.endswith("from scratch (--weights none) it does worse than --recipe modern (benchmarks/recipe.py)\n")
     recorded = json.loads((logged.run_dir / "config.json").read_text())["overview"]
     assert recorded["optimizer steps"] == "6 per epoch x 1 epoch = 6" and recorded["recipe"] == "blog"
+    assert recorded["resize"].startswith("32 px (--image-size), bilinear interpolation")
 
 
 def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(logged):

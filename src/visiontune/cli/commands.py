@@ -65,6 +65,22 @@ def cmd_lr_find(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.runs.runlock import writable_file
+    from visiontune.training.show import show
+
+    if args.images_from and "data" in vars(args) and args.data != args.images_from:
+        raise UserError("give the data once: DATA or --data DATA")
+    if args.images_from:
+        args.data = args.images_from
+    if not getattr(args, "data", None):
+        raise UserError("give the data to show: visiontune show DATA")
+    cfg = config_from_args(args)
+    writable_file(args.out, "--out")
+    print(show(cfg, args.out, args.count))
+    return 0
+
+
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.layouts import write_kaggle_manifest
 
@@ -94,12 +110,13 @@ def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster.host import user_cache_dir
-    from visiontune.models.names import model_names  # imports no torch: the names are cached per version
+    from visiontune.models.names import model_names, with_parameters  # no torch: the names are cached per version
 
-    names = model_names(args.source, args.filter, user_cache_dir())
+    names = model_names(args.source, args.filter, user_cache_dir(), pretrained=args.pretrained)
     if not names:
-        raise UserError(f"no {args.source} model name contains {args.filter!r}")
-    print("\n".join(names))
+        kind = " pretrained" if args.pretrained else ""
+        raise UserError(f"no{kind} {args.source} model name contains {args.filter!r}")
+    print("\n".join(with_parameters(names, user_cache_dir()) if args.pretrained else names))
     return 0
 
 
@@ -232,8 +249,8 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     check_format(args.format)
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
-    diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing)
-    print(described(out, loaded.info, diff, args.with_preprocessing))
+    diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing, args.probabilities)
+    print(described(out, loaded.info, diff, args.with_preprocessing, args.probabilities))
     return 0
 
 

@@ -20,6 +20,7 @@ from visiontune.errors import UserError
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig, choices
 from visiontune.settings.validation import load_config_file, validate
+from visiontune.version import __version__
 
 
 def positive(text: str) -> int:
@@ -98,6 +99,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "num_workers",
         "cache",
         "max_bad_fraction",
+        "limit_images",
         "image_column",
         "label_column",
         "multi_label",
@@ -106,6 +108,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "optimisation": (
         "recipe",
         "epochs",
+        "max_steps",
         "batch_size",
         "optimizer",
         "lr",
@@ -144,6 +147,20 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "logging": ("log_with", "progress", "timing_warmup"),
 }
+# What `train --help` opens with: the flags a first run needs (each is listed here instead of in its section).
+NEWCOMER_FLAGS = (
+    "data",
+    "model",
+    "weights",
+    "recipe",
+    "epochs",
+    "batch_size",
+    "lr",
+    "image_size",
+    "augment",
+    "output_dir",
+    "resume",
+)
 # The usage line of the commands with the training flags: the ~70 flags are listed once, below, in sections.
 TRAIN_USAGE = "%(prog)s --data DATA [--model NAME] [--recipe {blog,modern}] [--epochs N] [options]"
 # Flags that mean nothing to a command that writes no checkpoints and resumes nothing (lr-find, bench).
@@ -163,11 +180,18 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
     parser.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
     add_pipe_flag(parser)
     allowed = choices()
-    groups = {
-        title: parser.add_argument_group(title.replace(" and resume", "") if "resume" in leave_out else title)
-        for title in FLAG_GROUPS
-    }
+    titles = [title.replace(" and resume", "") if "resume" in leave_out else title for title in FLAG_GROUPS]
+    shown = [
+        t for t, names in zip(titles, FLAG_GROUPS.values(), strict=True) if set(names) - {*NEWCOMER_FLAGS, *leave_out}
+    ]
+    start = parser.add_argument_group(
+        "start here",
+        f"the flags a first run needs; every other flag is in its section below ({', '.join(shown)}), "
+        "and docs/training.md explains them",
+    )
+    groups = {title: parser.add_argument_group(shown) for title, shown in zip(FLAG_GROUPS, titles, strict=True)}
     group_of = {name: groups[title] for title, names in FLAG_GROUPS.items() for name in names}
+    group_of.update(dict.fromkeys(NEWCOMER_FLAGS, start))
     for f in fields(TrainConfig):
         if f.name in leave_out:
             continue
@@ -202,7 +226,9 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
                 flag, nargs=2, type=finite, metavar=("MIN", "MAX"), default=argparse.SUPPRESS, help=help_text
             )
             continue
-        kind = {"num_workers": _workers, "seed": seed, "lr": _lr}.get(f.name) or _PARSERS[f.type]
+        kind = {"num_workers": _workers, "seed": seed, "lr": _lr, "max_steps": positive, "limit_images": positive}.get(
+            f.name
+        ) or _PARSERS[f.type]
         p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
 
 
@@ -242,7 +268,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def _add_inference_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive, help="images per batch PER PROCESS (default: the run's)")
-    p.add_argument("--mixed-precision", choices=choices()["mixed_precision"], default="no")
+    p.add_argument(
+        "--mixed-precision", choices=choices()["mixed_precision"], default="no", help="no, fp16 or bf16 (default no)"
+    )
     p.add_argument("--nproc", type=positive, default=1, help="processes (DDP-style sharding; same output)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
     p.add_argument(
@@ -317,6 +345,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         prog="visiontune",
         description="Fine-tune torchvision and timm image classifiers on a folder of images, on one CPU or many GPUs.",
     )
+    parser.add_argument("--version", action="version", version=f"visiontune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", usage=TRAIN_USAGE, help="fine-tune a torchvision, timm or Hugging Face Hub classifier")
     add_train_flags(p)
@@ -329,13 +358,23 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--start-lr", type=finite, default=1e-7, help="first lr (default 1e-7)")
     p.add_argument("--end-lr", type=finite, default=10.0, help="last lr (default 10)")
     p.set_defaults(func=commands["lr-find"])
+    p = sub.add_parser(
+        "show",
+        usage="%(prog)s DATA [--augment LEVEL] [--model NAME] [--image-size N] [--out show.png] [train's options]",
+        help="a PNG grid of the first training batch as the model will see it (split, resize, augmentation)",
+    )
+    p.add_argument("images_from", nargs="?", metavar="DATA", help="the data, as train's --data")
+    p.add_argument("--out", default="show.png", help="the PNG to write (default show.png)")
+    p.add_argument("--count", type=positive, default=32, help="images of the batch to draw at most (default 32)")
+    add_train_flags(p, leave_out=CHECKPOINT_FLAGS)
+    p.set_defaults(func=commands["show"])
     p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
-    p.add_argument("data")
+    p.add_argument("data", help="a data folder in the Kaggle layout (train/ with cat.1.jpg-style names)")
     p.set_defaults(func=commands["prepare"])
     p = sub.add_parser("sample-data", help="write a small synthetic data set in the Kaggle layout")
-    p.add_argument("dir")
-    p.add_argument("--per-class", type=positive, default=200)
-    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("dir", help="the folder to write (made if missing; see --force)")
+    p.add_argument("--per-class", type=positive, default=200, help="labelled images per class (default 200)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the drawn images (default 0): same seed, same files")
     p.add_argument("--force", action="store_true", help="replace the data set in a folder that is not empty")
     p.add_argument(
         "--multi-label",
@@ -344,11 +383,21 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=commands["sample-data"])
     p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")
-    p.add_argument("--source", choices=("torchvision", "timm", "all"), default="torchvision")
+    p.add_argument(
+        "--source",
+        choices=("torchvision", "timm", "all"),
+        default="torchvision",
+        help="which library (default torchvision)",
+    )
     p.add_argument("--filter", default="", help="only names containing this text (any case)")
+    p.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="only names with pretrained weights, with their parameter counts where known (torchvision's)",
+    )
     p.set_defaults(func=commands["models"])
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
-    p.add_argument("data")
+    p.add_argument("data", help="a data folder, tar shards or hf:PATH|ORG/NAME, as train's --data")
     p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
     p.add_argument("--workers", type=positive, default=available_cores(), help="decoding threads (default: cores)")
     add_pipe_flag(p)
@@ -424,6 +473,12 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         "--with-preprocessing",
         action="store_true",
         help="onnx: take uint8 [N, H, W, 3] images of any size; resize and normalise inside the graph",
+    )
+    p.add_argument(
+        "--probabilities",
+        action="store_true",
+        help="the softmax in the graph: output class probabilities, not logits (recorded in the file, which "
+        "serve reads; a multi-label model's sigmoid always is)",
     )
     p.set_defaults(func=commands["export"])
     p = sub.add_parser("serve", help="serve a trained model over HTTP: POST /predict, with dynamic batching")

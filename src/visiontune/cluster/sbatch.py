@@ -1,8 +1,8 @@
-"""The batch script ``visiontune slurm`` writes: one job that asks for the resources, runs ``srun visiontune
-train ... --resume auto`` with one task per node, has Slurm send USR1 two minutes before the time limit (the
-run checkpoints and exits 138) and then puts itself back in the queue, where the same command resumes at
-that batch. Every value is held to Slurm's syntax or shell-quoted: nothing a user types becomes a line of
-its own.
+"""The batch script ``visiontune slurm`` writes: one job that asks for the resources, runs ``srun PYTHON -m
+visiontune train ... --resume auto`` (the interpreter that wrote it, by absolute path) with one task per
+node, has Slurm send USR1 two minutes before the time limit (the run checkpoints and exits 138) and then
+puts itself back in the queue, where the same command resumes at that batch. Every value is held to
+Slurm's syntax or shell-quoted: nothing a user types becomes a line of its own.
 """
 
 from __future__ import annotations
@@ -107,8 +107,13 @@ def batch_script(
     cpus_per_task: int | None,
     job_name: str,
     output_dir: str | None,
+    python: str | None = None,
+    prefix: str | None = None,
 ) -> str:
-    """An sbatch script running ``visiontune train`` with ``train_argv`` on the allocation."""
+    """An sbatch script running ``visiontune train`` with ``train_argv`` on the allocation, with ``python``
+    (default: this interpreter) of the environment at ``prefix`` (default ``sys.prefix``: this venv or conda
+    env, whichever is running, not whatever VIRTUAL_ENV or CONDA_PREFIX a shell left set)."""
+    python, prefix = python or sys.executable, prefix or sys.prefix
     if nodes < 1 or gpus_per_node < 0:
         raise UserError(f"--nodes must be >= 1 and --gpus-per-node >= 0, got {nodes} and {gpus_per_node}")
     if cpus_per_task is not None and cpus_per_task < 1:
@@ -116,7 +121,7 @@ def batch_script(
     _check_sbatch_value("--job-name", job_name)
     if partition is not None:
         _check_sbatch_value("--partition", partition)
-    _check_printable(train_argv, output_dir)
+    _check_printable([*train_argv, python, prefix], output_dir)
     if time_limit_seconds(time) <= SIGNAL_LEAD_S:
         raise UserError(f"--time {time} leaves no time to train: Slurm warns {SIGNAL_LEAD_S} s before the limit")
     for flag in _SLURM_DECIDES:
@@ -129,6 +134,7 @@ def batch_script(
     cpus = cpus_per_task or 4 * max(1, gpus_per_node)
     run_dir = shlex.quote(output_dir) if output_dir else '"runs/slurm-$SLURM_JOB_ID"'
     train = " ".join(shlex.quote(a) for a in train_argv)
+    bin_dir, python = shlex.quote(os.path.join(prefix, "bin")), shlex.quote(python)
     gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else ""
     part = f"#SBATCH --partition={partition}\n" if partition else ""
     return f"""#!/bin/bash
@@ -148,7 +154,12 @@ def batch_script(
 # {SIGNAL_LEAD_S} s before the time limit Slurm sends USR1: the run finishes its step, writes a
 # checkpoint and exits with {PREEMPTED}; the job then goes back in the queue, and the same command
 # (--resume auto, same run folder) continues at that batch. A requeued job keeps its id and log.
-srun --kill-on-bad-exit=1 visiontune train {train} --strategy ddp --output-dir {run_dir} --resume auto
+
+# visiontune runs from the environment this script was written from, its interpreter by absolute path
+# and its bin/ first on PATH (as activating it would), whatever the job's login shell activates. Every
+# node must see that path (a shared filesystem); Slurm's srun and scontrol must be on PATH.
+export PATH={bin_dir}:"$PATH"
+srun --kill-on-bad-exit=1 {python} -m visiontune train {train} --strategy ddp --output-dir {run_dir} --resume auto
 code=$?
 if [ "$code" -eq {PREEMPTED} ]; then
     scontrol requeue "$SLURM_JOB_ID"

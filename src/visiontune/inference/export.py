@@ -6,7 +6,9 @@ Both formats go through ``torch.export`` (the exporter torch 2.14 supports;
 of TorchScript -- with ``torch.export.save``; load it with
 ``torch.export.load(path).module()``. The graph takes what ``DeviceNormalize``
 produces -- a float32 batch ``[N, 3, S, S]`` of normalised images, any N -- and
-returns the logits (a multi-label model: the per-class sigmoid probabilities). The run's description
+returns the logits (a multi-label model: the per-class sigmoid probabilities; ``--probabilities``: the
+softmax, output named ``probabilities``, recorded under the metadata key ``OUTPUT_KEY`` so that ``serve``
+does not apply it twice). The run's description
 (model, classes, size, mean/std) is
 stored in the file: ONNX ``metadata_props`` and the ``.pt2`` extra file
 ``visiontune.json``, each under the key ``visiontune``. Before the file is
@@ -33,6 +35,9 @@ from visiontune.errors import UserError
 from visiontune.runs.runinfo import KEY, RunInfo
 
 FORMATS = ("onnx", "pt2")
+# What the graph's output is, beside the run's description: "logits" or "probabilities" (softmax or, for a
+# multi-label model, the sigmoid). Files from before it was written: probabilities exactly when multi-label.
+OUTPUT_KEY = "visiontune_output"
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2"}
 TOLERANCE = 1e-4
 
@@ -86,6 +91,16 @@ def check_preprocessing(info: RunInfo, fmt: str) -> None:
         )
 
 
+def _output(model: nn.Module) -> str:
+    """What the exported graph gives: a model that ends in its softmax or sigmoid gives probabilities."""
+    gives = isinstance(model, nn.Sequential) and isinstance(model[-1], (nn.Softmax, nn.Sigmoid))
+    return "probabilities" if gives else "logits"
+
+
+def _metadata(model: nn.Module, info: RunInfo) -> dict[str, str]:
+    return {**info.metadata(), OUTPUT_KEY: _output(model)}
+
+
 def _onnx_preprocessing_bytes(model: nn.Module, example: torch.Tensor, info: RunInfo) -> bytes:
     import onnx
 
@@ -96,13 +111,18 @@ def _onnx_preprocessing_bytes(model: nn.Module, example: torch.Tensor, info: Run
         dynamo=True,
         verbose=False,
         input_names=["images"],
-        output_names=["logits"],
+        output_names=[_output_name(model, info)],
         dynamic_shapes=(dims,),
     )
     proto = program.model_proto
-    for key, value in info.metadata().items():
+    for key, value in _metadata(model, info).items():
         proto.metadata_props.add(key=key, value=value)
     return onnx.ModelProto.SerializeToString(proto)
+
+
+def _output_name(model: nn.Module, info: RunInfo) -> str:
+    # A multi-label graph's output has always been named logits (sigmoid included): files served before keep it.
+    return "logits" if info.multi_label else _output(model)
 
 
 def _exported(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
@@ -120,11 +140,11 @@ def _onnx_bytes(model: nn.Module, example: torch.Tensor, info: RunInfo) -> bytes
         dynamo=True,
         verbose=False,
         input_names=["images"],
-        output_names=["logits"],
+        output_names=[_output_name(model, info)],
         dynamic_shapes=({0: batch},),
     )
     proto = program.model_proto
-    for key, value in info.metadata().items():
+    for key, value in _metadata(model, info).items():
         proto.metadata_props.add(key=key, value=value)
     return onnx.ModelProto.SerializeToString(proto)
 
@@ -133,12 +153,13 @@ def _onnx_run(data: bytes, x: torch.Tensor) -> torch.Tensor:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
-    return torch.from_numpy(session.run(["logits"], {"images": x.numpy()})[0])
+    return torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
 
 
 def _pt2_bytes(model: nn.Module, example: torch.Tensor, info: RunInfo) -> bytes:
     buf = io.BytesIO()
-    torch.export.save(_exported(model, example), buf, extra_files={f"{KEY}.json": info.metadata()[KEY]})
+    extra = {f"{KEY}.json": info.metadata()[KEY], f"{OUTPUT_KEY}.txt": _output(model)}
+    torch.export.save(_exported(model, example), buf, extra_files=extra)
     return buf.getvalue()
 
 
@@ -167,12 +188,17 @@ def check_format(fmt: str) -> None:
         require_onnx()
 
 
-def export(model: nn.Module, info: RunInfo, fmt: str, out: str, preprocessing: bool = False) -> float:
-    """Write ``model`` to ``out`` in ``fmt``; return the largest |exported - eager| seen in the check."""
+def export(
+    model: nn.Module, info: RunInfo, fmt: str, out: str, preprocessing: bool = False, probabilities: bool = False
+) -> float:
+    """Write ``model`` to ``out`` in ``fmt``; return the largest |exported - eager| seen in the check.
+    ``probabilities``: a single-label model's softmax is in the graph (a multi-label one's sigmoid always is)."""
     check_format(fmt)
     model = model.float().eval().cpu()
     if info.multi_label:  # what a multi-label model means: one probability per class, each on its own
         model = nn.Sequential(model, nn.Sigmoid()).eval()
+    elif probabilities:
+        model = nn.Sequential(model, nn.Softmax(dim=1)).eval()
     size = info.image_size
     gen = torch.Generator().manual_seed(0)
     example = torch.randn(2, 3, size, size, generator=gen)
@@ -196,7 +222,7 @@ def export(model: nn.Module, info: RunInfo, fmt: str, out: str, preprocessing: b
     return diff
 
 
-def described(out: str, info: RunInfo, diff: float, preprocessing: bool = False) -> str:
+def described(out: str, info: RunInfo, diff: float, preprocessing: bool = False, probabilities: bool = False) -> str:
     """The line ``visiontune export`` ends with: what the file takes and gives, and how it was checked."""
     s = info.image_size
     given = (
@@ -205,7 +231,9 @@ def described(out: str, info: RunInfo, diff: float, preprocessing: bool = False)
         if preprocessing
         else f"input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised with mean {info.mean} std {info.std}"
     )
-    gives = "sigmoid probabilities (multi-label; thresholds in the metadata)" if info.multi_label else "logits"
+    gives = "softmax probabilities" if probabilities else "logits"
+    if info.multi_label:
+        gives = "sigmoid probabilities (multi-label; thresholds in the metadata)"
     return (
         f"visiontune: wrote {out}: {given}; output [N, {len(info.classes)}] {gives} for "
         f"{', '.join(info.classes)}; checked against the eager model, max difference {diff:.1e}; "

@@ -24,6 +24,7 @@ import torch
 
 from visiontune.data.decode import try_read
 from visiontune.errors import UserError
+from visiontune.inference.export import OUTPUT_KEY
 from visiontune.inference.loaded import load_model
 from visiontune.loading.pipeline import DeviceNormalize, collate_channels_last
 from visiontune.runs import runinfo
@@ -40,7 +41,8 @@ class Runtime:
     backend: str  # one of BACKENDS
     device: torch.device
     forward: Callable[[torch.Tensor], torch.Tensor]  # normalised float batch -> logits
-    # An exported multi-label file ends in its sigmoid (export.py): its outputs are probabilities already.
+    # An exported multi-label file ends in its sigmoid, one exported with --probabilities in its softmax
+    # (export.py): its outputs are probabilities already.
     gives_probabilities: bool = False
 
     def __post_init__(self):
@@ -57,7 +59,7 @@ class Runtime:
         with torch.inference_mode():
             out = self.forward(self.normalize(batch.to(self.device))).cpu()
         if not self.info.multi_label:
-            return out.float().softmax(1)
+            return out.float() if self.gives_probabilities else out.float().softmax(1)
         return out.double() if self.gives_probabilities else out.double().sigmoid()
 
     def thresholds(self) -> list[float]:
@@ -74,7 +76,8 @@ class Runtime:
         return {**self.info.to_dict(), "run": self.run, "weights": self.weights, "backend": self.backend}
 
 
-def _onnx(path: str, threads: int) -> tuple[RunInfo, Callable]:
+def _onnx(path: str, threads: int) -> tuple[RunInfo, Callable, bool]:
+    """The file's description, its forward pass, and whether it gives probabilities (else logits)."""
     try:
         import onnxruntime
     except ImportError:
@@ -93,11 +96,18 @@ def _onnx(path: str, threads: int) -> tuple[RunInfo, Callable]:
     if KEY not in meta:
         raise UserError(f"{path} does not describe itself: serve an .onnx file written by `visiontune export`")
     info = RunInfo.from_dict(json.loads(meta[KEY]), path)
+    # export's --probabilities puts the softmax in the graph (a multi-label file always ends in its sigmoid).
+    output = meta.get(OUTPUT_KEY, "probabilities" if info.multi_label else "logits")
+    if output not in ("logits", "probabilities"):
+        raise UserError(
+            f"{path}: damaged model description: {OUTPUT_KEY} is {output[:60]!r}, expected logits or probabilities"
+        )
+    name = session.get_outputs()[0].name
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(session.run(["logits"], {"images": x.cpu().numpy()})[0])
+        return torch.from_numpy(session.run([name], {"images": x.cpu().numpy()})[0])
 
-    return info, forward
+    return info, forward, output == "probabilities"
 
 
 def load_runtime(
@@ -117,11 +127,11 @@ def load_runtime(
             raise UserError("give --run RUN_DIR or --weights FILE, not both")
         if compile:
             raise UserError("--compile is for torch models; an .onnx file runs on ONNX Runtime")
-        info, forward = _onnx(weights, threads)
+        info, forward, gives_probabilities = _onnx(weights, threads)
         runinfo.reconcile(
             info, weights, model=model, classes=tuple(classes) if classes else None, image_size=image_size
         )
-        return Runtime(info, None, weights, "onnx", torch.device("cpu"), forward, gives_probabilities=info.multi_label)
+        return Runtime(info, None, weights, "onnx", torch.device("cpu"), forward, gives_probabilities)
     loaded = load_model(run, weights, model=model, classes=classes, image_size=image_size)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     net = loaded.model.to(device)

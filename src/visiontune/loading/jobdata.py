@@ -193,3 +193,15 @@ def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None
     keep = np.flatnonzero(np.fromiter((p not in drop for p in images.paths), bool, len(images.paths)))
     usable = images.take(keep)
     return JobData(usable, bad, cache, keep if cache else None, choice)
+
+
+def limit(images: ImageSet, n: int | None, seed: int) -> tuple[ImageSet, dict | None]:
+    """``--limit-images N``: a seeded random ``n`` of ``images`` (in listing order, the same in every
+    process and every run with this seed), and what ``split.json`` records of it; all of them when n is None."""
+    if n is None:
+        return images, None
+    if n < 1:
+        raise UserError(f"--limit-images must be a positive integer, got {n}")
+    total = len(images)
+    keep = np.sort(np.random.default_rng([seed, 7]).permutation(total)[:n]) if n < total else np.arange(total)
+    return images.take(keep), {"images": int(len(keep)), "of": total, "seed": seed}

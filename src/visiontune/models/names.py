@@ -1,7 +1,10 @@
 """The model names ``--model`` accepts, for ``visiontune models``: torchvision's classifiers and timm's
 registry, listed once per installed version into a small JSON file and read from it after that, so
-the command answers without importing torch, torchvision or timm (seconds each). Matches that start
-with the text come before the ones that only contain it.
+the command answers without importing torch, torchvision or timm (seconds each). Names are sorted by
+name; matches that start with the text come before the ones that only contain it. ``pretrained=True``
+keeps the names with pretrained weights (timm's ``list_models(pretrained=True)``, torchvision's weight
+enums), each with its parameter count where the source records it (torchvision's weights' meta; timm
+would have to build each model to count them).
 """
 
 from __future__ import annotations
@@ -35,41 +38,83 @@ def _listed(source: str) -> list[str]:
     return [f"timm/{n}" for n in timm.list_models()]
 
 
-def all_names(source: str, cache_dir: str | os.PathLike | None = None) -> list[str]:
-    """Every name of ``source`` (torchvision or timm), from ``cache_dir``'s list for the installed version."""
-    path = Path(cache_dir) / f"model-names-{source}-{_version(source)}.json" if cache_dir else None
+def _listed_pretrained(source: str) -> list[list]:
+    """[name, parameters or None] of each name with pretrained weights."""
+    if source == "torchvision":
+        import torchvision
+
+        out = []
+        for name in torchvision.models.list_models(module=torchvision.models):
+            enum = torchvision.models.get_model_weights(name)
+            if len(enum):  # the DEFAULT weights' count: what --weights DEFAULT loads (a ViT at 384 px has more)
+                out.append([name, enum.DEFAULT.meta.get("num_params")])
+        return out
+    import timm
+
+    # timm lists NAME.TAG per weight; --model timm/NAME takes the default tag's.
+    bare = dict.fromkeys(n.split(".", 1)[0] for n in timm.list_models(pretrained=True))
+    return [[f"timm/{n}", None] for n in bare]
+
+
+def _cached(path: Path | None, make):
     if path is not None:
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             pass
-    names = _listed(source)
+    listed = make()
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps(names))
+            atomic_write(path, json.dumps(listed))
         except OSError:  # a read-only home: list again next time
             pass
-    return names
+    return listed
+
+
+def pretrained_names(source: str, cache_dir: str | os.PathLike | None = None) -> dict[str, int | None]:
+    """Each name of ``source`` with pretrained weights, and its parameter count when known."""
+    path = Path(cache_dir) / f"model-names-{source}-pretrained-{_version(source)}.json" if cache_dir else None
+    return {name: params for name, params in _cached(path, lambda: _listed_pretrained(source))}
+
+
+def all_names(source: str, cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """Every name of ``source`` (torchvision or timm), from ``cache_dir``'s list for the installed version."""
+    path = Path(cache_dir) / f"model-names-{source}-{_version(source)}.json" if cache_dir else None
+    return _cached(path, lambda: _listed(source))
 
 
 def matching(names: list[str], text: str) -> list[str]:
-    """``names`` containing ``text`` (any case): those that start with it (``timm/`` aside) first, the
-    shortest (the closest to what was typed) first among them; then the others, in listing order."""
+    """``names`` containing ``text`` (any case), sorted by name (``timm/`` aside): those that start with it
+    first, then the others."""
     text = text.lower()
 
     def bare(name: str) -> str:
         return name.lower().removeprefix("timm/")
 
-    found = [n for n in names if text in n.lower()]
-    starting = sorted((n for n in found if bare(n).startswith(text)), key=lambda n: len(bare(n)))  # stable
-    return starting + [n for n in found if not bare(n).startswith(text)]
+    found = sorted((n for n in names if text in n.lower()), key=lambda n: (bare(n), n))
+    return [n for n in found if bare(n).startswith(text)] + [n for n in found if not bare(n).startswith(text)]
 
 
-def model_names(source: str = "torchvision", text: str = "", cache_dir: str | os.PathLike | None = None) -> list[str]:
-    """Names ``--model`` accepts from ``source`` (torchvision, timm or all) that contain ``text``."""
+def model_names(
+    source: str = "torchvision", text: str = "", cache_dir: str | os.PathLike | None = None, pretrained: bool = False
+) -> list[str]:
+    """Names ``--model`` accepts from ``source`` (torchvision, timm or all) that contain ``text``;
+    ``pretrained``: only those with pretrained weights."""
     sources = ("torchvision", "timm") if source == "all" else (source,)
-    return matching([n for s in sources for n in all_names(s, cache_dir)], text)
+    listed = pretrained_names if pretrained else all_names
+    return matching([n for s in sources for n in listed(s, cache_dir)], text)
+
+
+def with_parameters(names: list[str], cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """Each pretrained name with its parameter count (``11.7M parameters``) where its source records one."""
+    counts = {
+        n: p
+        for s in {"timm" if n.startswith("timm/") else "torchvision" for n in names}
+        for n, p in pretrained_names(s, cache_dir).items()
+    }
+    width = max(map(len, names), default=0)
+    return [f"{n:<{width}}  {counts[n] / 1e6:.1f}M parameters" if counts.get(n) else n for n in names]
 
 
 def check_model(name: str, weights: str, cache_dir: str | os.PathLike | None = None) -> None:

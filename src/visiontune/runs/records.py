@@ -174,7 +174,9 @@ def finish(
     setup,
     metric: str,
     image_cache: dict | None = None,
+    stopped: dict | None = None,
 ) -> dict:
+    """summary.json; ``stopped``: why the run ended before its epochs were done (--max-steps)."""
     elapsed = time.time() - since
     summary = {
         "run_dir": run_dir,
@@ -185,7 +187,10 @@ def finish(
         "classes": images.classes,
         **setup.__dict__,
         "image_cache": image_cache,  # total_seconds depends on it: a cache built, read, or none
+        **({"stopped": stopped} if stopped else {}),
     }
+    if stopped:
+        accelerator.print(f"visiontune: stopped after {stopped['optimizer_steps']} optimizer steps (--max-steps)")
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
     accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
     if summary.get("best_val_map") is not None:

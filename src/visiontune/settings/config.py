@@ -112,6 +112,9 @@ class TrainConfig:
         "no cache, said in one line), auto (the user cache folder, always), off (decode every epoch), or a folder",
     )
     max_bad_fraction: float = _setting(0.01, "stop before training when more files than this are bad")
+    limit_images: int | None = _setting(
+        None, "use a seeded random subset of N images of the data (before the split; recorded in split.json)"
+    )
     image_column: str | None = _setting(None, "hf: data: the image column (default: the one with the Image feature)")
     label_column: str | None = _setting(None, "hf: data: the label column (default: the ClassLabel one)")
     multi_label: bool = _setting(
@@ -126,6 +129,11 @@ class TrainConfig:
         "(`visiontune train --help` lists it); flags win",
     )
     epochs: int = _setting(2, "epochs")
+    max_steps: int | None = _setting(
+        None,
+        "a smoke run: stop after N optimizer steps (mid-epoch too), validate, write the run folder as at an "
+        "epoch's end and say so in summary.json",
+    )
     batch_size: int = _setting(50, "batch size PER PROCESS, as in the reference job")
     optimizer: Literal["sgd", "adamw"] | None = _setting(
         None, "sgd or adamw (AdamW: no weight decay on norms and biases)"

@@ -85,6 +85,9 @@ class LoopOptions:
     mix: Callable[[torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
     on_step: OnStep | None = None
     on_epoch_end: Callable[[int, PhaseResult, PhaseResult], None] | None = None
+    # --max-steps: the run's train batches per process at most (optimizer steps x --grad-accum); the epoch
+    # that reaches it ends there, is validated and closed as any epoch, and the run stops after it.
+    max_batches: int | None = None
 
 
 def _grads_finite(model: torch.nn.Module) -> bool:
@@ -118,8 +121,10 @@ def train_one_epoch(
     start_step: int = 0,
     totals: Totals | None = None,
     run_bar=None,
+    stop_at: int | None = None,
 ) -> PhaseResult:
-    """One pass over ``loader``; returns loss/accuracy summed over every process.
+    """One pass over ``loader`` (up to batch ``stop_at`` of the epoch, when given); returns loss/accuracy
+    summed over every process.
 
     ``totals`` continues a resumed epoch whose first ``start_step`` batches ``loader`` already
     skips; ``opts.on_step(epoch, batches_done, totals)`` runs after every batch.
@@ -163,6 +168,8 @@ def train_one_epoch(
         if run_bar is not None:
             run_bar.update(1)
         clock.step_done()
+        if stop_at is not None and step + 1 >= stop_at:  # --max-steps: every process stops at the same batch
+            break
     totals = totals.reduced(accelerator)
     if opts.on_nan == "stop" and not math.isfinite(totals.loss_sum):
         raise NonFiniteLoss(
@@ -255,22 +262,38 @@ def fit(
     """Train and validate each epoch from ``start``; print the reference job's epoch lines, and keep
     the run's own progress (epoch, step of all steps, ETA) beside each phase's bar."""
     per_epoch = len(train_loader)
-    run_bar = run_progress(accelerator, opts.epochs * per_epoch, start.epoch * per_epoch + start.batch, opts.progress)
+    total = opts.epochs * per_epoch if opts.max_batches is None else min(opts.epochs * per_epoch, opts.max_batches)
+    run_bar = run_progress(accelerator, total, start.epoch * per_epoch + start.batch, opts.progress)
     try:
         _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input, opts, start, run_bar)
     finally:
         run_bar.close()
 
 
+def _phase_mark(scheduler, epoch: int, steps_per_epoch: int) -> str:
+    """The epoch line's note of --freeze-epochs' phases: head only, and the epoch where everything starts."""
+    frozen = getattr(scheduler, "freeze_steps", 0)  # a Stepper's; 0 for a plain scheduler or none
+    if not frozen:
+        return ""
+    if epoch * steps_per_epoch < frozen:
+        return " (head only: backbone frozen)"
+    return " (backbone unfrozen: everything trains)" if (epoch - 1) * steps_per_epoch < frozen else ""
+
+
 def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input, opts, start, run_bar):
+    per_epoch = max(1, len(train_loader) // max(1, accelerator.gradient_accumulation_steps))  # optimizer steps
     for epoch in range(start.epoch, opts.epochs):
+        if opts.max_batches is not None and epoch * len(train_loader) >= opts.max_batches:
+            break  # a resumed run that had already reached --max-steps
         run_bar.set_description_str(f"run: epoch {epoch + 1}/{opts.epochs},", refresh=False)
         # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"); the records (history.json, metrics.csv,
         # summary.json, checkpoint names) keep the 0-based index.
-        accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}\n" + "-" * 10)
+        accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}{_phase_mark(scheduler, epoch, per_epoch)}\n" + "-" * 10)
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
         skip = start.batch if epoch == start.epoch else 0
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        stop_at = None if opts.max_batches is None else opts.max_batches - epoch * len(train_loader)
+        stop_at = stop_at if stop_at is not None and stop_at < len(train_loader) else None
         tr = train_one_epoch(
             accelerator,
             model,
@@ -283,6 +306,7 @@ def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, 
             start_step=skip,
             totals=start.totals if skip else None,
             run_bar=run_bar,
+            stop_at=stop_at,
         )
         va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress)
         for phase, r in (("train", tr), ("val", va)):
@@ -293,3 +317,5 @@ def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, 
         accelerator.print()
         if opts.on_epoch_end is not None:
             opts.on_epoch_end(epoch, tr, va)
+        if opts.max_batches is not None and (epoch + 1) * len(train_loader) >= opts.max_batches:
+            break

@@ -6,9 +6,11 @@ config and the numbers the trainer computed; nothing here decides anything.
 
 from __future__ import annotations
 
+import math
+
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
-from visiontune.training.schedule import warmup_steps
+from visiontune.training.schedule import frozen_steps, warmup_steps
 
 MAX_CLASS_NAMES = 10
 
@@ -31,7 +33,28 @@ def _optimizer(cfg: TrainConfig, lr: float) -> str:
 def _schedule(cfg: TrainConfig, steps_per_epoch: int) -> str:
     warm = warmup_steps(cfg, steps_per_epoch)
     shape = "constant" if cfg.lr_schedule == "none" else cfg.lr_schedule
-    return f"{warm} warm-up steps, then {shape}" if warm else shape
+    text = f"{warm} warm-up steps, then {shape}" if warm else shape
+    frozen = frozen_steps(cfg, steps_per_epoch)
+    if not frozen or cfg.lr_schedule == "onecycle":  # one cycle spans the whole run, its rise in the frozen phase
+        return text
+    return f"{_n(frozen)} head-only steps at the full lr, then {text} from the unfreeze"
+
+
+def _phases(cfg: TrainConfig, steps_per_epoch: int) -> str | None:
+    """The head-only phase of --freeze-epochs and the one after it, in the console's epoch numbers."""
+    if cfg.freeze_backbone:
+        return "every epoch: the new head only (--freeze-backbone; the backbone and its norms never change)"
+    if not cfg.freeze_epochs:
+        return None
+    frozen = min(cfg.freeze_epochs, cfg.epochs)
+    head = f"epoch{'s' * (frozen > 1)} {'1' if frozen == 1 else f'1-{frozen}'}"
+    text = f"{head}: the new head only, the backbone frozen (its BatchNorm statistics too)"
+    if frozen < cfg.epochs:
+        rest = f"epoch{'s' * (cfg.epochs - frozen > 1)} {frozen + 1}" + (
+            f"-{cfg.epochs}" if cfg.epochs - frozen > 1 else ""
+        )
+        text += f"; {rest}: everything (from step {_n(frozen * steps_per_epoch + 1)})"
+    return text
 
 
 def _view(cfg: TrainConfig) -> list[str]:
@@ -79,6 +102,24 @@ def _decode(cfg: TrainConfig, setup) -> str:
     return f"device: JPEGs in batches on {device} in the training process; on a CPU the loader side is as fast"
 
 
+def _resize(cfg: TrainConfig, given: TrainConfig, source: str) -> str:
+    """How every image is resized and cropped, and where each choice came from: ``given`` is the config
+    before ``input_view`` filled in the model's defaults (a value given there came from a flag or --config)."""
+    inherited = " or the --init-from run" if given.init_from else ""
+    own = "the model's pretrained config" if source != "torchvision" else "the torchvision weights' transforms"
+    how = f"{cfg.interpolation} interpolation ({'--interpolation' + inherited if given.interpolation else own})"
+    if cfg.crop_pct is None:
+        crop = "no crop: the whole image squashed to the input size (the default for torchvision models)"
+    else:
+        origin = "--crop-pct" + inherited if given.crop_pct is not None else "the model's pretrained config"
+        crop = (
+            f"centre crop {cfg.crop_pct:g}: the short side resized to {math.floor(cfg.image_size / cfg.crop_pct)} px, "
+            f"the centre {cfg.image_size} x {cfg.image_size} kept ({origin})"
+        )
+    size = "--image-size" + inherited if given.image_size else "the model's pretrained size"
+    return f"{cfg.image_size} px ({size}), {how}, {crop}"
+
+
 def rows(
     cfg: TrainConfig,
     setup,
@@ -89,8 +130,10 @@ def rows(
     steps_per_epoch: int,
     source: str,
     class_weights: str = "none",
+    given: TrainConfig | None = None,
 ) -> list[tuple[str, str]]:
-    """The resolved setup as (label, text) rows; ``class_weights`` as ``imbalance.describe`` says them."""
+    """The resolved setup as (label, text) rows; ``class_weights`` as ``imbalance.describe`` says them;
+    ``given``: the config as given, before the model's preprocessing defaults were filled in (default ``cfg``)."""
     train = _n(train_images)
     if images_per_epoch < train_images:  # the train loader keeps full batches only
         train += (
@@ -102,6 +145,14 @@ def rows(
     batch = f"{setup.per_process_batch} per process x {setup.world_size} {processes}"
     if cfg.grad_accum > 1:
         batch += f" x {cfg.grad_accum} accumulated"
+    steps = (
+        f"{_n(steps_per_epoch)} per epoch x {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} = "
+        f"{_n(steps_per_epoch * cfg.epochs)}"
+    )
+    if cfg.max_steps is not None and cfg.max_steps < steps_per_epoch * cfg.epochs:
+        steps += f"; --max-steps {_n(cfg.max_steps)}: stops there"
+    if cfg.limit_images is not None:
+        train += f" (--limit-images {_n(cfg.limit_images)}: a seeded subset of the data, split.json)"
     val = f"{_n(val_images)}, each counted once per epoch"
     if cfg.folds:
         val += f"; fold {cfg.fold} of {cfg.folds} (folds 0 to {cfg.folds - 1})"
@@ -112,14 +163,12 @@ def rows(
         ("val images", val),
         ("classes", f"{len(classes)}: {names}"),
         ("model", f"{cfg.model} ({source}), weights {cfg.weights}, {cfg.image_size} px"),
+        ("resize", _resize(cfg, given or cfg, source)),
         ("batch", f"{batch} = global batch {setup.global_batch}"),
-        (
-            "optimizer steps",
-            f"{_n(steps_per_epoch)} per epoch x {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} = "
-            f"{_n(steps_per_epoch * cfg.epochs)}",
-        ),
+        ("optimizer steps", steps),
         ("optimizer", _optimizer(cfg, setup.lr)),
         ("lr schedule", _schedule(cfg, steps_per_epoch)),
+        *([("phases", phases)] if (phases := _phases(cfg, steps_per_epoch)) else []),
         ("loss", _loss(cfg, class_weights)),
         ("sampler", _sampler(cfg, len(classes), images_per_epoch)),
         ("augmentation", _augmentation(cfg)),

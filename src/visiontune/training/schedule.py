@@ -23,12 +23,23 @@ def warmup_steps(cfg, steps_per_epoch: int) -> int:
     return cfg.warmup_steps or round(cfg.warmup_epochs * steps_per_epoch)
 
 
-def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+def frozen_steps(cfg, steps_per_epoch: int) -> int:
+    """The optimizer steps of ``--freeze-epochs``' head-only phase (none under --freeze-backbone, where
+    the backbone never trains and there is no second phase)."""
+    return 0 if cfg.freeze_backbone else cfg.freeze_epochs * steps_per_epoch
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, frozen: int = 0) -> float:
     """The lr multiplier before optimizer step ``step`` (0-based) of ``total``.
 
-    Warm-up rises linearly to 1 over ``warmup`` steps ((step + 1) / warmup, so the first step
-    already learns); then ``schedule`` runs over the remaining steps.
+    The first ``frozen`` steps (``--freeze-epochs``: the new head alone) run at the full lr: a warm-up
+    protects pretrained weights from a large first update, and those are not moving yet. The warm-up
+    starts where the backbone unfreezes, rising linearly to 1 over ``warmup`` steps ((step + 1) /
+    warmup, so the first step already learns); then ``schedule`` runs over the remaining steps.
     """
+    if step < frozen:
+        return 1.0
+    step, total = step - frozen, total - frozen
     if step < warmup:
         return (step + 1) / warmup
     t = (step - warmup) / max(1, total - warmup)
@@ -70,12 +81,15 @@ class Stepper:
 
     def __init__(self, optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int):
         total, warm, schedule = cfg.epochs * steps_per_epoch, warmup_steps(cfg, steps_per_epoch), cfg.lr_schedule
-        if schedule == "onecycle":
+        frozen = frozen_steps(cfg, steps_per_epoch)
+        if schedule == "onecycle":  # one cycle over the whole run, frozen phase included (overview says so)
             self.scheduler = one_cycle(optimizer, total, warm)
         else:
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warm, schedule))
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda s: lr_factor(s, total, warm, schedule, frozen)
+            )
         self.ema_decay, self.ema = cfg.ema, None
-        self.freeze_steps = cfg.freeze_epochs * steps_per_epoch
+        self.freeze_steps = frozen
 
     def attach_ema(self, model: nn.Module) -> None:
         """Start the EMA from ``model`` (the unwrapped model, on its device), if ``--ema`` asks for one."""

@@ -26,7 +26,7 @@ from visiontune.data.groups import split_for
 from visiontune.data.layouts import ImageSet
 from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix
-from visiontune.loading.jobdata import fetch_per_machine, listed
+from visiontune.loading.jobdata import fetch_per_machine, limit, listed
 from visiontune.loading.jobdata import prepare as prepare_data
 from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize
@@ -186,6 +186,7 @@ def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info
             mix=mix,
             on_step=hooks.on_step,
             on_epoch_end=hooks.on_epoch_end,
+            max_batches=None if cfg.max_steps is None else cfg.max_steps * cfg.grad_accum,
         )
         loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, normalize)
         try:
@@ -206,6 +207,8 @@ def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
 
 def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack) -> dict:
     cfg = validate(cfg)
+    if cfg.max_steps is not None and cfg.max_steps < 1:  # the flag's type checks it; a config file or the API here
+        raise UserError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
     if cfg.resume == "auto" and not cfg.output_dir:
         raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
@@ -213,6 +216,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
     # Recorded resolved in config.json.
     size = cfg.image_size or spec.preprocess.size
+    given = cfg  # what the start-up block says each resize choice came from
     cfg = cfg.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
     job = _open_job(cfg, run_folder)
     cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
@@ -221,6 +225,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     if images is None:  # workers started by torchrun or srun: remote shards are downloaded once per machine
         fetch_per_machine(accelerator, cfg.data)
     images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
+    images, limited = limit(images, cfg.limit_images, cfg.seed)  # a smoke run's subset, before the bad-file screen
     if cfg.best_metric == "map" and not images.multi_label:
         raise UserError(f"--best-metric map is for multi-label data; {cfg.data} has one label per image")
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
@@ -234,6 +239,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
     images, bad = data.images, data.bad
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
+    if limited:  # the subset is in the lists and their hash; this says how it was drawn
+        split_rec = {**split_rec, "limit_images": limited}
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
     imbalance.check_single_label(cfg, images.multi_label)
@@ -273,6 +280,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         per_epoch,
         spec.source,
         described := imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
+        given,
     )
     if images.multi_label:
         rows = overview.multi_label(rows, cfg, described)
@@ -292,4 +300,14 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
     parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader, weights)
     history = _fit(job, parts, normalize, identity, resumed, info)
-    return records.finish(accelerator, run_dir, since, history, split, images, setup, cfg.best_metric, cached)
+    stopped = _stopped_at_max_steps(cfg, per_epoch, history)
+    return records.finish(
+        accelerator, run_dir, since, history, split, images, setup, cfg.best_metric, cached, stopped=stopped
+    )
+
+
+def _stopped_at_max_steps(cfg: TrainConfig, per_epoch: int, history: list[dict]) -> dict | None:
+    """summary.json's ``stopped``: the run ended at --max-steps before its --epochs were done."""
+    if cfg.max_steps is None or cfg.max_steps >= per_epoch * cfg.epochs:
+        return None
+    return {"reason": "max-steps", "optimizer_steps": cfg.max_steps, "epochs_done": len(history)}

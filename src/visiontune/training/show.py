@@ -1,0 +1,80 @@
+"""``visiontune show``: the first training batch of a run, as the model will see it, without training.
+
+The batch is made by the run's own code, in the run's order: the listing (and ``--limit-images``), the
+seeded split, the loaders of ``loading.loaders`` with the run's resize and the seeded per-sample
+augmentation of epoch 0, then ``DeviceNormalize``; what is drawn is that normalised batch taken back
+to pixels with the same mean and std. Batch-level mixing (``--mixup``, ``--cutmix``) is not drawn.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import torch
+
+from visiontune.data.groups import split_for
+from visiontune.data.layouts import ImageSet
+from visiontune.errors import UserError
+from visiontune.loading.jobdata import JobData, limit, listed
+from visiontune.loading.loaders import loaders
+from visiontune.loading.pipeline import UNREADABLE, DeviceNormalize
+from visiontune.models.build import get_spec, input_view
+from visiontune.settings import presets
+from visiontune.settings.config import TrainConfig
+from visiontune.settings.validation import validate
+
+
+def resolved(cfg: TrainConfig) -> TrainConfig:
+    """The config with the model's size, interpolation and crop filled in, as ``train`` resolves it."""
+    cfg = validate(cfg)
+    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
+    size = cfg.image_size or get_spec(cfg.model).preprocess.size
+    return cfg.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
+
+
+def first_batch(cfg: TrainConfig, images: ImageSet | None = None) -> tuple[TrainConfig, torch.Tensor, torch.Tensor]:
+    """(the config, the normalised float batch [N, 3, S, S], its labels) of epoch 0's first training batch.
+    No cache is built (the images are decoded as the run without one would) and no file is screened first:
+    an unreadable one is the black stand-in that training would skip."""
+    cfg = resolved(cfg).replace(cache="off", num_workers=0)
+    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
+    images, _ = limit(images, cfg.limit_images, cfg.seed)
+    split, _ = split_for(images, cfg)
+    if len(split.train) < cfg.batch_size:
+        raise UserError(f"the train split has {len(split.train)} images, fewer than one batch of {cfg.batch_size}")
+    with tempfile.TemporaryDirectory() as scratch:  # where a loader would record files that fail to load
+        cfg, train_loader, _ = loaders(cfg, JobData(images, []), split, scratch)
+        train_loader.sampler.set_epoch(0)
+        batch, labels = next(iter(train_loader))
+    mean, std = presets.mean_std(cfg)
+    return cfg, DeviceNormalize(torch.device("cpu"), False, mean, std)(batch), labels
+
+
+def pixels(cfg: TrainConfig, x: torch.Tensor) -> torch.Tensor:
+    """A normalised batch back to uint8 pixels, with the run's mean and std."""
+    mean, std = (torch.tensor(v, dtype=torch.float64).view(1, 3, 1, 1) * 255 for v in presets.mean_std(cfg))
+    return (x.double() * std + mean).round().clamp(0, 255).to(torch.uint8)
+
+
+def label_text(labels: torch.Tensor, classes: list[str]) -> list[str]:
+    """Each sample's label: its class, a multi-label row's classes (+), or why there is none."""
+    if labels.ndim == 2:
+        return [
+            "unreadable" if row[0] < 0 else "+".join(c for c, y in zip(classes, row) if y > 0.5) or "(none)"
+            for row in labels
+        ]
+    return ["unreadable" if y == UNREADABLE else classes[y] for y in labels.tolist()]
+
+
+def show(cfg: TrainConfig, out: str, count: int) -> str:
+    """Write the grid of the first ``count`` images of the first training batch to ``out``; the line to print."""
+    from visiontune.reports.batchgrid import write_grid
+
+    images = listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
+    cfg, x, labels = first_batch(cfg, images)
+    n = min(count, len(x))
+    write_grid(pixels(cfg, x[:n]), label_text(labels[:n], images.classes), out)
+    return (
+        f"visiontune: wrote {out}: {n} of the first training batch's {len(x)} images as the model sees them "
+        f"({cfg.image_size} px, {cfg.interpolation}, augment {cfg.augment}, seed {cfg.seed}; epoch 1)"
+    )
