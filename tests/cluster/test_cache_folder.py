@@ -9,6 +9,8 @@ import stat
 
 import pytest
 
+from trainrun import one_line, tiny_train
+from visiontune import cli
 from visiontune.cluster import host
 from visiontune.errors import UserError
 
@@ -70,3 +72,12 @@ def test_a_read_only_homes_stand_in_is_a_new_folder_of_this_user_alone(home, cap
         assert f"keeps its caches in {temporary} " in capsys.readouterr().err
     finally:
         shutil.rmtree(temporary)
+
+
+def test_train_with_a_world_writable_cache_folder_stops_at_start_up(tmp_path, small_data, capsys, no_scan, monkeypatch):
+    (folder := tmp_path / "shared").mkdir()
+    folder.chmod(0o777)
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(folder))
+    assert cli.main(tiny_train(small_data, tmp_path / "run")) == 2
+    one_line(capsys, f"{folder} is writable by every user (mode 0777)", "chmod go-w", "VISIONTUNE_CACHE_DIR")
+    assert not (tmp_path / "run").exists() and list(folder.iterdir()) == []
