@@ -54,7 +54,7 @@ from visiontune.files import atomic_file
 from visiontune.loading.pipeline import label_array, sample_label, unreadable_label
 
 CACHE_VERSION = 3  # 2: rows stored height x width x channel; 3: the header holds the array's digest
-DIGEST = "xxh3_128"  # about 9 GB/s on one core (docs/data.md): the check at open costs little next to a build
+DIGEST = "xxh3_128"  # ~12 GB/s of one core (benchmarks/cache_digest.py); hashlib's run at ~1
 _CHUNK = 8 * 2**20
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)
 
@@ -371,8 +371,9 @@ def choose(
     """The run's cache as ``--cache`` says (None: the files are decoded every epoch), and what was chosen and why.
 
     ``fit`` reuses a cache of this data in the user cache folder whatever its size (it is on the disk already),
-    builds one there when it fits under the cap, and otherwise -- too big, or the folder cannot be written --
-    says so in one line and goes on without: the cache changes the speed only, never the pixels.
+    builds one there when it fits under the cap, and otherwise -- too big, a folder that cannot be written or
+    that another user may write in -- says so in one line and goes on without: the cache changes the speed
+    only, never the pixels.
     """
     view = {"interpolation": interpolation, "crop_pct": crop_pct, "reader": reader, "decode": decode}
     if setting in (None, OFF):  # None: a config.json from before --cache had a default
