@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := demo-data
 DEMO_RUN := runs/demo
 
-.PHONY: demo test test-fast lint bench browser clean
+.PHONY: demo test test-fast fuzz lint bench browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: $(STAMP) browser
 # The unmarked tier: no multi-process, slow or browser tests (markers set by tests/conftest.py).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) --durations=15 -m "not slow and not distributed and not browser" tests
+
+# The fuzz tier (tests/fuzzing.py): every hypothesis test (hypothesis marks them), 50x the examples that
+# `make test` runs, drawn afresh each time. A case it finds becomes a plain regression test.
+fuzz: $(STAMP)
+	VISIONTUNE_FUZZ=1 $(BIN)/python -m pytest -q $(XDIST) --durations=15 -m hypothesis tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

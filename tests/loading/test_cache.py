@@ -6,19 +6,23 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from torch.utils.data import default_collate
 
 import visiontune.loading.cache as cache_mod
 from conftest import FAST, PYTHON
-from trainrun import flags
+from trainrun import flags, one_line
 from visiontune.cli.commands import main
 from visiontune.data.decode import read_image, resize_uint8
+from visiontune.errors import UserError
 from visiontune.loading.augment import sample_augment
-from visiontune.loading.cache import CachedDataset, open_or_build
+from visiontune.loading.cache import FIT, CachedDataset, choose, digest_file, open_or_build
 from visiontune.loading.pipeline import UNREADABLE, ImageDataset
 
 SIZE = 24
@@ -182,6 +186,10 @@ def test_reading_the_whole_cache_does_not_keep_it_resident(sample_data, tmp_path
         ds[i]
     grown_kib = _rss_file_kib() - before
     assert grown_kib * 1024 < cache.count * cache.item_bytes / 8, f"RSS grew {grown_kib} KiB"
+    before = _rss_file_kib()
+    digest_file(cache.array_path)  # the check at open reads it all too, and drops it as it goes
+    grown_kib = _rss_file_kib() - before
+    assert grown_kib * 1024 < cache.count * cache.item_bytes / 8, f"RSS grew {grown_kib} KiB while hashing"
 
 
 def test_unwritable_cache_folder_is_one_clear_error(sample_data, tmp_path, capsys):
@@ -199,3 +207,104 @@ def test_unwritable_cache_folder_is_one_clear_error(sample_data, tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and "cannot write the image cache" in err and "Traceback" not in err
     assert not run.exists() or not any(run.iterdir())
+
+
+def _good_rows_match_the_files(cache, files) -> None:
+    """Every readable file's row holds that file's pixels, decoded afresh."""
+    ds = CachedDataset(cache, range(len(files)), list(range(len(files))))
+    for i, path in enumerate(files):
+        if i not in cache.bad:
+            assert torch.equal(ds[i][0], resize_uint8(read_image(path), SIZE)), path
+
+
+def test_the_header_holds_a_digest_of_the_array_as_written(files, tmp_path):
+    cache = open_or_build(str(tmp_path / "c"), files, SIZE, threads=2)
+    head = json.loads(Path(cache.array_path[:-3] + ".json").read_text())
+    assert head["digest"] == "xxh3_128:" + xxhash.xxh3_128(Path(cache.array_path).read_bytes()).hexdigest()
+
+
+def test_an_array_overwritten_with_white_pixels_is_not_reused_but_rebuilt(
+    files, tmp_path, decodes, monkeypatch, capsys
+):
+    """The attack of issue 35: the .u8 overwritten with 0xFF bytes of the same size, its header left as it was."""
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "user"))
+    first, choice = choose(FIT, files, SIZE, 1)
+    assert "built" in choice.why
+    array = Path(first.array_path)
+    array.write_bytes(b"\xff" * array.stat().st_size)
+    capsys.readouterr()
+    decodes.clear()
+    again, choice = choose(FIT, files, SIZE, 1)
+    out = capsys.readouterr().out.splitlines()
+    assert "reused" not in choice.why and "built" in choice.why
+    said = [line for line in out if "does not match its digest" in line]
+    assert len(said) == 1 and str(array) in said[0] and "rebuilding it" in said[0], out
+    assert len(decodes) == len(files) and again.array_path == first.array_path
+    _good_rows_match_the_files(again, files)
+    decodes.clear()
+    assert "reused" in choose(FIT, files, SIZE, 1)[1].why and decodes == []  # the rebuilt cache holds again
+
+
+@pytest.mark.parametrize("change", ["group-writable array", "world-writable header", "array of another user"])
+def test_cache_files_another_user_may_write_are_rebuilt_owner_writable_only(files, tmp_path, decodes, capsys, change):
+    old = os.umask(0o002)  # a umask that makes group-writable files: the cache's are not
+    try:
+        cache = open_or_build(str(tmp_path / "c"), files, SIZE, threads=1)
+    finally:
+        os.umask(old)
+    array, header = Path(cache.array_path), Path(cache.array_path[:-3] + ".json")
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (array, header)] == [0o644, 0o644]
+    if change == "group-writable array":
+        array.chmod(0o664)
+    elif change == "world-writable header":
+        header.chmod(0o666)
+    else:
+        os.chown(array, 12345, 12345)  # the tests run as root
+    decodes.clear()
+    capsys.readouterr()
+    rebuilt = open_or_build(str(tmp_path / "c"), files, SIZE, threads=1)
+    out = capsys.readouterr().out
+    assert len(decodes) == len(files) and "may have been changed: rebuilding it" in out, out
+    assert array.stat().st_uid == os.getuid() and not array.stat().st_mode & 0o022
+    _good_rows_match_the_files(rebuilt, files)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: d.chmod(0o777),
+        lambda d: d.chmod(0o770),
+        lambda d: os.chown(d, 12345, 12345),
+        lambda d: (d.parent.chmod(0o777), d.chmod(0o700)),  # the folder above: another user could swap it
+    ],
+    ids=["world-writable", "group-writable", "another-users", "under-a-world-writable-folder"],
+)
+def test_a_cache_folder_another_user_may_write_in_is_refused_or_not_used(files, tmp_path, decodes, monkeypatch, make):
+    folder = tmp_path / "shared" / "c"
+    folder.mkdir(parents=True)
+    make(folder)
+    with pytest.raises(UserError, match=r"^--cache .*(writable by|owned by another user).*chmod go-w"):
+        open_or_build(str(folder), files, SIZE, threads=1)
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(folder))
+    cache, choice = choose(FIT, files, SIZE, 1)  # fit: one line, no cache, the files decoded every epoch
+    assert cache is None and choice.path is None and ("writable by" in choice.why or "another user" in choice.why)
+    assert decodes == [] and list(folder.iterdir()) == []
+
+
+def test_a_sticky_world_writable_folder_above_is_fine_and_a_missing_folder_is_made_private(files, tmp_path):
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp").chmod(0o1777)  # as /tmp: nobody may rename another user's entry
+    folder = tmp_path / "tmp" / "mine" / "cache"
+    cache = open_or_build(str(folder), files, SIZE, threads=1)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and Path(cache.array_path).parent == folder
+
+
+def test_a_world_writable_cache_folder_is_one_line_and_exit_2(sample_data, tmp_path, capsys):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    run = tmp_path / "run"
+    argv = [*flags(data=sample_data), *FAST, *flags(epochs=1, batch_size=16, num_workers=0, output_dir=run)]
+    assert main(["train", *argv, "--cache", str(folder)]) == 2
+    one_line(capsys, f"--cache {folder}: the cache folder {folder} is writable by every user (mode 0777)", "chmod")
+    assert list(folder.iterdir()) == [] and (not run.exists() or not any(run.iterdir()))

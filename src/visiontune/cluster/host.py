@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import sys
 import tempfile
 
@@ -123,7 +124,8 @@ def check_environment(trains: bool) -> None:
     cache folder must be one this process can create and write in. A folder the user named
     (``VISIONTUNE_CACHE_DIR``, ``XDG_CACHE_HOME``) is refused; the default one (a read-only home, as in
     many containers) is replaced, as matplotlib does with its own, by a new temporary folder, said in
-    one line and set in ``VISIONTUNE_CACHE_DIR`` so that the workers the run starts use it too.
+    one line and set in ``VISIONTUNE_CACHE_DIR`` so that the workers the run starts use it too. A cache
+    folder another user could write in (``untrusted``), named or not, is refused: its files are trusted.
     """
     progress_seconds(0.0)
     if not trains:
@@ -132,13 +134,15 @@ def check_environment(trains: bool) -> None:
     named = next((v for v in ("VISIONTUNE_CACHE_DIR", "XDG_CACHE_HOME") if os.environ.get(v)), None)
     problem = _unwritable(base)
     if problem is None:
+        _refuse_untrusted(base)
         return
     if named:
         raise UserError(
             f"{named}={os.environ[named]!r}: cannot write there ({problem}); "
             "point VISIONTUNE_CACHE_DIR to a writable folder"
         )
-    temporary = tempfile.mkdtemp(prefix="visiontune-cache-")
+    temporary = tempfile.mkdtemp(prefix="visiontune-cache-")  # mode 0700, this user's: as a cache folder must be
+    _refuse_untrusted(temporary)  # a $TMPDIR others may write in
     os.environ["VISIONTUNE_CACHE_DIR"] = temporary
     print(
         f"visiontune: the cache folder {base} cannot be written ({problem}); this run keeps its caches in "
@@ -147,10 +151,55 @@ def check_environment(trains: bool) -> None:
     )
 
 
-def _unwritable(folder: str) -> str | None:
-    """Why ``folder`` cannot be created or written in, or None."""
+def _refuse_untrusted(folder: str) -> None:
+    problem = untrusted(folder)
+    if problem:
+        raise UserError(
+            f"{problem}: another user could change the cached images and downloads a run trusts; make the folder "
+            "yours and `chmod go-w` it (as ssh wants ~/.ssh), or set VISIONTUNE_CACHE_DIR to a folder of your own"
+        )
+
+
+def untrusted(folder: str) -> str | None:
+    """Why files in ``folder`` could be changed by another user, or None: the rule ssh has for ``~/.ssh``.
+
+    The folder must be owned by this user and writable by nobody else (group or others); each folder above
+    it owned by this user or root and not writable by others unless sticky (as /tmp: nobody may rename or
+    replace another user's entry there), or another user could swap the whole folder. A group-writable folder
+    above is let be: a umask of 002 (one group per user, as on Debian) makes such folders.
+    """
+    if not hasattr(os, "getuid"):  # no POSIX owners and modes (Windows)
+        return None
+    uid, path = os.getuid(), os.path.realpath(folder)
     try:
-        os.makedirs(folder, exist_ok=True)
+        st = os.stat(path)
+    except OSError as e:
+        return f"cannot read the owner of the cache folder {path} ({e.strerror or e})"
+    if st.st_uid != uid:
+        return f"the cache folder {path} is owned by another user (uid {st.st_uid}; this user is {uid})"
+    if st.st_mode & 0o022:
+        return f"the cache folder {path} is writable by {_who(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):04o})"
+    while (parent := os.path.dirname(path)) != path:
+        path = parent
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return f"cannot read the owner of {path}, above the cache folder ({e.strerror or e})"
+        if st.st_uid not in (0, uid):
+            return f"{path}, above the cache folder, is owned by another user (uid {st.st_uid})"
+        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+            return f"{path}, above the cache folder, is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _who(mode: int) -> str:
+    return "every user" if mode & 0o002 else "its group"
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why ``folder`` cannot be created or written in, or None. Made 0700: a cache folder is this user's alone."""
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         # Root may write anywhere os.access says, and /proc says yes to it: only a real file tells.
         with tempfile.TemporaryFile(dir=folder):
             pass

@@ -240,6 +240,8 @@ def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
             f"{csv_path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
             "save the manifest as UTF-8 and run again"
         ) from None
+    except csv.Error as e:  # e.g. a cell over csv's 128 KiB limit: no file name or label is that long
+        raise UserError(f"{csv_path} line {reader.line_num}: not a CSV row ({e}); fix the manifest") from None
     return [(n, row) for n, row in rows if any(cell.strip() for cell in row)]
 
 
@@ -274,7 +276,8 @@ def read_manifest(csv_path: Path, image_root: Path, multi_label: bool = False) -
         seen[norm] = n
         path = os.path.join(root, norm)
         if not os.path.isfile(path):
-            raise UserError(f"{csv_path} row {n}: file not found: {path}")
+            # a name from the file may hold a newline or other control characters: shown quoted, on one line
+            raise UserError(f"{csv_path} row {n}: file not found: {path if path.isprintable() else repr(path)}")
         paths.append(path)
         names.append(label)
     spaces = not any(";" in c for c in names)  # a ';' anywhere: names are split on it alone
@@ -361,6 +364,8 @@ def discover(
 def _checked(found: ImageSet, data: str, unlabelled_ok: bool = False) -> ImageSet:
     if not found.paths:
         raise UserError(f"no labelled images found in {data}")
+    if not found.classes and not unlabelled_ok:  # a multi-label manifest whose label cells are all empty
+        raise UserError(f"{data}: no image has a label; a classifier needs at least two classes")
     if len(found.classes) < 2 and not unlabelled_ok:
         raise UserError(f"{data}: found only one class ({found.classes[0]}); a classifier needs at least two")
     return found

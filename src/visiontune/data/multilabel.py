@@ -59,6 +59,8 @@ def multi_hot(sets: list[list[str]], classes: list[str]) -> np.ndarray:
 
 def first_labels(targets: np.ndarray) -> np.ndarray:
     """Each image's first class (0 for an image without any): the ``labels`` of a multi-label set."""
+    if not targets.shape[1]:  # no classes at all (every label cell empty): argmax has nothing to pick from
+        return np.zeros(len(targets), np.int32)
     return np.where(targets.any(1), targets.argmax(1), 0).astype(np.int32)
 
 

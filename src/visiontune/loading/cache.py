@@ -10,11 +10,18 @@ back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a sma
 ``key`` is a sha256 of the file list with each file's size and mtime, the image size, the resize
 (interpolation and crop) and the decode (``--decode``; a non-default one of these also names the
 files, so a bilinear and a bicubic cache of one data set live side by side), the format version and
-the torchvision release (its resize defines the pixels). A header whose key matches means the array
-is reusable; anything else rebuilds it in place, written to temp files and moved into place (array
-first, header last), so a reader never sees half a cache. Every process and every epoch reads the
-same file through the OS page cache: nothing is loaded into a process's own memory, and a process
-drops its page mappings after each read, so its resident memory does not grow with the data set.
+the torchvision release (its resize defines the pixels), and ``digest``, an xxh3-128 of the array's
+bytes taken as they were written. A header whose key matches means the array may be reused, once its
+bytes hash to that digest again (read whole at open: a changed or corrupt array is rebuilt, said in one
+line) and neither file can be written by another user; anything else rebuilds it in place, written to
+temp files and moved into place (array first, header last), so a reader never sees half a cache. Every
+process and every epoch reads the same file through the OS page cache (in a job only each machine's
+local main process opens, and so verifies, it): nothing is loaded into a process's own memory, and a
+process drops its page mappings after each read, so its resident memory does not grow with the data set.
+The folder must be one only this user may write in (``host.untrusted``, the rule ssh has for ``~/.ssh``;
+made 0700 when missing): ``--cache DIR`` or ``auto`` in another is an error, ``fit`` goes on without a
+cache. The digest is no signature (whoever can write the array can write its header): the folder rule
+keeps other users out, the digest catches what changed an array in place since (a disk, a tool, a hand).
 Files that fail to decode are stored as zeros, listed in the header, and skipped by
 ``CachedDataset`` exactly as ``ImageDataset`` skips them. Samples read through a reader (datasets
 rows, shard members) are keyed by their names and the reader's content fingerprint instead of each
@@ -28,6 +35,7 @@ import json
 import mmap
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,16 +43,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torchvision
+import xxhash
 from torch.utils.data import Dataset
 
-from visiontune.cluster.host import available_cores, user_cache_dir
+from visiontune.cluster.host import available_cores, untrusted, user_cache_dir
 from visiontune.data.check import bounded_map, file_keys, name_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
 from visiontune.errors import NoSpaceError, UserError
-from visiontune.files import atomic_file, atomic_write
+from visiontune.files import atomic_file
 from visiontune.loading.pipeline import label_array, sample_label, unreadable_label
 
-CACHE_VERSION = 2  # 2: rows stored height x width x channel
+CACHE_VERSION = 3  # 2: rows stored height x width x channel; 3: the header holds the array's digest
+DIGEST = "xxh3_128"  # ~12 GB/s of one core (benchmarks/cache_digest.py); hashlib's run at ~1
+_CHUNK = 8 * 2**20
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)
 
 
@@ -108,7 +119,36 @@ def _files(folder: str, paths: Sequence[str], image_size: int, tag: str) -> tupl
     return stem + ".u8", stem + ".json"
 
 
+def digest_file(path: str) -> str:
+    """The array's digest as its header records it: ``xxh3_128:`` and the hash of the file's bytes."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size:  # a map, not reads into a buffer: no copy (about 3x the speed); dropped as read, as rows are
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                m.madvise(mmap.MADV_SEQUENTIAL)
+                for start in range(0, size, _CHUNK):
+                    with memoryview(m)[start : start + _CHUNK] as chunk:
+                        h.update(chunk)
+                    m.madvise(mmap.MADV_DONTNEED, start, min(_CHUNK, size - start))
+    return f"{DIGEST}:{h.hexdigest()}"
+
+
+def _changed(array_path: str, header_path: str, digest) -> str | None:
+    """Why a cache whose key matches may not hold the pixels it was built with, or None."""
+    for path in (array_path, header_path):
+        st = os.stat(path)
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            return f"{path} is owned by another user (uid {st.st_uid}): it may have been changed"
+        if st.st_mode & 0o022:
+            return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}): it may have been changed"
+    if digest_file(array_path) != digest:
+        return f"{array_path} does not match its digest (changed or corrupt since it was built)"
+    return None
+
+
 def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) -> ImageCache | None:
+    """The cache in these files when its key matches and its array is whole and unchanged, else None."""
     try:
         with open(header_path, encoding="utf-8") as f:
             head = json.load(f)
@@ -116,6 +156,13 @@ def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) 
     except (OSError, ValueError):
         return None
     if not isinstance(head, dict) or head.get("key") != key or not size_ok:
+        return None
+    try:
+        problem = _changed(array_path, header_path, head.get("digest"))
+    except OSError as e:
+        problem = f"{array_path} cannot be read ({e.strerror or e})"
+    if problem:  # never reused: it may not hold the pixels it was built with
+        print(f"visiontune: the image cache {problem}: rebuilding it")
         return None
     return ImageCache(array_path, image_size, n, {int(i): (p, r) for i, (p, r) in head.get("bad", {}).items()})
 
@@ -146,10 +193,15 @@ def build(
             if isinstance(img, str):
                 bad[i] = (paths[i], img)
                 print(f"visiontune: cache: unreadable image {paths[i]}: {img}", file=sys.stderr)
-            f.write(blank if isinstance(img, str) else img.permute(1, 2, 0).contiguous().numpy().tobytes())
+            row = blank if isinstance(img, str) else img.permute(1, 2, 0).contiguous().numpy().tobytes()
+            digest.update(row)  # the bytes as written: no second read of the array
+            f.write(row)
 
-    # Readable by other users' runs (umask permitting), as every written file is.
+    digest = xxhash.xxh3_128()
+    # Readable by other users' runs (umask permitting), as every written file is; writable by this user only
+    # (a umask of 002 would let the group write), as _load requires.
     with atomic_file(array_path) as f:
+        _owner_writes_only(f)
         write_array(f)
     head = {
         "version": CACHE_VERSION,
@@ -160,9 +212,17 @@ def build(
         "decode": decode,
         "count": len(paths),
         "bad": {str(i): list(pr) for i, pr in bad.items()},
+        "digest": f"{DIGEST}:{digest.hexdigest()}",
     }
-    atomic_write(header_path, json.dumps(head))
+    with atomic_file(header_path) as f:
+        _owner_writes_only(f)
+        f.write(json.dumps(head).encode("utf-8", "surrogateescape"))
     return ImageCache(array_path, image_size, len(paths), bad)
+
+
+def _owner_writes_only(f) -> None:
+    if hasattr(os, "fchmod"):
+        os.fchmod(f.fileno(), stat.S_IMODE(os.fstat(f.fileno()).st_mode) & ~0o022)
 
 
 def _gib(n: float) -> str:
@@ -202,7 +262,6 @@ def _build_in(slot: _Slot, paths, threads, interpolation, crop_pct, reader, deco
     )
     if threads is None:  # the other processes wait for this one: all the machine's cores may decode
         threads = available_cores()
-    os.makedirs(slot.folder, exist_ok=True)
     return build(
         slot.array_path,
         slot.header_path,
@@ -230,18 +289,30 @@ def open_or_build(
 ) -> ImageCache:
     """The cache of ``paths`` at ``image_size`` (decoded as ``decode`` says, resized as ``decode.resize_uint8``
     does with ``interpolation`` and ``crop_pct``) in folder ``cache`` (or auto), built if missing or stale.
-    The folder was named by the user: one that cannot be written is an error."""
+    The folder was named by the user: one that cannot be written, or that another user may write in, is an error."""
     slot = _slot(resolve_dir(cache), paths, image_size, interpolation, crop_pct, reader, decode)
-    found = _load(slot.array_path, slot.header_path, slot.key, slot.count, image_size)
-    if found is not None:
-        return found
     try:
+        problem = _folder_problem(slot.folder)
+        if problem:
+            raise UserError(
+                f"--cache {cache}: {problem}, so another user could choose the images this run trains on; make "
+                "the folder yours and `chmod go-w` it (as ssh wants ~/.ssh), or pass --cache a folder of your own"
+            )
+        found = _load(slot.array_path, slot.header_path, slot.key, slot.count, image_size)
+        if found is not None:
+            return found
         return _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode)
     except OSError as e:
         raise UserError(
             f"cannot write the image cache in {slot.folder} ({e.strerror or e}); pass --cache a writable "
             f"folder with {_gib(slot.nbytes)} free, or --cache off"
         ) from None
+
+
+def _folder_problem(folder: str) -> str | None:
+    """Why the cache may not live in ``folder`` (made 0700 when missing), or None; ``OSError``: it cannot be made."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return untrusted(folder)
 
 
 # --cache's settings besides a folder: FIT, the default, caches in the user cache folder when the array
@@ -300,8 +371,9 @@ def choose(
     """The run's cache as ``--cache`` says (None: the files are decoded every epoch), and what was chosen and why.
 
     ``fit`` reuses a cache of this data in the user cache folder whatever its size (it is on the disk already),
-    builds one there when it fits under the cap, and otherwise -- too big, or the folder cannot be written --
-    says so in one line and goes on without: the cache changes the speed only, never the pixels.
+    builds one there when it fits under the cap, and otherwise -- too big, a folder that cannot be written or
+    that another user may write in -- says so in one line and goes on without: the cache changes the speed
+    only, never the pixels.
     """
     view = {"interpolation": interpolation, "crop_pct": crop_pct, "reader": reader, "decode": decode}
     if setting in (None, OFF):  # None: a config.json from before --cache had a default
@@ -312,20 +384,24 @@ def choose(
         cache = open_or_build(setting, paths, image_size, threads, **view)
         return cache, CacheChoice(setting, cache.array_path, f"--cache {setting}")
     slot = _slot(user_cache_dir(), paths, image_size, interpolation, crop_pct, reader, decode)
-    found = _load(slot.array_path, slot.header_path, slot.key, slot.count, image_size)
-    if found is not None:
-        return found, CacheChoice(FIT, found.array_path, f"--cache fit: reused, {_gib(slot.nbytes)}")
     try:
-        cap, free = fit_cap(slot.folder)
+        problem = _folder_problem(slot.folder)  # another user's folder: no cache (the start-up check refuses it)
     except OSError as e:
-        problem = f"cannot read the free space of {slot.folder} ({e.strerror or e})"
-    else:
-        problem = (
-            None
-            if slot.nbytes <= cap
-            else f"the cache would take {_gib(slot.nbytes)}, over --cache fit's cap of {_gib(cap)} (the smaller "
-            f"of {_gib(FIT_MAX_BYTES)} and {FIT_FREE_SHARE:.0%} of the {_gib(free)} free in {slot.folder})"
-        )
+        problem = f"cannot write the cache in {slot.folder} ({e.strerror or e})"
+    if problem is None:
+        found = _load(slot.array_path, slot.header_path, slot.key, slot.count, image_size)
+        if found is not None:
+            return found, CacheChoice(FIT, found.array_path, f"--cache fit: reused, {_gib(slot.nbytes)}")
+        try:
+            cap, free = fit_cap(slot.folder)
+        except OSError as e:
+            problem = f"cannot read the free space of {slot.folder} ({e.strerror or e})"
+        else:
+            if slot.nbytes > cap:
+                problem = (
+                    f"the cache would take {_gib(slot.nbytes)}, over --cache fit's cap of {_gib(cap)} (the smaller "
+                    f"of {_gib(FIT_MAX_BYTES)} and {FIT_FREE_SHARE:.0%} of the {_gib(free)} free in {slot.folder})"
+                )
     if problem is None:
         try:
             built = _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode)

@@ -1,0 +1,114 @@
+"""Fuzz: whatever ``train.csv`` holds (any bytes, odd CSV, hostile paths and label cells), single- or
+multi-label, listing the data gives a ``UserError`` (one line) or a valid listing, never another exception.
+The fuzz tier's rules are in tests/fuzzing.py."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuzzing import fuzz_settings
+from visiontune.data import layouts
+from visiontune.errors import UserError
+
+FILES = ("a.jpg", "b.jpg", "sub/c.png", "x y.jpg", "é.jpg", "7.jpg")
+
+
+@pytest.fixture(scope="module")
+def root():
+    """A data folder with a few (empty) image files: the listing checks they exist, it does not decode."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name in FILES:
+            os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+            open(os.path.join(folder, name), "wb").close()
+        yield folder
+
+
+NAMES = (
+    st.sampled_from(FILES)
+    | st.sampled_from(
+        ["./a.jpg", "sub//c.png", "missing.jpg", "../a.jpg", "/etc/passwd", "", " ", "a.jpg\x00", "sub", "."]
+    )
+    | st.text(max_size=12)
+)
+LABEL = st.sampled_from(["cat", "dog", "golden retriever", "7", "-1", "007", "", ";", " ; ", "a;b", "a; ;b"])
+CELLS = LABEL | st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
+HEADER = st.sampled_from([[], ["filename", "label"], ["path", "labels"], ["id", "tags"], ["file", "class"]])
+
+
+@st.composite
+def manifests(draw) -> bytes:
+    """A manifest as csv writes one (any quoting, BOM or none), or text or bytes of any kind."""
+    kind = draw(st.sampled_from(["rows", "rows", "text", "bytes", "long"]))
+    if kind == "long":  # a cell over csv's field limit (128 KiB)
+        return f"a.jpg,cat\nb.jpg,{'x' * draw(st.integers(131_000, 132_000))}\n".encode()
+    if kind == "bytes":
+        return draw(st.binary(max_size=400))
+    if kind == "text":
+        alphabet = st.sampled_from(list(',;"\n\r \t\x00\ufeff') + ["a.jpg", "b.jpg", "cat", "dog", "é"])
+        text = "".join(draw(st.lists(alphabet, max_size=60)))
+    else:
+        # Mostly a file name then a label cell: a listing is then within reach, and so are the label cells'
+        # corner cases (all empty, only ';', digits and names mixed).
+        rows = draw(st.lists(st.tuples(NAMES, LABEL | CELLS, st.lists(CELLS, max_size=2)), max_size=8))
+        rows = [[name, label, *more][: draw(st.sampled_from([1, 2, 2, 2, 3]))] for name, label, more in rows]
+        buf = io.StringIO()
+        quoting = draw(st.sampled_from([csv.QUOTE_MINIMAL, csv.QUOTE_ALL, csv.QUOTE_NONNUMERIC]))
+        csv.writer(buf, quoting=quoting, lineterminator=draw(st.sampled_from(["\n", "\r\n"]))).writerows(
+            [draw(HEADER), *rows]
+        )
+        text = buf.getvalue()
+    return (draw(st.sampled_from(["", "\ufeff"])) + text).encode("utf-8", "surrogatepass")
+
+
+def assert_valid(found: layouts.ImageSet, root: str, multi_label: bool) -> None:
+    n, k = len(found.paths), len(found.classes)
+    assert n == len(found.labels) > 0 and k >= 2 and len(set(found.classes)) == k
+    assert found.labels.min() >= 0 and found.labels.max() < k
+    for path in found.paths:
+        assert os.path.isfile(path) and os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
+    assert len({os.path.realpath(p) for p in found.paths}) == n  # each file listed once
+    if multi_label:
+        assert found.targets.shape == (n, k) and set(np.unique(found.targets)) <= {0, 1}
+        assert found.targets.any(0).all()  # every class is some image's
+
+
+@fuzz_settings(100)
+@given(manifests(), st.booleans())
+def test_any_manifest_is_a_listing_or_one_user_error(root, manifest, multi_label):
+    with open(os.path.join(root, "train.csv"), "wb") as f:
+        f.write(manifest)
+    try:
+        found = layouts.discover(root, multi_label=multi_label)
+    except UserError as e:
+        assert str(e) and "\n" not in str(e).strip()
+        return
+    assert_valid(found, root, multi_label or found.multi_label)
+
+
+# Cases the fuzz found (or issue 35 reported), kept as plain tests.
+@pytest.mark.parametrize(
+    "manifest, multi_label, said",
+    [
+        # issue 35 #12: every label cell empty or ';' (argmax of an empty sequence)
+        ("a.jpg,\nb.jpg,;\n", True, "no image has a label; a classifier needs at least two classes"),
+        ("a.jpg,;\nb.jpg, ; \n", False, "no image has a label"),  # a ';' makes it multi-label by itself
+        # a cell over csv's 128 KiB field limit (_csv.Error)
+        (f"a.jpg,cat\nb.jpg,{'x' * 140_000}\n", False, "line 2: not a CSV row (field larger than field limit"),
+        # a name with a newline in it (quoted in the CSV): the one-line error shows it quoted
+        ('a.jpg,cat\n"b\n.jpg",dog\n', False, "file not found: '"),
+    ],
+)
+def test_what_the_fuzz_found_is_one_user_error(root, manifest, multi_label, said):
+    with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
+        f.write(manifest)
+    with pytest.raises(UserError) as e:
+        layouts.discover(root, multi_label=multi_label)
+    assert said in str(e.value) and "\n" not in str(e.value), str(e.value)[:300]
