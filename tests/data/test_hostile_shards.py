@@ -256,3 +256,69 @@ def test_fuzz_inserted_pax_records(tmp_path, written, which, records):
     """A pax header of random or nearly well-formed records put in front of one of the members."""
     at = _headers(written)[which % len(_headers(written))]
     _read_holds(tmp_path, written[:at] + _member(b"pax", b"".join(records), b"x") + written[at:])
+
+
+# --- the kept index (the walk's result in the cache folder) -------------------------------------------------
+
+
+def _kept_index(path: Path) -> tuple[Path, object]:
+    """Read ``path`` as shards once; the index file that read kept in the cache folder, and what it read."""
+    from visiontune.cluster.host import user_cache_dir
+
+    before = set(Path(user_cache_dir()).glob("shards-*.npz"))
+    found = shards.read(str(path))
+    (kept,) = set(Path(user_cache_dir()).glob("shards-*.npz")) - before
+    return kept, found
+
+
+def _same(a, b) -> bool:
+    return (list(a.paths), a.labels.tolist(), a.rejects) == (list(b.paths), b.labels.tolist(), b.rejects) and [
+        a.reader[i] for i in range(len(a))
+    ] == [b.reader[i] for i in range(len(b))]
+
+
+def _savez(path: Path, npy=False, **arrays) -> None:
+    """``arrays`` into ``path`` as an .npz (np.savez on a path would add ".npz"); ``npy=None``: a .npy there."""
+    with open(path, "wb") as f:
+        np.save(f, np.arange(3)) if npy is None else np.savez(f, **arrays)
+
+
+def test_a_damaged_or_foreign_kept_index_is_walked_again(tmp_path):
+    """A cut file (was: BadZipFile), a .npy, a missing column, and indexes whose images lie outside the shard
+    (past its end, or where offset + size wraps around int64): each is walked again, and reads the same."""
+    path = tmp_path / "s.tar"
+    path.write_bytes(_tar(SAMPLES, _member(b"c.cls", b"1")))  # (c: no image, a recorded bad sample)
+    kept, want = _kept_index(path)
+    good = dict(np.load(kept))
+    assert want.rejects == [(f"{path}/c", "no image in the sample")] and len(want) == 2
+    cases = [
+        lambda: kept.write_bytes(kept.read_bytes()[:100]),
+        lambda: _savez(kept, npy=None),
+        lambda: _savez(kept, **{k: v for k, v in good.items() if k != "label"}),
+        lambda: _savez(kept, **good | {"offset": good["offset"] + 10**6}),
+        lambda: _savez(kept, **good | {"offset": np.full(3, 2**62), "size": np.full(3, 2**62)}),
+        lambda: _savez(kept, **good | {"shard": np.full(3, 5, np.int32)}),
+        lambda: _savez(kept, **good | {"label": np.full(3, 2**40)}),
+    ]
+    for damage in cases:
+        damage()
+        assert _same(shards.read(str(path)), want)
+
+
+@settings(FUZZ, max_examples=examples(25))
+@given(flips=st.lists(st.tuples(st.integers(0, 10**5), st.integers(0, 255)), min_size=1, max_size=6))
+def test_fuzz_a_mutated_kept_index(tmp_path, written, flips):
+    """Whatever the kept index's bytes, reading the shard gives samples inside it, or a UserError."""
+    folder = tmp_path / f"k{next(_names)}"
+    folder.mkdir()
+    path = folder / "s.tar"
+    path.write_bytes(written)
+    kept, _ = _kept_index(path)
+    raw = bytearray(kept.read_bytes())
+    for at, value in flips:
+        raw[at % len(raw)] = value
+    kept.write_bytes(bytes(raw))
+    kind, value = _within(shards.read, str(path))
+    assert kind == "value" or isinstance(value, UserError), repr(value)
+    if kind == "value":
+        assert np.all(value.reader.offset + value.reader.size <= len(written)) and np.all(value.reader.offset >= 0)

@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import tarfile
+import zipfile
 
 import numpy as np
 
@@ -216,16 +217,15 @@ def _index(shards: list[str]) -> dict[str, np.ndarray]:
     """The per-sample index of ``shards``, from the cache folder or walked once and kept there."""
     from visiontune.cluster.host import user_cache_dir
 
-    h = hashlib.sha256(b"v2")  # v2: v1 indexes merged a key used twice in one shard
+    h, sizes = hashlib.sha256(b"v2"), []  # v2: v1 indexes merged a key used twice in one shard
     for s in shards:
         st = os.stat(s)
         h.update(f"\0{os.path.abspath(s)}\0{st.st_size}\0{st.st_mtime_ns}".encode("utf-8", "surrogateescape"))
+        sizes.append(st.st_size)
     path = os.path.join(user_cache_dir(), f"shards-{h.hexdigest()[:16]}.npz")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files} | {"fingerprint": np.asarray(h.hexdigest())}
-    except (OSError, ValueError, KeyError):
-        pass
+    kept = _kept(path, np.asarray(sizes, np.int64))
+    if kept is not None:
+        return kept | {"fingerprint": np.asarray(h.hexdigest())}
     rows = [(i, *r) for i, s in enumerate(shards) for r in _walk(s)]
     cols = list(zip(*rows)) if rows else [[]] * 5
     index = {
@@ -244,6 +244,28 @@ def _index(shards: list[str]) -> dict[str, np.ndarray]:
     except OSError:
         pass  # walked again next time
     return index | {"fingerprint": np.asarray(h.hexdigest())}
+
+
+def _kept(path: str, sizes: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The index kept at ``path`` if it is whole and fits the shards (each image inside its shard), else None:
+    a damaged or foreign file is walked again, never read past or trusted to point outside the shards."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            index = {k: z[k] for k in ("shard", "key", "offset", "size", "label")}
+    except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile):  # (TypeError: a .npy)
+        return None
+    shard, offset, size = index["shard"], index["offset"], index["size"]
+    if len({a.shape for a in index.values()}) != 1 or index["key"].ndim != 1 or index["key"].dtype.kind != "U":
+        return None
+    if any(index[k].dtype.kind != "i" for k in ("shard", "offset", "size", "label")):
+        return None
+    if len(shard) and (shard.min() < 0 or shard.max() >= len(sizes) or index["label"].min() < _BAD_CLS):
+        return None
+    if len(shard) and index["label"].max() > _MAX_CLASS:
+        return None
+    end = sizes[shard]  # (each term bounded first: a sum of two huge numbers would wrap around)
+    inside = (offset >= 0) & (size >= 0) & (offset <= end) & (size <= end) & (offset + size <= end)
+    return index if np.all(inside | (offset == -1) & (size == 0)) else None
 
 
 class ShardReader:
