@@ -315,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         host.check_environment(trains=args.command in ("train", "lr-find", "bench"))
+        from visiontune.data import remote
+
+        # --allow-pipe: this command line's own data may be a command that is run; nothing else may be.
+        remote.allow_command(args.data if getattr(args, "allow_pipe", False) and getattr(args, "data", None) else None)
         code = args.func(args, argv[1:])  # the subcommand's own arguments, for relaunching under torchrun
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code

@@ -161,6 +161,7 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
     """One flag per ``TrainConfig`` field, --field-name, with the field's help and default, in the
     sections of ``FLAG_GROUPS``; the fields in ``leave_out`` get no flag (their defaults hold)."""
     parser.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
+    add_pipe_flag(parser)
     allowed = choices()
     groups = {
         title: parser.add_argument_group(title.replace(" and resume", "") if "resume" in leave_out else title)
@@ -205,10 +206,24 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
         p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
 
 
+def add_pipe_flag(parser) -> None:
+    """--allow-pipe: the one way a ``pipe:`` command runs (``data/remote.py``, docs/data-formats.md)."""
+    parser.add_argument(
+        "--allow-pipe",
+        action="store_true",
+        help="run the shell command of a --data 'pipe:COMMAND' given on this command line (one read from a "
+        "file, such as a run's config.json or an index.json, is never run)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults, then the config file, then the flags given."""
+    from visiontune.data import remote
+
     names = {f.name for f in fields(TrainConfig)}
     merged = load_config_file(args.config) if getattr(args, "config", None) else {}
+    if "data" not in vars(args):  # the file's data is used: a command in it is never run
+        remote.refuse_command(merged.get("data"), args.config)
     merged.update({k: v for k, v in vars(args).items() if k in names})
     if merged.get("init_from"):  # continuing an earlier run: its model, size and resize unless said otherwise
         from visiontune.runs.runinfo import read_run
@@ -336,6 +351,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("data")
     p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
     p.add_argument("--workers", type=positive, default=available_cores(), help="decoding threads (default: cores)")
+    add_pipe_flag(p)
     _add_column_flags(p)
     p.set_defaults(func=commands["check"])
     p = sub.add_parser("shard", help="write any data visiontune reads as WebDataset tar shards with an index")
@@ -344,6 +360,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--shard-size", default="1GB", help="bytes per shard, such as 1GB or 500MB (default 1GB)")
     p.add_argument("--seed", type=int, default=42, help="seed of the recorded split, as train's (default 42)")
     p.add_argument("--val-fraction", type=float, default=0.2, help="share recorded as validation (default 0.2)")
+    add_pipe_flag(p)
     _add_column_flags(p)
     p.set_defaults(func=commands["shard"])
     p = sub.add_parser("bench", usage=TRAIN_USAGE, help="train once per strategy and compare time and accuracy fairly")
@@ -379,6 +396,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     _add_model_flags(p)
     p.add_argument("images", nargs="*", metavar="IMAGE", help="image files or folders to predict (instead of --data)")
     p.add_argument("--data", help="a folder of images, Kaggle's test/, a file listing paths, shards or hf:...")
+    add_pipe_flag(p)
     _add_column_flags(p)
     p.add_argument("--out", help="CSV to write (unreadable files go to OUT.skipped.txt; default: the CSV on stdout)")
     p.add_argument("--clip", type=finite, default=0.0, help="clamp probabilities to [EPS, 1-EPS] (log loss)")
@@ -387,6 +405,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument("--data", help="labelled data in any layout train accepts (default: the run's own data)")
+    add_pipe_flag(p)
     _add_column_flags(p)
     p.add_argument("--out", help="JSON report (default RUN/eval.json; the figures and top_losses.csv go beside it)")
     p.add_argument(

@@ -7,7 +7,7 @@ index -- shard, byte offset and size of each image, and its label -- kept in
 the user's cache folder under the shards' names, sizes and mtimes; sample i is
 then one ``pread``, so the seeded sampler, the split, DDP sharding, exact resume,
 the bad-file screen and ``--cache`` treat shards as they treat a folder's files.
-A URL (``https://``, ``hf://``, ``pipe:``, ...) is copied into the cache first
+A URL (``https://``, ``hf://``, ``gs://``, ``pipe:`` with ``--allow-pipe``) is copied into the cache first
 (``data/remote.py``) and read from there, under its URL's name.
 
 ``visiontune shard`` writes any data visiontune reads with ``webdataset.ShardWriter``,
@@ -22,6 +22,7 @@ Shards without an index (written by ShardWriter elsewhere) get classes from thei
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -50,14 +51,90 @@ _NO_CLS, _BAD_CLS = -1, -2
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
-def expand(pattern: str) -> list[str]:
-    """A brace pattern's names: ``{000..012}`` (zero-padded as written) and ``{a,b}``, nested or repeated."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if not m:
-        return [pattern]
-    r = re.fullmatch(r"(\d+)\.\.(\d+)", m[1])
-    items = [f"{i:0{len(r[1])}d}" for i in range(int(r[1]), int(r[2]) + 1)] if r else m[1].split(",")
-    return [x for it in items for x in expand(pattern[: m.start()] + it + pattern[m.end() :])]
+MAX_NAMES = 100_000  # shards one brace pattern or index.json may name: ample, and a bound on the work
+
+
+def expand(pattern: str, limit: int = MAX_NAMES) -> list[str]:
+    """A brace pattern's names: ``{000..012}`` (zero-padded as written) and ``{a,b}``, nested or repeated,
+    in the shell's order. How many there are is counted from the pattern before any name is made (the
+    product of the groups, the sum of the alternatives), so ``{0..9999999999}`` is one line, not 10^10 names
+    in memory."""
+    parts = _parse(pattern, 0, len(pattern), _pairs(pattern))
+    count = _count(parts)
+    if count > limit:
+        many = f"{count:,}" if count < 10**15 else "more than 10^15"
+        raise UserError(f"{pattern} names {many} shards, more than the {limit:,} visiontune reads; check the braces")
+    return ["".join(name) for name in _names(parts)]
+
+
+def _pairs(pattern: str) -> dict[int, int]:
+    """Where each ``{`` that is closed is closed (an unmatched brace is a plain letter)."""
+    pairs, opened = {}, []
+    for i, c in enumerate(pattern):
+        if c == "{":
+            opened.append(i)
+            if len(opened) > 16:  # (each level is a recursion in _parse)
+                raise UserError(f"{pattern[:80]}...: braces nested more than 16 deep; check the pattern")
+        elif c == "}" and opened:
+            pairs[opened.pop()] = i
+    return pairs
+
+
+def _parse(text: str, start: int, end: int, pairs: dict[int, int]) -> list:
+    """``text[start:end]`` as parts: a string, a range ``(first, last, width)``, or a list of alternatives
+    (each a list of parts)."""
+    parts, i, literal = [], start, start
+    while i < end:
+        close = pairs.get(i)
+        if close is None:
+            i += 1
+            continue
+        parts.append(text[literal:i])
+        r = re.fullmatch(r"(\d+)\.\.(\d+)", text[i + 1 : close])
+        if r:
+            parts.append((_bound(r[1]), _bound(r[2]), len(r[1])))
+        else:  # alternatives: split at this group's own commas, not at those of a group inside it
+            alts, at, j = [], i + 1, i + 1
+            while j < close:
+                if j in pairs:
+                    j = pairs[j]
+                elif text[j] == ",":
+                    alts.append(_parse(text, at, j, pairs))
+                    at = j + 1
+                j += 1
+            parts.append([*alts, _parse(text, at, close, pairs)])
+        i = literal = close + 1
+    parts.append(text[literal:end])
+    return parts
+
+
+def _bound(digits: str) -> int:
+    """A range's end: past 10^30 it only needs to be too many (and int() refuses 4,300 digits and more)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 30 else 10**30
+
+
+def _count(parts: list) -> int:
+    n = 1
+    for p in parts:
+        if isinstance(p, tuple):
+            n *= max(0, p[1] - p[0] + 1)
+        elif isinstance(p, list):
+            n *= sum(map(_count, p))
+    return n
+
+
+def _names(parts: list):
+    """Each name as a tuple of its pieces, the leftmost group varying slowest."""
+    choices = []
+    for p in parts:
+        if isinstance(p, str):
+            choices.append((p,))
+        elif isinstance(p, tuple):
+            choices.append([f"{i:0{p[2]}d}" for i in range(p[0], p[1] + 1)])
+        else:
+            choices.append(["".join(name) for alt in p for name in _names(alt)])
+    return itertools.product(*choices)
 
 
 def is_shards(data: str) -> bool:

@@ -59,6 +59,7 @@ def recorded_data(run_dir: str) -> tuple[str, tuple[str | None, str | None]]:
             "pass --data with the folder holding train.csv, or the .csv itself"
         )
     source = source or data["root"]
+    remote.refuse_command(source, str(Path(run_dir) / "config.json"))
     if not (source.startswith("hf:") or "{" in source or remote.is_remote(source) or Path(source).exists()):
         raise UserError(f"evaluate needs labelled data: the run's data {source} no longer exists; pass --data FOLDER")
     config = record.get("config") or {}

@@ -1,0 +1,310 @@
+"""Remote shards across the trust boundary: a command is run only from the user's own command line with
+--allow-pipe, never from config.json, a config file or index.json; http(s) goes through visiontune's one HTTP
+client, one GET a file, with strict shard names and bounded indexes; brace patterns are counted before any
+name is made; an unusable shard cache is one line."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import threading
+import tracemalloc
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST
+from visiontune.cli.commands import main
+from visiontune.data import remote, shards
+from visiontune.data.sample import make_sample_data
+from visiontune.errors import UserError
+
+pytest.importorskip("webdataset")  # `visiontune shard` writes with its ShardWriter
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    """6 images in shards of one or two images, with visiontune's index.json."""
+    tmp = tmp_path_factory.mktemp("remote")
+    make_sample_data(tmp / "data", per_class=3, test_count=0, seed=2)
+    assert main(["shard", str(tmp / "data"), "--out", str(tmp / "shards"), "--shard-size", "20KB"]) == 0
+    return tmp / "shards"
+
+
+def _pattern(folder: Path) -> str:
+    return f"shards-{{000000..{len(list(folder.glob('*.tar'))) - 1:06d}}}.tar"
+
+
+@pytest.fixture(autouse=True)
+def shard_cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("VISIONTUNE_SHARD_CACHE", str(tmp_path / "shard-cache"))
+    return tmp_path / "shard-cache"
+
+
+@contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler], host: str = "127.0.0.1"):
+    """``handler``'s server on a free port of 127.0.0.1, in a thread: its base URL (named by ``host``)."""
+
+    class Quiet(handler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def served(folder: Path):
+    """``folder`` over HTTP: the base URL, and every path asked for, in order."""
+    asked: list[str] = []
+
+    class Files(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def do_GET(self):
+            asked.append(self.path)  # before the answer: the client has it once it has its reply
+            super().do_GET()
+
+    with serving(Files) as base:
+        yield base, asked
+
+
+def _one_line(capsys, fetching: bool = False) -> str:
+    """The one line on stderr; unless ``fetching`` (a shard download that then fails), nothing was fetched."""
+    said = capsys.readouterr()
+    lines = said.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in said.err, said.err
+    assert fetching or "downloading" not in said.out
+    return lines[0]
+
+
+def test_a_run_folder_whose_config_json_names_a_command_never_runs_it(trained_run, tmp_path, capsys):
+    """The PoC: evaluate --run RUN, RUN/config.json's data a pipe: command. One line, exit 2, nothing run,
+    with --allow-pipe too (it lets only the command line's own --data run)."""
+    run = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    pwned = tmp_path / "PWNED"
+    record = json.loads((run / "config.json").read_text())
+    record["data"]["root"] = record["data"]["source"] = f"pipe:touch {pwned}; cat shards-000000.tar"
+    (run / "config.json").write_text(json.dumps(record))
+    for extra in ([], ["--allow-pipe"]):
+        assert main(["evaluate", "--run", str(run), "--no-progress", *extra]) == 2
+        line = _one_line(capsys)
+        assert f"{run / 'config.json'} gives a command as the data" in line and "--allow-pipe" in line
+        assert not pwned.exists() and not (run / "eval.json").exists()
+
+
+def test_a_command_in_a_config_file_is_never_run(tmp_path, capsys):
+    pwned = tmp_path / "PWNED"
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'data = "pipe:touch {pwned}; cat shards-000000.tar"\n')
+    config_json = tmp_path / "config.json"
+    config_json.write_text(json.dumps({"config": {"data": f"pipe:touch {pwned}; cat shards-000000.tar"}}))
+    for config in (toml, config_json):
+        out = tmp_path / f"run-{config.suffix[1:]}"
+        assert main(["train", "--config", str(config), "--allow-pipe", "--output-dir", str(out), *FAST]) == 2
+        assert f"{config} gives a command as the data" in _one_line(capsys)
+        assert not pwned.exists() and not out.exists()
+
+
+def test_a_pipe_command_on_the_command_line_without_allow_pipe_is_one_line_and_runs_nothing(
+    sharded, shard_cache, tmp_path, capsys
+):
+    ran = tmp_path / "ran"
+    for data in (f"pipe:touch {ran}; cat {sharded}/{_pattern(sharded)}", f"pipe:touch {ran}; cat x.tar"):
+        for command in (["check", data], ["train", "--data", data, *FAST]):
+            assert main(command) == 2
+            line = _one_line(capsys)
+            assert "a pipe: command is run only when given on this command line together with --allow-pipe" in line
+    assert not ran.exists() and not shard_cache.exists()
+
+
+@pytest.mark.slow  # (the pipe: command's shells)
+def test_a_pipe_command_on_the_command_line_runs_with_allow_pipe(sharded, shard_cache, tmp_path, capsys):
+    ran = tmp_path / "ran"
+    command = f"pipe:touch {ran}; cat {sharded}/{_pattern(sharded)}"
+    assert main(["check", command, "--allow-pipe", "--report", str(tmp_path / "bad.csv")]) == 0
+    assert ran.exists() and "6 images in 2 classes" in capsys.readouterr().out
+    (copies,) = shard_cache.iterdir()
+    local = sorted(p.name for p in sharded.iterdir())
+    assert sorted(p.name for p in copies.iterdir()) == local  # each shard and index.json, whole
+    assert all((copies / n).read_bytes() == (sharded / n).read_bytes() for n in local)
+    # A later command without the flag runs nothing, even with the copies in the cache.
+    ran.unlink()
+    assert main(["check", command]) == 2 and "--allow-pipe" in _one_line(capsys) and not ran.exists()
+
+
+def test_a_folder_url_fetches_the_index_and_each_listed_shard_once_and_reads_as_the_local_shards(sharded):
+    local = shards.read(str(sharded))
+    with served(sharded) as (base, asked):
+        fetched = shards.read(f"{base}/")
+        assert sorted(asked) == sorted(f"/{p.name}" for p in sharded.iterdir())  # one GET a file
+        asked.clear()
+        again = shards.read(f"{base}/")
+        assert asked == []  # from the cache
+    for got in (fetched, again):
+        assert (got.classes, got.labels.tolist()) == (local.classes, local.labels.tolist())
+        assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x[1-100000000].tar",  # curl's URL globbing: 14,663 GETs in 40 s before
+        "x{1..100000000}.tar",
+        "x*.tar",
+        "../x.tar",
+        "sub/x.tar",
+        "http://elsewhere/x.tar",
+        "pipe:touch PWNED; cat x.tar",
+        "%2e%2e%2fx.tar",
+        "-x.tar",
+        7,
+    ],
+)
+def test_an_index_listing_anything_but_a_plain_shard_name_is_one_line_after_one_request(tmp_path, name, capsys):
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "index.json").write_text(json.dumps({"shardlist": [{"url": name, "nsamples": 1}]}))
+    with served(tmp_path / "set") as (base, asked):
+        assert main(["check", f"{base}/"]) == 2
+        assert asked == ["/index.json"]
+    assert f"{base}/index.json lists {name!r}" in _one_line(capsys)
+    assert not (tmp_path / "PWNED").exists() and list(tmp_path.iterdir()) == [tmp_path / "set"]
+
+
+def test_an_index_of_too_many_shards_or_too_many_bytes_is_one_line_after_one_request(tmp_path, monkeypatch, capsys):
+    (tmp_path / "set").mkdir()
+    index = {"shardlist": [{"url": f"s-{i}.tar"} for i in range(shards.MAX_NAMES + 1)]}
+    (tmp_path / "set" / "index.json").write_text(json.dumps(index))
+    with served(tmp_path / "set") as (base, asked):
+        assert main(["check", f"{base}/"]) == 2
+        assert "lists 100,001 shards, more than the 100,000" in _one_line(capsys)
+        assert asked == ["/index.json"]
+        monkeypatch.setattr(remote, "MAX_INDEX_BYTES", 1000)
+        asked.clear()
+        assert main(["check", f"{base}/"]) == 2
+        assert f"{base}/index.json is larger than" in _one_line(capsys)
+        assert asked == ["/index.json"]
+
+
+@pytest.mark.parametrize("pattern", ["{0..9999999999}", "{0..999}{0..999}{0..999}"])
+def test_brace_patterns_of_billions_of_names_are_refused_before_any_name_is_made(pattern, capsys):
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match=r"names 1[0,]+ shards, more than the 100,000 visiontune reads"):
+            shards.expand(f"shards-{pattern}.tar")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # (a list of 10^6 names alone is 870 MB)
+    for data in (f"/nowhere/shards-{pattern}.tar", f"http://127.0.0.1:9/set/shards-{pattern}.tar"):
+        assert main(["check", data]) == 2
+        assert "more than the 100,000 visiontune reads" in _one_line(capsys)
+
+
+def test_brace_patterns_name_what_the_shell_names_in_its_order():
+    assert shards.expand("a{1..3}b{x,y}.tar") == [f"a{i}b{c}.tar" for i in "123" for c in "xy"]
+    assert shards.expand("s-{08..10}.tar") == ["s-08.tar", "s-09.tar", "s-10.tar"]
+    assert shards.expand("{x{1,2},y}-{a,b}") == ["x1-a", "x1-b", "x2-a", "x2-b", "y-a", "y-b"]
+    assert shards.expand("plain.tar") == ["plain.tar"] and shards.expand("open{.tar") == ["open{.tar"]
+
+
+def test_a_shard_cache_that_is_a_file_is_one_line(sharded, tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "passwd"
+    cache.write_text("root:x:0:0::/root:/bin/sh\n")
+    monkeypatch.setenv("VISIONTUNE_SHARD_CACHE", str(cache))
+    with served(sharded) as (base, _):
+        assert main(["check", f"{base}/{_pattern(sharded)}"]) == 2
+    assert f"cannot keep shards in {cache} (Not a directory); set VISIONTUNE_SHARD_CACHE" in _one_line(capsys)
+    assert cache.read_text() == "root:x:0:0::/root:/bin/sh\n"
+
+
+def test_command_run_schemes_and_gsutil_wildcards_are_not_opened(capsys):
+    assert main(["check", "scp://host/set/shards-000000.tar"]) == 2
+    assert "read scp:// through a command you trust: --data 'pipe:COMMAND' --allow-pipe" in _one_line(capsys)
+    assert main(["check", "gs://bucket/set/shards-*.tar"]) == 2
+    assert "gsutil would read * ? [ ] as wildcards" in _one_line(capsys)
+
+
+def test_hf_urls_are_fetched_from_the_hub_with_the_token_kept_from_redirects(monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    request = remote._request("hf://datasets/org/set@v1.0/shards/shards-000000.tar")
+    assert request.full_url.endswith("/datasets/org/set/resolve/v1.0/shards/shards-000000.tar")
+    assert request.unredirected_hdrs == {"Authorization": "Bearer hf_secret"}  # not copied into a redirect
+    assert "Authorization" not in request.headers
+    with pytest.raises(UserError, match="hf://datasets/ORG/NAME"):
+        remote._request("hf://one-part.tar")
+
+
+class Redirects(http.server.BaseHTTPRequestHandler):
+    """``/hop/N/NAME`` redirects to ``/hop/N+1/NAME``, anything else to a file:// URL."""
+
+    asked: list[str] = []
+
+    def do_GET(self):
+        self.asked.append(self.path)
+        _, kind, n, name = self.path.split("/")
+        self.send_response(302)
+        self.send_header("Location", f"/hop/{int(n) + 1}/{name}" if kind == "hop" else "file:///etc/passwd")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_redirects_are_followed_five_times_at_most_and_only_to_http(shard_cache, capsys):
+    with serving(Redirects) as base:
+        assert main(["check", f"{base}/hop/0/x.tar"]) == 2
+        line = _one_line(capsys, fetching=True)
+        assert f"cannot download {base}/hop/0/x.tar (the server answered HTTP 302: more than 5 redirects" in line
+        for name in ("index.json", "x.tar"):  # each: the GET and 5 redirects
+            assert [p for p in Redirects.asked if p.endswith(name)] == [f"/hop/{i}/{name}" for i in range(6)]
+        assert main(["check", f"{base}/file/0/x.tar"]) == 2
+        assert "or one to a URL that is not http(s)" in _one_line(capsys, fetching=True)
+    assert list(shard_cache.rglob("*")) == []  # nothing fetched, no folder left for the URL
+
+
+def test_the_hub_token_goes_to_the_hub_host_and_never_along_a_redirect_to_another(sharded, monkeypatch):
+    """hf:// through the one HTTP client: the token on the Hub's host (a same-host redirect included), not on
+    the file store's host it redirects to; the shard arrives whole."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    seen: dict[str, str | None] = {}
+    shard = next(iter(sorted(sharded.glob("*.tar"))))
+
+    class Store(http.server.BaseHTTPRequestHandler):  # the file store: answers a signed URL
+        def do_GET(self):
+            seen[f"store{self.path}"] = self.headers.get("Authorization")
+            body = shard.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Store, host="localhost") as store:
+
+        class Hub(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen[f"hub{self.path}"] = self.headers.get("Authorization")
+                where = f"{store}/signed/{shard.name}" if self.path.startswith("/moved/") else f"/moved{self.path}"
+                self.send_response(404 if "index.json" in self.path else 302)
+                self.send_header("Location", where)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        with serving(Hub) as hub:
+            monkeypatch.setattr(huggingface_hub, "hf_hub_url", lambda repo, name, **kw: f"{hub}/{repo}/{name}")
+            monkeypatch.setenv("HF_TOKEN", "hf_secret")
+            local = remote.fetch(f"hf://datasets/org/set/{shard.name}")
+    assert Path(local).read_bytes() == shard.read_bytes()
+    assert seen == {
+        "hub/org/set/index.json": "Bearer hf_secret",
+        f"hub/org/set/{shard.name}": "Bearer hf_secret",
+        f"hub/moved/org/set/{shard.name}": "Bearer hf_secret",  # the same host: still the Hub
+        f"store/signed/{shard.name}": None,
+    }
