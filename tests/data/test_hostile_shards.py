@@ -17,12 +17,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image as PILImage
 
-from fuzzing import examples
+from fuzzing import FUZZ, examples
 from visiontune.cli.commands import main
 from visiontune.data import shards
 from visiontune.errors import UserError
 
-FUZZ = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# deadline=None: a busy machine makes no example too slow; derandomize in make test: a failure there fails on
+# every run and machine (make fuzz draws afresh); no example database written into the working tree.
+SETTINGS = settings(
+    max_examples=examples(60),
+    deadline=None,
+    derandomize=not FUZZ,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def _png(value: int) -> bytes:
@@ -194,13 +203,13 @@ def _headers(raw: bytes) -> list[int]:
     return [i for i in range(0, len(raw) - 511, 512) if raw[i + 257 : i + 262] == b"ustar"]
 
 
-@FUZZ
+@SETTINGS
 @given(data=st.binary(max_size=3000))
 def test_fuzz_random_bytes(tmp_path, data):
     _read_holds(tmp_path, data)
 
 
-@FUZZ
+@SETTINGS
 @given(flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8), cut=st.data())
 def test_fuzz_mutated_and_truncated_shard(tmp_path, written, flips, cut):
     raw = bytearray(written)
@@ -221,7 +230,7 @@ _VALUES = st.one_of(
 )
 
 
-@FUZZ
+@SETTINGS
 @given(which=st.integers(0, 99), edits=st.lists(st.tuples(_FIELDS, st.integers(0, 154), _VALUES), max_size=4))
 def test_fuzz_header_fields_with_their_checksum_fixed(tmp_path, written, which, edits):
     """Header fields changed and the checksum made to fit, so the walk goes past the checksum check."""
@@ -236,7 +245,7 @@ def test_fuzz_header_fields_with_their_checksum_fixed(tmp_path, written, which, 
     _read_holds(tmp_path, bytes(raw))
 
 
-@FUZZ
+@SETTINGS
 @given(
     which=st.integers(0, 99),
     records=st.lists(
@@ -305,7 +314,7 @@ def test_a_damaged_or_foreign_kept_index_is_walked_again(tmp_path):
         assert _same(shards.read(str(path)), want)
 
 
-@settings(FUZZ, max_examples=examples(25))
+@settings(SETTINGS, max_examples=examples(25))
 @given(flips=st.lists(st.tuples(st.integers(0, 10**5), st.integers(0, 255)), min_size=1, max_size=6))
 def test_fuzz_a_mutated_kept_index(tmp_path, written, flips):
     """Whatever the kept index's bytes, reading the shard gives samples inside it, or a UserError."""
