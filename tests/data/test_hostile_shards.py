@@ -293,8 +293,9 @@ def _savez(path: Path, npy=False, **arrays) -> None:
 
 
 def test_a_damaged_or_foreign_kept_index_is_walked_again(tmp_path):
-    """A cut file (was: BadZipFile), a .npy, a missing column, and indexes whose images lie outside the shard
-    (past its end, or where offset + size wraps around int64): each is walked again, and reads the same."""
+    """A cut file (was: BadZipFile), a zip version zipfile cannot read (was: NotImplementedError), a .npy, a
+    missing column, and indexes whose images lie outside the shard (past its end, or where offset + size wraps
+    around int64), a shard or label out of range: each is walked again, and reads the same."""
     path = tmp_path / "s.tar"
     path.write_bytes(_tar(SAMPLES, _member(b"c.cls", b"1")))  # (c: no image, a recorded bad sample)
     kept, want = _kept_index(path)
@@ -302,6 +303,7 @@ def test_a_damaged_or_foreign_kept_index_is_walked_again(tmp_path):
     assert want.rejects == [(f"{path}/c", "no image in the sample")] and len(want) == 2
     cases = [
         lambda: kept.write_bytes(kept.read_bytes()[:100]),
+        lambda: kept.write_bytes(kept.read_bytes()[:4] + b"\x40\x00" + kept.read_bytes()[6:]),  # "zip version 6.4"
         lambda: _savez(kept, npy=None),
         lambda: _savez(kept, **{k: v for k, v in good.items() if k != "label"}),
         lambda: _savez(kept, **good | {"offset": good["offset"] + 10**6}),
