@@ -8,14 +8,16 @@ column is the one whose feature is ``Image`` and the label column the
 unless ``--image-column``/``--label-column`` say otherwise;
 class names come from the ClassLabel (other labels: their sorted values). A
 ``train`` split with a ``validation`` one is used as it is (``val_mask``); a
-lone split gets visiontune's seeded split. Images are read as the encoded bytes
-stored in the Arrow table (``Image(decode=False)``), never decoded by datasets:
-decoding, its failures and the resize are visiontune's, as for files. Each
-sample is named ``hf:PATH/<split>/<row>``.
+lone split, or one beside an empty validation split, gets visiontune's seeded
+split. Images are read as the encoded bytes stored in the Arrow table
+(``Image(decode=False)``), never decoded by datasets: decoding, its failures and
+the resize are visiontune's, as for files. Each sample is named
+``hf:PATH/<split>/<row>``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -55,7 +57,7 @@ def load(data: str) -> tuple[str, Any]:
     if path is not None:
         saved = any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json"))
         try:
-            return "hf:" + path, ds.load_from_disk(path) if saved else ds.load_dataset(path)
+            return "hf:" + path, _from_disk(ds, path) if saved else _from_files(ds, path)
         except Exception as e:  # datasets' own reasons (no data files, mixed formats, ...)
             raise UserError(f"cannot read {data} with datasets ({_short(e)})") from None
     try:
@@ -69,22 +71,74 @@ def load(data: str) -> tuple[str, Any]:
         ) from None
 
 
+def _from_disk(ds, path: str):
+    """``load_from_disk``, but a split saved empty (``save_to_disk`` writes it no Arrow file, and datasets
+    fails to load it back: "list index out of range") is read as an empty Dataset of its features."""
+    try:
+        return ds.load_from_disk(path)
+    except IndexError:
+        pass
+
+    def one(folder: str):
+        with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
+            if json.load(f).get("_data_files"):
+                return ds.Dataset.load_from_disk(folder)
+        features = ds.DatasetInfo.from_directory(folder).features
+        return ds.Dataset.from_dict({k: [] for k in features}, features=features)
+
+    if not os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        return one(path)
+    with open(os.path.join(path, "dataset_dict.json"), encoding="utf-8") as f:
+        return ds.DatasetDict({s: one(os.path.join(path, s)) for s in json.load(f)["splits"]})
+
+
+def _from_files(ds, path: str):
+    """``load_dataset`` of a folder of data files, but an empty split's files (which datasets refuses with
+    'Instruction "validation" corresponds to no data!') give an empty Dataset of the other splits' features."""
+    try:
+        return ds.load_dataset(path)
+    except ValueError as e:
+        if "corresponds to no data" not in str(e):
+            raise
+        error = e
+    splits = {}
+    for name in ds.load_dataset_builder(path).config.data_files:
+        try:
+            splits[str(name)] = ds.load_dataset(path, split=name)
+        except ValueError:
+            splits[str(name)] = None
+    features = next((d.features for d in splits.values() if d is not None), None)
+    if features is None:  # every split empty
+        raise error
+    empty = ds.Dataset.from_dict({k: [] for k in features}, features=features)
+    return ds.DatasetDict({n: empty if d is None else d for n, d in splits.items()})
+
+
 def _short(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
 
 
-def _parts(root: str, loaded, every_split: bool) -> tuple[list[tuple[str, Any]], str | None]:
-    """The splits to list, as (name, Dataset), and the validation one's name when the data has both."""
+def _parts(root: str, loaded, every_split: bool) -> tuple[list[tuple[str, Any]], str | None, str]:
+    """The splits to list, as (name, Dataset), the validation one's name when the data has both, and the
+    split's note: its own splits, or an empty validation split left for the seeded split of train."""
     if not hasattr(loaded, "keys"):  # one Dataset
-        return [(str(loaded.split or "train"), loaded)], None
-    names = list(loaded.keys())
-    if every_split:
-        return [(n, loaded[n]) for n in names], None
-    train = "train" if "train" in loaded else names[0] if len(names) == 1 else None
-    if train is None:
-        raise UserError(f"{root} has the splits {', '.join(names)} and none is 'train'; save one as 'train'")
-    val = next((v for v in VAL_SPLITS if v in loaded), None)
-    return [(train, loaded[train])] + ([(val, loaded[val])] if val else []), val
+        parts = [(str(loaded.split or "train"), loaded)]
+    elif every_split:
+        return [(n, loaded[n]) for n in loaded], None, ""
+    else:
+        names = list(loaded.keys())
+        train = "train" if "train" in loaded else names[0] if len(names) == 1 else None
+        if train is None:
+            raise UserError(f"{root} has the splits {', '.join(names)} and none is 'train'; save one as 'train'")
+        parts = [(train, loaded[train])]
+    if not len(parts[0][1]):
+        raise UserError(f"{root}: its {parts[0][0]} split has no rows; give it the images to train on")
+    val = next((v for v in VAL_SPLITS if hasattr(loaded, "keys") and v in loaded), None)
+    if val is None:
+        return parts, None, ""
+    if not len(loaded[val]):  # as if there were none, but said on the start line and in split.json
+        return parts, None, f"its {val} split is empty: the seeded split of {parts[0][0]}"
+    return parts + [(val, loaded[val])], val, f"its own {parts[0][0]}/{val} splits"
 
 
 def _columns(root: str, features, image_column: str | None, label_column: str | None) -> tuple[str, str | None]:
@@ -186,27 +240,41 @@ def _multi_hot(parts, column: str, names: list[str]) -> np.ndarray:
 
 
 def _labels(root: str, parts, column: str | None, allow_missing: bool) -> tuple[np.ndarray, list[str]]:
+    """Each row's class index and the class names. A row without a label (a ClassLabel's -1, None, NaN) is
+    refused, as a training set cannot use it, unless ``allow_missing`` (predict: its label is not used)."""
     ds = _datasets()
     if column is None:
         if allow_missing:
             return np.zeros(sum(len(p) for _, p in parts), np.int32), []
         raise UserError(f"{root}: no ClassLabel column; pass --label-column NAME")
     feature = parts[0][1].features[column]
-    values = [np.asarray(p.with_format("numpy")[column]) for _, p in parts]
     if isinstance(feature, ds.ClassLabel):
-        classes, labels = list(feature.names), np.concatenate(values).astype(np.int64)
-    else:
-        flat = np.concatenate(values)
-        uniq = sorted(set(flat.tolist()))
+        classes = list(feature.names)
+        labels = np.concatenate([np.asarray(p.with_format("numpy")[column]) for _, p in parts]).astype(np.int64)
+        if len(labels) and labels.max() >= len(classes):
+            raise UserError(f"{root}: column {column!r} holds class {labels.max()} of a ClassLabel of {len(classes)}")
+    else:  # any other column: its sorted values are the classes (read through Arrow: numpy's strings are slow)
+        flat = [v for _, p in parts for v in p.with_format("arrow")[column].to_pylist()]
+        odd = next((v for v in flat if v is not None and not isinstance(v, (str, int, float))), None)
+        if odd is not None:
+            raise UserError(f"{root}: column {column!r} holds {type(odd).__name__} values, not class labels")
+        present = {v for v in flat if v is not None and v == v}  # (NaN != NaN: no label)
+        try:
+            uniq = sorted(present)
+        except TypeError:  # splits saved with different types (text in one, numbers in another)
+            raise UserError(f"{root}: column {column!r} mixes text and numbers across its splits") from None
         classes, index = [str(u) for u in uniq], {u: i for i, u in enumerate(uniq)}
-        labels = np.fromiter((index[v] for v in flat.tolist()), np.int64, len(flat))
+        labels = np.fromiter((index.get(v, -1) if v == v else -1 for v in flat), np.int64, len(flat))
     missing = np.flatnonzero(labels < 0)
     if len(missing) and not allow_missing:
         where, offset = 0, int(missing[0])
         while offset >= len(parts[where][1]):
             offset -= len(parts[where][1])
             where += 1
-        raise UserError(f"{root}: {len(missing)} rows have no label, the first {parts[where][0]}/{offset}")
+        raise UserError(
+            f"{root}: {len(missing)} rows have no label in column {column!r} (None, NaN or a ClassLabel's -1), "
+            f"the first {parts[where][0]}/{offset}; label them or leave them out (Dataset.filter) and save it again"
+        )
     return np.maximum(labels, 0).astype(np.int32), classes
 
 
@@ -215,7 +283,7 @@ def read(
 ) -> ImageSet:
     """List ``hf:...`` as an ImageSet whose ``reader`` gives each row's image bytes."""
     root, loaded = load(data)
-    parts, val = _parts(root, loaded, every_split)
+    parts, val, note = _parts(root, loaded, every_split)
     image_column, label_column = _columns(root, parts[0][1].features, image_column, label_column)
     sets = _label_sets(parts[0][1].features[label_column]) if label_column is not None else None
     if sets is not None:  # multi-label: a list of ClassLabel per row
@@ -239,6 +307,6 @@ def read(
         classes,
         reader=reader,
         val_mask=(part == len(parts) - 1) if val else None,
-        split_note=f"its own {parts[0][0]}/{val} splits" if val else "",
+        split_note=note,
         targets=targets,
     )

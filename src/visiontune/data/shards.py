@@ -42,6 +42,11 @@ _MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM
 _MAGIC += ((b"MM\0*", "tiff"),)
 _ZERO_BLOCK = bytes(512)
 _TAR_END = 1024 + 10240  # two zero blocks, then padding to tarfile's 10 KiB record
+# A pax header or GNU long name holds a name (and a few numbers): more than this is no shard's, and is not read.
+_MAX_HEADER = 1 << 20
+# A .cls holds a class number: a decimal from 0 to int32's largest (the labels' type). Else: no label, or a bad one.
+_MAX_CLASS = 2**31 - 1
+_NO_CLS, _BAD_CLS = -1, -2
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -186,14 +191,18 @@ def _number(field: bytes) -> int:
 
 
 def _pax(data: bytes) -> dict[str, str]:
-    """The records of a pax extended header: ``"<length> <key>=<value>\\n"`` each."""
+    """The records of a pax extended header: ``"<length> <key>=<value>\\n"`` each, the length counting the
+    whole record. One that does not parse so (a length of 0 would never move on) is a damaged header."""
     out, pos = {}, 0
-    while pos < len(data) and data[pos : pos + 1] != b"\0":
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos, pos + 21)
+        digits = data[pos:space] if space > pos else b""
+        end = pos + int(digits) if digits.isdigit() else 0
+        if not (space + 2 < end <= len(data) and data[end - 1] == 10 and b"=" in data[space + 1 : end - 1]):
+            raise tarfile.ReadError(f"a malformed pax record at byte {pos} of a pax header")
+        key, _, value = data[space + 1 : end - 1].partition(b"=")
         out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
+        pos = end
     return out
 
 
@@ -218,8 +227,10 @@ def _members(fd: int, end: int):
         if stored != unsigned and stored != unsigned - 256 * sum(b > 127 for b in block[:148] + block[156:]):
             raise tarfile.ReadError(f"bad header checksum at byte {pos}")
         kind, size, data = block[156:157], _number(block[124:136]), pos + 512
-        if data + size > end:
+        if size < 0 or data + size > end:  # (a negative size would walk back: a loop)
             raise tarfile.ReadError(f"the member at byte {pos} ends past the end of the file")
+        if kind in (b"L", b"x") and size > _MAX_HEADER:
+            raise tarfile.ReadError(f"a {size}-byte name header at byte {pos}, more than any name needs")
         if kind == b"L":  # GNU: the next member's long name
             long_name = os.pread(fd, size, data).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif kind == b"x":  # pax: the next member's path, size, ...
@@ -228,7 +239,10 @@ def _members(fd: int, end: int):
             name = block[:100].split(b"\0", 1)[0]
             if block[257:263] == b"ustar\0" and block[345]:  # POSIX ustar: a directory prefix
                 name = block[345:500].split(b"\0", 1)[0] + b"/" + name
-            size = int(pax.get("size", size))
+            if "size" in pax:  # a plain decimal (int() would take a sign, spaces and "1_0")
+                if not (pax["size"].isascii() and pax["size"].isdigit()):
+                    raise tarfile.ReadError(f"a malformed pax size at byte {pos}")
+                size = int(pax["size"])
             if data + size > end:
                 raise tarfile.ReadError(f"the member at byte {pos} ends past the end of the file")
             if kind in (b"0", b"\0", b"7"):
@@ -238,47 +252,56 @@ def _members(fd: int, end: int):
 
 
 def _walk(path: str) -> list[tuple[str, int, int, int]]:
-    """(key, image offset, image size, label) of each sample of one shard, in order; a damaged tar stops here."""
+    """(key, image offset, image size, label) of each sample of one shard, in order; a damaged tar, or a key
+    used by two samples (webdataset would read them as two), stops here."""
     groups: dict[str, dict] = {}
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
+            last = None
             for name, offset, size in _members(fd, os.fstat(fd).st_size):
                 folder, _, base = name.rpartition("/")
                 key, _, ext = base.partition(".")
-                groups.setdefault(f"{folder}/{key}" if folder else key, {})[ext.lower()] = (offset, size)
+                key, ext = f"{folder}/{key}" if folder else key, ext.lower()
+                entry = groups.setdefault(key, {})
+                if ext in entry or (entry and key != last):  # a sample's files come together, once each
+                    raise UserError(
+                        f"{path}: the sample key {key!r} comes twice in this shard; give each sample its own __key__"
+                    )
+                entry[ext], last = (offset, size), key
+            out = []
+            for key, entry in groups.items():
+                image = next((entry[e] for e in entry if e in _IMAGE_EXTS), None)
+                label = _label(fd, *entry["cls"]) if "cls" in entry else _NO_CLS
+                out.append((key, *(image or (-1, 0)), label))
         finally:
             os.close(fd)
     except (tarfile.TarError, OSError, ValueError) as e:
         raise UserError(f"{path}: truncated or damaged shard ({e}); write it again (visiontune shard)") from None
-    out = []
-    with open(path, "rb") as f:
-        for key, entry in groups.items():
-            image = next((entry[e] for e in entry if e in _IMAGE_EXTS), None)
-            label = -1
-            if "cls" in entry:
-                try:
-                    label = int(os.pread(f.fileno(), entry["cls"][1], entry["cls"][0]).strip() or b"-1")
-                except ValueError:
-                    label = -1
-            out.append((key, *(image or (-1, 0)), label))
     return out
+
+
+def _label(fd: int, offset: int, size: int) -> int:
+    """A ``.cls`` member's class number; ``_NO_CLS`` when empty, ``_BAD_CLS`` when it holds anything else."""
+    text = os.pread(fd, size, offset).strip() if size <= 64 else b"?"
+    if not text:
+        return _NO_CLS
+    return int(text) if text.isdigit() and len(text) <= 10 and int(text) <= _MAX_CLASS else _BAD_CLS
 
 
 def _index(shards: list[str]) -> dict[str, np.ndarray]:
     """The per-sample index of ``shards``, from the cache folder or walked once and kept there."""
     from visiontune.cluster.host import user_cache_dir
 
-    h = hashlib.sha256(b"v1")
+    h, sizes = hashlib.sha256(b"v2"), []  # v2: v1 indexes merged a key used twice in one shard
     for s in shards:
         st = os.stat(s)
         h.update(f"\0{os.path.abspath(s)}\0{st.st_size}\0{st.st_mtime_ns}".encode("utf-8", "surrogateescape"))
+        sizes.append(st.st_size)
     path = os.path.join(user_cache_dir(), f"shards-{h.hexdigest()[:16]}.npz")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files} | {"fingerprint": np.asarray(h.hexdigest())}
-    except (OSError, ValueError, KeyError):
-        pass
+    kept = _kept(path, np.asarray(sizes, np.int64))
+    if kept is not None:
+        return kept | {"fingerprint": np.asarray(h.hexdigest())}
     rows = [(i, *r) for i, s in enumerate(shards) for r in _walk(s)]
     cols = list(zip(*rows)) if rows else [[]] * 5
     index = {
@@ -297,6 +320,28 @@ def _index(shards: list[str]) -> dict[str, np.ndarray]:
     except OSError:
         pass  # walked again next time
     return index | {"fingerprint": np.asarray(h.hexdigest())}
+
+
+def _kept(path: str, sizes: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The index kept at ``path`` if it is whole and fits the shards (each image inside its shard), else None:
+    a damaged or foreign file is walked again, never read past or trusted to point outside the shards."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            index = {k: z[k] for k in ("shard", "key", "offset", "size", "label")}
+    except Exception:  # any reason (BadZipFile, NotImplementedError for a zip version, a .npy, ...): walk again
+        return None
+    shard, offset, size = index["shard"], index["offset"], index["size"]
+    if len({a.shape for a in index.values()}) != 1 or index["key"].ndim != 1 or index["key"].dtype.kind != "U":
+        return None
+    if any(index[k].dtype.kind != "i" for k in ("shard", "offset", "size", "label")):
+        return None
+    if len(shard) and (shard.min() < 0 or shard.max() >= len(sizes) or index["label"].min() < _BAD_CLS):
+        return None
+    if len(shard) and index["label"].max() > _MAX_CLASS:
+        return None
+    end = sizes[shard]  # (each term bounded first: a sum of two huge numbers would wrap around)
+    inside = (offset >= 0) & (size >= 0) & (offset <= end) & (size <= end) & (offset + size <= end)
+    return index if np.all(inside | (offset == -1) & (size == 0)) else None
 
 
 class ShardReader:
@@ -362,7 +407,11 @@ def read(data: str) -> ImageSet:
         raise UserError(f"{root}: the shards repeat sample keys; give each sample its own __key__")
     no_image = found["offset"] < 0
     rejects = [(f"{root}/{names[i]}", "no image in the sample") for i in np.flatnonzero(no_image).tolist()]
-    rejects += [(f"{root}/{names[i]}", "no .cls label") for i in np.flatnonzero(~no_image & (labels < 0)).tolist()]
+    rejects += [
+        (f"{root}/{names[i]}", "no .cls label") for i in np.flatnonzero(~no_image & (labels == _NO_CLS)).tolist()
+    ]
+    bad_cls = f"its .cls is not a class number (a decimal from 0 to {_MAX_CLASS})"
+    rejects += [(f"{root}/{names[i]}", bad_cls) for i in np.flatnonzero(~no_image & (labels == _BAD_CLS)).tolist()]
     keep = np.flatnonzero(~no_image & (labels >= 0))
     if own.get("classes"):
         classes = list(own["classes"])
