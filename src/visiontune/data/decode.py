@@ -1,7 +1,8 @@
 """Robust image reading: every file becomes an upright RGB uint8 tensor or a BadImage.
 
 JPEG and PNG, nearly all of any real data set, take the fast path: the pixel
-count is read from the header by a few lines below, then
+count is read from the header by a few lines below, a PNG is checked for what
+would crash libpng's caller (``pngcheck``), then
 ``torchvision.io.decode_image`` (libjpeg-turbo / libpng) decodes with EXIF
 orientation applied. Everything else, and any JPEG/PNG torchvision refuses for
 a reason other than truncation, goes through PIL, whose ``Image.open`` reads
@@ -31,6 +32,8 @@ import torchvision.transforms.v2.functional as F
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import InterpolationMode
+
+from visiontune.data import pngcheck
 
 MAX_PIXELS = 89_478_485  # PIL's own default decompression-bomb limit
 # The modes resize offers for uint8 tensors (PIL-only ones, lanczos/box/hamming, are not among them).
@@ -261,6 +264,9 @@ def decode_bytes(data: bytes, *, max_pixels: int = MAX_PIXELS, scale_to: int | N
         return _read_with_pil(data, fmt, max_pixels)
 
     _check_pixels(*size, max_pixels)
+    # libpng's errors while it reads the rows crash torchvision's decoder (SIGSEGV): such a PNG stops here.
+    if fmt == "PNG" and (reason := pngcheck.problem(data)):
+        raise BadImage(reason)
     if scale_to is not None and fmt == "JPEG":
         scaled = _read_scaled(data, *size, scale_to)
         if scaled is not None:
