@@ -154,6 +154,15 @@ def _png_size(data: bytes) -> tuple[int, int] | None:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
+def header_pixels(data: bytes) -> int | None:
+    """The pixel count a JPEG's or PNG's header declares, read without decoding; None for other formats
+    or a header the walk cannot read."""
+    size = (
+        _jpeg_size(data) if data.startswith(_JPEG_MAGIC) else _png_size(data) if data.startswith(_PNG_MAGIC) else None
+    )
+    return None if size is None else size[0] * size[1]
+
+
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:
         raise BadImage(f"image too large ({width * height} pixels > limit {max_pixels})")
