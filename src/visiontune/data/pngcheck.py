@@ -11,7 +11,7 @@ inflater libpng uses, with its 32 KB window) into at most one byte more than the
 discarding it piece by piece, and checks the filter byte of every row of every pass. A stream
 that ends early, fails to inflate, or does not end with its checksum is refused, so libpng only
 ever gets a PNG whose rows it can read without an error. It costs about one more inflate of the
-image data (docs/data.md gives the figures); libjpeg needs no such check (its errors come back as
+image data (about 70% of a decode; docs/data.md); libjpeg needs no such check (its errors come back as
 exceptions in torchvision, tested on truncated, corrupt and mutated files).
 """
 
