@@ -227,6 +227,7 @@ def _port(server: Server) -> int:
     return int(server.url.rsplit(":", 1)[1])
 
 
+@pytest.mark.slow
 def test_a_png_that_kills_a_decode_process_is_a_422_and_the_server_goes_on(server, images):
     """The decode processes of this server skip the PNG check (UNGUARDED), so the PNG that crashes torchvision's
     decode_png kills the one that reads it: that request is answered 422, its process replaced, the server up."""
@@ -244,6 +245,7 @@ def test_a_png_that_kills_a_decode_process_is_a_422_and_the_server_goes_on(serve
     assert "a decode process died on crash.png: restarted" in server.log.read_text()
 
 
+@pytest.mark.slow
 def test_images_declaring_more_pixels_than_a_request_may_hold_are_refused_before_decoding(server):
     """Five 9400 x 9400 PNGs of a few hundred bytes each (88 Mpx, each under the per-image limit) declare 442 Mpx:
     413 from their headers, nothing decoded; one alone is admitted (and found short of data, or kills its
@@ -257,6 +259,7 @@ def test_images_declaring_more_pixels_than_a_request_may_hold_are_refused_before
     assert one.status_code == 422 and one.json()["error"].startswith("body: ")  # admitted and decoded
 
 
+@pytest.mark.slow
 def test_slow_heads_neither_keep_others_out_nor_stay_open(server):
     """300 connections that send half a request head and wait (slowloris): a normal request is answered at once
     (it was 503 while they stayed), and the server closes each of them after --header-timeout."""
@@ -280,6 +283,7 @@ def _half_a_body(server: Server) -> socket.socket:
     return s
 
 
+@pytest.mark.slow
 def test_a_body_that_stops_coming_is_answered_408_after_body_timeout(server):
     with _half_a_body(server) as s:
         reply = b""
@@ -290,6 +294,7 @@ def test_a_body_that_stops_coming_is_answered_408_after_body_timeout(server):
     assert reply.startswith(b"HTTP/1.1 408") and b"--body-timeout" in reply
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_mid_body_is_a_counted_disconnect_not_a_500(server):
     before = server.metric("visiontune_client_disconnects_total")
     _half_a_body(server).close()
@@ -303,6 +308,7 @@ def test_a_client_that_leaves_mid_body_is_a_counted_disconnect_not_a_500(server)
     assert "ClientDisconnect" not in log and "Traceback" not in log and " left during POST /predict" in log
 
 
+@pytest.mark.slow
 def test_no_openapi_schema_and_control_characters_in_names_are_escaped_in_the_log(server):
     assert httpx.get(f"{server.url}/openapi.json").status_code == 404
     name = "evil\u202egpj.exe\x1b[2K"  # a right-to-left override, and the terminal code that erases a line
@@ -546,3 +552,48 @@ def test_sigterm_answers_the_request_in_flight_refuses_new_ones_and_exits_0(serv
     assert reply.startswith(b"HTTP/1.1 200")
     assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["predictions"][0]["file"] == "body"
     assert server.proc.wait(timeout=60) == 0
+
+
+def test_a_request_that_would_pass_the_pixels_in_flight_gets_503_until_the_others_are_decoded(monkeypatch):
+    """In process, decoding in threads: while one request's 16 x 16 image (256 px) is held in its decode, another
+    one's would take the pixels in flight past 300: 503 with Retry-After; once the first is answered, it passes."""
+    import threading
+
+    from fastapi.testclient import TestClient
+    from torchvision.io import encode_png
+
+    from visiontune.inference import decodepool
+    from visiontune.inference.runtime import Runtime
+    from visiontune.inference.serve import ServeOptions, build_app
+    from visiontune.runs.runinfo import describe
+    from visiontune.settings.config import MEAN, STD
+
+    entered, release, real = threading.Event(), threading.Event(), decodepool.prepare
+
+    def held(*args):
+        entered.set()
+        assert release.wait(60)
+        return real(*args)
+
+    monkeypatch.setattr(decodepool, "prepare", held)
+    info = describe("resnet18", "torchvision", ["a", "b"], 8, MEAN, STD, "bilinear")
+    runtime = Runtime(info, None, "m", "eager", torch.device("cpu"), lambda x: x.mean((2, 3))[:, :2])
+    png = encode_png(torch.zeros(3, 16, 16, dtype=torch.uint8)).numpy().tobytes()
+    options = ServeOptions(decoders=0, max_request_pixels=300, max_pixels_in_flight=300)
+    with TestClient(build_app(runtime, options)) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        post = lambda: client.post("/predict", content=png, headers={"content-type": "image/png"})  # noqa: E731
+        first: list = []
+        thread = threading.Thread(target=lambda: first.append(post()))
+        thread.start()
+        assert entered.wait(60)
+        assert "visiontune_pixels_in_flight 256" in client.get("/metrics").text
+        busy = post()
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        assert "256 pixels are being decoded" in busy.json()["error"]
+        release.set()
+        thread.join(60)
+        assert first[0].status_code == 200 and post().status_code == 200
