@@ -11,6 +11,8 @@ limit instead of writing a real decompression bomb.
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -119,3 +121,19 @@ def make_odd_mode_images(folder: Path) -> dict[str, str]:
         "plain.tif": "tiff",
         "rotated.jpg": "exif_rotated",
     }
+
+
+def png_chunk(kind: bytes, data: bytes, crc: int | None = None) -> bytes:
+    crc = zlib.crc32(kind + data) if crc is None else crc
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+
+def short_png(w: int = 10, h: int = 10, rows: int = 5) -> bytes:
+    """A PNG whose header says w x h grey but whose image data holds only ``rows`` rows: libpng says "Not
+    enough image data" while torchvision 0.29's decode_png reads the rows, and the process dies (SIGSEGV)."""
+    header = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
+    data = zlib.compress(b"".join(b"\0" + b"\x80" * w for _ in range(rows)))
+    return PNG_MAGIC + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", data) + png_chunk(b"IEND", b"")
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -433,3 +433,40 @@ def test_a_thousand_one_image_classes_with_hostile_names_train_and_write_only_in
     new = {p for p in tmp_path.rglob("*")} - before
     assert new and all(p == run or run in p.parents for p in new), sorted(map(str, new - {run}))[:5]
     assert not Path("/escape").exists() and not Path("/abs").exists()
+
+
+@pytest.mark.slow
+def test_a_png_that_crashes_torchvision_is_one_bad_file_to_check_predict_and_train(trained_run, tmp_path):
+    """The 69-byte PNG whose image data holds half its rows killed every command with SIGSEGV (libpng's "Not
+    enough image data" inside torchvision's decode_png); each now names it as a bad file and goes on. Run as
+    subprocesses, so that a crash shows as its exit code instead of taking the test process with it."""
+    from badfiles import short_png
+    from conftest import PYTHON, _worker_env
+
+    data = _image_folder(tmp_path / "data")
+    (data / "dog" / "crash.png").write_bytes(short_png())
+    env = env_for(_worker_env(), tmp_path)
+
+    def visiontune(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PYTHON, "-m", "visiontune", *argv], env=env, capture_output=True, text=True)
+
+    check = visiontune("check", str(data))
+    assert check.returncode == 1, check.stderr  # 1: bad files found
+    assert f"{data / 'dog' / 'crash.png'}: truncated PNG" in check.stdout and "Traceback" not in check.stderr
+
+    out = tmp_path / "pred.csv"
+    predict = visiontune("predict", "--run", str(trained_run), "--data", str(data / "dog"), "--out", str(out))
+    assert predict.returncode == 1, predict.stderr  # 1: a file was skipped
+    (line,) = predict.stdout.strip().splitlines()
+    assert "predicted 4 of 5 images" in line and "1 unreadable" in line, line
+    assert Path(f"{out}.skipped.txt").read_text().startswith(f"{data / 'dog' / 'crash.png'}\ttruncated PNG")
+
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    train = visiontune(
+        "train", "--data", str(data), "--output-dir", str(run), *TINY, "--epochs", "1",
+        "--cache", str(cache), "--max-bad-fraction", "0.2",
+    )  # fmt: skip
+    assert train.returncode == 0, train.stdout + train.stderr
+    bad = {Path(p).name: why for p, why in csv.reader((run / "bad_files.csv").open()) if p != "path"}
+    assert bad.keys() == {"crash.png"} and bad["crash.png"].startswith("truncated PNG"), bad
+    assert cache.is_dir() and not [p for p in cache.rglob("*") if ".tmp" in p.name]

@@ -78,3 +78,23 @@ def test_evaluate_returns_the_report_the_cli_writes(predictor, trained_run, samp
     # A model file knows no run: the folder given is scored whole, the report kept in a temporary folder.
     whole = visiontune.load(trained_run / "best.safetensors").evaluate(sample_data)
     assert sum(map(sum, whole["confusion_matrix"])) == 120 and whole["split"] == "all"
+
+
+@pytest.mark.parametrize(
+    "image, says",
+    [
+        (torch.zeros(3, 0, 0, dtype=torch.uint8), "torch.uint8 [3, 0, 0]"),  # was torchvision's RuntimeError
+        (torch.zeros(3, 8, 0, dtype=torch.uint8), "H, W > 0"),
+        (torch.rand(3, 8, 8), "(image * 255).round().to(torch.uint8)"),  # these three were label None, no reason
+        (torch.zeros(3, 8, 8, dtype=torch.int64), "torch.int64 [3, 8, 8]"),
+        (torch.zeros(8, 8, 3, dtype=torch.uint8), "image.permute(2, 0, 1)"),
+        (torch.zeros(1, 8, 8, dtype=torch.uint8), "[1, 8, 8]"),
+    ],
+)
+def test_a_tensor_that_is_not_uint8_rgb_chw_is_a_value_error_saying_what_is_expected(image, says):
+    """Checked before the model is touched (there is none here): a wrong argument, not an unreadable image."""
+    from visiontune.inference.api import Predictor
+
+    with pytest.raises(ValueError, match="must be uint8 \\[3, H, W\\]") as raised:
+        Predictor(loaded=None).predict([torch.zeros(3, 4, 4, dtype=torch.uint8), image])
+    assert says in str(raised.value) and "\n" not in str(raised.value)

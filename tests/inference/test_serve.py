@@ -55,14 +55,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Imported first by every Python process of the server, its decode processes included: there it turns off the
+# PNG check, so that the PNG which crashes torchvision's decoder reaches it, and the supervision is what is tested.
+UNGUARDED = """
+from visiontune.data import pngcheck
+pngcheck.problem = lambda data: None
+"""
+HEADER_TIMEOUT, BODY_TIMEOUT = 5, 10
+
+
 @pytest.fixture(scope="module")
 def server(trained_run, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    folder = tmp_path_factory.mktemp("serve")
+    log = folder / "serve.log"
+    (folder / "sitecustomize.py").write_text(UNGUARDED)
     port = _free_port()
     argv = [PYTHON, "-m", "visiontune", "serve", "--run", str(trained_run), "--port", str(port), "--threads", "1"]
     argv += ["--max-batch", "32", "--max-wait-ms", "20", "--max-body-mb", str(MAX_BODY_MB)]
+    argv += ["--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT)]
+    env = _worker_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), env["PYTHONPATH"]])
     with log.open("w") as out:
-        proc = subprocess.Popen(argv, env=_worker_env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -209,6 +223,101 @@ def test_metadata_and_metrics_describe_the_model_and_count(server, trained_run):
     assert server.metric('visiontune_errors_total{code="413"}') == 2 and server.metric("visiontune_ready") == 1
 
 
+def _port(server: Server) -> int:
+    return int(server.url.rsplit(":", 1)[1])
+
+
+@pytest.mark.slow
+def test_a_png_that_kills_a_decode_process_is_a_422_and_the_server_goes_on(server, images):
+    """The decode processes of this server skip the PNG check (UNGUARDED), so the PNG that crashes torchvision's
+    decode_png kills the one that reads it: that request is answered 422, its process replaced, the server up."""
+    from badfiles import short_png
+
+    before = server.metric("visiontune_decoder_restarts_total")
+    files = [("f", ("ok.jpg", images[0].read_bytes(), "image/jpeg")), ("f", ("crash.png", short_png(), "image/png"))]
+    answer = httpx.post(f"{server.url}/predict", files=files, timeout=60)
+    assert answer.status_code == 422 and answer.json() == {"error": "crash.png: the image decoder crashed on it"}
+    assert server.metric("visiontune_decoder_restarts_total") == before + 1
+    for _ in range(3):  # both decode slots work again, the new process among them
+        files = [("f", (p.name, p.read_bytes(), "image/jpeg")) for p in images[:2]]
+        assert httpx.post(f"{server.url}/predict", files=files, timeout=60).status_code == 200
+    assert server.proc.poll() is None and httpx.get(f"{server.url}/health").status_code == 200
+    assert "a decode process died on crash.png: restarted" in server.log.read_text()
+
+
+@pytest.mark.slow
+def test_images_declaring_more_pixels_than_a_request_may_hold_are_refused_before_decoding(server):
+    """Five 9400 x 9400 PNGs of a few hundred bytes each (88 Mpx, each under the per-image limit) declare 442 Mpx:
+    413 from their headers, nothing decoded; one alone is admitted (and found short of data, or kills its
+    decode process here, where the PNG check is off)."""
+    bomb = _png_bomb(9400)
+    files = [("f", (f"{i}.png", bomb, "image/png")) for i in range(5)]
+    answer = httpx.post(f"{server.url}/predict", files=files, timeout=60)
+    assert answer.status_code == 413, answer.text
+    assert "441800000 pixels in all" in answer.json()["error"] and "--max-request-pixels" in answer.json()["error"]
+    one = httpx.post(f"{server.url}/predict", content=bomb, headers={"content-type": "image/png"}, timeout=60)
+    assert one.status_code == 422 and one.json()["error"].startswith("body: ")  # admitted and decoded
+
+
+@pytest.mark.slow
+def test_slow_heads_neither_keep_others_out_nor_stay_open(server):
+    """300 connections that send half a request head and wait (slowloris): a normal request is answered at once
+    (it was 503 while they stayed), and the server closes each of them after --header-timeout."""
+    slow = []
+    try:
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", _port(server)), timeout=120)
+            s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n")
+            slow.append(s)
+        assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200
+        assert all(s.recv(1024) == b"" for s in slow)  # each closed by the server: recv sees the end
+    finally:
+        for s in slow:
+            s.close()
+
+
+def _half_a_body(server: Server) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", _port(server)), timeout=120)
+    s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: 5000\r\n\r\n")
+    s.sendall(b"\xff\xd8" * 100)
+    return s
+
+
+@pytest.mark.slow
+def test_a_body_that_stops_coming_is_answered_408_after_body_timeout(server):
+    with _half_a_body(server) as s:
+        reply = b""
+        while b"}" not in reply:
+            chunk = s.recv(4096)
+            assert chunk, reply
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408") and b"--body-timeout" in reply
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_mid_body_is_a_counted_disconnect_not_a_500(server):
+    before = server.metric("visiontune_client_disconnects_total")
+    _half_a_body(server).close()
+    deadline = time.monotonic() + 60
+    while server.metric("visiontune_client_disconnects_total") == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'code="500"' not in text
+    log = server.log.read_text()
+    assert "ClientDisconnect" not in log and "Traceback" not in log and " left during POST /predict" in log
+
+
+@pytest.mark.slow
+def test_no_openapi_schema_and_control_characters_in_names_are_escaped_in_the_log(server):
+    assert httpx.get(f"{server.url}/openapi.json").status_code == 404
+    name = "evil\u202egpj.exe\x1b[2K"  # a right-to-left override, and the terminal code that erases a line
+    answer = httpx.post(f"{server.url}/predict", files=[("f", (name, b"junk", "image/jpeg"))])
+    assert answer.status_code == 422 and answer.json()["error"] == f"{name}: not an image"  # the answer keeps it
+    lines = [line for line in server.log.read_text().splitlines() if "evil" in line]
+    assert len(lines) == 1 and "evil\\u202egpj.exe\\x1b[2K: not an image" in lines[0], lines
+
+
 def test_health_is_503_until_the_warm_up_forward_pass_has_run():
     import threading
 
@@ -231,7 +340,7 @@ def test_health_is_503_until_the_warm_up_forward_pass_has_run():
         return torch.zeros(len(x), 2)
 
     info = describe("resnet18", "torchvision", ["a", "b"], 8, MEAN, STD, "bilinear")
-    app = build_app(Slow(info, None, "m.safetensors", "eager", torch.device("cpu"), forward), ServeOptions())
+    app = build_app(Slow(info, None, "m.safetensors", "eager", torch.device("cpu"), forward), ServeOptions(decoders=0))
     with TestClient(app) as client:
         assert client.get("/health").json() == {"status": "warming up"} and client.get("/health").status_code == 503
         assert client.post("/predict", content=b"x", headers={"content-type": "image/png"}).status_code == 503
@@ -278,7 +387,7 @@ def test_a_multi_label_model_answers_a_sigmoid_per_class_and_the_labels_at_its_t
     records.save_model(tmp_path, records.plain_state_dict(model), metadata=metadata)
 
     runtime = load_runtime(weights=str(tmp_path / "best.safetensors"))
-    with TestClient(build_app(runtime, ServeOptions())) as client:
+    with TestClient(build_app(runtime, ServeOptions(decoders=0))) as client:
         deadline = time.monotonic() + 30
         while client.get("/health").status_code != 200:
             assert time.monotonic() < deadline
@@ -301,7 +410,7 @@ def test_a_multi_label_model_answers_a_sigmoid_per_class_and_the_labels_at_its_t
     single = Runtime(
         replace(info, multi_label=False), None, "m", "eager", torch.device("cpu"), lambda x: x.mean((2, 3))
     )
-    with TestClient(build_app(single, ServeOptions())) as client:
+    with TestClient(build_app(single, ServeOptions(decoders=0))) as client:
         got = client.post(
             "/predict?threshold=0.5", content=paths[0].read_bytes(), headers={"content-type": "image/png"}
         )
@@ -402,7 +511,7 @@ def test_a_multi_label_onnx_file_is_served_with_its_probabilities_and_thresholds
 
     served = load_runtime(weights=str(path))
     assert served.backend == "onnx" and served.info.multi_label and served.thresholds() == pytest.approx(thresholds)
-    with TestClient(build_app(served, ServeOptions())) as client:
+    with TestClient(build_app(served, ServeOptions(decoders=0))) as client:
         deadline = time.monotonic() + 30
         while client.get("/health").status_code != 200:
             assert time.monotonic() < deadline
@@ -443,3 +552,48 @@ def test_sigterm_answers_the_request_in_flight_refuses_new_ones_and_exits_0(serv
     assert reply.startswith(b"HTTP/1.1 200")
     assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["predictions"][0]["file"] == "body"
     assert server.proc.wait(timeout=60) == 0
+
+
+def test_a_request_that_would_pass_the_pixels_in_flight_gets_503_until_the_others_are_decoded(monkeypatch):
+    """In process, decoding in threads: while one request's 16 x 16 image (256 px) is held in its decode, another
+    one's would take the pixels in flight past 300: 503 with Retry-After; once the first is answered, it passes."""
+    import threading
+
+    from fastapi.testclient import TestClient
+    from torchvision.io import encode_png
+
+    from visiontune.inference import decodepool
+    from visiontune.inference.runtime import Runtime
+    from visiontune.inference.serve import ServeOptions, build_app
+    from visiontune.runs.runinfo import describe
+    from visiontune.settings.config import MEAN, STD
+
+    entered, release, real = threading.Event(), threading.Event(), decodepool.prepare
+
+    def held(*args):
+        entered.set()
+        assert release.wait(60)
+        return real(*args)
+
+    monkeypatch.setattr(decodepool, "prepare", held)
+    info = describe("resnet18", "torchvision", ["a", "b"], 8, MEAN, STD, "bilinear")
+    runtime = Runtime(info, None, "m", "eager", torch.device("cpu"), lambda x: x.mean((2, 3))[:, :2])
+    png = encode_png(torch.zeros(3, 16, 16, dtype=torch.uint8)).numpy().tobytes()
+    options = ServeOptions(decoders=0, max_request_pixels=300, max_pixels_in_flight=300)
+    with TestClient(build_app(runtime, options)) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        post = lambda: client.post("/predict", content=png, headers={"content-type": "image/png"})  # noqa: E731
+        first: list = []
+        thread = threading.Thread(target=lambda: first.append(post()))
+        thread.start()
+        assert entered.wait(60)
+        assert "visiontune_pixels_in_flight 256" in client.get("/metrics").text
+        busy = post()
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        assert "256 pixels are being decoded" in busy.json()["error"]
+        release.set()
+        thread.join(60)
+        assert first[0].status_code == 200 and post().status_code == 200

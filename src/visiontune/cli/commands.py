@@ -279,6 +279,11 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
             max_body_mb=args.max_body_mb,
             max_connections=args.max_connections,
             access_log=args.access_log,
+            decoders=args.decoders,
+            max_request_pixels=args.max_request_pixels,
+            max_pixels_in_flight=args.max_pixels_in_flight,
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
         )
     )
 

@@ -333,7 +333,30 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--max-connections",
         type=positive,
         default=256,
-        help="connections and requests at once; beyond it new requests get 503 (default 256)",
+        help="requests answered at once; beyond it new requests get 503 (default 256)",
+    )
+    p.add_argument(
+        "--decoders",
+        type=int,
+        default=2,
+        help="processes that decode uploads, so a decoder crash costs one answer, not the server (default 2; "
+        "0: decode in the server's threads)",
+    )
+    p.add_argument(
+        "--max-request-pixels",
+        type=positive,
+        default=4 * 89_478_485,
+        help="pixels the images of one request may declare in all; beyond, 413 (default 357913940)",
+    )
+    p.add_argument(
+        "--max-pixels-in-flight",
+        type=positive,
+        default=8 * 89_478_485,
+        help="declared pixels being decoded at once over all requests; beyond, 503 (default 715827880)",
+    )
+    p.add_argument("--header-timeout", type=finite, default=10.0, help="seconds for a request's head (default 10)")
+    p.add_argument(
+        "--body-timeout", type=finite, default=60.0, help="seconds for a request's body; then 408 (default 60)"
     )
     p.add_argument("--compile", action="store_true", help="run the model through torch.compile (a torch model only)")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True, help="one log line per request")

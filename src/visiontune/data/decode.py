@@ -1,7 +1,8 @@
 """Robust image reading: every file becomes an upright RGB uint8 tensor or a BadImage.
 
 JPEG and PNG, nearly all of any real data set, take the fast path: the pixel
-count is read from the header by a few lines below, then
+count is read from the header by a few lines below, a PNG is checked for what
+would crash libpng's caller (``pngcheck``), then
 ``torchvision.io.decode_image`` (libjpeg-turbo / libpng) decodes with EXIF
 orientation applied. Everything else, and any JPEG/PNG torchvision refuses for
 a reason other than truncation, goes through PIL, whose ``Image.open`` reads
@@ -31,6 +32,8 @@ import torchvision.transforms.v2.functional as F
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import InterpolationMode
+
+from visiontune.data import pngcheck
 
 MAX_PIXELS = 89_478_485  # PIL's own default decompression-bomb limit
 # The modes resize offers for uint8 tensors (PIL-only ones, lanczos/box/hamming, are not among them).
@@ -151,6 +154,15 @@ def _png_size(data: bytes) -> tuple[int, int] | None:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
+def header_pixels(data: bytes) -> int | None:
+    """The pixel count a JPEG's or PNG's header declares, read without decoding; None for other formats
+    or a header the walk cannot read."""
+    size = (
+        _jpeg_size(data) if data.startswith(_JPEG_MAGIC) else _png_size(data) if data.startswith(_PNG_MAGIC) else None
+    )
+    return None if size is None else size[0] * size[1]
+
+
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:
         raise BadImage(f"image too large ({width * height} pixels > limit {max_pixels})")
@@ -261,6 +273,9 @@ def decode_bytes(data: bytes, *, max_pixels: int = MAX_PIXELS, scale_to: int | N
         return _read_with_pil(data, fmt, max_pixels)
 
     _check_pixels(*size, max_pixels)
+    # libpng's errors while it reads the rows crash torchvision's decoder (SIGSEGV): such a PNG stops here.
+    if fmt == "PNG" and (reason := pngcheck.problem(data)):
+        raise BadImage(reason)
     if scale_to is not None and fmt == "JPEG":
         scaled = _read_scaled(data, *size, scale_to)
         if scaled is not None:

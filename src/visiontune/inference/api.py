@@ -27,9 +27,25 @@ from visiontune.loading.pipeline import UNREADABLE
 Image = str | os.PathLike | bytes | torch.Tensor  # or a PIL image, converted to a tensor here
 
 
+def _check_tensor(image: torch.Tensor) -> torch.Tensor:
+    """A tensor image as ``predict`` reads it, or ValueError saying what it must be (a wrong argument, as
+    torchvision and PIL treat one: it is not a bad file to skip)."""
+    dtype, shape = image.dtype, list(image.shape)
+    if dtype == torch.uint8 and len(shape) == 3 and shape[0] == 3 and shape[1] > 0 and shape[2] > 0:
+        return image
+    hint = ""
+    if len(shape) == 3 and shape[-1] == 3 and shape[0] != 3:
+        hint = "; an [H, W, 3] image: image.permute(2, 0, 1)"
+    elif dtype.is_floating_point:
+        hint = "; a float image in [0, 1]: (image * 255).round().to(torch.uint8)"
+    raise ValueError(f"a tensor image must be uint8 [3, H, W] with H, W > 0 (RGB, 0-255), got {dtype} {shape}{hint}")
+
+
 def _as_source(image) -> str | bytes | torch.Tensor:
     """What the loader reads: a path or bytes as they are, a PIL image as its RGB uint8 tensor."""
-    if isinstance(image, (str, os.PathLike, bytes, bytearray, torch.Tensor)):
+    if isinstance(image, torch.Tensor):
+        return _check_tensor(image)
+    if isinstance(image, (str, os.PathLike, bytes, bytearray)):
         return os.fspath(image) if isinstance(image, os.PathLike) else image
     if hasattr(image, "convert") and hasattr(image, "mode"):  # a PIL image, without importing PIL here
         from torchvision.transforms.v2.functional import pil_to_tensor

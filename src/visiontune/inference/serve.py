@@ -30,8 +30,11 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 
+from visiontune.data.decode import MAX_PIXELS, header_pixels
 from visiontune.errors import UserError
+from visiontune.inference import decodepool
 from visiontune.inference.batching import Batcher
+from visiontune.inference.decodepool import DecodePool
 from visiontune.inference.runtime import Runtime, load_runtime
 from visiontune.inference.servemetrics import Metrics
 
@@ -57,8 +60,13 @@ class ServeOptions:
     max_wait_ms: float = 5.0
     workers: int = 1
     max_body_mb: float = 16.0
-    max_connections: int = 256
+    max_connections: int = 256  # requests being answered at once; uvicorn keeps up to 4x as many connections
     access_log: bool = True
+    decoders: int = 2  # decode processes (0: this process's threads, no crash isolation)
+    max_request_pixels: int = 4 * MAX_PIXELS  # the pixels the images of one request declare, in all
+    max_pixels_in_flight: int = 8 * MAX_PIXELS  # declared pixels of the images being decoded, all requests
+    header_timeout: float = 10.0  # seconds for a request's head to arrive
+    body_timeout: float = 60.0  # seconds for its body, once the head is in
 
 
 def require_extra() -> None:
@@ -81,13 +89,20 @@ def _client(scope) -> str:
     return f"{host}:{port}"
 
 
+def printable(text: str) -> str:
+    """``text`` for a log line: control and format characters (a newline, U+202E that turns the rest of the line
+    around) written as escapes, so a client-chosen name cannot forge or hide log lines."""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode() for c in text)
+
+
 def _refusal(scope, status: int, reason: str):
     from fastapi.responses import JSONResponse
 
-    log.warning("refused %s %s from %s: %d %s", scope.get("method"), scope.get("path"), _client(scope), status, reason)
-    return JSONResponse(
-        {"error": reason}, status_code=status, headers={"Connection": "close"} if status >= 500 else None
-    )
+    method, path = scope.get("method"), printable(scope.get("path", ""))
+    log.warning("refused %s %s from %s: %d %s", method, path, _client(scope), status, printable(reason))
+    headers = {"Connection": "close"} if status >= 500 or status == 408 else {}
+    headers |= {"Retry-After": "1"} if status == 503 else {}
+    return JSONResponse({"error": reason}, status_code=status, headers=headers or None)
 
 
 class State:
@@ -97,19 +112,23 @@ class State:
         self.runtime, self.options = runtime, options
         self.metrics = Metrics(options.max_batch)
         self.batcher = Batcher(runtime.probabilities, options.max_batch, options.max_wait_ms / 1000, self.metrics.batch)
+        self.decoders = DecodePool(options.decoders, self.metrics.decoder_restart)
         self.ready = self.draining = False
         self.in_flight = 0
+        self.pixels_in_flight = 0  # declared pixels of the images being decoded now
 
     def warm_up(self) -> None:
         sizes = (1, 2, self.options.max_batch) if self.runtime.backend == "compile" else (1,)
         self.runtime.warm_up(tuple(sorted(set(sizes))))
+        self.decoders.warm_up()
         self.batcher.start()
         self.ready = True
         log.info("visiontune: model warmed up (%s, %s): ready", self.runtime.info.model, self.runtime.backend)
 
 
 class Gate:
-    """Outermost ASGI layer: 503 while draining, the body limit, requests in flight, counts and latency."""
+    """Outermost ASGI layer: 503 while draining or over ``max_connections`` requests, the body limit and its
+    deadline, requests in flight, counts and latency, and quiet client disconnects."""
 
     def __init__(self, app, state: State):
         self.app, self.state = app, state
@@ -125,28 +144,45 @@ class Gate:
                 status[0] = message["status"]
             await send(message)
 
+        from starlette.requests import ClientDisconnect
+
         self.state.in_flight += 1
         try:
             await self._answer(scope, receive, sending)
+        except ClientDisconnect:  # raised where no handler sees it (a body read outside the routes)
+            scope["visiontune.disconnected"] = True
         finally:
             self.state.in_flight -= 1
             path = scope["path"] if scope["path"] in PATHS else "other"
-            self.state.metrics.request(path, status[0], time.perf_counter() - start)
+            if scope.get("visiontune.disconnected"):
+                log.info("client %s left during %s %s", _client(scope), scope.get("method"), printable(scope["path"]))
+                self.state.metrics.disconnect()
+            else:
+                self.state.metrics.request(path, status[0], time.perf_counter() - start)
 
     async def _answer(self, scope, receive, send):
         if self.state.draining:
             return await _refusal(scope, 503, "shutting down")(scope, receive, send)
+        if self.state.in_flight > self.state.options.max_connections:
+            busy = f"{self.state.options.max_connections} requests are being answered (--max-connections): retry"
+            return await _refusal(scope, 503, busy)(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         if not declared.isdigit():
             return await _refusal(scope, 400, "bad Content-Length")(scope, receive, send)
         if int(declared) > self.limit:
             return await _refusal(scope, 413, self._too_large(int(declared)))(scope, receive, send)
-        seen = 0
+        seen, more, deadline = 0, True, time.monotonic() + self.state.options.body_timeout
 
         async def limited():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, more
+            if not more:  # the body is in: what is left to hear is a disconnect, whenever it comes
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise Refused(408, self._too_slow(seen)) from None
             seen += len(message.get("body", b""))
+            more = message.get("more_body", False) and message["type"] == "http.request"
             if seen > self.limit:
                 raise Refused(413, self._too_large(seen, "at least "))
             return message
@@ -155,6 +191,11 @@ class Gate:
 
     def _too_large(self, size: int, qualifier: str = "") -> str:
         return f"body of {qualifier}{size} bytes is over the limit of {self.limit} (--max-body-mb)"
+
+    def _too_slow(self, size: int) -> str:
+        return (
+            f"the body did not arrive within {self.state.options.body_timeout:g} s ({size} bytes came; --body-timeout)"
+        )
 
 
 async def _uploads(request) -> list[tuple[str, bytes]]:
@@ -200,13 +241,62 @@ def _answer_labels(name: str, row: list[float], classes: list[str], thresholds: 
     }
 
 
+async def _pixels(state: State, uploads: list[tuple[str, bytes]]) -> int:
+    """The pixels the request's images declare, in all, read from their headers before any is decoded; an
+    image over the per-image limit is refused here, and a request over its budget."""
+    total = 0
+    for name, data in uploads:
+        n = header_pixels(data)
+        n = n if n is not None else await state.decoders.run(decodepool.pixels, data)  # PIL reads other headers
+        if n is not None and n > MAX_PIXELS:
+            raise Refused(422, f"{name}: image too large ({n} pixels > limit {MAX_PIXELS})")
+        total += n or 0
+    if total > state.options.max_request_pixels:
+        raise Refused(
+            413, f"the images hold {total} pixels in all, over the limit of {state.options.max_request_pixels} "
+            "(--max-request-pixels): send fewer or smaller images per request",
+        )  # fmt: skip
+    return total
+
+
+async def _decode(state: State, uploads: list[tuple[str, bytes]]) -> list:
+    """The uploads as uint8 [3, S, S] images, decoded in the decode processes within the pixel budgets, or
+    Refused: 422 naming the first image that does not decode, 503 while others' images fill the budget."""
+    import torch
+
+    total = await _pixels(state, uploads)
+    budget = state.options.max_pixels_in_flight
+    if state.pixels_in_flight + total > budget:
+        busy = f"busy: {state.pixels_in_flight} pixels are being decoded (--max-pixels-in-flight {budget}): retry"
+        raise Refused(503, busy)
+    info = state.runtime.info
+    state.pixels_in_flight += total
+    try:
+        images = await asyncio.gather(
+            *(
+                state.decoders.run(
+                    decodepool.prepare, data, info.image_size, info.interpolation, info.crop_pct, info.decode
+                )
+                for _, data in uploads
+            )
+        )
+    finally:
+        state.pixels_in_flight -= total
+    for (name, _), image in zip(uploads, images):
+        if image is None:
+            log.warning("a decode process died on %s: restarted", printable(name))
+        if image is None or isinstance(image, str):
+            raise Refused(422, f"{name}: {image or decodepool.CRASHED}")
+    return [torch.from_numpy(image) for image in images]
+
+
 def build_app(runtime: Runtime, options: ServeOptions):
     """The ASGI application: the routes behind the ``Gate``."""
     from fastapi import FastAPI, Query, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     state = State(runtime, options)
 
@@ -216,8 +306,14 @@ def build_app(runtime: Runtime, options: ServeOptions):
         threading.Thread(target=state.warm_up, name="visiontune-warm-up", daemon=True).start()
         yield
         state.batcher.stop()
+        state.decoders.stop()
 
-    app = FastAPI(title="visiontune", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="visiontune", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ClientDisconnect)
+    async def disconnected(request: Request, exc: ClientDisconnect):
+        request.scope["visiontune.disconnected"] = True  # the Gate counts it; nobody is left to answer
+        return PlainTextResponse("", status_code=400)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):
@@ -244,10 +340,7 @@ def build_app(runtime: Runtime, options: ServeOptions):
         if not state.ready:
             raise Refused(503, "the model is still warming up")
         uploads = await _uploads(request)
-        images = await asyncio.gather(*(run_in_threadpool(runtime.prepare, data) for _, data in uploads))
-        for (name, _), image in zip(uploads, images):
-            if isinstance(image, str):
-                raise Refused(422, f"{name}: {image}")
+        images = await _decode(state, uploads)
         rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in state.batcher.submit(images)))
         classes = list(runtime.info.classes)
         answer = {"model": runtime.info.model, "run": runtime.run, "weights": runtime.weights}
@@ -272,7 +365,7 @@ def build_app(runtime: Runtime, options: ServeOptions):
 
     @app.get("/metrics")
     async def metrics():
-        text = state.metrics.text(state.in_flight, state.ready)
+        text = state.metrics.text(state.in_flight, state.ready, state.pixels_in_flight)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.state.serving = state
@@ -322,7 +415,10 @@ def _load(options: ServeOptions) -> Runtime:
 
 def app_from_env():
     """The application of one ``--workers`` process, from the options the parent put in the environment."""
+    from visiontune.inference.serveproto import HeaderDeadline
+
     options = ServeOptions(**json.loads(os.environ[OPTIONS_ENV]))
+    HeaderDeadline.timeout = options.header_timeout
     return build_app(_load(options), options)
 
 
@@ -331,12 +427,18 @@ def serve(options: ServeOptions) -> int:
     require_extra()
     import uvicorn
 
+    from visiontune.inference.serveproto import HeaderDeadline
+
+    HeaderDeadline.timeout = options.header_timeout
     runtime = _load(options)  # bad paths and files: one line here, before anything listens
     common = dict(
         host=options.host,
         port=options.port,
         access_log=options.access_log,
-        limit_concurrency=options.max_connections,
+        http=HeaderDeadline,
+        # Connections: room for as many again as requests, so that clients still sending their heads (each
+        # closed after --header-timeout) do not keep others out; the Gate holds requests to max_connections.
+        limit_concurrency=4 * options.max_connections,
         timeout_graceful_shutdown=int(GRACE_S),
         log_level="info",
     )

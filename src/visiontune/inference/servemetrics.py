@@ -57,6 +57,15 @@ class Metrics:
         self.batch_size = Histogram(batch_buckets(max_batch))
         self.batch_seconds = Histogram(LATENCY_BUCKETS)
         self.latency = Histogram(LATENCY_BUCKETS)
+        self.disconnects = self.restarts = 0
+
+    def disconnect(self) -> None:
+        with self._lock:
+            self.disconnects += 1
+
+    def decoder_restart(self) -> None:
+        with self._lock:
+            self.restarts += 1
 
     def request(self, path: str, code: int, seconds: float) -> None:
         with self._lock:
@@ -69,7 +78,7 @@ class Metrics:
             self.batch_size.observe(size)
             self.batch_seconds.observe(seconds)
 
-    def text(self, in_flight: int, ready: bool) -> str:
+    def text(self, in_flight: int, ready: bool, pixels_in_flight: int = 0) -> str:
         with self._lock:
             errors: Counter = Counter()
             for (_, code), n in self.requests.items():
@@ -84,7 +93,13 @@ class Metrics:
                 ("batch_size", "histogram", "Images per forward pass.", self.batch_size.samples()),
                 ("batch_seconds", "histogram", "Time of one forward pass.", self.batch_seconds.samples()),
                 ("request_seconds", "histogram", "Time from request to answer.", self.latency.samples()),
+                ("client_disconnects_total", "counter", "Requests whose client left before the answer.",
+                 [f" {self.disconnects}"]),
+                ("decoder_restarts_total", "counter", "Decode processes that died on an image and were replaced.",
+                 [f" {self.restarts}"]),
                 ("requests_in_flight", "gauge", "Requests being answered now.", [f" {in_flight}"]),
+                ("pixels_in_flight", "gauge", "Declared pixels of the images being decoded now.",
+                 [f" {pixels_in_flight}"]),
                 ("ready", "gauge", "1 once the model is loaded and warmed up.", [f" {int(ready)}"]),
             ]  # fmt: skip
         lines = []
