@@ -238,7 +238,7 @@ def test_ddp_x2_equals_one_process_and_counts_every_val_image_once(tmp_path, wor
     assert summaries[0]["val_split_size"] % 2 == 1  # padded on 2 processes
     assert summaries[0]["best_val_map"] == pytest.approx(summaries[1]["best_val_map"], abs=1e-5)
     assert summaries[0]["thresholds"] == pytest.approx(summaries[1]["thresholds"], abs=1e-4)
-    ckpt = "checkpoints/e0001-b0000000/model.safetensors"
+    ckpt = "checkpoints/epoch0001-end/model.safetensors"
     a, b = (load_file(str(tmp_path / d / ckpt)) for d in ("ddp", "one"))
     assert relative_difference(a, b) < 1e-4
 
@@ -251,7 +251,7 @@ def test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights
     extra = ["--save-every-steps", "3", "--keep-last", "20", "--best-metric", "map"]
     extra += flags(mixup=0.4, cutmix=1.0, label_smoothing=0.1, augment="light")
     assert main(train_argv(tmp_path / "data", full, *extra)[3:]) == 0
-    shutil.copytree(full / "checkpoints" / "e0000-b0000003", resumed / "checkpoints" / "e0000-b0000003")
+    shutil.copytree(full / "checkpoints" / "epoch0001-batch0000003", resumed / "checkpoints" / "epoch0001-batch0000003")
     assert main([*train_argv(tmp_path / "data", resumed, *extra)[3:], "--resume", "auto"]) == 0
     assert_same_weights(final_weights(resumed), final_weights(full))
     a, b = (json.loads((run / "summary.json").read_text()) for run in (full, resumed))

@@ -265,8 +265,8 @@ def fit(
 def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input, opts, start, run_bar):
     for epoch in range(start.epoch, opts.epochs):
         run_bar.set_description_str(f"run: epoch {epoch + 1}/{opts.epochs},", refresh=False)
-        # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"); the records (history.json, metrics.csv,
-        # summary.json, checkpoint names) keep the 0-based index.
+        # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"), as the figures, pages and checkpoint folder
+        # names count; the records' keys (history.json, metrics.csv, summary.json) keep the 0-based index.
         accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}\n" + "-" * 10)
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
         skip = start.batch if epoch == start.epoch else 0
