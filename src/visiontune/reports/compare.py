@@ -30,6 +30,7 @@ METRICS = (
     ("best val loss", "best_val_loss"),
     ("best val mAP", "best_val_map"),  # multi-label runs only: the row is left out when no run has it
     ("best epoch", "best_epoch"),  # shown from 1, as training prints it
+    ("best epoch chosen by", "best_metric"),
     ("epochs run", "epochs"),
     ("train images/s", "train_images_per_s"),
     ("total seconds", "total_seconds"),

@@ -223,6 +223,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
     if cfg.best_metric == "map" and not images.multi_label:
         raise UserError(f"--best-metric map is for multi-label data; {cfg.data} has one label per image")
+    cfg = cfg.replace(best_metric=presets.best_metric(cfg, images.multi_label))  # recorded resolved
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway. Accelerate's own
     # device_specific adds the index unwrapped, which numpy refuses for the last seeds below SEEDS.
