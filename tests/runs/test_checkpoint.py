@@ -246,16 +246,20 @@ def test_checkpoint_folders_are_named_as_the_console_counts_and_old_names_still_
 def test_a_run_folder_with_an_old_style_checkpoint_name_resumes(
     tmp_path, small_data, baseline_run, monkeypatch, capsys
 ):
-    """A run checkpointed by an older visiontune (folders named by the 0-based next position) goes on."""
+    """A run checkpointed by an older visiontune (folders named by the 0-based next position) goes on, and
+    ends as the same checkpoint under today's name does."""
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    out = tmp_path / "run"
-    (out / "checkpoints").mkdir(parents=True)
-    old_name = out / "checkpoints" / "e0001-b0000007"  # the 2nd epoch after 7 batches: epoch0002-batch0000007
-    shutil.copytree(baseline_run / "checkpoints" / "epoch0002-batch0000007", old_name)
-    args = train_argv(small_data, out, "--save-every-steps", "3")[3:]
-    assert cli.main([*args, "--resume", "auto"]) == 0
-    assert f"resuming from {old_name} (Epoch 2/2, after batch 7)" in capsys.readouterr().out
-    assert_same_weights(final_weights(out), final_weights(baseline_run))
+    ended = {}
+    for label, folder in (("old", "e0001-b0000007"), ("new", "epoch0002-batch0000007")):  # 2nd epoch, 7 batches
+        out = tmp_path / label
+        (out / "checkpoints").mkdir(parents=True)
+        shutil.copytree(baseline_run / "checkpoints" / "epoch0002-batch0000007", out / "checkpoints" / folder)
+        args = train_argv(small_data, out, "--save-every-steps", "3")[3:]
+        assert cli.main([*args, "--resume", "auto"]) == 0
+        assert f"resuming from {out}/checkpoints/{folder} (Epoch 2/2, after batch 7)" in capsys.readouterr().out
+        assert json.loads((out / "summary.json").read_text())["epochs"] == 2
+        ended[label] = final_weights(out)
+    assert_same_weights(ended["old"], ended["new"])
 
 
 def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sample(
