@@ -59,11 +59,15 @@ def wait_for(path: Path, proc: subprocess.Popen, limit: float = 300) -> None:
 
 def checkpoints(run_dir: Path) -> list[Path]:
     """Final-named checkpoint folders, oldest first."""
-    return sorted(p for p in (run_dir / "checkpoints").glob("e*-b*") if p.is_dir())
+    from visiontune.runs import checkpoint
+
+    return [Path(p) for p in reversed(checkpoint.listed(str(run_dir)))]
 
 
 def final_weights(run_dir: Path, epochs: int = 2) -> dict[str, torch.Tensor]:
-    return load_file(str(run_dir / "checkpoints" / f"e{epochs:04d}-b0000000" / "model.safetensors"))
+    from visiontune.runs import checkpoint
+
+    return load_file(str(run_dir / "checkpoints" / checkpoint.name(epochs, 0) / "model.safetensors"))
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

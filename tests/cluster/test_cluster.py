@@ -255,7 +255,7 @@ def test_an_elastic_world_keeps_the_global_batch_of_max_nodes_or_is_refused(monk
 
     same = {"split_sha256": "s", "model": "m", "num_classes": 2, "global_batch": 4}
     saved = Checkpoint(
-        "runs/x/checkpoints/e0000-b0000003",
+        "runs/x/checkpoints/epoch0001-batch0000003",
         {**same, "epoch": 0, "batch": 3, "world_size": 2, "samples": 12, "config": {"batch_size": 2}},
     )
     assert compatible(saved, {**same, "batch_samples": 2, "grad_accum": 2}).batch == 6
@@ -353,11 +353,11 @@ def test_slurm_two_nodes_preempted_by_usr1_and_run_again_end_like_one_uninterrup
     envs = [{**base_env, **_slurm_env(job, node=n, nnodes=2, gpus=1)} for n in (0, 1)]
     logs = [tmp_path / f"node{n}.log" for n in (0, 1)]
     nodes = [_start(argv, envs[n], logs[n], {CORES[n % len(CORES)]}) for n in (0, 1)]
-    wait_for(out / "checkpoints" / "e0000-b0000003", nodes[0])
+    wait_for(out / "checkpoints" / "epoch0001-batch0000003", nodes[0])
     for p in nodes:
         p.send_signal(signal.SIGUSR1)  # Slurm's --signal=USR1@120 signals every task of the step
     assert _finish(nodes, logs) == [138, 138]
-    assert not (out / "checkpoints" / "e0001-b0000000").exists()
+    assert not (out / "checkpoints" / "epoch0001-end").exists()
     logs2 = [tmp_path / f"again{n}.log" for n in (0, 1)]
     again = [_start(argv, envs[n], logs2[n], {CORES[n % len(CORES)]}) for n in (0, 1)]
     assert _finish(again, logs2) == [0, 0]

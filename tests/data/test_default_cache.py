@@ -42,7 +42,7 @@ def default_runs(small_data, tmp_path_factory):
         train("first", "user", "--save-every-steps", "4")  # a checkpoint half way through the epoch, too
         # The first run as if stopped after step 4, continued without a cache: the cache is for speed only.
         shutil.copytree(tmp / "first", tmp / "resumed")
-        shutil.rmtree(tmp / "resumed" / "checkpoints" / "e0001-b0000000")
+        shutil.rmtree(tmp / "resumed" / "checkpoints" / "epoch0001-end")
         train("resumed", "user", "--resume", "auto", "--cache", "off")
         train("second", "user")
         train("off", "off-user", "--cache", "off")
@@ -73,7 +73,7 @@ def test_the_default_builds_the_cache_in_the_user_cache_folder_and_the_next_run_
 
 def test_a_run_continued_with_another_cache_setting_ends_with_the_same_weights(default_runs):
     resumed, printed, _ = default_runs["resumed"]
-    assert "resuming from" in printed and "e0000-b0000004" in printed
+    assert "resuming from" in printed and "epoch0001-batch0000004" in printed
     assert _record(resumed, "summary.json")["setting"] == "off"
     assert_same_weights(final_weights(default_runs["first"][0], 1), final_weights(resumed, 1))
 

@@ -184,12 +184,12 @@ def test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact(tmp_path, s
     args = ["--save-every-steps", "3", "--keep-last", "20", *extra]
     assert cli.main(train_argv(small_data, full, *args)[3:]) == 0
     # Mid-epoch (step 3 of 8, with the loader a batch or more ahead), copied into a fresh run folder.
-    shutil.copytree(full / "checkpoints" / "e0000-b0000003", resumed / "checkpoints" / "e0000-b0000003")
+    shutil.copytree(full / "checkpoints" / "epoch0001-batch0000003", resumed / "checkpoints" / "epoch0001-batch0000003")
     assert cli.main([*train_argv(small_data, resumed, *args)[3:], "--resume", "auto"]) == 0
     assert_same_weights(final_weights(resumed), final_weights(full))
     # The EMA and the schedule (saved in the scheduler's place) continued exactly too.
     a, b = (
-        torch.load(run / "checkpoints" / "e0002-b0000000" / "lr_scheduler.pt", weights_only=True)
+        torch.load(run / "checkpoints" / "epoch0002-end" / "lr_scheduler.pt", weights_only=True)
         for run in (full, resumed)
     )
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == 16
@@ -213,7 +213,7 @@ def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     common += flags(sampler="balanced", class_weights="auto")  # each rank's share of one class-balanced epoch
     ddp, one = flags(strategy="ddp", nproc=2, batch_size=2), flags(batch_size=4)
     train_ddp_beside_one(common, ddp, one, tmp_path, env_for(worker_env, tmp_path))
-    ckpt = "checkpoints/e0001-b0000000"
+    ckpt = "checkpoints/epoch0001-end"
     weights = [load_file(str(tmp_path / d / ckpt / "model.safetensors")) for d in ("ddp", "one")]
     ema = [torch.load(tmp_path / d / ckpt / "lr_scheduler.pt", weights_only=True)["ema"] for d in ("ddp", "one")]
     for name, (a, b) in (("model", weights), ("ema", ema)):

@@ -209,3 +209,47 @@ def test_each_bench_run_says_which_of_all_it_is_and_the_bench_s_eta(monkeypatch,
         "visiontune bench: run 3/4: single, repeat 2/2; about 0m 20s left",
         "visiontune bench: run 4/4: ddp, repeat 2/2; about 0m 10s left",
     ]
+
+
+def test_bench_says_why_single_trains_at_the_global_batch(monkeypatch, tmp_path, capsys):
+    from visiontune.reports import bench
+    from visiontune.settings.config import TrainConfig
+
+    def fake_run_one(row, argv, out, repeat=0):
+        return {**_row(row["strategy"], 10.0, devices=row["devices"]), **row}
+
+    monkeypatch.setattr(bench, "run_one", fake_run_one)
+    monkeypatch.setattr(bench, "load_per_core", lambda: 0.05)
+    bench.bench(TrainConfig(data="x", batch_size=50), [], ["single", "ddp"], 2, "global", str(tmp_path))
+    said = capsys.readouterr().out.splitlines()
+    why = (
+        "Batches: every strategy trains on the same global batch of 100 (--same global), so their accuracies "
+        "compare; processes x batch per process: single 1 x 100, ddp 2 x 50."
+    )
+    assert said[0].startswith(f"visiontune bench: {why}") and "--same per-device" in said[0]
+    assert why in (tmp_path / "bench.md").read_text()
+    per_device = bench.plan(TrainConfig(data="x", batch_size=50), ["single", "ddp"], 2, "per-device")
+    from visiontune.reports.benchtable import batch_line
+
+    assert "single 1 x 50, ddp 2 x 50. The global batches differ" in batch_line(per_device, "per-device")
+
+
+def test_bench_png_marks_an_unreliable_bar_and_carries_the_warning():
+    import matplotlib.pyplot as plt
+
+    from visiontune.reports.bench import compare
+    from visiontune.reports.benchtable import chart_figure, unreliable_line
+
+    rows = compare([_row("single", 10.0), _row("ddp", 390.0, devices=2)], start_load=5.1)
+    fig = chart_figure(rows)
+    heading = fig.get_suptitle()
+    assert heading.replace("\n", " ") == unreliable_line(rows)  # the warning bench.md opens with
+    for ax in fig.axes:
+        single, ddp = ax.patches
+        assert ddp.get_hatch() == "//" and not single.get_hatch()
+        labels = [t.get_text() for t in ax.texts]
+        assert labels[1].endswith("39.00x (unreliable)") and "x" not in labels[0].split()[-1]
+    plt.close(fig)
+    calm = chart_figure(compare([_row("single", 10.0), _row("ddp", 18.0, devices=2)]))
+    assert calm.get_suptitle() == "" and [t.get_text() for t in calm.axes[1].texts][1] == "18.0/s, 1.80x"
+    plt.close(calm)

@@ -70,7 +70,7 @@ def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs,
     text = out.read_text()
     page = Page()
     page.feed(text)
-    settings, metrics = page.tables
+    metrics, settings = page.tables
     names = [row[0] for row in settings[1:]]
     assert names[:2] == ["recipe", "lr"] and page.differs == ["recipe", "lr"]  # the two that differ, first
     assert settings[1][1:] == ["blog", "modern"] and settings[2][1:] == ["0.005", "0.5"]
@@ -118,7 +118,8 @@ def test_multi_label_runs_are_compared_by_their_map_too(tmp_path, capsys):
     assert main(["compare", str(ml), str(single), "--out", str(out)]) == 0
     page = Page()
     page.feed(out.read_text())
-    metrics = page.tables[1]
+    metrics = page.tables[0]
+    assert ["best epoch", "2", "2"] in metrics  # summary.json's best_epoch 1, counted from 1 as training prints it
     assert ["best val mAP", "0.75", "-"] in metrics and ["last epoch val mAP", "0.75", "-"] in metrics
     assert "best val mAP" in capsys.readouterr().out
     runs = [compare.read_run(ml), compare.read_run(single)]
@@ -130,6 +131,17 @@ def test_multi_label_runs_are_compared_by_their_map_too(tmp_path, capsys):
     plt.close(fig)
     two_single = [compare.read_run(single), compare.read_run(single)]
     assert not any("mAP" in label for label, _ in compare.metrics_table(two_single))
+
+
+def test_the_curves_and_final_metrics_come_before_the_settings(tmp_path, capsys):
+    """The page opens with what the runs did; the settings (sixty rows and more) follow them."""
+    runs = [_fabricated_run(tmp_path / "a", None), _fabricated_run(tmp_path / "b", None)]
+    out = tmp_path / "cmp.html"
+    assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
+    text = out.read_text()
+    headings = re.findall(r"<h2>(.*?)</h2>", text)
+    assert headings == ["Curves", "Final metrics", "Settings"]
+    assert text.index("<img") < text.index("<h2>Final metrics") < text.index("<h2>Settings")
 
 
 @pytest.mark.browser

@@ -81,7 +81,7 @@ def test_a_kill_while_the_epoch_files_are_written_resumes_to_the_same_files(tmp_
     slow_env = {**env, "PYTHONPATH": os.pathsep.join([str(slow), env["PYTHONPATH"]])}
     proc = start([*argv, "--output-dir", str(killed)], slow_env, tmp_path / "killed.log")
     # The epoch's checkpoint is published while best.safetensors is still being written: kill -9 then.
-    wait_for(killed / "checkpoints" / "e0001-b0000000", proc)
+    wait_for(killed / "checkpoints" / "epoch0001-end", proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed / "best.safetensors").exists() and not (killed / "summary.json").exists()

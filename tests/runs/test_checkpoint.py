@@ -81,12 +81,12 @@ def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_
     monkeypatch.undo()
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     # The interrupted write never shows under a final name; the first checkpoint is intact.
-    assert [p.name for p in checkpoints(out)] == ["e0000-b0000002"]
-    assert checkpoint.latest(str(out)).path.endswith("e0000-b0000002")
+    assert [p.name for p in checkpoints(out)] == ["epoch0001-batch0000002"]
+    assert checkpoint.latest(str(out)).path.endswith("epoch0001-batch0000002")
     capsys.readouterr()
     assert cli.main([*args, "--resume", "auto"]) == 0
-    assert f"resuming from {out}/checkpoints/e0000-b0000002" in capsys.readouterr().out
-    assert (out / "checkpoints" / "e0001-b0000000").is_dir()
+    assert f"resuming from {out}/checkpoints/epoch0001-batch0000002" in capsys.readouterr().out
+    assert (out / "checkpoints" / "epoch0001-end").is_dir()
     assert not list((out / "checkpoints").glob(".tmp-*"))  # the leftover was cleared when rewritten
 
 
@@ -113,7 +113,7 @@ def finished_run(_finished, tmp_path, small_data, monkeypatch):
 @pytest.mark.parametrize("damage", ["truncate", "garble record", "remove file"])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, capsys, damage):
     out, args = finished_run
-    newest = out / "checkpoints" / "e0001-b0000000"
+    newest = out / "checkpoints" / "epoch0001-end"
     if damage == "truncate":
         data = (newest / "model.safetensors").read_bytes()
         (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
@@ -125,7 +125,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, 
     assert cli.main([*args, "--epochs", "1", "--resume", "auto"]) == 0
     said = capsys.readouterr().out
     assert f"checkpoint {newest} is unusable" in said
-    assert f"resuming from {out}/checkpoints/e0000-b0000004" in said
+    assert f"resuming from {out}/checkpoints/epoch0001-batch0000004" in said
     assert checkpoint.verify(str(newest))["epoch"] == 1  # rewritten whole by the resumed run
 
 
@@ -168,7 +168,7 @@ class _Sentinel:
 
 def test_a_checkpoint_file_that_runs_code_is_refused_unrun(finished_run, capsys, tmp_path):
     out, args = finished_run
-    newest = out / "checkpoints" / "e0001-b0000000"
+    newest = out / "checkpoints" / "epoch0001-end"
     sentinel = tmp_path / "pwned"
     (newest / "optimizer.bin").write_bytes(pickle.dumps(_Sentinel(str(sentinel))))
     # A forger can also fix the record's hashes: loading must still not unpickle code.
@@ -191,16 +191,16 @@ def test_resume_auto_needs_an_output_dir(small_data, capsys):
 
 def test_checkpoint_record_holds_position_history_and_split(finished_run):
     out, _ = finished_run
-    meta = checkpoint.verify(str(out / "checkpoints" / "e0000-b0000004"))
+    meta = checkpoint.verify(str(out / "checkpoints" / "epoch0001-batch0000004"))
     split = json.loads((out / "split.json").read_text())
     assert (meta["epoch"], meta["batch"], meta["optimizer_steps"]) == (0, 4, 4)
     assert meta["split_sha256"] == split["sha256"] and meta["global_batch"] == 4
     assert meta["partial_totals"][2] == 16  # images trained on so far in the epoch
     assert meta["history"] == []
-    end = checkpoint.verify(str(out / "checkpoints" / "e0001-b0000000"))
+    end = checkpoint.verify(str(out / "checkpoints" / "epoch0001-end"))
     assert end["history"] == json.loads((out / "history.json").read_text())
-    # The records count epochs from 0 (the terminal prints them from 1: "Epoch 1/1"); a folder names
-    # where training goes on, so the end of epoch 0 is e0001-b0000000, the start of epoch 1.
+    # The records count epochs from 0; the folder is named as the terminal counts ("Epoch 1/1"): the end of
+    # history.json's epoch 0 is epoch0001-end, while its visiontune.json says where training goes on.
     assert [h["epoch"] for h in end["history"]] == [0] and (end["epoch"], end["batch"]) == (1, 0)
     weights = load_file(str(out / "best.safetensors"))
     assert set(weights) == set(final_weights(out, epochs=1))
@@ -217,7 +217,7 @@ def _copy_checkpoint(run: Path, name: str, to: Path, *extra: str) -> Path:
 
 def test_resume_into_a_new_output_dir_that_does_not_exist_yet(tmp_path, small_data, baseline_run, monkeypatch):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    old = _copy_checkpoint(baseline_run, "e0001-b0000007", tmp_path / "old", "best.safetensors")
+    old = _copy_checkpoint(baseline_run, "epoch0002-batch0000007", tmp_path / "old", "best.safetensors")
     new = tmp_path / "new" / "run"
     args = train_argv(small_data, new, "--save-every-steps", "3")[3:]
     assert cli.main([*args, "--resume", str(old)]) == 0
@@ -225,15 +225,52 @@ def test_resume_into_a_new_output_dir_that_does_not_exist_yet(tmp_path, small_da
     assert (new / "best.safetensors").is_file()
 
 
+def test_checkpoint_folders_are_named_as_the_console_counts_and_old_names_still_sort_by_position(tmp_path):
+    assert checkpoint.name(0, 12) == "epoch0001-batch0000012"  # taken in "Epoch 1/N" after 12 batches
+    assert checkpoint.name(1, 0) == "epoch0001-end"  # "Epoch 1/N" and its validation done
+    old_and_new = {
+        "e0000-b0000003": 1,  # older visiontune: epoch 0 (from 0) after 3 batches
+        "epoch0001-batch0000006": 2,
+        "e0001-b0000000": 3,  # older visiontune: the start of epoch 1 (from 0), the end of "Epoch 1/N"
+        "epoch0002-batch0000002": 4,
+        "epoch0002-end": 5,
+    }
+    for folder in old_and_new:
+        (tmp_path / "checkpoints" / folder).mkdir(parents=True)
+    (tmp_path / "checkpoints" / ".tmp-epoch0003-batch0000001").mkdir()  # never a checkpoint
+    listed = [Path(p).name for p in checkpoint.listed(str(tmp_path))]
+    assert listed == sorted(old_and_new, key=old_and_new.get, reverse=True)  # newest first
+
+
+@pytest.mark.slow
+def test_a_run_folder_with_an_old_style_checkpoint_name_resumes(
+    tmp_path, small_data, baseline_run, monkeypatch, capsys
+):
+    """A run checkpointed by an older visiontune (folders named by the 0-based next position) goes on, and
+    ends as the same checkpoint under today's name does."""
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    ended = {}
+    for label, folder in (("old", "e0001-b0000007"), ("new", "epoch0002-batch0000007")):  # 2nd epoch, 7 batches
+        out = tmp_path / label
+        (out / "checkpoints").mkdir(parents=True)
+        shutil.copytree(baseline_run / "checkpoints" / "epoch0002-batch0000007", out / "checkpoints" / folder)
+        args = train_argv(small_data, out, "--save-every-steps", "3")[3:]
+        assert cli.main([*args, "--resume", "auto"]) == 0
+        assert f"resuming from {out}/checkpoints/{folder} (Epoch 2/2, after batch 7)" in capsys.readouterr().out
+        assert json.loads((out / "summary.json").read_text())["epochs"] == 2
+        ended[label] = final_weights(out)
+    assert_same_weights(ended["old"], ended["new"])
+
+
 def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sample(
     tmp_path, small_data, baseline_run, monkeypatch, capsys
 ):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    out = _copy_checkpoint(baseline_run, "e0001-b0000007", tmp_path / "run")  # 28 of 32 samples of epoch 1
+    out = _copy_checkpoint(baseline_run, "epoch0002-batch0000007", tmp_path / "run")  # 28 of 32 samples of epoch 1
     args = train_argv(small_data, out, "--save-every-steps", "3")[3:]
     # Global batch 4 either way: 4 x 1 there, 2 x 2 here.
     assert cli.main([*args, "--resume", "auto", "--batch-size", "2", "--grad-accum", "2"]) == 0
-    assert checkpoint.verify(str(out / "checkpoints" / "e0001-b0000007"))["samples"] == 28
+    assert checkpoint.verify(str(out / "checkpoints" / "epoch0002-batch0000007"))["samples"] == 28
     assert "(Epoch 2/2, after batch 14)" in capsys.readouterr().out
     history = json.loads((out / "history.json").read_text())
     assert [h["train"]["images"] for h in history] == [32, 32]  # not 28 + 18 from the wrong unit
@@ -256,7 +293,7 @@ def test_the_position_is_translated_in_samples_and_refused_off_an_optimizer_step
     assert resume.compatible(ckpt, {**same, "batch_samples": 2, "grad_accum": 4}).batch == 8
     assert resume.compatible(ckpt, {**same, "batch_samples": 8, "grad_accum": 1}).batch == 2
     odd = checkpoint.Checkpoint("c", {**meta, "samples": 12})  # mid-window: not a point any run saves at
-    with pytest.raises(UserError, match="cannot resume exactly: the checkpoint is 12 samples into epoch 0"):
+    with pytest.raises(UserError, match="cannot resume exactly: the checkpoint is 12 samples into Epoch 1"):
         resume.compatible(odd, {**same, "batch_samples": 8, "grad_accum": 1})
 
 
@@ -278,14 +315,14 @@ def test_a_resume_with_other_flips_or_crop_is_refused_and_older_checkpoints_are_
 def _no_space_line(capsys, out) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no space left on the disk of" in err[0] and "needs about" in err[0], err
-    assert f"{out}/checkpoints/e0000-b0000002 is kept" in err[0] and f"--resume {out}" in err[0]
+    assert f"{out}/checkpoints/epoch0001-batch0000002 is kept" in err[0] and f"--resume {out}" in err[0]
     return err[0]
 
 
 def _only_the_first_checkpoint_is_left(out) -> None:
-    assert [p.name for p in checkpoints(out)] == ["e0000-b0000002"]
+    assert [p.name for p in checkpoints(out)] == ["epoch0001-batch0000002"]
     assert not list((out / "checkpoints").glob(".tmp-*"))
-    checkpoint.verify(str(out / "checkpoints" / "e0000-b0000002"))
+    checkpoint.verify(str(out / "checkpoints" / "epoch0001-batch0000002"))
 
 
 def test_too_little_free_space_stops_before_writing(tmp_path, small_data, monkeypatch, capsys):
@@ -346,7 +383,7 @@ def test_a_real_full_disk_while_writing(tmp_path, small_data, monkeypatch, capsy
 
 def test_a_tampered_rng_file_is_refused_not_skipped(finished_run, capsys):
     out, args = finished_run
-    newest = out / "checkpoints" / "e0001-b0000000"
+    newest = out / "checkpoints" / "epoch0001-end"
     (newest / "random_states_0.pkl").write_bytes(pickle.dumps(_Sentinel("/nonexistent/x")))
     record = json.loads((newest / "visiontune.json").read_text())
     record["files"]["random_states_0.pkl"] = [

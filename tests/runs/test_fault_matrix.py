@@ -206,7 +206,7 @@ def test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninter
     err = stopped_run(engine, "evaluate", signal.SIGTERM, 143)
     assert [p.name for p in checkpoints(out)][-1] == checkpoint.name(1, 0)
     assert (
-        err.strip() == f"visiontune: stopped by SIGTERM: checkpoint {out / 'checkpoints' / 'e0001-b0000000'}; "
+        err.strip() == f"visiontune: stopped by SIGTERM: checkpoint {out / 'checkpoints' / 'epoch0001-end'}; "
         f"continue with --resume {out}"
     )
     # 3. SIGUSR1 (Slurm's warning) during the second step of epoch 1: that step is finished and saved.
@@ -214,7 +214,7 @@ def test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninter
     assert "stopped by SIGUSR1" in err and checkpoints(out)[-1].name == checkpoint.name(1, 2)
     # 4. SIGTERM while that run writes its next checkpoint: the run exits once that checkpoint is published.
     err = stopped_run(checkpoint, "_fsync_tree", signal.SIGTERM, 143)
-    assert f"checkpoint {out / 'checkpoints' / 'e0001-b0000003'};" in err
+    assert f"checkpoint {out / 'checkpoints' / 'epoch0002-batch0000003'};" in err
     assert checkpoint.verify(str(checkpoints(out)[-1]))["optimizer_steps"] == STEPS_PER_EPOCH + 3
     # 5. SIGTERM while the report is built, after the last checkpoint: the process ends by the signal, with
     # the training and summary.json on disk whole and no report (it is built, then written whole, or not at all).

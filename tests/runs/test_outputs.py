@@ -62,9 +62,11 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
     [legend] = fig.legends
     box = legend.get_window_extent(renderer)
     assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
-    assert "best epoch (1): val accuracy 0.9000" in [t.get_text() for t in legend.get_texts()]
+    # history.json's epoch 1 is the second epoch, "Epoch 2/3" on the console: the figure counts from 1 too.
+    assert "best epoch 2, chosen by val accuracy (0.9000)" in [t.get_text() for t in legend.get_texts()]
     star = next(line for line in acc_ax.get_lines() if line.get_marker() == "*")
-    assert (list(star.get_xdata()), list(star.get_ydata())) == ([1], [0.9])
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([2], [0.9])
+    assert [t.get_text() for t in acc_ax.get_xticklabels()] == ["1", "2", "3"]
     assert [list(line.get_ydata()) for line in lr_ax.get_lines() if line.get_marker() == "o"] == [[0.01, 0.008, 0.002]]
     plt.close(fig)
     figures.plot_history(tmp_path / "c.png", history)
@@ -88,8 +90,8 @@ def test_a_multi_label_runs_curves_add_its_val_map_and_mark_the_epoch_its_best_m
     got = list(curve.get_ydata())
     assert math.isnan(got[1]) and got[:1] + got[2:] == [0.5, 0.8, 0.7]
     star = next(line for line in map_ax.get_lines() if line.get_marker() == "*")
-    assert (list(star.get_xdata()), list(star.get_ydata())) == ([2], [0.8])
-    assert "best epoch (2): val mAP 0.8000" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([3], [0.8])
+    assert "best epoch 3, chosen by val mAP (0.8000)" in [t.get_text() for t in fig.legends[0].get_texts()]
     plt.close(fig)  # (a single-label run's three panels: the test above)
 
 

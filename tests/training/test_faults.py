@@ -62,8 +62,8 @@ def test_signal_finishes_the_step_checkpoints_it_and_exits(
     err = capsys.readouterr().err
     assert f"stopped by {sig.name}" in err and "--resume" in err
     # The step in flight was finished and saved: nothing trained is lost, nothing more was trained.
-    assert [p.name for p in checkpoints(out)] == ["e0000-b0000003"]
-    assert checkpoint.verify(str(out / "checkpoints" / "e0000-b0000003"))["optimizer_steps"] == 3
+    assert [p.name for p in checkpoints(out)] == ["epoch0001-batch0000003"]
+    assert checkpoint.verify(str(out / "checkpoints" / "epoch0001-batch0000003"))["optimizer_steps"] == 3
     if sig == signal.SIGTERM:  # the resume completes, to the weights of the run nobody stopped
         monkeypatch.undo()
         monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
@@ -78,8 +78,8 @@ def test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint(tmp_path,
     assert cli.main(_args(small_data, out, "--save-every-steps", "2")) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "non-finite" in err[0], err
-    assert [p.name for p in checkpoints(out)] == ["e0000-b0000002", "e0000-b0000004"]
-    weights = load_file(str(out / "checkpoints" / "e0000-b0000004" / "model.safetensors"))
+    assert [p.name for p in checkpoints(out)] == ["epoch0001-batch0000002", "epoch0001-batch0000004"]
+    weights = load_file(str(out / "checkpoints" / "epoch0001-batch0000004" / "model.safetensors"))
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
@@ -107,7 +107,7 @@ def test_signal_to_the_launcher_stops_every_worker_at_the_same_step(tmp_path, sm
     env = env_for(worker_env, tmp_path)
     out = tmp_path / "run"
     proc = start([*train_argv(small_data, out), *DDP], env, tmp_path / "run.log")
-    wait_for(out / "checkpoints" / "e0000-b0000003", proc)
+    wait_for(out / "checkpoints" / "epoch0001-batch0000003", proc)
     workers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
     proc.send_signal(sig)  # what a batch scheduler does: signal the job's main process
     assert proc.wait(timeout=300) == code

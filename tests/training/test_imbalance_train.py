@@ -68,7 +68,7 @@ def test_a_balanced_weighted_run_resumed_mid_epoch_ends_with_the_uninterrupted_t
     args += flags(sampler="balanced", class_weights="auto", threads=1)
     assert cli.main(["train", *args, "--output-dir", str(full)]) == 0
     # Step 25 of 40: mid-epoch 1, a balanced epoch's repeats of the dogs on both sides of it.
-    ckpt = "e0001-b0000005"
+    ckpt = "epoch0002-batch0000005"
     shutil.copytree(full / "checkpoints" / ckpt, resumed / "checkpoints" / ckpt)
     assert cli.main(["train", *args, "--output-dir", str(resumed), "--resume", "auto"]) == 0
     assert_same_weights(final_weights(resumed), final_weights(full))

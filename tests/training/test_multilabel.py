@@ -146,7 +146,7 @@ def ml_run(tmp_path_factory) -> Path:
         mp.setenv("VISIONTUNE_CACHE_DIR", str(root / "scan"))
         argv = ["train", "--data", str(root / "data"), "--output-dir", str(out), "--model", "resnet18"]
         argv += ["--weights", "none", "--image-size", "16", "--no-progress", "--epochs", "4", "--batch-size", "8"]
-        argv += ["--lr", "0.005", "--num-workers", "0", "--val-fraction", "0.25", "--best-metric", "map"]
+        argv += ["--lr", "0.005", "--num-workers", "0", "--val-fraction", "0.25"]  # the default best metric: mAP
         assert main(argv) == 0
         # No --data: a manifest run lists its own data again from the manifest it recorded.
         assert main(["evaluate", "--run", str(out), "--no-progress"]) == 0
@@ -156,6 +156,26 @@ def ml_run(tmp_path_factory) -> Path:
 def _read_csv(path: Path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def test_a_multi_label_run_picks_its_best_epoch_by_map_by_default(ml_run):
+    summary = json.loads((ml_run / "summary.json").read_text())
+    history = json.loads((ml_run / "history.json").read_text())
+    # The highest mAP (ties: the lower loss, then the earlier epoch), whatever the exact-match accuracy says.
+    by_map = max(history, key=lambda r: (r["val"]["map"] or -1.0, -r["val"]["loss"], -r["epoch"]))
+    assert summary["best_metric"] == "map" and summary["best_epoch"] == by_map["epoch"]
+    assert summary["best_val_map"] == by_map["val"]["map"]
+    assert json.loads((ml_run / "config.json").read_text())["config"]["best_metric"] == "map"  # recorded resolved
+
+
+def test_the_best_metric_auto_is_the_tasks_own():
+    from visiontune.settings import presets
+    from visiontune.settings.config import TrainConfig
+
+    assert presets.best_metric(TrainConfig(data="x"), multi_label=True) == "map"
+    assert presets.best_metric(TrainConfig(data="x"), multi_label=False) == "accuracy"
+    assert presets.best_metric(TrainConfig(data="x", best_metric="accuracy"), multi_label=True) == "accuracy"
+    assert TrainConfig(data="x").best_metric == "auto"
 
 
 def test_a_trained_run_passes_the_bar_and_its_map_is_sklearns_on_its_saved_predictions(ml_run):
@@ -238,7 +258,7 @@ def test_ddp_x2_equals_one_process_and_counts_every_val_image_once(tmp_path, wor
     assert summaries[0]["val_split_size"] % 2 == 1  # padded on 2 processes
     assert summaries[0]["best_val_map"] == pytest.approx(summaries[1]["best_val_map"], abs=1e-5)
     assert summaries[0]["thresholds"] == pytest.approx(summaries[1]["thresholds"], abs=1e-4)
-    ckpt = "checkpoints/e0001-b0000000/model.safetensors"
+    ckpt = "checkpoints/epoch0001-end/model.safetensors"
     a, b = (load_file(str(tmp_path / d / ckpt)) for d in ("ddp", "one"))
     assert relative_difference(a, b) < 1e-4
 
@@ -251,7 +271,7 @@ def test_a_multi_label_run_resumed_mid_epoch_ends_with_the_uninterrupted_weights
     extra = ["--save-every-steps", "3", "--keep-last", "20", "--best-metric", "map"]
     extra += flags(mixup=0.4, cutmix=1.0, label_smoothing=0.1, augment="light")
     assert main(train_argv(tmp_path / "data", full, *extra)[3:]) == 0
-    shutil.copytree(full / "checkpoints" / "e0000-b0000003", resumed / "checkpoints" / "e0000-b0000003")
+    shutil.copytree(full / "checkpoints" / "epoch0001-batch0000003", resumed / "checkpoints" / "epoch0001-batch0000003")
     assert main([*train_argv(tmp_path / "data", resumed, *extra)[3:], "--resume", "auto"]) == 0
     assert_same_weights(final_weights(resumed), final_weights(full))
     a, b = (json.loads((run / "summary.json").read_text()) for run in (full, resumed))

@@ -265,7 +265,7 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["best_epoch"], summary["best_weights"], summary["best_val_accuracy"]) == (1, "ema", 0.7)
-    ema = torch.load(out / "checkpoints" / "e0002-b0000000" / "lr_scheduler.pt", weights_only=True)["ema"]
+    ema = torch.load(out / "checkpoints" / "epoch0002-end" / "lr_scheduler.pt", weights_only=True)["ema"]
     best = load_file(str(out / "best.safetensors"))
     assert best.keys() and all(torch.equal(best[k], ema["module." + k]) for k in best)
     config = json.loads((out / "config.json").read_text())["config"]

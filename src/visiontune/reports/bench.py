@@ -30,7 +30,7 @@ from visiontune.cluster.host import available_cores, versions
 from visiontune.errors import UserError
 from visiontune.files import atomic_write, write_json
 from visiontune.models.build import get_spec
-from visiontune.reports.benchtable import chart, load_line, table
+from visiontune.reports.benchtable import batch_line, chart, load_line, table
 from visiontune.settings.config import TrainConfig
 
 STRATEGIES = ("single", "dp", "ddp")
@@ -254,7 +254,9 @@ def bench(
         "load_per_core": load_per_core(),
         "machine": machine(),
     }
-    rows = compare(measure(plan(cfg, strategies, nproc, same), train_argv, out, repeats), info["load_per_core"])
+    plans = plan(cfg, strategies, nproc, same)
+    print(f"visiontune bench: {batch_line(plans, same)}", flush=True)  # before the runs: why single's batch is nproc x
+    rows = compare(measure(plans, train_argv, out, repeats), info["load_per_core"])
     info["load_note"] = load_line(rows, info)
     write_json(out / "bench.json", {**info, "rows": rows})
     atomic_write(out / "bench.md", table(rows, info))

@@ -27,6 +27,24 @@ def load_line(rows: list[dict], info: dict) -> str:
     )
 
 
+def batch_line(rows: list[dict], same: str) -> str:
+    """Why each strategy trains at its batch: with ``--same global`` one process takes the whole global batch
+    (nproc x --batch-size), so a single run at batch 100 beside ddp's 2 x 50 is by design, not a mistake."""
+    planned = [r for r in rows if "global_batch" in r]
+    each = ", ".join(f"{r['strategy']} {r['processes']} x {r['per_process_batch']}" for r in planned)
+    if same == "global":
+        size = planned[0]["global_batch"] if planned else "-"
+        return (
+            f"Batches: every strategy trains on the same global batch of {size} (--same global), so their "
+            f"accuracies compare; processes x batch per process: {each}. --same per-device gives each "
+            "device --batch-size instead, as the blog did."
+        )
+    return (
+        f"Batches: --batch-size per device (--same per-device, the blog's setting); processes x batch per "
+        f"process: {each}. The global batches differ, so the accuracies do not compare."
+    )
+
+
 def unreliable_line(rows: list[dict]) -> str | None:
     """A warning above the table when a load made speedups meaningless: said before any figure is read."""
     reasons = sorted({r["unreliable"] for r in rows if r.get("unreliable")})
@@ -64,6 +82,8 @@ def table(rows: list[dict], info: dict) -> str:
         "",
         load_line(rows, info),
         "",
+        batch_line(rows, info["same"]),
+        "",
         *([warning, ""] if (warning := unreliable_line(rows)) else []),
         head,
         "|" + "---|" * 14,
@@ -82,13 +102,39 @@ def table(rows: list[dict], info: dict) -> str:
 
 
 def chart(path: Path, rows: list[dict]) -> None:
+    """``bench.png``: the figure of ``chart_figure``."""
+    save_figure(path, chart_figure(rows))
+
+
+def chart_figure(rows: list[dict]):
+    """Epoch time and images/s per strategy, each bar labelled with its value and speedup. A bar whose
+    speedup a loaded machine made meaningless is hatched and says "unreliable", and the figure's
+    heading carries the warning ``bench.md`` opens with, so the picture cannot be read without it."""
+    import textwrap
+
     plt = pyplot()
     done = [r for r in rows if "images_per_s" in r]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    names = [r["strategy"] for r in done]
-    axes[0].bar(names, [r["epoch_seconds"] for r in done], color="tab:blue")
-    axes[0].set_title("Epoch time (s)")
-    axes[1].bar(names, [r["images_per_s"] for r in done], color="tab:green")
-    axes[1].set_title("Training images/s (after warm-up)")
-    fig.tight_layout()
-    save_figure(path, fig)
+    warning = unreliable_line(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6 if warning else 4), layout="constrained")
+    # Each strategy's batch under its name: the equal global batch is why single trains at nproc x --batch-size.
+    names = [f"{r['strategy']}\n{r['processes']} x {r['per_process_batch']} = batch {r['global_batch']}" for r in done]
+    for ax, key, color, title, fmt in (
+        (axes[0], "epoch_seconds", "tab:blue", "Epoch time (s)", "{:.1f} s"),
+        (axes[1], "images_per_s", "tab:green", "Training images/s (after warm-up)", "{:.1f}/s"),
+    ):
+        bars = ax.bar(names, [r[key] for r in done], color=color)
+        labels = []
+        for bar, r in zip(bars, done):
+            speed = "" if r.get("speedup") is None or r["strategy"] == "single" else f", {r['speedup']:.2f}x"
+            if r.get("unreliable"):
+                bar.set_hatch("//")
+                bar.set_alpha(0.45)
+                speed += " (unreliable)"
+            labels.append(fmt.format(r[key]) + speed)
+        ax.bar_label(bars, labels, fontsize=8, padding=2)
+        ax.margins(y=0.15)  # room above the tallest bar for its label
+        ax.set_title(title)
+    if warning:
+        heading = "\n".join(textwrap.wrap(warning, 110, break_on_hyphens=False))
+        fig.suptitle(heading, color="tab:red", fontsize=9, fontweight="bold")
+    return fig

@@ -1,9 +1,11 @@
 """``visiontune compare RUN RUN...``: runs side by side, as one self-contained HTML page and a terminal table.
 
 Built from each run folder's own files (``config.json``, ``summary.json``, ``history.json``): the
-settings that differ between the runs come first, then the ones they share; the runs' validation
-(and training) curves are drawn on shared axes in one embedded figure; the final metrics close the
-page. Like ``report.html``, the page has no script and no external reference.
+runs' validation (and training) curves come first, drawn on shared axes in one embedded figure, then
+the final metrics (and, for the folds of one cross-validation, their spread); the settings close the
+page, those that differ between the runs first, then the ones they share. Epochs are counted from 1,
+as training prints them (``history.json`` and ``summary.json`` keep the 0-based index). Like
+``report.html``, the page has no script and no external reference.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ METRICS = (
     ("best val accuracy", "best_val_accuracy"),
     ("best val loss", "best_val_loss"),
     ("best val mAP", "best_val_map"),  # multi-label runs only: the row is left out when no run has it
-    ("best epoch (from 0)", "best_epoch"),
+    ("best epoch", "best_epoch"),  # shown from 1, as training prints it
+    ("best epoch chosen by", "best_metric"),
     ("epochs run", "epochs"),
     ("train images/s", "train_images_per_s"),
     ("total seconds", "total_seconds"),
@@ -82,10 +85,18 @@ def _any_map(runs: list[Run]) -> bool:
     return any("best_val_map" in r.summary or multi_label(r.history) for r in runs)
 
 
+def _shown(summary: dict, key: str):
+    """A summary value as a person reads it: the best epoch counted from 1 (the file keeps the 0-based index)."""
+    v = summary.get(key)
+    return v + 1 if key == "best_epoch" and isinstance(v, int) else v
+
+
 def metrics_table(runs: list[Run]) -> list[tuple[str, list[str]]]:
     ranked = _any_map(runs)
     rows = [
-        (label, [_text(r.summary.get(key)) for r in runs]) for label, key in METRICS if key != "best_val_map" or ranked
+        (label, [_text(_shown(r.summary, key)) for r in runs])
+        for label, key in METRICS
+        if key != "best_val_map" or ranked
     ]
     last = [r.history[-1] if r.history else {} for r in runs]
     rows += [
@@ -153,10 +164,9 @@ def build(runs: list[Run]) -> str:
     png = base64.b64encode(figure_png(runs)).decode()
     title = "visiontune compare: " + ", ".join(Path(r.name).name for r in runs)
     said = f"{differ} setting(s) differ" if differ else "no setting differs"
+    # What the runs did first; the settings (sixty rows and more) below, where they do not push the curves away.
     body = [
         f"<h1>{html.escape(title)}</h1>",
-        f"<h2>Settings</h2><p class='note'>{said}; they come first, highlighted.</p>",
-        _html_table(runs, settings, differ),
         "<h2>Curves</h2>",
         f'<img alt="curves of every run on shared axes" src="data:image/png;base64,{png}">',
         "<h2>Final metrics</h2>",
@@ -167,6 +177,10 @@ def build(runs: list[Run]) -> str:
         head, *rows = crossval.lines(cv)
         body += [f"<h2>Cross-validation</h2><p class='note'>{html.escape(head)}</p>"]
         body += [f"<pre>{html.escape(chr(10).join(row.strip() for row in rows))}</pre>"]
+    body += [
+        f"<h2>Settings</h2><p class='note'>{said}; they come first, highlighted.</p>",
+        _html_table(runs, settings, differ),
+    ]
     css = CSS + "\ntr.differs th,tr.differs td{background:#fff6d5}"
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"

@@ -2,9 +2,12 @@
 shares) and the top losses, and the headless pyplot they are drawn with.
 
 Both stay readable from 2 to 100 classes: tick labels are cut to 24 characters
-(the full names are in ``eval.json``), the font shrinks and the cells lose
-their numbers as classes grow, and the figure grows with the classes up to a
-cap. Matplotlib runs headless (Agg); files are written atomically.
+(the full names are in ``eval.json``; beyond 20 classes each after its index),
+the font shrinks and the cells lose their numbers as classes grow, and the
+figure grows with the classes up to a cap. Epochs are counted from 1, as the
+console prints them. ``tests/reports/test_figures.py`` checks every figure for
+text that overlaps other text or a panel. Matplotlib runs headless (Agg); files
+are written atomically.
 """
 
 from __future__ import annotations
@@ -22,12 +25,19 @@ NAMED_TICKS = 120
 
 
 def plot_confusion(path: str | Path, report: dict) -> None:
+    """``confusion_matrix.png``: the figure of ``confusion_figure``."""
+    save_figure(path, confusion_figure(report))
+
+
+def confusion_figure(report: dict):
     """Counts (left) and each row divided by its class's images (right)."""
     plt = pyplot()
-    names = [short(c) for c in report["classes"]]
-    k = len(names)
+    k = len(report["classes"])
+    # Many classes: each name after its index (the report's per-class table's #), since names cut to 24
+    # characters can share all of them ("a rather long class nam…").
+    names = [short(c) if k <= 20 else f"{i} {short(c, 20)}" for i, c in enumerate(report["classes"])]
     side = min(18.0, 3.2 + 0.15 * k)  # inches per panel: about 0.15 in (12 px) per class at 100 classes
-    font = max(5.5, min(10.0, 10.5 - 0.05 * k))
+    font = max(7.0, min(10.0, 10.5 - 0.05 * k))  # 7 pt is 8 px at 80 dpi: one name per 12 px row
     fig, axes = plt.subplots(1, 2, figsize=(2 * side + 2, side + 1), constrained_layout=True)
     for ax, key, title, fmt in (
         (axes[0], "confusion_matrix", "counts", "{:d}"),
@@ -39,7 +49,9 @@ def plot_confusion(path: str | Path, report: dict) -> None:
         )
         fig.colorbar(image, ax=ax, shrink=0.6)
         if k <= 20:  # beyond that the numbers would not fit in the cells
-            top = max(max(row) for row in m) or 1
+            # The colour scale's top (1 for the shares): the number is white where its cell is dark.
+            top = 1 if key.endswith("normalized") else max(max(row) for row in m) or 1
+            cell = min(font, 130 / k)  # points: a 4-digit count fits its cell at 20 classes
             for t in range(k):
                 for p in range(k):
                     ax.text(
@@ -48,7 +60,7 @@ def plot_confusion(path: str | Path, report: dict) -> None:
                         fmt.format(m[t][p]),
                         ha="center",
                         va="center",
-                        fontsize=font,
+                        fontsize=cell,
                         color="white" if m[t][p] > top / 2 else "black",
                     )
         if k <= NAMED_TICKS:
@@ -57,11 +69,20 @@ def plot_confusion(path: str | Path, report: dict) -> None:
         ax.set_xlabel("predicted")
         ax.set_ylabel("true")
         ax.set_title(f"Confusion matrix, {title}")
-    save_figure(path, fig)
+    return fig
 
 
 def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], classes: list[str], size: int = 160) -> None:
-    """A grid of the images, each titled true / predicted (probability) and its loss."""
+    """``top_losses.png``: the figure of ``top_losses_figure``."""
+    save_figure(path, top_losses_figure(items, paths, classes, size))
+
+
+def top_losses_figure(items: list[dict], paths: list[str], classes: list[str], size: int = 160):
+    """A grid of the images, each titled true / predicted (probability) and its loss.
+
+    Constrained layout gives each tile's three title lines their own room above the image, so a title
+    never runs into the image of the row above (where a white digit hid the black class name).
+    """
     import torch
 
     from visiontune.data.decode import BadImage, read_image, resize_uint8
@@ -70,11 +91,10 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
     if not items:
         fig = plt.figure(figsize=(6, 1))
         fig.text(0.5, 0.5, "Top losses: no misclassified images", ha="center", va="center", fontsize=12)
-        save_figure(path, fig)
-        return
+        return fig
     cols = min(4, len(items))
     rows = max(1, -(-len(items) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.6 * rows + 0.4), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.4 * rows + 0.5), squeeze=False, layout="constrained")
     for ax in axes.flat:
         ax.axis("off")
     for ax, it in zip(axes.flat, items):
@@ -86,11 +106,10 @@ def plot_top_losses(path: str | Path, items: list[dict], paths: list[str], class
         ax.set_title(
             f"true: {short(classes[it['true']], 20)}\npredicted: {short(classes[it['predicted']], 20)} "
             f"({it['probability']:.2f})\nloss {it['loss']:.2f}",
-            fontsize=8,
+            fontsize=9,
         )
     fig.suptitle("Top losses: the most confidently wrong images")
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # keep the titles clear of the heading
-    save_figure(path, fig)
+    return fig
 
 
 def save_figure(path: str | os.PathLike, fig, dpi: int = 80) -> None:
@@ -127,28 +146,32 @@ def history_figure(history: list[dict], metric: str = "accuracy"):
     """Accuracy and loss, train against val, a multi-label run's val mAP, and the learning rate; the best
     epoch (by ``metric``, the run's ``--best-metric``) marked.
 
-    The legend sits below the panels, never over a curve; the best epoch (``best_epoch``) is a
-    dotted line with its val points starred, so the curve and the saved model can be matched.
+    Epochs are counted from 1, as training prints them ("Epoch 1/3"); ``history.json`` keeps the 0-based
+    index. The legend sits below the panels, never over a curve, and says which metric chose the best
+    epoch (``best_epoch``), a dotted line with its val points starred, so the curve and the saved model
+    can be matched.
     """
     import matplotlib.ticker
 
     plt = pyplot()
-    epochs = [row["epoch"] for row in history]
+    epochs = [row["epoch"] + 1 for row in history]
     best = best_epoch(history, metric)
     panels = [("accuracy", "Training and Validation Accuracy"), ("loss", "Training and Validation Loss")]
     if multi_label(history):  # mAP is measured on the validation split only
         panels.append(("map", "Validation mAP (macro)"))
+        panels[0] = ("accuracy", "Accuracy (exact match)")
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 4.4))
     shown = "mAP" if metric == "map" else metric
     said = best["val"].get(metric)
-    best_label = f"best epoch ({best['epoch']}): val {shown} " + ("-" if said is None else f"{said:.4f}")
+    best_x = best["epoch"] + 1
+    best_label = f"best epoch {best_x}, chosen by val {shown} ({'-' if said is None else f'{said:.4f}'})"
     for ax, (key, title) in zip(axes, panels):
         for phase, label in (("train", "Training"), ("val", "Validation")):
             if key in _keys(history, phase):
                 values = [_nan(row[phase].get(key)) for row in history]  # no positive in val: no mAP
                 ax.plot(epochs, values, marker="o", label=label, color="C1" if phase == "val" else "C0")
         ax.plot(
-            [best["epoch"]],
+            [best_x],
             [_nan(best["val"].get(key))],
             marker="*",
             markersize=16,
@@ -157,13 +180,9 @@ def history_figure(history: list[dict], metric: str = "accuracy"):
             label=best_label,
         )
         ax.set_title(title)
-    lr_ax = axes[-1]
-    lrs = [(row["epoch"], row["lr"]) for row in history if "lr" in row]
-    lr_ax.plot([e for e, _ in lrs], [lr for _, lr in lrs], marker="o", color="tab:gray", label="learning rate")
-    lr_ax.set_title("Learning rate (at the end of each epoch)")
-    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    _lr_panel(axes[-1], [(row["epoch"] + 1, row["lr"]) for row in history if "lr" in row])
     for ax in axes:
-        ax.axvline(best["epoch"], color="tab:red", linestyle=":", linewidth=1)
+        ax.axvline(best_x, color="tab:red", linestyle=":", linewidth=1)
         ax.set_xlabel("epoch")
         if len(epochs) <= 15:  # every epoch a tick (a one-epoch run would otherwise get fractional ones)
             ax.set_xticks(epochs)
@@ -173,6 +192,22 @@ def history_figure(history: list[dict], metric: str = "accuracy"):
     fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend), frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))  # room below the panels for the legend
     return fig
+
+
+def _lr_panel(ax, lrs: list[tuple[int, float]]) -> None:
+    """The learning rate per epoch, its ticks in plain numbers: no "1e-3" offset over the axis. A constant lr
+    is said as one value (matplotlib would spread a flat line over 0.96..1.04 of it)."""
+    import matplotlib.ticker
+
+    ax.plot([e for e, _ in lrs], [lr for _, lr in lrs], marker="o", color="tab:gray", label="learning rate")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+    values = {lr for _, lr in lrs}
+    if len(values) == 1:
+        (lr,) = values
+        ax.set_yticks([lr])
+        ax.set_title(f"Learning rate: {lr:g}, constant")
+    else:
+        ax.set_title("Learning rate (at the end of each epoch)")
 
 
 def _keys(history: list[dict], phase: str) -> set[str]:

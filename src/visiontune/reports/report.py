@@ -94,7 +94,6 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
     out = [_rows([(k, f'<td class="l">{html.escape(_fmt(v))}</td>') for k, v in plain])]
     if summary:
         keys = [
-            ("best epoch", "best_epoch"),
             ("best val accuracy", "best_val_accuracy"),
             ("best val loss", "best_val_loss"),
             ("best val mAP", "best_val_map"),
@@ -105,7 +104,12 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
             ("data-stall share", "data_wait_fraction"),
             ("total seconds", "total_seconds"),
         ]
-        out += ["<h3>Results</h3>", _rows([(label, _num("summary", summary, k)) for label, k in keys if k in summary])]
+        rows = [(label, _num("summary", summary, k)) for label, k in keys if k in summary]
+        if isinstance(summary.get("best_epoch"), int):  # counted from 1, as the console and the curves count
+            metric = {"map": "mAP"}.get(summary.get("best_metric"), summary.get("best_metric"))
+            chosen = f"{summary['best_epoch'] + 1}" + (f", chosen by val {metric}" if metric else "")
+            rows.insert(0, ("best epoch", f'<td class="l">{html.escape(chosen)}</td>'))
+        out += ["<h3>Results</h3>", _rows(rows)]
     else:
         out.append('<p class="note">No summary.json: the training did not finish.</p>')
     return "".join(out)

@@ -1,10 +1,14 @@
 """Full training state on disk: written atomically, resumed to the exact batch.
 
-A checkpoint is a folder ``RUN/checkpoints/e<epoch>-b<batch>`` meaning "the next
-thing to do is batch ``<batch>`` of epoch ``<epoch>``" (batches of the
-per-process train loader; an epoch-end checkpoint is ``e<epoch+1>-b0000000``).
-It holds what ``Accelerator.save_state`` writes (model, optimizer, gradient
-scaler, every process's RNG state), the LR scheduler's state, and
+A checkpoint is a folder named as the console counts epochs (from 1):
+``RUN/checkpoints/epoch0001-batch0000012`` is taken in "Epoch 1/N" after 12 of its
+batches (of the per-process train loader), ``epoch0001-end`` when that epoch and its
+validation are done; ``ls`` lists them in order. Its ``visiontune.json`` keeps the
+position as training resumes it: ``epoch`` (0-based) and ``batch``, the next batch to
+run. Folders named by older visiontune (``e<epoch>-b<batch>``: that position, so the
+end of the first epoch is ``e0001-b0000000``) are still found and resumed. It holds
+what ``Accelerator.save_state`` writes (model, optimizer, gradient scaler, every
+process's RNG state), the LR scheduler's state, and
 ``visiontune.json``: position, history, partial epoch totals, the split's
 sha256, the model, the global batch, the config and the size and sha256 of every
 other file in the folder. Every process writes into ``.tmp-<name>``; the main
@@ -40,7 +44,8 @@ SUBDIR = "checkpoints"
 META = "visiontune.json"
 SCHEDULER = "lr_scheduler.pt"
 FORMAT = 1
-_NAME = re.compile(r"^e(\d{4,})-b(\d{7,})$")
+_NAME = re.compile(r"^epoch(\d{4,})-(?:batch(\d{7,})|end)$")
+_OLD_NAME = re.compile(r"^e(\d{4,})-b(\d{7,})$")  # before names counted from 1: the 0-based next position
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,20 @@ class Checkpoint:
 
 
 def name(epoch: int, batch: int) -> str:
-    return f"e{epoch:04d}-b{batch:07d}"
+    """The folder of the position "next: batch ``batch`` of 0-based epoch ``epoch``", named as people count."""
+    if batch == 0 and epoch > 0:  # the start of an epoch is the end of the one before it
+        return f"epoch{epoch:04d}-end"
+    return f"epoch{epoch + 1:04d}-batch{batch:07d}"
+
+
+def _order(folder: str) -> tuple[int, int, int] | None:
+    """Where a checkpoint folder's name puts it, old names and new alike; None for other folders."""
+    if m := _NAME.match(folder):
+        return int(m[1]), m[2] is None, int(m[2] or 0)
+    if m := _OLD_NAME.match(folder):
+        epoch, batch = int(m[1]), int(m[2])
+        return (epoch, True, 0) if batch == 0 and epoch > 0 else (epoch + 1, False, batch)
+    return None
 
 
 def _sha256(path: Path) -> str:
@@ -85,9 +103,7 @@ def listed(run_dir: str) -> list[str]:
     root = Path(run_dir) / SUBDIR
     if not root.is_dir():
         return []
-    found = [
-        (tuple(int(g) for g in m.groups()), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
-    ]
+    found = [(key, p) for p in root.iterdir() if p.is_dir() and (key := _order(p.name)) is not None]
     return [str(p) for _, p in sorted(found, reverse=True)]
 
 

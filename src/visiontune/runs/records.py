@@ -51,7 +51,8 @@ def results(history: list[dict], metric: str) -> dict:
         "best_val_accuracy": best[which]["accuracy"],
         "best_val_loss": best[which]["loss"],
         **ranking,  # multi-label: the best epoch's mAP and its per-class thresholds
-        "best_epoch": best["epoch"],
+        "best_epoch": best["epoch"],  # 0-based, as history.json counts; people read it + 1 ("Epoch 3/3")
+        "best_metric": metric,  # what chose it: --best-metric, resolved (mAP for multi-label by default)
         "best_weights": "ema" if which == "val_ema" else "raw",
         "epochs": len(history),
         "train_images_per_s": steady["steady_images"] / seconds if seconds else 0.0,

@@ -100,7 +100,7 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
     batch, rest = divmod(samples, current["batch_samples"])
     if rest or (batch and batch % current["grad_accum"]):
         raise UserError(
-            f"cannot resume exactly: the checkpoint is {samples} samples into epoch {meta['epoch']}, "
+            f"cannot resume exactly: the checkpoint is {samples} samples into Epoch {meta['epoch'] + 1}, "
             f"which is not an optimizer step of --batch-size {current['batch_samples']} (all processes)"
             f" x --grad-accum {current['grad_accum']}; resume with the checkpoint's settings "
             f"(--batch-size {meta['config']['batch_size']} --grad-accum {meta['config']['grad_accum']}"
@@ -181,7 +181,7 @@ def restore(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
         for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there
             if os.path.isfile(os.path.join(source, name)):
                 shutil.copy2(os.path.join(source, name), os.path.join(run_dir, name))
-    # The epoch as the run prints it (from 1); the checkpoint's name keeps the 0-based index.
+    # The epoch as the run prints it and the checkpoint folders are named (from 1); the records keep the 0-based index.
     accelerator.print(
         f"visiontune: resuming from {found.path} (Epoch {found.epoch + 1}/{cfg.epochs}, after batch {found.batch})"
     )

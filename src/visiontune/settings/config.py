@@ -163,10 +163,11 @@ class TrainConfig:
     freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
     backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")
     early_stop: int = _setting(0, "stop after this many epochs without a better --best-metric (0: off)")
-    best_metric: Literal["accuracy", "loss", "map"] = _setting(
-        "accuracy",
-        "accuracy, loss or map (multi-label: mean average precision): what picks the best epoch (and EMA or raw "
-        "weights); multi-label accuracy is the exact-match ratio",
+    best_metric: Literal["auto", "accuracy", "loss", "map"] = _setting(
+        "auto",
+        "auto, accuracy, loss or map (multi-label: mean average precision): what picks the best epoch (and EMA "
+        "or raw weights); auto is the task's own: map for multi-label data (whose accuracy is the exact-match "
+        "ratio), accuracy otherwise",
     )
     grad_accum: int = _setting(1, "gradient accumulation steps")
     scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")

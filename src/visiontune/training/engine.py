@@ -286,8 +286,8 @@ def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, 
         if opts.max_batches is not None and epoch * len(train_loader) >= opts.max_batches:
             break  # a resumed run that had already reached --max-steps
         run_bar.set_description_str(f"run: epoch {epoch + 1}/{opts.epochs},", refresh=False)
-        # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"); the records (history.json, metrics.csv,
-        # summary.json, checkpoint names) keep the 0-based index.
+        # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"), as the figures, pages and checkpoint folder
+        # names count; the records' keys (history.json, metrics.csv, summary.json) keep the 0-based index.
         accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}{_phase_mark(scheduler, epoch, per_epoch)}\n" + "-" * 10)
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
         skip = start.batch if epoch == start.epoch else 0

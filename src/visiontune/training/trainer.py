@@ -228,6 +228,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     images, limited = limit(images, cfg.limit_images, cfg.seed)  # a smoke run's subset, before the bad-file screen
     if cfg.best_metric == "map" and not images.multi_label:
         raise UserError(f"--best-metric map is for multi-label data; {cfg.data} has one label per image")
+    cfg = cfg.replace(best_metric=presets.best_metric(cfg, images.multi_label))  # recorded resolved
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway. Accelerate's own
     # device_specific adds the index unwrapped, which numpy refuses for the last seeds below SEEDS.
