@@ -72,6 +72,19 @@ def test_label_sets_are_read_from_semicolons_or_with_the_flag_from_spaces(tmp_pa
         discover(str(tmp_path / "folder"), multi_label=True)
 
 
+def test_empty_label_cells_are_images_without_labels_and_a_manifest_of_only_those_is_one_line(tmp_path):
+    # Empty cells and a lone ';' are allowed (an all-negative image): the labelled rest is what is trained on.
+    some = _manifest(tmp_path / "some", ["a.png,;", "b.png,", "c.png,cat", "d.png,;dog;", "e.png,;"])
+    images = discover(str(some))
+    assert images.classes == ["cat", "dog"] and images.targets.tolist() == [[0, 0], [0, 0], [1, 0], [0, 1], [0, 0]]
+    assert images.labels.tolist() == [0, 0, 0, 1, 0]
+    split = split_of(images, 0.4, seed=0)
+    assert sorted([*split.train, *split.val]) == list(range(5))
+    none = _manifest(tmp_path / "none", ["a.png,;", "b.png,", "c.png,;;", "d.png, ; "])
+    with pytest.raises(UserError, match="no image has a label"):
+        discover(str(none))
+
+
 def test_the_split_is_stratified_per_label_seeded_and_recorded(tmp_path):
     rng = np.random.default_rng(0)
     rows = []
