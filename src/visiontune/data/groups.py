@@ -225,9 +225,9 @@ def split_images(
 
 
 def split_for(images: ImageSet, cfg) -> tuple[Split, dict]:
-    """A run's split of ``images`` (a ``TrainConfig``'s --val-fraction, --seed, --group-by, --folds, --fold)
-    and ``split.json`` less its lists."""
+    """A run's split of ``images`` (a ``TrainConfig``'s --val-fraction, --split-method, --seed, --group-by,
+    --folds, --fold) and ``split.json`` less its lists."""
     grouped = split_images(images, cfg.val_fraction, cfg.seed, cfg.group_by, cfg.folds, cfg.fold, cfg.data)
-    split, extra = grouped or (split_of(images, cfg.val_fraction, cfg.seed), {})
+    split, extra = grouped or (split_of(images, cfg.val_fraction, cfg.seed, cfg.split_method), {})
     summary = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction, images.split_note)
     return split, {**summary, **extra}

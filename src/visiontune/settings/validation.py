@@ -195,6 +195,15 @@ _EARLIER = {
 }
 
 
+def recorded_split_method(record: dict) -> str:
+    """The ``--split-method`` of the run whose ``config.json`` is ``record``: as recorded, or for a run from
+    before the setting, the split it made (a shuffle, or iterative stratification for multi-label data)."""
+    config, model = record.get("config"), record.get("model")
+    if isinstance(config, dict) and "split_method" in config:
+        return config["split_method"]
+    return "stratified" if isinstance(model, dict) and model.get("multi_label") is True else "random"
+
+
 def load_config_file(path: str) -> dict[str, Any]:
     """Read settings from a TOML file or an earlier run's ``config.json``."""
     p = Path(path)
@@ -202,8 +211,10 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UserError(f"config file not found: {path}")
     try:
         if p.suffix == ".json":
-            raw = json.loads(p.read_text())
-            raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # a run's config.json nests them
+            record = json.loads(p.read_text())
+            raw = record.get("config", record) if isinstance(record, dict) else record  # a run's config.json nests them
+            if raw is not record and isinstance(raw, dict):  # an earlier run's settings: its split too
+                raw = {**raw, "split_method": recorded_split_method(record)}
         else:
             raw = tomllib.loads(p.read_text())
     except (ValueError, tomllib.TOMLDecodeError) as e:
