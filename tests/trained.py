@@ -54,6 +54,10 @@ def train_run(out: Path, data: Path) -> Path:
                 "0.005",
                 "--num-workers",
                 "0",
+                # The shuffle these tests' figures were set on (the 0.9 accuracy bar among them): the
+                # stratified default is tested in tests/data/test_split.py and by every other run.
+                "--split-method",
+                "random",
                 *FAST,
             ]
         )

@@ -34,6 +34,41 @@ def test_out_of_range_numbers_are_refused(tmp_path, small_data, capsys, no_scan,
     one_line(capsys, says)
 
 
+HUGE = "99999999999999999999"  # past int64: an OverflowError (and a C++ frame dump) where torch gets it
+
+
+@pytest.mark.parametrize(
+    "flag,value,says",
+    [
+        ("--image-size", HUGE, f"--image-size must be an integer from 1 to 8192, got {HUGE}"),
+        ("--batch-size", HUGE, f"--batch-size must be an integer from 1 to 1048576, got {HUGE}"),
+        ("--epochs", HUGE, f"--epochs must be an integer from 1 to 1000000, got {HUGE}"),
+        ("--grad-accum", HUGE, f"--grad-accum must be an integer from 1 to 65536, got {HUGE}"),
+        ("--num-workers", HUGE, f"--num-workers must be an integer from 0 to 1024, got {HUGE}"),
+        ("--threads", HUGE, "--threads must be an integer from 1 to 4096"),
+        ("--warmup-steps", HUGE, "--warmup-steps must be an integer from 0 to 2147483647"),
+        ("--save-every-steps", HUGE, "--save-every-steps must be an integer from 0 to 2147483647"),
+        ("--keep-last", HUGE, "--keep-last must be an integer from 1 to 10000"),
+        ("--master-port", "65536", "--master-port must be an integer from 1 to 65535, got 65536"),
+        ("--timeout", "1e300", "--timeout must be a number of seconds from 0 to 31536000, got 1e+300"),
+        ("--warmup-epochs", "1e300", "--warmup-epochs must be a number from 0 to 1000000"),
+    ],
+)
+def test_numbers_too_large_for_torch_are_refused_with_the_range(
+    tmp_path, small_data, capsys, no_scan, flag, value, says
+):
+    assert cli.main(tiny_train(small_data, tmp_path / "run", flag, value)) == 2
+    one_line(capsys, says)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_image_size_too_large_in_a_config_file_is_refused_with_the_range(tmp_path, small_data, capsys, no_scan):
+    (tmp_path / "c.toml").write_text(f"image_size = {HUGE}\nbatch_size = {HUGE}\n")
+    args = [a for a in tiny_train(small_data, tmp_path / "run") if a not in ("--image-size", "32")]
+    assert cli.main([*args, "--config", str(tmp_path / "c.toml")]) == 2
+    one_line(capsys, f"--image-size must be an integer from 1 to 8192, got {HUGE}")
+
+
 @pytest.mark.parametrize(
     "text,says",
     [

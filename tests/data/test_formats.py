@@ -20,7 +20,7 @@ from visiontune.data.check import scan
 from visiontune.data.decode import try_read
 from visiontune.data.layouts import discover
 from visiontune.data.sample import make_sample_data
-from visiontune.data.split import make_split, relative_paths, split_of
+from visiontune.data.split import make_split, make_stratified_split, relative_paths, split_of
 from visiontune.errors import UserError
 from visiontune.loading import jobdata
 from visiontune.loading.cache import CachedDataset, open_or_build
@@ -83,7 +83,10 @@ def test_hf_parquet_folder_gets_the_seeded_split_and_broken_bytes_are_a_bad_file
     hf_dict(images, [i % 2 for i in range(10)]).to_parquet(str(tmp_path / "pq" / "train-00000.parquet"))
     found = discover(f"hf:{tmp_path / 'pq'}")
     assert len(found) == 10 and found.val_mask is None and found.split_note == ""
-    assert split_of(found, 0.2, seed=3) == make_split(10, 0.2, 3)
+    # Stratified by class (the default): one of each class's five images held out, in the seed's order.
+    split = split_of(found, 0.2, seed=3)
+    assert split == make_stratified_split(found.labels, 0.2, 3) and sorted(found.labels[split.val]) == [0, 1]
+    assert split_of(found, 0.2, seed=3, method="random") == make_split(10, 0.2, 3)
     bad = scan(found.paths, reader=found.reader, cache_path=str(tmp_path / "scan.keys"))
     assert bad == [(f"hf:{tmp_path / 'pq'}/train/9", bad[0][1])] and "JPEG" in bad[0][1]
     # Remembered by name and content: a second scan decodes nothing and says the same.
@@ -134,7 +137,8 @@ def test_shard_writes_webdataset_shards_that_read_back_as_the_folder(tmp_path, f
     assert found.layout == "shards" and found.classes == source.classes
     assert relative_paths(found.paths, range(20), found.root) == relative_paths(source.paths, range(20), source.root)
     assert [found.reader[i] for i in range(20)] == [Path(p).read_bytes() for p in source.paths]
-    assert split_of(found, 0.5, seed=0) == make_split(20, 0.2, 7)  # the recorded split, whatever the run's seed
+    # The recorded split (what a run on the folder with seed 7 makes: stratified), whatever the run's seed.
+    assert split_of(found, 0.5, seed=0) == make_stratified_split(source.labels, 0.2, 7)
     # A brace pattern over the same shards reads the same samples.
     pattern = discover(str(out / f"shards-{{000000..{len(tars) - 1:06d}}}.tar"))
     assert pattern.labels.tolist() == found.labels.tolist() and pattern.reader[5] == found.reader[5]

@@ -171,7 +171,7 @@ def test_split_for_records_folds_and_plain_runs_are_unchanged():
 
 def test_bad_group_by_is_one_clear_error():
     images = _patients()
-    with pytest.raises(UserError, match="finds no group in benign/p000_0.png"):
+    with pytest.raises(UserError, match=r"does not match benign/p000_0.png"):
         group_names(images, r"(patient\d+)")
     with pytest.raises(UserError, match="neither a column"):
         group_names(images, "(")
@@ -182,6 +182,38 @@ def test_bad_group_by_is_one_clear_error():
     own = ImageSet("/d", "hf", ["/d/a", "/d/b"], [0, 1], ["x", "y"], val_mask=[False, True], split_note="its own")
     with pytest.raises(UserError, match="brings its own validation split"):
         split_images(own, 0.2, 0, "x", 0, 0)
+
+
+def test_group_by_says_whether_the_regex_did_not_match_or_its_group_was_empty():
+    images = ImageSet("/d", "imagefolder", ["/d/0/0.png", "/d/1/12.png"], [0, 1], ["0", "1"])
+    typed = r"^\d/(\d*)\d\.png$"
+    with pytest.raises(UserError) as empty:
+        group_names(images, typed)
+    # The pattern as typed (no doubled backslashes), the file, and what happened: it matched, its group is empty.
+    assert str(empty.value).startswith(f"--group-by {typed} matches 0/0.png, but its first group captures nothing")
+    with pytest.raises(UserError) as missed:
+        group_names(images, r"^\d/(x\d)")
+    assert str(missed.value).startswith(r"--group-by ^\d/(x\d) does not match 0/0.png;")
+    with pytest.raises(UserError, match="matches 0/0.png, but it matches an empty string there"):
+        group_names(images, "z*")
+    assert group_names(images, r"^\d/(\d+)\.png$") == ["0", "12"]
+
+
+def test_a_catastrophic_group_by_regex_runs_in_linear_time():
+    # Python's backtracking re takes 2**40 steps for (a+)+$ on forty a's and a '!': this never returned.
+    names = ["a" * 40 + "!", "a" * 39 + "!", "b/" + "a" * 40 + "!"]
+    images = ImageSet("/d", "imagefolder", [f"/d/{n}" for n in names], [0, 1, 0], ["x", "y"])
+    with pytest.raises(UserError, match=r"^--group-by \(a\+\)\+\$ does not match a{40}!;"):
+        group_names(images, "(a+)+$")
+    assert group_names(images, "((a+)+)!$") == ["a" * 40, "a" * 39, "a" * 40]  # the first group, as before
+
+
+def test_group_by_syntax_that_needs_backtracking_is_one_line_naming_the_flag(capfd):
+    images = _patients()
+    for pattern in (r"(p\d+)_\1", r"(?=p)(p\d+)"):
+        with pytest.raises(UserError, match=r"^--group-by .* is neither a column of /data nor a regex .*RE2 syntax"):
+            group_names(images, pattern)
+    assert capfd.readouterr().err == ""  # RE2's own error log stays off
 
 
 def test_train_with_group_by_records_the_grouped_split_and_resumes_only_with_it(

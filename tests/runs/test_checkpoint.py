@@ -407,3 +407,41 @@ def test_refusals_give_the_command_that_works(finished_run, capsys):
     assert cli.main([*args, "--resume", "auto"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "no intact checkpoint" in err and "--output-dir NEW_DIR and without --resume" in err
+
+
+@pytest.mark.slow
+def test_a_run_from_before_the_stratified_split_resumes_and_reruns_with_its_shuffle(
+    tmp_path, small_data, monkeypatch, capsys
+):
+    from visiontune.data.layouts import discover
+    from visiontune.data.split import RANDOM, relative_paths, split_of
+
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    old = tmp_path / "old"
+    args = _finished_args(small_data, old)
+    assert cli.main([*args, "--split-method", "random"]) == 0
+    # As a run from before --split-method left its folder: no split_method in config.json, no method in
+    # split.json (the sha256 covers the lists only).
+    record = json.loads((old / "config.json").read_text())
+    del record["config"]["split_method"]
+    (old / "config.json").write_text(json.dumps(record))
+    (tmp_path / "before.json").write_text(json.dumps(record))
+    lists = json.loads((old / "split.json").read_text())
+    del lists["method"]
+    (old / "split.json").write_text(json.dumps(lists))
+    images = discover(str(small_data))
+    stratified = split_of(images, 0.2, 42)
+    assert relative_paths(images.paths, stratified.val.tolist(), images.root) != lists["val"]  # a test that tells
+    capsys.readouterr()
+    # Resumed with today's default flags: the checkpoint's split is the shuffle, and the run keeps it.
+    assert cli.main([*args[:-2], "--epochs", "2", "--resume", "auto"]) == 0
+    said = capsys.readouterr().out
+    assert f"visiontune: {old} was split with --split-method random; the resumed run keeps it" in said
+    assert f"resuming from {old}/checkpoints/e0001-b0000000" in said
+    after = json.loads((old / "split.json").read_text())
+    assert (after["train"], after["val"], after["method"]) == (lists["train"], lists["val"], RANDOM)
+    # --config of that config.json: a new run on the same split.
+    new = tmp_path / "new"
+    assert cli.main(["train", "--config", str(tmp_path / "before.json"), "--output-dir", str(new)]) == 0
+    again = json.loads((new / "split.json").read_text())
+    assert (again["train"], again["val"], again["sha256"]) == (lists["train"], lists["val"], lists["sha256"])

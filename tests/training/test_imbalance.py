@@ -55,6 +55,8 @@ def test_weights_from_a_json_or_csv_file_and_one_line_errors(tmp_path):
         "list.json": ("[1, 2]", "expected a JSON object of class: weight"),
         "rows.csv": ("dog,2,3\n", "expected rows of class,weight"),
         "broken.json": ("{dog: 2", "not valid JSON"),
+        "twice.csv": ("class,weight\ndog,4\ncat,1\n dog ,2\n", "class 'dog' is given 2 times; give each class one"),
+        "twice.json": ('{"dog": 4, "dog": 2}', "class 'dog' is given 2 times; give each class one weight"),
     }
     for name, (text, message) in bad.items():
         (tmp_path / name).write_text(text)

@@ -32,7 +32,7 @@ from visiontune.cli.commands import main
 from visiontune.cluster import strategy
 from visiontune.data.layouts import discover
 from visiontune.data.sample import make_multilabel_data
-from visiontune.data.split import read_record, split_of
+from visiontune.data.split import make_multilabel_split, read_record, split_of
 from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix
 from visiontune.loading.jobdata import load_listing, save_listing
@@ -70,6 +70,42 @@ def test_label_sets_are_read_from_semicolons_or_with_the_flag_from_spaces(tmp_pa
         (tmp_path / "folder" / name / "1.png").write_bytes(b"x")
     with pytest.raises(UserError, match="--multi-label needs a manifest"):
         discover(str(tmp_path / "folder"), multi_label=True)
+
+
+def test_empty_label_cells_are_images_without_labels_and_a_manifest_of_only_those_is_one_line(tmp_path):
+    # Empty cells and a lone ';' are allowed (an all-negative image): the labelled rest is what is trained on.
+    some = _manifest(tmp_path / "some", ["a.png,;", "b.png,", "c.png,cat", "d.png,;dog;", "e.png,;"])
+    images = discover(str(some))
+    assert images.classes == ["cat", "dog"] and images.targets.tolist() == [[0, 0], [0, 0], [1, 0], [0, 1], [0, 0]]
+    assert images.labels.tolist() == [0, 0, 0, 1, 0]
+    split = split_of(images, 0.4, seed=0)
+    assert sorted([*split.train, *split.val]) == list(range(5))
+    none = _manifest(tmp_path / "none", ["a.png,;", "b.png,", "c.png,;;", "d.png, ; "])
+    with pytest.raises(UserError, match="no image has a label"):
+        discover(str(none))
+
+
+def test_data_of_many_rare_labels_splits_into_a_train_and_a_val_set_of_the_planned_sizes():
+    # 40 images, each with 3 labels out of 10,000 and one label they all share: the published method sent
+    # every image to train (each rare label's one positive goes where 80% of it is wanted) and refused.
+    rng = np.random.default_rng(0)
+    targets = np.zeros((40, 10_001), np.uint8)
+    for row in targets:
+        row[rng.choice(10_000, 3, replace=False)] = 1
+    targets[:, 10_000] = 1
+    for seed in (0, 1, 2):
+        split = make_multilabel_split(targets, 0.2, seed)
+        assert (len(split.train), len(split.val)) == (32, 8)  # int(40 * 0.8) train, as the plain split
+        assert sorted([*split.train, *split.val]) == list(range(40))
+        assert split == make_multilabel_split(targets, 0.2, seed)
+    for n in (2, 3, 5):  # any two images split, each side holding one or more
+        split = make_multilabel_split(targets[:n], 0.2, 0)
+        assert len(split.train) == n - 1 and len(split.val) == 1
+    # Labels with enough positives are still shared as asked: 50 of 100 images carry label 0 too.
+    mixed = np.zeros((100, 3), np.uint8)
+    mixed[:50, 0], mixed[::7, 1], mixed[:, 2] = 1, 1, 1
+    split = make_multilabel_split(mixed, 0.2, 0)
+    assert mixed[split.val, 0].sum() == 10 and abs(int(mixed[split.val, 1].sum()) - 15 * 0.2) <= 1
 
 
 def test_the_split_is_stratified_per_label_seeded_and_recorded(tmp_path):

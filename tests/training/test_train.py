@@ -102,10 +102,18 @@ def logged(sample_data, tmp_path_factory) -> Logged:
     return Logged(summary, out.getvalue(), err.getvalue(), run_dir)
 
 
-def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, logged):
-    first = json.loads((run / "split.json").read_text())
-    second = json.loads((logged.run_dir / "split.json").read_text())
-    assert first["sha256"] == second["sha256"] and first["val"] == second["val"]
+def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, logged, sample_data):
+    # Each run's split.json is the split its seed and --split-method make, computed again here: the shared
+    # run keeps the shuffle (tests/trained.py), the API run has the stratified default.
+    from visiontune.data.layouts import discover
+    from visiontune.data.split import relative_paths, split_of, split_summary
+
+    images = discover(str(sample_data))
+    for folder, method in ((run, "random"), (logged.run_dir, "stratified")):
+        record = json.loads((folder / "split.json").read_text())
+        split = split_of(images, 0.2, 42, method)
+        assert record["sha256"] == split_summary(split, images.paths, images.root, 42, 0.2)["sha256"]
+        assert record["val"] == relative_paths(images.paths, split.val.tolist(), images.root)
     assert logged.summary == json.loads((logged.run_dir / "summary.json").read_text())
 
 

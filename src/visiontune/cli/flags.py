@@ -91,6 +91,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "mean",
         "std",
         "val_fraction",
+        "split_method",
         "group_by",
         "folds",
         "fold",

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 from pathlib import Path
 
 import numpy as np
+import re2
 import torch
 
 from visiontune.data.layouts import ImageSet
@@ -69,19 +69,46 @@ def group_names(images: ImageSet, group_by: str, data: str = "") -> list[str]:
                 f"{images.paths[empty[0]]}; give every row a group"
             )
         return values
-    try:
-        pattern = re.compile(group_by)
-    except re.error as e:
-        where = data or images.root
-        raise UserError(f"--group-by {group_by!r} is neither a column of {where} nor a regex ({e})") from None
+    pattern = _compile(group_by, data or images.root)
     names = []
     for rel in relative_paths(images.paths, range(len(images)), images.root):
-        m = pattern.search(rel.replace(os.sep, "/"))
+        m = pattern.search(_text(rel.replace(os.sep, "/")))
         name = (m.group(1) if pattern.groups else m.group(0)) if m else None
-        if not name:
-            raise UserError(f"--group-by {group_by!r} finds no group in {rel}; {_REGEX_HINT}")
+        if m is None:
+            raise UserError(f"--group-by {group_by} does not match {rel}; {_REGEX_HINT}")
+        if not name:  # it matched: the fix is a group that cannot be empty, not another pattern
+            what = "its first group captures nothing" if pattern.groups else "it matches an empty string"
+            raise UserError(
+                f"--group-by {group_by} matches {rel}, but {what} there; make the group take at least one "
+                "character (+ rather than *, no optional parts), as '^([^/]+)/' does"
+            )
         names.append(name)
     return names
+
+
+def _text(name: str) -> str:
+    """``name`` as RE2 can take it: a file name's undecodable bytes (surrogate escapes) as U+FFFD."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _compile(group_by: str, where: str):
+    """``group_by`` as an RE2 pattern: matched in time linear in the path, whatever the pattern (the trust
+    boundary: a regex from a command line or a run's config.json must not hang the job, as ``(a+)+$`` does
+    Python's backtracking ``re``). RE2 refuses backreferences and look-arounds, which need backtracking."""
+    options = re2.Options()
+    options.log_errors = False  # the refusal is the one line below, not RE2's own log on stderr
+    try:
+        return re2.compile(group_by, options=options)
+    except (re2.error, UnicodeEncodeError) as e:
+        reason = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise UserError(
+            f"--group-by {group_by} is neither a column of {where} nor a regex visiontune accepts ({reason}; "
+            "RE2 syntax: no backreferences or look-arounds)"
+        ) from None
 
 
 def _codes(names: list[str]) -> np.ndarray:
@@ -198,9 +225,9 @@ def split_images(
 
 
 def split_for(images: ImageSet, cfg) -> tuple[Split, dict]:
-    """A run's split of ``images`` (a ``TrainConfig``'s --val-fraction, --seed, --group-by, --folds, --fold)
-    and ``split.json`` less its lists."""
+    """A run's split of ``images`` (a ``TrainConfig``'s --val-fraction, --split-method, --seed, --group-by,
+    --folds, --fold) and ``split.json`` less its lists."""
     grouped = split_images(images, cfg.val_fraction, cfg.seed, cfg.group_by, cfg.folds, cfg.fold, cfg.data)
-    split, extra = grouped or (split_of(images, cfg.val_fraction, cfg.seed), {})
+    split, extra = grouped or (split_of(images, cfg.val_fraction, cfg.seed, cfg.split_method), {})
     summary = split_summary(split, images.paths, images.root, cfg.seed, cfg.val_fraction, images.split_note)
     return split, {**summary, **extra}

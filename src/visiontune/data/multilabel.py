@@ -18,9 +18,14 @@ images wanted, then a seeded draw), so every label's positives are shared as
 ``--val-fraction`` says, as far as the label sets allow. Images with no label
 come last, each to the subset that wants most images. The draws come from a
 private ``numpy`` generator seeded with ``--seed``: the same listing and seed give
-the same split on any machine, and the global RNG is untouched. The subsets aim at
-the plain split's sizes (``int(n * (1 - val_fraction))`` train); label sets can
-push them a few images off, as in the published method.
+the same split on any machine, and the global RNG is untouched. The subsets have
+the plain split's sizes exactly (``int(n * (1 - val_fraction))`` train): unlike the
+published method, a subset that has all its images takes no more. Without that
+rule, data of many rare labels (40 images with 3 labels each out of 10,000) cannot
+be split: a label of one positive goes to the subset that wants most of it, train,
+so every image does, and validation is empty. With it, the rare labels fill train
+first and the images left fill validation; a label of one positive is on one side
+whatever the method.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ def iterative_split(targets: np.ndarray, n_val: int, seed: int) -> tuple[np.ndar
     n, k = y.shape
     rng = np.random.default_rng(seed)
     ratios = np.array([(n - n_val) / n, n_val / n])  # subset 0: train, 1: val
-    want = ratios * n  # images each subset still wants
+    want = np.array([n - n_val, n_val], np.float64)  # images each subset still wants
     want_label = np.outer(ratios, y.sum(0)).astype(np.float64)  # [2, K]: positives of each label wanted
     left = np.ones(n, bool)
     side = np.full(n, -1, np.int8)
@@ -85,7 +90,9 @@ def iterative_split(targets: np.ndarray, n_val: int, seed: int) -> tuple[np.ndar
         label = open_labels[np.argmin(remaining[open_labels])]  # the rarest label still to place (lowest index)
         rows = order[y_ordered[:, label] & left[order]]
         for i in rows:
-            wanted = want_label[:, label]
+            # Only a subset that still wants images may take one: otherwise a label of one positive (which
+            # train, wanting 80% of it, always takes) sends every image of data made of rare labels to train.
+            wanted = np.where(want > 0, want_label[:, label], -np.inf)
             best = np.flatnonzero(wanted == wanted.max())
             if len(best) > 1:
                 most = want[best]

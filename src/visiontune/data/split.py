@@ -1,11 +1,19 @@
 """The train/val split: seeded, identical in every process and rerun, hashed.
 
-The permutation comes from a private ``torch.Generator`` so that it neither
-reads nor advances the global RNG; the same seed and file list give the same
+By default (``--split-method stratified``) each class is held out at
+``--val-fraction`` (``make_stratified_split``): a balanced folder of 20 images a
+class gives each class 4 validation images, where a shuffle of all the images
+gave some classes none and others 8. ``--split-method random`` is that shuffle
+(``make_split``), the split of every run before the stratified one, kept so that
+such runs reproduce. Multi-label data is split by iterative stratification
+(``data/multilabel.py``). ``"method"`` in ``split.json`` says which; a record
+without one is a shuffle's (``method_of``).
+
+The permutations come from a private ``torch.Generator`` so that they neither
+read nor advance the global RNG; the same seed and file list give the same
 split on any machine. ``split.json`` is the complete record of the split at any
 size: the file lists (relative to the data root) with a sha256 of them, which
-resume compares against, on one compact JSON line. Multi-label data is split by
-iterative stratification instead (``data/multilabel.py``; ``"method"`` in the record). Both the hash and the file
+resume compares against, on one compact JSON line. Both the hash and the file
 are produced a chunk of paths at a time, so a 1.28M-file split never exists as
 one big string in memory, and its indices are two int64 arrays.
 """
@@ -32,7 +40,7 @@ _CHUNK = 16384  # paths turned into JSON at a time
 class Split:
     train: np.ndarray  # int64 indices into the ImageSet, ascending
     val: np.ndarray
-    method: str = ""  # "" for the seeded shuffle; how a stratified split was made (recorded in split.json)
+    method: str = ""  # how the split was made (recorded in split.json); "": the data's own, or grouped
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Split):
@@ -40,28 +48,77 @@ class Split:
         return np.array_equal(self.train, other.train) and np.array_equal(self.val, other.val)
 
 
-def make_split(n: int, val_fraction: float, seed: int) -> Split:
-    """Shuffle ``range(n)`` with ``seed``; the first ``int(n * (1 - val_fraction))`` train."""
+RANDOM = "random: a seeded shuffle of all the images (data/split.py)"
+STRATIFIED = "stratified by class: each class held out at --val-fraction in a seeded order (data/split.py)"
+ITERATIVE = "iterative stratification (Sechidis et al. 2011), data/multilabel.py"
+
+
+def method_of(record: dict) -> str:
+    """The ``--split-method`` that made a ``split.json`` record: a record without a method is a shuffle's
+    (every single-label run before the stratified split); multi-label runs recorded theirs."""
+    return "random" if record.get("method", RANDOM) == RANDOM else "stratified"
+
+
+def _sizes(n: int, val_fraction: float) -> int:
+    """The train size of a split of ``n`` (``int(n * (1 - val_fraction))``); one line when a side is empty."""
     n_train = int(n * (1.0 - val_fraction))
     if n_train < 1 or n_train >= n:
         raise UserError(
             f"a {1 - val_fraction:.0%}/{val_fraction:.0%} split of {n} images leaves an empty "
             "train or val set; add images or change --val-fraction"
         )
+    return n_train
+
+
+def make_split(n: int, val_fraction: float, seed: int) -> Split:
+    """Shuffle ``range(n)`` with ``seed``; the first ``int(n * (1 - val_fraction))`` train."""
+    n_train = _sizes(n, val_fraction)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return Split(perm[:n_train].sort().values.numpy(), perm[n_train:].sort().values.numpy())
+    return Split(perm[:n_train].sort().values.numpy(), perm[n_train:].sort().values.numpy(), RANDOM)
 
 
-ITERATIVE = "iterative stratification (Sechidis et al. 2011), data/multilabel.py"
+def val_counts(counts: np.ndarray, n_val: int, order: np.ndarray) -> np.ndarray:
+    """How many images of each class (``counts`` of them) go to validation, ``n_val`` in all: each class's
+    share ``counts * n_val / n`` rounded down, then one more to the classes furthest below their share
+    (ties in the seeded class ``order``) until ``n_val`` are taken. A class keeps one training image while
+    any other class can give one instead (a class wholly in validation cannot be learnt)."""
+    counts = np.asarray(counts, np.int64)
+    n = int(counts.sum())
+    take = np.minimum(counts * n_val // n, np.maximum(counts - 1, 0))  # integers: no rounding drift
+    rank = np.empty(len(counts), np.int64)
+    rank[order] = np.arange(len(counts))
+    for cap in (np.maximum(counts - 1, 0), counts):  # the second only when every class is down to one
+        while take.sum() < n_val:
+            room = np.flatnonzero(take < cap)
+            if not len(room):
+                break
+            below = counts[room] * n_val - take[room] * n  # n times the shortfall
+            first = room[np.lexsort((rank[room], -below))][: n_val - int(take.sum())]
+            take[first] += 1
+    return take
+
+
+def make_stratified_split(labels: np.ndarray, val_fraction: float, seed: int) -> Split:
+    """The images of each class in a seeded order, its first ``val_counts`` to validation: the sizes of
+    ``make_split``, each class's share of validation as near ``val_fraction`` as whole images allow."""
+    labels = np.asarray(labels, np.int64)
+    n = len(labels)
+    n_train = _sizes(n, val_fraction)
+    generator = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n, generator=generator).numpy()
+    ranked = perm[np.argsort(labels[perm], kind="stable")]  # class by class, a seeded order within each
+    counts = np.bincount(labels)
+    take = val_counts(counts, n - n_train, torch.randperm(len(counts), generator=generator).numpy())
+    within = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # each ranked image's place in its class
+    held = within < np.repeat(take, counts)
+    return Split(np.sort(ranked[~held]), np.sort(ranked[held]), STRATIFIED)
 
 
 def make_multilabel_split(targets: np.ndarray, val_fraction: float, seed: int) -> Split:
     """Iterative stratification of a multi-hot ``targets`` (``multilabel.iterative_split``), checked as
     ``make_split`` checks its sizes."""
     n = len(targets)
-    n_train = int(n * (1.0 - val_fraction))
-    if n_train < 1 or n_train >= n:
-        make_split(n, val_fraction, seed)  # the same one-line refusal
+    n_train = _sizes(n, val_fraction)
     train, val = multilabel.iterative_split(targets, n - n_train, seed)
     if not len(train) or not len(val):
         raise UserError(
@@ -71,13 +128,16 @@ def make_multilabel_split(targets: np.ndarray, val_fraction: float, seed: int) -
     return Split(train.astype(np.int64), val.astype(np.int64), ITERATIVE)
 
 
-def split_of(images, val_fraction: float, seed: int) -> Split:
+def split_of(images, val_fraction: float, seed: int, method: str = "stratified") -> Split:
     """The data's own train/validation split when it brings one (an ``ImageSet``'s ``val_mask``), else
-    ``make_split``, or for multi-label data ``make_multilabel_split``."""
+    by ``method``: ``make_stratified_split`` (multi-label data: ``make_multilabel_split``) or the shuffle
+    ``make_split`` (``random``)."""
+    if images.val_mask is None and method == "random":
+        return make_split(len(images), val_fraction, seed)
     if images.val_mask is None and getattr(images, "targets", None) is not None:
         return make_multilabel_split(images.targets, val_fraction, seed)
     if images.val_mask is None:
-        return make_split(len(images), val_fraction, seed)
+        return make_stratified_split(images.labels, val_fraction, seed)
     split = Split(np.flatnonzero(~images.val_mask), np.flatnonzero(images.val_mask))
     if not len(split.train) or not len(split.val):
         raise UserError(f"{images.root}: {images.split_note} leave an empty train or val set")

@@ -25,7 +25,7 @@ from visiontune.cluster import launch
 from visiontune.data import remote
 from visiontune.data.groups import split_images
 from visiontune.data.layouts import ImageSet, discover
-from visiontune.data.split import relative_paths, split_of, split_summary
+from visiontune.data.split import method_of, relative_paths, split_of, split_summary
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
@@ -87,7 +87,7 @@ def _same_listing(images: ImageSet, run_dir: str, record: dict, root: str | None
     try:  # as the run split it: grouped or a fold when its split.json says so
         folds, fold = int(record.get("folds", 0)), int(record.get("fold", 0))
         grouped = split_images(kept, fraction, seed, record.get("group_by"), folds, fold, kept.root)
-        split = grouped[0] if grouped else split_of(kept, fraction, seed)
+        split = grouped[0] if grouped else split_of(kept, fraction, seed, method_of(record))
     except (UserError, OSError, ValueError, TypeError):  # too few images to split as the run did: not its data
         return False
     return split_summary(split, kept.paths, kept.root, seed, fraction)["sha256"] == want

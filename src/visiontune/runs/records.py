@@ -96,22 +96,46 @@ def announce(
         accelerator.print(
             f"visiontune: warning: the rarest class, {images.classes[rarest]!r}, has {count} validation "
             f"image{'s' * (count != 1)} (fewer than {RARE_VAL_IMAGES}): its recall and the balanced "
-            "accuracy are coarse; add images of it or raise --val-fraction"
+            f"accuracy are coarse; {_rare_advice(cfg, images, rarest)}"
         )
     if overview:
         width = max(len(label) for label, _ in overview)
         accelerator.print("Running training\n" + "\n".join(f"  {label:<{width}}  {text}" for label, text in overview))
     if note:
         accelerator.print(f"visiontune: {note}")
-    # The split is not stratified: a class of one or two images can land wholly in val, and the model
-    # then never sees it. The run goes on (its other classes are worth training); the user is told.
+    # A class with no training image (in the data's own validation split only, one of a shuffle's draws, or
+    # a class of one image) cannot be learnt: it scores 0. The run goes on (its other classes are worth
+    # training); the user is told which, and what to do.
     unseen = np.flatnonzero(np.asarray(list(images.class_counts(split.train).values())) == 0)
     if len(unseen):
+        named = ", ".join(repr(images.classes[c]) for c in unseen[:5]) + (", ..." if len(unseen) > 5 else "")
+        in_val = int(val_counts[unseen].sum())
+        scored = f", and scores 0 on their {in_val} validation image{'s' * (in_val != 1)}" if in_val else ""
         accelerator.print(
             f"visiontune: warning: {len(unseen)} of {len(images.classes)} classes have no training image "
-            f"(e.g. {images.classes[unseen[0]]!r}), so the model cannot learn them; give every class "
-            "several images"
+            f"({named}), so the model cannot learn them{scored}; {_unseen_advice(cfg, images)}"
         )
+
+
+def _rare_advice(cfg: TrainConfig, images: ImageSet, rarest: int) -> str:
+    """What to do about a class with few validation images: what made them few decides."""
+    if images.val_mask is not None:
+        return "the data's own validation split holds few of it: add validation images of it there"
+    total = images.class_counts()[images.classes[rarest]]
+    if cfg.split_method == "random" and not cfg.group_by and total * cfg.val_fraction >= RARE_VAL_IMAGES:
+        return (
+            f"it has {total} images, but the random split drew few of them: --split-method stratified (the "
+            "default) holds out --val-fraction of every class"
+        )
+    return f"it has {total} images: add images of it or raise --val-fraction"
+
+
+def _unseen_advice(cfg: TrainConfig, images: ImageSet) -> str:
+    if images.val_mask is not None:
+        return "the data's own train split lacks them: add training images of them, or leave them out of validation"
+    if cfg.split_method == "random" and not cfg.group_by and not cfg.folds:
+        return "--split-method stratified (the default) keeps a training image of every class"
+    return "give every class two or more images (with --group-by, two or more groups)"
 
 
 def _named(data: str) -> bool:

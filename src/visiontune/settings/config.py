@@ -84,6 +84,11 @@ class TrainConfig:
     mean: str | None = _setting(None, "per-channel mean R,G,B in [0, 1] (default: from --normalize; recorded)")
     std: str | None = _setting(None, "per-channel std R,G,B (default: from --normalize; recorded)")
     val_fraction: float = _setting(0.2, "share of images held out for validation")
+    split_method: Literal["stratified", "random"] = _setting(
+        "stratified",
+        "stratified (each class held out at --val-fraction; multi-label: iterative stratification) or random (a "
+        "seeded shuffle of all the images, the split of runs before stratification); recorded in split.json",
+    )
     group_by: str | None = _setting(
         None,
         "keep each group of images on one side of the split: a regex over the path relative to the data "

@@ -38,6 +38,33 @@ RANGES = {
 }
 
 
+# (low, high) of the integers (and the timeout) that reach torch, a C library, a timedelta or an
+# allocation: past these, a mistyped 99999999999999999999 fails there with an OverflowError or a C++
+# stack, or trains for ever. The highs are far above any real run's.
+LIMITS = {
+    "image_size": (1, 8192),
+    "batch_size": (1, 2**20),
+    "epochs": (1, 10**6),
+    "grad_accum": (1, 2**16),
+    "reference_batch": (1, 2**30),
+    "keep_last": (1, 10**4),
+    "num_workers": (0, 1024),
+    "threads": (1, 4096),
+    "nproc": (1, 4096),
+    "node_rank": (0, 2**16),
+    "master_port": (1, 65535),
+    "max_restarts": (0, 10**4),
+    "save_every_steps": (0, 2**31 - 1),
+    "warmup_steps": (0, 2**31 - 1),
+    "timing_warmup": (0, 2**31 - 1),
+    "freeze_epochs": (0, 10**6),
+    "early_stop": (0, 10**6),
+    "folds": (0, 10**6),
+    "warmup_epochs": (0, 10**6),
+    "timeout": (0, 365 * 86400),
+}
+
+
 FROM_MODEL = ("interpolation",)  # None: the model's pretrained config's, known once the model is
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
 
@@ -146,6 +173,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--momentum and --weight-decay must be >= 0, got {cfg.momentum} and {cfg.weight_decay}")
     if cfg.timeout <= 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
+    for name, (low, high) in LIMITS.items():
+        value = getattr(cfg, name)
+        if value is not None and not low <= value <= high:
+            kind = (
+                "a number of seconds" if name == "timeout" else "an integer" if name != "warmup_epochs" else "a number"
+            )
+            raise UserError(f"--{name.replace('_', '-')} must be {kind} from {low} to {high}, got {value}")
     weights = cfg.class_weights
     if weights not in ("none", "auto") and weights.partition(":")[0] != "effective" and not Path(weights).is_file():
         raise UserError(
@@ -161,6 +195,15 @@ _EARLIER = {
 }
 
 
+def recorded_split_method(record: dict) -> str:
+    """The ``--split-method`` of the run whose ``config.json`` is ``record``: as recorded, or for a run from
+    before the setting, the split it made (a shuffle, or iterative stratification for multi-label data)."""
+    config, model = record.get("config"), record.get("model")
+    if isinstance(config, dict) and "split_method" in config:
+        return config["split_method"]
+    return "stratified" if isinstance(model, dict) and model.get("multi_label") is True else "random"
+
+
 def load_config_file(path: str) -> dict[str, Any]:
     """Read settings from a TOML file or an earlier run's ``config.json``."""
     p = Path(path)
@@ -168,8 +211,10 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UserError(f"config file not found: {path}")
     try:
         if p.suffix == ".json":
-            raw = json.loads(p.read_text())
-            raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # a run's config.json nests them
+            record = json.loads(p.read_text())
+            raw = record.get("config", record) if isinstance(record, dict) else record  # a run's config.json nests them
+            if raw is not record and isinstance(raw, dict):  # an earlier run's settings: its split too
+                raw = {**raw, "split_method": recorded_split_method(record)}
         else:
             raw = tomllib.loads(p.read_text())
     except (ValueError, tomllib.TOMLDecodeError) as e:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,6 +67,10 @@ def weights_from_counts(counts: Sequence[int], how: str = "auto") -> torch.Tenso
     return raw * n.sum() / (raw * n).sum() if n.sum() else raw
 
 
+class _Pairs(list):
+    """A JSON object's (key, value) pairs in file order, repeats kept."""
+
+
 def read_weight_file(path: str, classes: Sequence[str]) -> torch.Tensor:
     """Weights from a JSON object ``{"class": weight}`` or a CSV of ``class,weight`` rows (a header row
     ``class,weight`` is allowed); classes not named weigh 1."""
@@ -77,13 +82,13 @@ def read_weight_file(path: str, classes: Sequence[str]) -> torch.Tensor:
             f"{where}: cannot read it ({e.__class__.__name__}); give none, auto, effective or a file"
         ) from None
     if path.lower().endswith(".json"):
-        try:
-            given = json.loads(text)
+        try:  # the object's pairs as written: json.loads would keep the last of a repeated key silently
+            given = json.loads(text, object_pairs_hook=_Pairs)
         except ValueError as e:
             raise UserError(f"{where}: not valid JSON ({e})") from None
-        if not isinstance(given, dict):
+        if not isinstance(given, _Pairs):
             raise UserError(f'{where}: expected a JSON object of class: weight, e.g. {{"cat": 1, "dog": 4}}')
-        pairs = list(given.items())
+        pairs = list(given)
     else:
         rows = [r for r in csv.reader(text.splitlines()) if r and any(x.strip() for x in r)]
         if rows and [x.strip().lower() for x in rows[0]] == ["class", "weight"]:
@@ -92,6 +97,10 @@ def read_weight_file(path: str, classes: Sequence[str]) -> torch.Tensor:
         if bad is not None:
             raise UserError(f"{where}: expected rows of class,weight, got {','.join(bad)!r}")
         pairs = [(name.strip(), value.strip()) for name, value in rows]
+    times = Counter(name for name, _ in pairs)
+    twice = next((name for name, _ in pairs if times[name] > 1), None)
+    if twice is not None:  # which of its weights was meant cannot be told
+        raise UserError(f"{where}: class {twice!r} is given {times[twice]} times; give each class one weight")
     index = {name: i for i, name in enumerate(classes)}
     weights = torch.ones(len(classes), dtype=torch.float64)
     for name, value in pairs:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -33,8 +35,8 @@ from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model, check_input, get_spec, input_view
 from visiontune.runs import records, resume, runinfo, runlock
 from visiontune.settings import presets
-from visiontune.settings.config import SEEDS, TrainConfig
-from visiontune.settings.validation import validate
+from visiontune.settings.config import SEEDS, TrainConfig, choices
+from visiontune.settings.validation import recorded_split_method, validate
 from visiontune.training import elastic, engine, imbalance, lrfind, meter, optim, overview
 from visiontune.training.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
 from visiontune.training.schedule import Stepper
@@ -89,6 +91,21 @@ def _open_job(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> _Job:
     run_folder.enter_context(runlock.hold_run(accelerator, job.run_dir))
     elastic.check_shared_folder(accelerator, job.run_dir)
     return job
+
+
+def _split_as_recorded(accelerator, cfg: TrainConfig, run_dir: str) -> TrainConfig:
+    """``cfg`` with the --split-method of the run it continues: a resume must see the split its checkpoint
+    was trained on (a run from before the stratified split: the shuffle), whatever the default is now."""
+    source = resume.resumed_folder(cfg, run_dir)
+    try:
+        record = json.loads(Path(source, "config.json").read_text()) if source else None
+    except (OSError, ValueError):
+        return cfg  # no record to go by: the checkpoint's split hash still refuses another split
+    recorded = recorded_split_method(record) if isinstance(record, dict) else cfg.split_method
+    if recorded in choices()["split_method"] and recorded != cfg.split_method:
+        accelerator.print(f"visiontune: {source} was split with --split-method {recorded}; the resumed run keeps it")
+        cfg = cfg.replace(split_method=recorded)
+    return cfg
 
 
 def _check_one_global_batch(job: _Job, split) -> None:
@@ -239,6 +256,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
     images, bad = data.images, data.bad
+    cfg = _split_as_recorded(accelerator, cfg, run_dir)
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
     if limited:  # the subset is in the lists and their hash; this says how it was drawn
         split_rec = {**split_rec, "limit_images": limited}
