@@ -179,7 +179,6 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
     """One flag per ``TrainConfig`` field, --field-name, with the field's help and default, in the
     sections of ``FLAG_GROUPS``; the fields in ``leave_out`` get no flag (their defaults hold)."""
     parser.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
-    add_pipe_flag(parser)
     allowed = choices()
     titles = [title.replace(" and resume", "") if "resume" in leave_out else title for title in FLAG_GROUPS]
     shown = [
@@ -193,6 +192,7 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
     groups = {title: parser.add_argument_group(shown) for title, shown in zip(FLAG_GROUPS, titles, strict=True)}
     group_of = {name: groups[title] for title, names in FLAG_GROUPS.items() for name in names}
     group_of.update(dict.fromkeys(NEWCOMER_FLAGS, start))
+    add_pipe_flag(groups["data"])  # a data flag, below the first screen
     for f in fields(TrainConfig):
         if f.name in leave_out:
             continue
