@@ -222,8 +222,18 @@ def push(run_dir: str, repo: str, private: bool = False, revision: str | None = 
                 commit_message=f"visiontune: {loaded.info.model} for {', '.join(loaded.info.classes)}"[:200],
             )
         except Exception as e:  # no connection, a refused token, no rights: the commit was not made
+            if not _from_the_hub(e):
+                raise  # a bug: its traceback is what a report needs
             raise UserError(_failure(repo, e)) from None
     return str(getattr(commit, "commit_url", commit))
+
+
+def _from_the_hub(e: Exception) -> bool:
+    """An answer of the Hub, or no answer: its errors, OS-level ones, or its HTTP client's (httpx2)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    client = type(e).__module__.partition(".")[0] in ("httpx", "httpx2", "requests", "urllib3")
+    return client or isinstance(e, (HfHubHTTPError, OSError))
 
 
 def _failure(repo: str, e: Exception) -> str:
