@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -299,3 +300,77 @@ def test_push_uploads_the_hub_folder_in_one_commit(trained_run, tmp_path, monkey
     assert 'timm.create_model("hf-hub:org/name", pretrained=True)' in card
     assert 'hf_hub_download("org/name", "model.safetensors")' in card
     assert _front_matter(card)[0]["model-index"][0]["name"] == "name"
+
+
+# export --format onnx --int8
+
+
+@pytest.mark.slow
+def test_int8_onnx_records_the_accuracies_onnxruntime_gives_on_the_val_split(trained_run, sample_data, tmp_path):
+    import onnxruntime
+
+    from trained import preprocess
+    from visiontune.inference import quantize
+
+    out = tmp_path / "int8.onnx"
+    argv = ["export", "--run", str(trained_run), "--format", "onnx", "--int8", "--out", str(out)]
+    assert main([*argv, "--max-accuracy-drop", "100", "--calibration-images", "40"]) == 0
+    record = quantize.record_of(out)
+    summary = json.loads((trained_run / "summary.json").read_text())
+    assert record["calibration_images"] == 40 and record["val_images"] == summary["val_split_size"]
+    # Recomputed without visiontune's loader: the val files of split.json, torchvision's resize, both files.
+    val = json.loads((trained_run / "split.json").read_text())["val"]
+    x = preprocess([sample_data / f for f in val]).numpy()
+    y = np.array([["cat", "dog"].index(Path(f).name.split(".")[0]) for f in val])
+    fp32 = tmp_path / "fp32.onnx"
+    assert main(["export", "--run", str(trained_run), "--format", "onnx", "--out", str(fp32)]) == 0
+    for path, key in ((fp32, "val_accuracy_fp32"), (out, "val_accuracy_int8")):
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert (session.run(None, {"images": x})[0].argmax(1) == y).mean() == pytest.approx(record[key], abs=1e-9)
+    assert record["accuracy_drop_points"] == pytest.approx(
+        (record["val_accuracy_fp32"] - record["val_accuracy_int8"]) * 100
+    )
+    assert (
+        json.loads({p.key: p.value for p in __import__("onnx").load(str(out)).metadata_props}["visiontune"])
+        == (json.loads((trained_run / "config.json").read_text())["model"])
+    )
+    # serve takes the file as it takes any exported .onnx: the same probabilities as onnxruntime's.
+    from visiontune.inference.runtime import load_runtime
+
+    served = load_runtime(weights=str(out))
+    images = [served.prepare((sample_data / f).read_bytes()) for f in val[:4]]
+    direct = session.run(None, {"images": served.normalize(torch.stack(images)).numpy()})[0]
+    assert (served.probabilities(images) - torch.from_numpy(direct).softmax(1)).abs().max().item() <= TOL
+
+
+@pytest.mark.slow
+def test_int8_is_refused_when_it_loses_more_than_the_allowed_accuracy(trained_run, tmp_path, monkeypatch, capsys):
+    from visiontune.inference import quantize
+
+    # Calibrated on images a thousand times too bright, each quantization step is wider than the whole
+    # range of real activations: every image gets about the same output, and the accuracy falls to chance.
+    real = quantize._Calibration.get_next
+    monkeypatch.setattr(quantize._Calibration, "get_next", lambda self: _brightened(real(self)))
+    out = tmp_path / "int8.onnx"
+    argv = ["export", "--run", str(trained_run), "--format", "onnx", "--int8", "--out", str(out)]
+    assert main([*argv, "--max-accuracy-drop", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "more than --max-accuracy-drop 1" in err[0] and "nothing written" in err[0]
+    assert not out.exists()
+
+
+def _brightened(feed):
+    return None if feed is None else {"images": feed["images"] * 1000}
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--format", "pt2", "--int8"], "--int8 is for --format onnx"),
+        (["--format", "onnx", "--int8", "--max-accuracy-drop", "-1"], "--max-accuracy-drop must be 0 or more"),
+        (["--format", "onnx", "--int8", "--calibration-images", "0"], "--calibration-images must be at least 1"),
+    ],
+)
+def test_int8_options_are_checked_before_the_model_is_loaded(tmp_path, capsys, extra, said):
+    assert main(["export", "--run", str(tmp_path / "no-run"), *extra, "--out", str(tmp_path / "m.onnx")]) == 2
+    assert said in capsys.readouterr().err and not (tmp_path / "m.onnx").exists()

@@ -232,6 +232,8 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     if args.format == "hub":
         return _export_hub(args)
     check_format(args.format)
+    if args.int8:
+        return _export_int8(args)
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
     diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing)
@@ -248,6 +250,20 @@ def _export_hub(args: argparse.Namespace) -> int:
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/hub"
     print(hub.described(out, loaded.info, hub.export_hub(loaded, args.run, out)))
+    return 0
+
+
+def _export_int8(args: argparse.Namespace) -> int:
+    from visiontune.inference import quantize
+    from visiontune.inference.loaded import load_model
+
+    if args.format != "onnx" or args.with_preprocessing:
+        raise UserError("--int8 is for --format onnx without --with-preprocessing")
+    quantize.check_options(args.max_accuracy_drop, args.calibration_images)
+    loaded = load_model(args.run)
+    out = args.out or f"{args.run.rstrip('/')}/best.int8.onnx"
+    record = quantize.export_int8(loaded, args.run, out, args.max_accuracy_drop, args.calibration_images)
+    print(quantize.described(out, record))
     return 0
 
 

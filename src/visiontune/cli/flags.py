@@ -427,6 +427,14 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         action="store_true",
         help="onnx: take uint8 [N, H, W, 3] images of any size; resize and normalise inside the graph",
     )
+    p.add_argument("--int8", action="store_true", help="onnx: int8 static quantization, calibrated on training images")
+    p.add_argument(
+        "--max-accuracy-drop",
+        type=finite,
+        default=1.0,
+        help="--int8: refuse when the val accuracy falls more than this many points below fp32's (default 1)",
+    )
+    p.add_argument("--calibration-images", type=int, default=128, help="--int8: training images to calibrate on")
     p.set_defaults(func=commands["export"])
     p = sub.add_parser("push", help="upload a run's best model to the Hugging Face Hub as a timm model with its card")
     p.add_argument("run", help="a training run folder")
