@@ -121,6 +121,11 @@ def test_a_multi_label_folder_carries_its_thresholds(tmp_path, monkeypatch):
     _, rows = _assert_same_as_visiontune(run, out, paths, multi_label=True)
     from_run = load(run).predict([str(p) for p in paths])
     assert [r["labels"] for r in rows] == [r["labels"] for r in from_run]  # the folder's thresholds, applied
+    summary = json.loads((run / "summary.json").read_text())
+    meta, body = _front_matter((out / "README.md").read_text())
+    metrics = {m["type"]: m["value"] for m in meta["model-index"][0]["results"][0]["metrics"]}
+    assert metrics["map"] == summary["best_val_map"] and "map" in meta["metrics"]
+    assert f"| validation mAP | {summary['best_val_map']:.4f} |" in body and "thresholds" in body
 
 
 def _squeezenet(monkeypatch) -> None:
