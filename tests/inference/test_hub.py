@@ -203,10 +203,14 @@ def test_the_card_has_hub_front_matter_and_summary_numbers(trained_run, sample_d
     assert "/" not in _section(body, "Data").split("(")[0]  # the folder's name, not the machine's path
     assert (out / "training_results.png").read_bytes() == (trained_run / "training_results.png").read_bytes()
     assert "![training curves](training_results.png)" in body
-    # The card's own loading snippets, run as a reader would, give visiontune's predictions.
+    # The card's own loading snippets -- timm, transformers' timm wrapper, visiontune -- run as a reader
+    # would, give visiontune's predictions.
     image = _pngs(sample_data, tmp_path / "images", count=1)[0]
     want = load(trained_run).predict(str(image))["probabilities"]
-    for code in re.findall(r"```python\n(.*?)```", body, re.S):
+    snippets = re.findall(r"```python\n(.*?)```", body, re.S)
+    assert len(snippets) == 3 and "timm.create_model" in snippets[0] and "visiontune.load" in snippets[2]
+    assert "AutoModelForImageClassification.from_pretrained" in snippets[1]
+    for code in snippets:
         code = code.replace("PATH/TO/THIS/FOLDER", str(out)).replace("image.jpg", str(image))
         scope: dict = {}
         exec(code.replace("print(predictor.predict(", "probabilities = (predictor.predict("), scope)

@@ -15,6 +15,7 @@ by output), so those weights load into the timm model unchanged; any other archi
 one line naming the formats that fit. Before the folder takes its name it is loaded back through timm's
 ``local-dir:`` and its logits compared with the run's model (``TOLERANCE``), so a folder on disk is one
 that timm loads. ``README.md`` is the model card (``reports.modelcard``), beside the curves picture.
+transformers' timm wrapper (``AutoModelForImageClassification``) loads the same folder.
 
 ``push`` builds that folder in a temporary directory and uploads it as one commit (``create_repo``,
 ``upload_folder``), with the token from ``HF_TOKEN`` or the Hub's login cache (``get_token``); without a
@@ -108,6 +109,9 @@ def _write_folder(loaded: LoadedModel, run_dir: str, folder: Path, repo: str | N
     config = json.loads((folder / "config.json").read_text())
     for key in NOT_OURS:
         config["pretrained_cfg"].pop(key, None)
+    # timm reads num_classes from the top level; in model_args too, transformers' timm wrapper (5.23) is handed
+    # it twice and fails.
+    config.get("model_args", {}).pop("num_classes", None)
     config["visiontune"] = info.to_dict()  # the description, with a multi-label model's thresholds
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}

@@ -4,7 +4,8 @@ Hub front matter (YAML: ``library_name: timm``, the tags, the ``hf:`` data set w
 metrics, and a ``model-index`` carrying the best epoch's validation metrics exactly as ``summary.json``
 has them), then the data set's name and size, the recipe (the resolved setup the run announced,
 ``config.json``'s ``overview``), the best validation metrics with the count of images they were
-computed on, the curves picture, and how to load the model with timm and with visiontune. Every number
+computed on, the curves picture, and how to load the model with timm, transformers (its timm wrapper)
+and visiontune. Every number
 comes from ``summary.json`` (the body rounds to four decimals) or from the announced recipe. Only the
 data folder's name is shown, never its path: a card is published.
 """
@@ -153,7 +154,22 @@ def _usage(where: str, repo: str | None, multi: bool) -> list[str]:
             "threshold, tuned on the validation split (`config.json`, `visiontune.thresholds`, in label order).",
             "",
         ]
+    folder = repo or "PATH/TO/THIS/FOLDER"
     lines += [
+        "With transformers (its timm wrapper, with timm's transforms from the same config):",
+        "",
+        "```python",
+        "import torch",
+        "from PIL import Image",
+        "from transformers import AutoImageProcessor, AutoModelForImageClassification",
+        "",
+        f'model = AutoModelForImageClassification.from_pretrained("{folder}").eval()',
+        f'processor = AutoImageProcessor.from_pretrained("{folder}")',
+        "with torch.no_grad():",
+        '    logits = model(**processor(Image.open("image.jpg").convert("RGB"), return_tensors="pt")).logits',
+        f"probabilities = dict(zip(model.config.id2label.values(), {activation}[0].tolist()))",
+        "```",
+        "",
         "With visiontune (its own decode and resize, as in training; thresholds applied):",
         "",
         "```python",
