@@ -383,3 +383,17 @@ def _brightened(feed):
 def test_int8_options_are_checked_before_the_model_is_loaded(tmp_path, capsys, extra, said):
     assert main(["export", "--run", str(tmp_path / "no-run"), *extra, "--out", str(tmp_path / "m.onnx")]) == 2
     assert said in capsys.readouterr().err and not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.slow
+def test_a_damaged_summary_is_one_line_and_no_folder(trained_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("checkpoints"))
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "best_val_accuracy": "high"}))
+    assert main(["export", "--run", str(run), "--format", "hub", "--out", str(tmp_path / "hub")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "summary.json" in err[0]
+    assert not (tmp_path / "hub").exists() and not list(tmp_path.glob(".hub.*"))

@@ -119,13 +119,20 @@ def _write_folder(loaded: LoadedModel, run_dir: str, folder: Path, repo: str | N
     curves = Path(run_dir) / CURVES
     if curves.is_file():
         shutil.copyfile(curves, folder / CURVES)
-    text = modelcard.card(
-        _json(Path(run_dir) / "config.json"),
-        _json(Path(run_dir) / "summary.json"),
-        config["architecture"],
-        repo,
-        CURVES if curves.is_file() else None,
-    )
+    summary = _json(Path(run_dir) / "summary.json")
+    try:
+        text = modelcard.card(
+            _json(Path(run_dir) / "config.json"),
+            summary,
+            config["architecture"],
+            repo,
+            CURVES if curves.is_file() else None,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a run folder may come from anyone
+        raise UserError(
+            f"{run_dir}/summary.json or config.json lacks what the model card shows ({e.__class__.__name__}: "
+            f"{str(e)[:80]}); use a run folder visiontune finished"
+        ) from None
     (folder / "README.md").write_text(text)
     return _check(loaded, folder)
 
@@ -133,7 +140,13 @@ def _write_folder(loaded: LoadedModel, run_dir: str, folder: Path, repo: str | N
 def _json(path: Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path} is missing: --format hub needs a finished run folder (its summary and config)")
-    return json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"{path} is not JSON ({str(e)[:80]}); use a run folder visiontune finished") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path} is not a visiontune record; use a run folder visiontune finished")
+    return record
 
 
 def _check(loaded: LoadedModel, folder: Path) -> float:

@@ -108,7 +108,7 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
         "",
         "| setting | value |",
         "|---|---|",
-        *(f"| {k} | {overview[k]} |" for k in RECIPE if k in overview),
+        *(f"| {k} | {_cell(overview[k])} |" for k in RECIPE if k in overview),
         "",
         "## Validation results",
         "",
@@ -124,6 +124,11 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
         lines += [f"![training curves]({curves})", ""]
     lines += _usage(where, repo, multi)
     return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    """A table cell: one line, its bars escaped, so a value cannot end the row or the table."""
+    return " ".join(str(value).split()).replace("|", "\\|")
 
 
 def _usage(where: str, repo: str | None, multi: bool) -> list[str]:
