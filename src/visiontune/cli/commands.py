@@ -246,11 +246,49 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.inference.export import SUFFIX, check_format, described, export
     from visiontune.inference.loaded import load_model
 
+    if args.format == "hub":
+        return _export_hub(args)
     check_format(args.format)
+    if args.int8:
+        return _export_int8(args)
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
     diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing, args.probabilities)
     print(described(out, loaded.info, diff, args.with_preprocessing, args.probabilities))
+    return 0
+
+
+def _export_hub(args: argparse.Namespace) -> int:
+    from visiontune.inference import hub
+    from visiontune.inference.loaded import load_model
+
+    if args.with_preprocessing:
+        raise UserError("--with-preprocessing is for --format onnx; timm's own transforms feed a hub folder")
+    loaded = load_model(args.run)
+    out = args.out or f"{args.run.rstrip('/')}/hub"
+    print(hub.described(out, loaded.info, hub.export_hub(loaded, args.run, out)))
+    return 0
+
+
+def _export_int8(args: argparse.Namespace) -> int:
+    from visiontune.inference import quantize
+    from visiontune.inference.loaded import load_model
+
+    if args.format != "onnx" or args.with_preprocessing:
+        raise UserError("--int8 is for --format onnx without --with-preprocessing")
+    quantize.check_options(args.max_accuracy_drop, args.calibration_images)
+    loaded = load_model(args.run)
+    out = args.out or f"{args.run.rstrip('/')}/best.int8.onnx"
+    record = quantize.export_int8(loaded, args.run, out, args.max_accuracy_drop, args.calibration_images)
+    print(quantize.described(out, record))
+    return 0
+
+
+def cmd_push(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.inference import hub
+
+    url = hub.push(args.run, args.repo, args.private, args.revision)
+    print(f"visiontune: pushed {args.run} to {args.repo}: {url}")
     return 0
 
 

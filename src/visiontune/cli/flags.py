@@ -491,8 +491,10 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.set_defaults(func=commands["evaluate"])
     p = sub.add_parser("export", help="export a run's best model to ONNX or a torch.export .pt2 archive")
     p.add_argument("--run", required=True, help="a training run folder")
-    p.add_argument("--format", required=True, help="onnx or pt2 (torch.export; TorchScript's successor)")
-    p.add_argument("--out", help="file to write (default RUN/best.onnx or RUN/best.pt2)")
+    p.add_argument(
+        "--format", required=True, help="onnx, pt2 (torch.export; TorchScript's successor) or hub (a timm Hub folder)"
+    )
+    p.add_argument("--out", help="file to write (default RUN/best.onnx, RUN/best.pt2 or the folder RUN/hub)")
     p.add_argument(
         "--with-preprocessing",
         action="store_true",
@@ -504,7 +506,21 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         help="the softmax in the graph: output class probabilities, not logits (recorded in the file, which "
         "serve reads; a multi-label model's sigmoid always is)",
     )
+    p.add_argument("--int8", action="store_true", help="onnx: int8 static quantization, calibrated on training images")
+    p.add_argument(
+        "--max-accuracy-drop",
+        type=finite,
+        default=1.0,
+        help="--int8: refuse when the val accuracy falls more than this many points below fp32's (default 1)",
+    )
+    p.add_argument("--calibration-images", type=int, default=128, help="--int8: training images to calibrate on")
     p.set_defaults(func=commands["export"])
+    p = sub.add_parser("push", help="upload a run's best model to the Hugging Face Hub as a timm model with its card")
+    p.add_argument("run", help="a training run folder")
+    p.add_argument("--repo", required=True, help="the Hub repository, ORG/NAME (created if it does not exist)")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--revision", help="the branch to commit to (created if missing; default main)")
+    p.set_defaults(func=commands["push"])
     p = sub.add_parser("serve", help="serve a trained model over HTTP: POST /predict, with dynamic batching")
     _add_serve_flags(p)
     p.set_defaults(func=commands["serve"])

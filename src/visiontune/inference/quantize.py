@@ -1,0 +1,171 @@
+"""``visiontune export --format onnx --int8``: an int8 ONNX model for CPU serving, and proof of what it costs.
+
+The fp32 file of ``export`` (checked against the eager model) is quantized by ONNX Runtime's static
+quantization (``quantize_static``: QDQ, int8 weights per channel, uint8 activations), its activation
+ranges calibrated on images of the run's own training split (``--calibration-images``, a seeded choice;
+the count used is recorded). Then both files score the run's validation split, fed by training's own
+decode, resize and normalisation; when the int8 accuracy is more than ``--max-accuracy-drop`` points
+below the fp32 one, nothing is written and the line says by how much. The file carries the run's
+description under ``visiontune`` as every export does, and the record -- calibration count, validation
+images, both accuracies, the drop and the limit -- as JSON under ``visiontune_int8``. Single-label models
+for now: a multi-label model's accuracy is not one number to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from visiontune import files
+from visiontune.data.layouts import discover
+from visiontune.errors import UserError
+from visiontune.inference.evaluate import recorded_data, select
+from visiontune.inference.export import export
+from visiontune.inference.loaded import LoadedModel
+from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader, readable
+
+KEY = "visiontune_int8"
+CALIBRATION_IMAGES = 128
+BATCH = 32
+
+
+def batches(loaded: LoadedModel, run_dir: str, split: str, limit: int | None = None) -> Iterator[tuple]:
+    """(normalised float32 NCHW array, labels array) over ``split`` of the run's own data (``limit``: a
+    seeded choice of that many), unreadable files left out."""
+    data, columns = recorded_data(run_dir)
+    chosen, _ = select(discover(data, *columns), run_dir, split)
+    if limit is not None and limit < len(chosen.paths):
+        chosen = chosen.take(np.sort(np.random.default_rng(0).choice(len(chosen.paths), limit, replace=False)))
+    info = loaded.info
+    dataset = ImageDataset(
+        chosen.paths,
+        chosen.label_array,
+        info.image_size,
+        report=False,
+        interpolation=info.interpolation,
+        crop_pct=info.crop_pct,
+        reader=chosen.reader,
+        decode=info.decode,
+    )
+    normalize = DeviceNormalize(torch.device("cpu"), False, info.mean, info.std)
+    for x, y in make_loader(dataset, BATCH, train=False, seed=0, num_workers=0, pin_memory=False):
+        keep = readable(y)
+        if keep.any():
+            yield normalize(x[keep]).numpy(), y[keep].numpy()
+
+
+class _Calibration:
+    """onnxruntime's CalibrationDataReader: one batch of training images at a time."""
+
+    def __init__(self, source: Iterator[tuple]):
+        self.source, self.count = source, 0
+
+    def get_next(self):
+        x, _ = next(self.source, (None, None))
+        if x is None:
+            return None
+        self.count += len(x)
+        return {"images": x}
+
+
+def _quantize(fp32: str, int8: str, calibration: _Calibration) -> None:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    quantize_static(
+        fp32,
+        int8,
+        calibration,
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
+
+
+def _accuracies(paths: tuple[str, str], source: Iterator[tuple]) -> tuple[float, float, int]:
+    import onnxruntime
+
+    sessions = [onnxruntime.InferenceSession(p, providers=["CPUExecutionProvider"]) for p in paths]
+    right, n = [0, 0], 0
+    for x, y in source:
+        n += len(y)
+        for i, s in enumerate(sessions):
+            right[i] += int((s.run(["logits"], {"images": x})[0].argmax(1) == y).sum())
+    if not n:
+        raise UserError("the run's validation split has no readable image to check the int8 model on")
+    return right[0] / n, right[1] / n, n
+
+
+def check_options(max_drop: float, calibration: int) -> None:
+    if not max_drop >= 0:
+        raise UserError(f"--max-accuracy-drop must be 0 or more points, got {max_drop}")
+    if calibration < 1:
+        raise UserError(f"--calibration-images must be at least 1, got {calibration}")
+
+
+def export_int8(
+    loaded: LoadedModel, run_dir: str, out: str, max_drop: float = 1.0, calibration: int = CALIBRATION_IMAGES
+) -> dict:
+    """Write the int8 ONNX file ``out`` when its val accuracy is within ``max_drop`` points; its record."""
+    import onnx
+
+    check_options(max_drop, calibration)
+    if loaded.info.multi_label:
+        raise UserError("--int8 is for single-label models for now; export this one without it")
+    with tempfile.TemporaryDirectory(prefix="visiontune-int8-") as tmp:
+        fp32, int8 = f"{tmp}/fp32.onnx", f"{tmp}/int8.onnx"
+        export(loaded.model, loaded.info, "onnx", fp32)
+        reader = _Calibration(batches(loaded, run_dir, "train", calibration))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logging.disable(logging.WARNING)  # its advice to pre-process, on the root logger: not the user's
+            try:
+                _quantize(fp32, int8, reader)
+            finally:
+                logging.disable(logging.NOTSET)
+        if not reader.count:
+            raise UserError("the run's training split has no readable image to calibrate the int8 model on")
+        fp32_acc, int8_acc, n = _accuracies((fp32, int8), batches(loaded, run_dir, "val"))
+        record = {
+            "calibration_images": reader.count,
+            "calibration_split": "train",
+            "val_images": n,
+            "val_accuracy_fp32": fp32_acc,
+            "val_accuracy_int8": int8_acc,
+            "accuracy_drop_points": round((fp32_acc - int8_acc) * 100, 6),
+            "max_accuracy_drop_points": max_drop,
+        }
+        if record["accuracy_drop_points"] > max_drop:
+            raise UserError(
+                f"the int8 model's validation accuracy is {int8_acc:.4f} against fp32's {fp32_acc:.4f} on {n} "
+                f"images: {record['accuracy_drop_points']:.2f} points lost, more than --max-accuracy-drop "
+                f"{max_drop:g}; nothing written (calibrate on more images with --calibration-images, or export fp32)"
+            )
+        model = onnx.load(int8)
+        model.metadata_props.add(key=KEY, value=json.dumps(record))
+        files.atomic_write(out, model.SerializeToString())
+    return record
+
+
+def described(out: str, record: dict) -> str:
+    return (
+        f"visiontune: wrote {out}: int8 ONNX (static, calibrated on {record['calibration_images']} training "
+        f"images); validation accuracy {record['val_accuracy_int8']:.4f} against fp32's "
+        f"{record['val_accuracy_fp32']:.4f} on {record['val_images']} images "
+        f"({record['accuracy_drop_points']:.2f} points lost, at most {record['max_accuracy_drop_points']:g}); "
+        f"the record is in the metadata key '{KEY}'"
+    )
+
+
+def record_of(path: str | Path) -> dict:
+    """The int8 record of a file ``export_int8`` wrote."""
+    import onnx
+
+    return json.loads({p.key: p.value for p in onnx.load(str(path)).metadata_props}[KEY])

@@ -1,0 +1,189 @@
+"""The model card of a run: the ``README.md`` of its Hugging Face Hub folder (``inference.hub``).
+
+Hub front matter (YAML: ``library_name: timm``, the tags, the ``hf:`` data set when there is one, the
+metrics, and a ``model-index`` carrying the best epoch's validation metrics exactly as ``summary.json``
+has them), then the data set's name and size, the recipe (the resolved setup the run announced,
+``config.json``'s ``overview``), the best validation metrics with the count of images they were
+computed on, the curves picture, and how to load the model with timm, transformers (its timm wrapper)
+and visiontune. Every number
+comes from ``summary.json`` (the body rounds to four decimals) or from the announced recipe. Only the
+data folder's name is shown, never its path: a card is published.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import yaml
+
+# The announced setup lines that make the recipe (the rest -- image counts, cache paths -- are not the
+# recipe, or are local to the machine that trained).
+RECIPE = (
+    "model",
+    "recipe",
+    "batch",
+    "optimizer steps",
+    "optimizer",
+    "lr schedule",
+    "loss",
+    "sampler",
+    "augmentation",
+    "EMA",
+    "normalisation",
+    "decode",
+)
+
+
+def dataset_name(config: dict) -> tuple[str, str | None]:
+    """(the data set's name, its Hub id when it came from ``hf:``)."""
+    source = str((config.get("data") or {}).get("source") or (config.get("config") or {}).get("data") or "data")
+    if source.startswith("hf:"):
+        hub_id = source[3:].split("@")[0].split(":")[0]
+        return hub_id, hub_id
+    return PurePosixPath(source.split("?")[0].rstrip("/")).name or "data", None
+
+
+def metrics(summary: dict) -> list[tuple[str, str, float]]:
+    """(model-index type, name, value) of the best epoch's validation metrics."""
+    rows = [("accuracy", "validation accuracy", summary["best_val_accuracy"])]
+    if summary.get("best_val_map") is not None:
+        rows.append(("map", "validation mAP", summary["best_val_map"]))
+    rows.append(("loss", "validation loss", summary["best_val_loss"]))
+    return rows
+
+
+def front_matter(config: dict, summary: dict, name: str) -> dict:
+    data, hub_id = dataset_name(config)
+    meta: dict = {
+        "library_name": "timm",
+        "pipeline_tag": "image-classification",
+        "tags": ["image-classification", "timm", "visiontune"],
+    }
+    if hub_id:
+        meta["datasets"] = [hub_id]
+    meta["metrics"] = [t for t, _, _ in metrics(summary) if t != "loss"]
+    meta["model-index"] = [
+        {
+            "name": name,
+            "results": [
+                {
+                    "task": {"type": "image-classification", "name": "Image Classification"},
+                    "dataset": {"name": data, "type": hub_id or "imagefolder", "split": "validation"},
+                    "metrics": [{"type": t, "name": n, "value": v} for t, n, v in metrics(summary)],
+                }
+            ],
+        }
+    ]
+    return meta
+
+
+def card(config: dict, summary: dict, architecture: str, repo: str | None, curves: str | None) -> str:
+    """The README.md text; ``repo`` (ORG/NAME) names the Hub repository in the loading snippets."""
+    model = config.get("model") or {}
+    classes = summary.get("classes") or model.get("classes") or []
+    multi = bool(model.get("multi_label"))
+    data, _ = dataset_name(config)
+    name = repo.split("/")[-1] if repo else f"{architecture}-{data}"
+    where = f"hf-hub:{repo}" if repo else "local-dir:PATH/TO/THIS/FOLDER"
+    overview = config.get("overview") or {}
+    lines = [
+        "---",
+        yaml.safe_dump(front_matter(config, summary, name), sort_keys=False).rstrip(),
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"`{model.get('model', architecture)}` ({model.get('source', 'timm')}; timm architecture `{architecture}`) "
+        f"trained with visiontune to "
+        f"{'tag images with any of' if multi else 'classify images into'} {len(classes)} classes: "
+        f"{', '.join(classes)}.",
+        "",
+        "## Data",
+        "",
+        f"- data set: {data} ({(config.get('data') or {}).get('layout', 'folder')} layout)",
+        f"- training split: {summary['train_split_size']} images",
+        f"- validation split: {summary['val_split_size']} images",
+        "",
+        "## Recipe",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *(f"| {k} | {_cell(overview[k])} |" for k in RECIPE if k in overview),
+        "",
+        "## Validation results",
+        "",
+        f"The best epoch ({summary['best_epoch']}, counting from 0, of {summary['epochs']}; "
+        f"{summary['best_weights']} weights), on {summary['val_images_counted']} validation images:",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *(f"| {n} | {v:.4f} |" for _, n, v in metrics(summary)),
+        "",
+    ]
+    if curves:
+        lines += [f"![training curves]({curves})", ""]
+    lines += _usage(where, repo, multi)
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    """A table cell: one line, its bars escaped, so a value cannot end the row or the table."""
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def _usage(where: str, repo: str | None, multi: bool) -> list[str]:
+    activation = "logits.sigmoid()" if multi else "logits.softmax(-1)"
+    weights = f'hf_hub_download("{repo}", "model.safetensors")' if repo else '"PATH/TO/THIS/FOLDER/model.safetensors"'
+    lines = [
+        "## How to use",
+        "",
+        "With timm (its own preprocessing, configured as the model was trained):",
+        "",
+        "```python",
+        "import timm, torch",
+        "from PIL import Image",
+        "from timm.data import create_transform, resolve_data_config",
+        "",
+        f'model = timm.create_model("{where}", pretrained=True).eval()',
+        "transform = create_transform(**resolve_data_config(model=model))",
+        "labels = model.pretrained_cfg['label_names']",
+        "with torch.no_grad():",
+        '    logits = model(transform(Image.open("image.jpg").convert("RGB")).unsqueeze(0))',
+        f"probabilities = dict(zip(labels, {activation}[0].tolist()))",
+        "```",
+        "",
+    ]
+    if multi:
+        lines += [
+            "A multi-label model: one sigmoid per class; a label applies when its probability reaches its "
+            "threshold, tuned on the validation split (`config.json`, `visiontune.thresholds`, in label order).",
+            "",
+        ]
+    folder = repo or "PATH/TO/THIS/FOLDER"
+    lines += [
+        "With transformers (its timm wrapper, with timm's transforms from the same config):",
+        "",
+        "```python",
+        "import torch",
+        "from PIL import Image",
+        "from transformers import AutoImageProcessor, AutoModelForImageClassification",
+        "",
+        f'model = AutoModelForImageClassification.from_pretrained("{folder}").eval()',
+        f'processor = AutoImageProcessor.from_pretrained("{folder}")',
+        "with torch.no_grad():",
+        '    logits = model(**processor(Image.open("image.jpg").convert("RGB"), return_tensors="pt")).logits',
+        f"probabilities = dict(zip(model.config.id2label.values(), {activation}[0].tolist()))",
+        "```",
+        "",
+        "With visiontune (its own decode and resize, as in training; thresholds applied):",
+        "",
+        "```python",
+        *(["from huggingface_hub import hf_hub_download"] if repo else []),
+        "import visiontune",
+        "",
+        f"predictor = visiontune.load({weights})",
+        'print(predictor.predict("image.jpg"))',
+        "```",
+        "",
+    ]
+    return lines
