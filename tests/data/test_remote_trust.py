@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
 import threading
 import tracemalloc
@@ -224,6 +225,26 @@ def test_a_shard_cache_that_is_a_file_is_one_line(sharded, tmp_path, monkeypatch
         assert main(["check", f"{base}/{_pattern(sharded)}"]) == 2
     assert f"cannot keep shards in {cache} (Not a directory); set VISIONTUNE_SHARD_CACHE" in _one_line(capsys)
     assert cache.read_text() == "root:x:0:0::/root:/bin/sh\n"
+
+
+@pytest.mark.parametrize("attack", ["world-writable", "another-users"])
+def test_a_shard_cache_another_user_may_write_in_is_refused_before_any_request(
+    sharded, tmp_path, monkeypatch, capsys, attack
+):
+    cache = tmp_path / "shards"
+    cache.mkdir()
+    if attack == "world-writable":
+        cache.chmod(0o777)
+    else:
+        os.chown(cache, 12345, 12345)
+    monkeypatch.setenv("VISIONTUNE_SHARD_CACHE", str(cache))
+    with served(sharded) as (base, seen):
+        assert main(["check", f"{base}/{_pattern(sharded)}"]) == 2
+        assert seen == []  # refused before the index was asked for
+    line = _one_line(capsys)
+    assert str(cache) in line and "VISIONTUNE_SHARD_CACHE" in line
+    assert ("every user" in line) if attack == "world-writable" else ("another user" in line)
+    assert list(cache.iterdir()) == []
 
 
 def test_command_run_schemes_and_gsutil_wildcards_are_not_opened(capsys):

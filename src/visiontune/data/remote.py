@@ -88,6 +88,30 @@ def cache_root() -> str:
     return os.environ.get("VISIONTUNE_SHARD_CACHE") or os.path.join(user_cache_dir(), "shards")
 
 
+def _trusted_root(make: bool = False) -> str:
+    """The shard cache, held to the image cache's folder rule (``host.untrusted``) before anything in it is
+    read, and again once made (0700, with the folder of this URL): a shard or index that another user could
+    write there is what would be trained on. Not made before it is needed: a refused URL leaves nothing."""
+    from visiontune.cluster.host import untrusted
+
+    root = cache_root()
+    try:
+        if make:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+    except OSError as e:
+        reason = "Not a directory" if os.path.exists(root) and not os.path.isdir(root) else e.strerror
+        raise UserError(
+            f"cannot keep shards in {root} ({reason}); set VISIONTUNE_SHARD_CACHE to a folder you can write"
+        ) from None
+    why = untrusted(root) if os.path.isdir(root) else None
+    if why:
+        raise UserError(
+            f"{why}: another user could change the shards kept there; `chmod go-w` it, or set "
+            "VISIONTUNE_SHARD_CACHE to a folder of your own"
+        )
+    return root
+
+
 def _check_source(data: str) -> None:
     """One line for a URL this module does not open, or may not open here."""
     if data.startswith("s3://"):
@@ -122,14 +146,15 @@ def fetch(data: str) -> str:
         raise UserError(f"{data}: name the .tar files in the command, e.g. 'pipe:curl -s URL/shards-{{0..9}}.tar'")
     else:  # a folder: its index lists the shards
         index_url, urls = f"{data.rstrip('/')}/{INDEX}", None
-    root = cache_root()
+    root = _trusted_root()
     folder = os.path.join(root, hashlib.sha256(index_url.encode()).hexdigest()[:16])
     index, raw = _index(folder, index_url, required=urls is None)
     if urls is None:
         urls = {n: f"{data.rstrip('/')}/{n}" for n in _listed(index, index_url)}
     sizes = _sizes(index)
+    _trusted_root(make=True)
     try:
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as e:
         raise UserError(
             f"cannot keep shards in {root} ({e.strerror}); set VISIONTUNE_SHARD_CACHE to a folder you can write"
