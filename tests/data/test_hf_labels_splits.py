@@ -94,3 +94,26 @@ def test_an_empty_train_split_is_one_line(tmp_path, capsys, splits):
     assert main(["check", f"hf:{tmp_path / 'hf'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"hf:{tmp_path / 'hf'}: its train split has no rows" in err[0]
+
+
+@pytest.mark.slow
+def test_an_arrow_row_holding_the_png_that_crashed_torchvision_is_a_bad_file(tmp_path, worker_env):
+    """The 69-byte PNG (half its rows) as an Arrow row: ``check hf:`` lists it as a bad file instead of dying
+    with SIGSEGV inside torchvision's decode_png. A subprocess, so a crash would show as its exit code."""
+    import subprocess
+
+    from badfiles import short_png
+    from conftest import PYTHON
+
+    rows = [{"bytes": short_png() if i == 2 else _png(20 * i), "path": None} for i in range(4)]
+    features = datasets.Features({"img": datasets.Image(), "label": datasets.Value("string")})
+    ds = datasets.Dataset.from_dict({"img": rows, "label": ["cat", "dog", "cat", "dog"]}, features=features)
+    ds.save_to_disk(str(tmp_path / "hf"))
+    done = subprocess.run(
+        [PYTHON, "-m", "visiontune", "check", f"hf:{tmp_path / 'hf'}", "--report", str(tmp_path / "bad.csv")],
+        env=worker_env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])  # 1: bad files found; -11 was the crash
+    assert "Traceback" not in done.stderr
+    bad = (tmp_path / "bad.csv").read_text().splitlines()
+    assert len(bad) == 2 and bad[1].startswith(f"hf:{tmp_path / 'hf'}/train/2,truncated PNG"), bad
