@@ -11,7 +11,7 @@ from PIL import Image as PILImage
 
 from visiontune.cli.commands import main
 from visiontune.data.layouts import discover
-from visiontune.data.split import make_split, split_of
+from visiontune.data.split import make_split, make_stratified_split, split_of
 from visiontune.errors import UserError
 
 datasets = pytest.importorskip("datasets")
@@ -82,7 +82,8 @@ def test_an_empty_validation_split_leaves_the_seeded_split_of_train(tmp_path, sa
     found = discover(f"hf:{tmp_path / 'hf'}")
     assert len(found) == 10 and found.val_mask is None and found.labels.tolist() == [0, 1] * 5
     assert found.split_note == "its validation split is empty: the seeded split of train"  # start line, split.json
-    assert split_of(found, 0.2, seed=4) == make_split(10, 0.2, 4)
+    assert split_of(found, 0.2, seed=4) == make_stratified_split(found.labels, 0.2, 4)  # the default
+    assert split_of(found, 0.2, seed=4, method="random") == make_split(10, 0.2, 4)
     assert [found.reader[i] for i in range(10)] == [_png(20 * i) for i in range(10)]
 
 

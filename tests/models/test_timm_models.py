@@ -193,7 +193,7 @@ def test_models_lists_prefix_matches_first_and_answers_from_its_cache_without_ti
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path))
     assert main(["models", "--source", "all", "--filter", "resnet1"]) == 0  # lists once, into the cache
     first = capsys.readouterr().out.split()
-    assert first[:2] == ["resnet18", "timm/resnet18"] and "timm/resnet18" in first[:5]
+    assert first[:2] == ["resnet101", "timm/resnet101"] and "timm/resnet18" in first  # by name
     starting = [n for n in first if n.removeprefix("timm/").startswith("resnet1")]
     assert first[: len(starting)] == starting and "timm/seresnet101" in first[len(starting) :]
 
