@@ -31,7 +31,7 @@ XDIST := -n $(WORKERS)
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q $(XDIST) --durations=15 tests
 
-# The unmarked tier: no multi-process, slow or browser tests (markers set by tests/conftest.py).
+# The unmarked tier: no multi-process, slow or browser tests (marked at each test; tests/tiers.py enforces it).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) --durations=15 -m "not slow and not distributed and not browser" tests
 

@@ -184,6 +184,7 @@ def test_bad_group_by_is_one_clear_error():
         split_images(own, 0.2, 0, "x", 0, 0)
 
 
+@pytest.mark.slow
 def test_train_with_group_by_records_the_grouped_split_and_resumes_only_with_it(
     tmp_path, small_data, monkeypatch, capsys
 ):

@@ -206,6 +206,7 @@ def test_models_lists_prefix_matches_first_and_answers_from_its_cache_without_ti
     assert time.perf_counter() - start < 1 and capsys.readouterr().out.split() == first
 
 
+@pytest.mark.slow
 def test_models_imports_neither_torch_nor_timm(tmp_path, worker_env):
     """What makes `visiontune models` answer in well under a second: a cached listing, no torch."""
     import subprocess

@@ -64,6 +64,7 @@ def runs(tmp_path, trained_run) -> list[Path]:
     return [first, second]
 
 
+@pytest.mark.slow
 def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs, tmp_path, capsys):
     out = tmp_path / "cmp.html"
     assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
@@ -132,6 +133,7 @@ def test_multi_label_runs_are_compared_by_their_map_too(tmp_path, capsys):
     assert not any("mAP" in label for label, _ in compare.metrics_table(two_single))
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_in_a_headless_browser(runs, tmp_path):
     chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)

@@ -72,6 +72,7 @@ def value(data, path):
     return data
 
 
+@pytest.mark.slow
 def test_the_page_is_self_contained_and_rebuilt_the_same(run, capsys):
     page = (run / "report.html").read_text()
     cells = parse(page)
@@ -109,6 +110,7 @@ CHECK = """<script>window.addEventListener("load", () => {
 });</script>"""
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_in_a_headless_browser(run, tmp_path):
     page = tmp_path / "page.html"
