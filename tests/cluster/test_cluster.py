@@ -377,7 +377,10 @@ def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, smal
         _start(argv, {**base_env, **_slurm_env(job, node=0, nnodes=1, tasks=2, local=t, gpus=2)}, logs[t], PAIR)
         for t in (0, 1)
     ]
-    time.sleep(2)
+    end = time.monotonic() + 300  # a harness limit; the check waits for a checkpoint: the tasks are training
+    while not checkpoints(out) and all(p.poll() is None for p in tasks):
+        assert time.monotonic() < end, "no checkpoint"
+        time.sleep(0.05)
     assert all(not psutil.Process(p.pid).children() for p in tasks if p.poll() is None)  # Slurm's processes train
     assert _finish(tasks, logs) == [0, 0]
     assert_same_weights(_weights(out), _weights(cluster_reference))

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from trained import one_thread, reference_probs  # noqa: F401  (one_thread: autouse fixture)
+from trained import one_thread, preprocess, reference_model, reference_probs  # noqa: F401  (one_thread: autouse fixture)
 from trainrun import flags
 from visiontune.cli.commands import main
 
@@ -22,8 +23,32 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def run(trained_run) -> Path:
-    return trained_run  # one training for the predict, evaluate and export tests (read-only)
+def run(trained_run, sample_data, tmp_path_factory) -> Path:
+    """The shared trained run (one training for the predict, evaluate and export tests) with its head set
+    by the test: P(dog) over test/ then spreads evenly, logits -4 to 4 along the features' main direction.
+
+    What a tiny training reaches moves with the machine: one run gave P(dog) within 1e-5 of 0 or 1 for
+    every test image, so the clip fixture's EPS rounded to 0 and nothing was clipped.
+    """
+    out = shutil.copytree(trained_run, tmp_path_factory.mktemp("spread") / "run")
+    model = reference_model(out)
+    head, model.fc = model.fc, torch.nn.Identity()
+    with torch.no_grad():
+        features = model(preprocess(sorted((sample_data / "test").iterdir()))).double()
+    centre = features.mean(0)
+    direction = torch.linalg.svd(features - centre, full_matrices=False).Vh[0]
+    along = (features - centre) @ direction
+    scale = 8 / (along.max() - along.min())
+    weight, bias = torch.zeros_like(head.weight, dtype=torch.float64), torch.zeros_like(head.bias, dtype=torch.float64)
+    weight[1] = scale * direction  # P(dog) = sigmoid(logit_dog - logit_cat), logit_cat = 0
+    bias[1] = -4 - scale * along.min() - scale * (centre @ direction)
+    with safe_open(str(out / "best.safetensors"), "pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors.update({"fc.weight": weight.float(), "fc.bias": bias.float()})
+    save_file(tensors, str(out / "best.safetensors"), metadata=metadata)
+    p = reference_probs(out, sorted((sample_data / "test").iterdir()))[:, 1]
+    assert p.min() < 0.03 and p.max() > 0.97 and len(set(p.tolist())) == len(p)  # the head the test chose
+    return out
 
 
 @pytest.fixture(scope="module")

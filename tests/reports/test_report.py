@@ -98,7 +98,11 @@ def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    pytest.fail("the browser test needs Chromium: `make browser` (Debian: apt-get install chromium)")
+    pytest.fail(
+        "the browser tests need Chromium, which `make test` installs when it runs as root; "
+        "install it with `sudo apt-get install chromium` (or `sudo make browser`)",
+        pytrace=False,
+    )
 
 
 # Appended to a copy of the page: after the load event, record how many images there are and how

@@ -111,7 +111,7 @@ def test_kill_9_at_a_random_step_then_resume_gives_the_uninterrupted_tensors(
     # worker dies with its launcher (a parent-death signal) or trains on as an orphan.
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
-    end = time.monotonic() + 10
+    end = time.monotonic() + 60  # a harness limit: they die at once, when the loaded machine runs them
     while pids_alive(workers) and time.monotonic() < end:
         time.sleep(0.05)
     orphans = pids_alive(workers)
