@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -71,12 +73,33 @@ def pytest_xdist_make_scheduler(config, log):
 FAST = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--no-progress"]
 
 
+def once(tmp_path_factory, name: str, make, heavy: str | None = None) -> Path:
+    """``make(folder)`` once per test session, shared by the pytest-xdist workers (their temporary folders
+    share a parent): the first worker to ask makes it while the others wait on its lock, then all read it.
+    ``heavy``: what making it does (starts a process, trains), for the tier check in tests/tiers.py, which
+    must see it also in the workers that found it made."""
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker that failed making it left
+            folder.mkdir()
+            make(folder)
+            done.touch()
+        elif heavy:
+            from tiers import GUARD  # the plugin (pytest_plugins above), imported by pytest
+
+            GUARD.saw(heavy)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def sample_data(tmp_path_factory) -> Path:
     """A synthetic Kaggle-layout set: 60 cats, 60 dogs, 30 test images (read-only for tests)."""
-    out = tmp_path_factory.mktemp("sample") / "data"
-    make_sample_data(out, per_class=60, test_count=30, seed=0)
-    return out
+    make = lambda out: make_sample_data(out / "data", per_class=60, test_count=30, seed=0)  # noqa: E731
+    return once(tmp_path_factory, "sample", make) / "data"
 
 
 def _worker_env() -> dict[str, str]:
@@ -120,9 +143,8 @@ PYTHON = sys.executable
 @pytest.fixture(scope="session")
 def small_data(tmp_path_factory) -> Path:
     """40 synthetic images (32 train / 8 val): 8 steps per epoch at batch 4, for kill-and-resume runs."""
-    out = tmp_path_factory.mktemp("small") / "data"
-    make_sample_data(out, per_class=20, test_count=0, seed=1)
-    return out
+    make = lambda out: make_sample_data(out / "data", per_class=20, test_count=0, seed=1)  # noqa: E731
+    return once(tmp_path_factory, "small", make) / "data"
 
 
 @pytest.fixture(scope="session")
@@ -132,21 +154,20 @@ def baseline_run(tmp_path_factory, small_data) -> Path:
 
     from trainrun import env_for, train_argv
 
-    tmp = tmp_path_factory.mktemp("baseline")
-    env = env_for(
-        {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-            "OMP_NUM_THREADS": "1",
-        },
-        tmp,
-    )
-    out = tmp / "run"
-    done = subprocess.run(
-        train_argv(small_data, out, "--save-every-steps", "3"), env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr
-    return out
+    def make(tmp: Path) -> None:
+        env = env_for(
+            {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+                "OMP_NUM_THREADS": "1",
+            },
+            tmp,
+        )
+        argv = train_argv(small_data, tmp / "run", "--save-every-steps", "3")
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+
+    return once(tmp_path_factory, "baseline", make, heavy="started a subprocess (baseline_run)") / "run"
 
 
 @pytest.fixture(scope="session")
@@ -155,7 +176,8 @@ def trained_run(tmp_path_factory, sample_data) -> Path:
     predict, evaluate, export and pipeline tests: read it, never write into it (copy it first)."""
     from trained import train_run
 
-    return train_run(tmp_path_factory.mktemp("trained") / "run", sample_data)
+    make = lambda tmp: train_run(tmp / "run", sample_data)  # noqa: E731
+    return once(tmp_path_factory, "trained", make, heavy="trained a model (trained_run)") / "run"
 
 
 @pytest.fixture(scope="session", autouse=True)
