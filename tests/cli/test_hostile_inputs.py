@@ -114,6 +114,7 @@ def test_an_unusable_cache_folder_is_refused_at_start_up(tmp_path, small_data, c
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_default_cache_folder_that_cannot_be_written_gives_way_to_a_temporary_one(
     tmp_path, small_data, capsys, monkeypatch
 ):
@@ -177,6 +178,7 @@ def _not_utf8_names(folder: Path) -> tuple[Path, Path]:
     return good, junk
 
 
+@pytest.mark.slow
 def test_predict_writes_names_that_are_not_utf8_as_their_bytes_on_disk(trained_run, tmp_path):
     good, junk = _not_utf8_names(tmp_path / "in")
     out = tmp_path / "pred.csv"
@@ -226,6 +228,7 @@ def _evaluate(run: Path, data: Path, *extra: str) -> int:
     return cli.main(["evaluate", "--run", str(run), "--data", str(data), "--no-progress", *extra])
 
 
+@pytest.mark.slow
 def test_evaluate_knows_the_runs_own_data_by_its_listing_when_the_recorded_path_does_not_match(
     trained_run, sample_data, tmp_path, capsys
 ):
@@ -237,6 +240,7 @@ def test_evaluate_knows_the_runs_own_data_by_its_listing_when_the_recorded_path_
     assert "not the run's own data" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_evaluate_without_split_json_says_training_images_may_be_scored(trained_run, sample_data, tmp_path, capsys):
     run = _run_recorded_elsewhere(trained_run, tmp_path, split_json=False)
     assert _evaluate(run, sample_data) == 0
@@ -246,6 +250,7 @@ def test_evaluate_without_split_json_says_training_images_may_be_scored(trained_
     assert "not the run's own data" not in out and "training images possibly included" in out
 
 
+@pytest.mark.slow
 def test_evaluate_without_split_json_refuses_to_pick_the_validation_images(trained_run, sample_data, tmp_path, capsys):
     run = _run_recorded_elsewhere(trained_run, tmp_path, split_json=False)
     assert _evaluate(run, sample_data, "--split", "val") == 2
@@ -282,6 +287,7 @@ def _fill_the_disk_at(monkeypatch, name: str, nth: int = 1) -> list[str]:
     return diverted
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_report_html_keeps_the_previous_page(trained_run, tmp_path, monkeypatch, capsys):
     run = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
     before = (run / "report.html").read_bytes()
@@ -292,6 +298,7 @@ def test_a_full_disk_while_writing_report_html_keeps_the_previous_page(trained_r
     assert not [p for p in os.listdir(run) if p.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best(
     tmp_path, small_data, monkeypatch, capsys, one_thread
 ):
@@ -327,6 +334,7 @@ if os.environ.get("RANK") == "0":
 """
 
 
+@pytest.mark.distributed
 def test_a_full_disk_under_ddp_stops_the_job_in_one_line_per_process_without_a_traceback(
     tmp_path, small_data, worker_env
 ):
@@ -378,6 +386,7 @@ def shaken_run(tmp_path_factory):
     return rc, tmp / "run", data, victim
 
 
+@pytest.mark.slow
 def test_a_run_with_symbolic_link_loops_in_its_data_records_them_and_finishes(shaken_run):
     rc, run, data, _ = shaken_run
     assert rc == 0 and (run / "summary.json").is_file()
@@ -388,6 +397,7 @@ def test_a_run_with_symbolic_link_loops_in_its_data_records_them_and_finishes(sh
     assert "Too many levels of symbolic links" in bad["cat/l1"] and "loop" in bad["dog/up"]
 
 
+@pytest.mark.slow
 def test_an_image_deleted_mid_run_is_skipped_recorded_and_the_run_finishes(shaken_run):
     rc, run, _, victim = shaken_run
     assert rc == 0 and json.loads((run / "summary.json").read_text())["best_val_accuracy"] is not None
@@ -396,6 +406,7 @@ def test_an_image_deleted_mid_run_is_skipped_recorded_and_the_run_finishes(shake
     assert all("No such file" in why for _, why in rows), rows
 
 
+@pytest.mark.slow
 def test_the_run_records_its_data_folder_as_an_absolute_path(shaken_run):
     _, run, data, _ = shaken_run
     assert json.loads((run / "config.json").read_text())["data"]["root"] == str(data)  # given as "data"
@@ -404,6 +415,7 @@ def test_the_run_records_its_data_folder_as_an_absolute_path(shaken_run):
 HOSTILE = ["../escape", "a/b", "..", "/abs", "..\\\\win", "./.hidden"]
 
 
+@pytest.mark.slow
 def test_a_thousand_one_image_classes_with_hostile_names_train_and_write_only_in_the_run(
     tmp_path, monkeypatch, capsys, one_thread
 ):

@@ -196,6 +196,7 @@ def test_written_files_respect_the_umask(tmp_path, small_data):
     assert stat.S_IMODE((tmp_path / "report.csv").stat().st_mode) == 0o644
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_ends_quietly(worker_env):
     proc = subprocess.Popen(
         [sys.executable, "-m", "visiontune", "models"], env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE

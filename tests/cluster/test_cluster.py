@@ -272,6 +272,7 @@ def test_several_slurm_tasks_without_ddp_are_refused(monkeypatch):
 # --- the batch script -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_path, small_data, capsys):
     out = tmp_path / "job.sbatch"
     assert (
@@ -343,6 +344,7 @@ def test_batch_script_parses_requests_the_resources_and_requeues_on_usr1(tmp_pat
 # --- real processes -----------------------------------------------------------------------------------
 
 
+@pytest.mark.distributed
 def test_slurm_two_nodes_preempted_by_usr1_and_run_again_end_like_one_uninterrupted_run(
     tmp_path, small_data, base_env, cluster_reference
 ):
@@ -366,6 +368,7 @@ def test_slurm_two_nodes_preempted_by_usr1_and_run_again_end_like_one_uninterrup
     assert_same_weights(_weights(out), _weights(cluster_reference))
 
 
+@pytest.mark.distributed
 def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, small_data, base_env, cluster_reference):
     job, out = _job_id_for_free_port(), tmp_path / "run"
     argv = [*train_argv(small_data, out), *RUN]
@@ -374,12 +377,16 @@ def test_slurm_one_task_per_gpu_processes_join_without_a_launcher(tmp_path, smal
         _start(argv, {**base_env, **_slurm_env(job, node=0, nnodes=1, tasks=2, local=t, gpus=2)}, logs[t], PAIR)
         for t in (0, 1)
     ]
-    time.sleep(2)
+    end = time.monotonic() + 300  # a harness limit; the check waits for a checkpoint: the tasks are training
+    while not checkpoints(out) and all(p.poll() is None for p in tasks):
+        assert time.monotonic() < end, "no checkpoint"
+        time.sleep(0.05)
     assert all(not psutil.Process(p.pid).children() for p in tasks if p.poll() is None)  # Slurm's processes train
     assert _finish(tasks, logs) == [0, 0]
     assert_same_weights(_weights(out), _weights(cluster_reference))
 
 
+@pytest.mark.distributed
 def test_kubernetes_pods_train_as_one_job_without_flags(tmp_path, small_data, base_env, cluster_reference):
     """Each pod has a working folder of its own and pod 1 reads its own copy of the data at another path (the
     split must still agree); both write into the one shared run folder, and only the first says so."""
@@ -410,6 +417,7 @@ def test_kubernetes_pods_train_as_one_job_without_flags(tmp_path, small_data, ba
     assert "visiontune: outputs in" in said[0] and "visiontune: outputs in" not in said[1]
 
 
+@pytest.mark.distributed
 def test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same_global_batch(
     tmp_path, small_data, base_env
 ):
@@ -463,6 +471,7 @@ def test_elastic_job_that_loses_a_node_goes_on_with_a_smaller_world_and_the_same
     assert json.loads((out / "summary.json").read_text())["world_size"] == 1
 
 
+@pytest.mark.distributed
 def test_a_run_folder_that_is_not_shared_stops_before_training(tmp_path, small_data, base_env):
     """Two machines, each with its own disk: the same relative --output-dir names two different folders."""
     port = _free_port(50000, 60000)

@@ -142,6 +142,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_the_launching_process_imports_no_model_code(sample_data, tmp_path, worker_env):
     """Each DDP job starts a launching process beside its workers: torchvision's import (seconds) is kept out."""
     import subprocess

@@ -66,6 +66,7 @@ def test_a_node_list_that_does_not_parse_is_a_value_error(text):
         slurm.expand_hostlist(text)
 
 
+@pytest.mark.slow
 def test_scontrol_expands_the_list_when_it_is_on_path(tmp_path, monkeypatch):
     bin_ = tmp_path / "bin"
     bin_.mkdir()

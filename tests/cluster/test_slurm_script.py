@@ -84,6 +84,7 @@ def _stand_ins(bin_: Path, log: Path, marker: Path) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "MARKER": str(marker)}
 
 
+@pytest.mark.slow
 def test_paths_with_shell_characters_reach_the_train_command_intact_and_run_nothing(tmp_path, capsys):
     marker = tmp_path / "pwned"
     # Legal, if unwise, folder names: every shell character that could end a quote or start a command.

@@ -66,6 +66,7 @@ def test_threads_come_from_the_flag_then_omp_num_threads_then_the_cores(monkeypa
     assert launch.threads_choice()[0] == 4
 
 
+@pytest.mark.slow
 def test_the_run_records_its_threads_and_what_chose_them(tmp_path, monkeypatch):
     import json
 

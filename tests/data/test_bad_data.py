@@ -55,6 +55,7 @@ def dirty_data(tmp_path_factory):
     return root, injected, odd_files
 
 
+@pytest.mark.slow
 def test_run_skips_exactly_the_bad_files_and_trains_on_odd_modes(tmp_path, dirty_data, monkeypatch, capsys):
     root, injected, odd_files = dirty_data
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))

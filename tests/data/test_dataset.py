@@ -122,6 +122,7 @@ def test_threaded_augmentation_repeats_under_the_same_seed(tmp_path, sample_data
     assert all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))
 
 
+@pytest.mark.slow
 def test_a_forked_loader_worker_decodes_with_its_own_pool(tmp_path, sample_data):
     from torch.utils.data import DataLoader
 

@@ -57,6 +57,7 @@ def _record(run, name: str) -> dict:
     return json.loads((run / name).read_text())["image_cache"]
 
 
+@pytest.mark.slow
 def test_the_default_builds_the_cache_in_the_user_cache_folder_and_the_next_run_reuses_it(default_runs):
     first, printed, files = default_runs["first"]
     arrays = [name for name in files if name.endswith(".u8")]
@@ -71,6 +72,7 @@ def test_the_default_builds_the_cache_in_the_user_cache_folder_and_the_next_run_
     assert_same_weights(final_weights(first, 1), final_weights(second, 1))
 
 
+@pytest.mark.slow
 def test_a_run_continued_with_another_cache_setting_ends_with_the_same_weights(default_runs):
     resumed, printed, _ = default_runs["resumed"]
     assert "resuming from" in printed and "epoch0001-batch0000004" in printed
@@ -78,6 +80,7 @@ def test_a_run_continued_with_another_cache_setting_ends_with_the_same_weights(d
     assert_same_weights(final_weights(default_runs["first"][0], 1), final_weights(resumed, 1))
 
 
+@pytest.mark.slow
 def test_off_decodes_every_epoch_and_trains_the_same_weights_as_the_default(default_runs):
     off, printed, files = default_runs["off"]
     assert BUILD not in printed and not files
@@ -89,6 +92,7 @@ def test_off_decodes_every_epoch_and_trains_the_same_weights_as_the_default(defa
     assert_same_weights(final_weights(default_runs["first"][0], 1), final_weights(off, 1))
 
 
+@pytest.mark.slow
 def test_a_data_set_over_the_cap_says_so_in_one_line_and_trains_as_off(default_runs):
     over, printed, files = default_runs["over"]
     lines = [line for line in printed.splitlines() if "no image cache" in line]

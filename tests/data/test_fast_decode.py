@@ -181,6 +181,7 @@ def test_the_decode_is_part_of_the_model_description(tmp_path):
         runinfo.RunInfo.from_dict({**info.to_dict(), "decode": "turbo"}, "x")
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_predict_decodes_as_the_file_says_unless_told(tmp_path):
     (tmp_path / "images").mkdir()

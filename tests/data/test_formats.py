@@ -220,6 +220,7 @@ def test_urls_webdataset_cannot_open_and_file_urls_are_answered_with_what_to_pas
     assert main(["check", "file:///data/shards"]) == 2 and "--data /data/shards" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_hub_id_offline_names_the_datasets_cache(tmp_path, worker_env):
     env = {**worker_env, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
     env.pop("HF_DATASETS_CACHE", None)

@@ -216,6 +216,7 @@ def test_group_by_syntax_that_needs_backtracking_is_one_line_naming_the_flag(cap
     assert capfd.readouterr().err == ""  # RE2's own error log stays off
 
 
+@pytest.mark.slow
 def test_train_with_group_by_records_the_grouped_split_and_resumes_only_with_it(
     tmp_path, small_data, monkeypatch, capsys
 ):

@@ -150,6 +150,7 @@ def test_an_old_run_folder_without_the_field_is_bilinear(tmp_path):
     assert runinfo.read_run(str(tmp_path)) == info
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag,interpolation,crop,decode,suffix",
     [

@@ -146,6 +146,7 @@ def test_class_folders_whose_images_are_all_in_subfolders_are_classes(tmp_path):
     assert "bird 3, cat 4, dog 2" in found.describe()
 
 
+@pytest.mark.slow
 def test_check_train_and_evaluate_use_the_nested_rule_and_report_counts(tmp_path, capsys):
     from visiontune.cli.commands import main
 

@@ -61,6 +61,7 @@ def data(tmp_path_factory):
     return out
 
 
+@pytest.mark.distributed
 def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, tmp_path):
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -92,6 +93,7 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
     assert summary["world_size"] == 2 and summary["train_split_size"] + summary["val_split_size"] == 14
 
 
+@pytest.mark.slow
 def test_single_process_job_lists_the_data_once(data, tmp_path, monkeypatch):
     calls = []
     real = layouts.discover
@@ -100,6 +102,7 @@ def test_single_process_job_lists_the_data_once(data, tmp_path, monkeypatch):
     assert calls == [str(data)]
 
 
+@pytest.mark.slow
 def test_first_cached_run_decodes_each_file_exactly_once(data, tmp_path, monkeypatch):
     decoded = []
     real = decode.read_image

@@ -21,6 +21,7 @@ def predictor(trained_run):
     return visiontune.load(trained_run)
 
 
+@pytest.mark.slow
 def test_predict_on_paths_equals_the_cli_and_an_independent_forward_pass(predictor, trained_run, sample_data, tmp_path):
     paths = sorted((sample_data / "train").iterdir())[::17]  # cats and dogs
     listing, out = tmp_path / "list.txt", tmp_path / "pred.csv"
@@ -37,6 +38,7 @@ def test_predict_on_paths_equals_the_cli_and_an_independent_forward_pass(predict
     assert [r["score"] for r in got] == [max(r["probabilities"].values()) for r in got]
 
 
+@pytest.mark.slow
 def test_bytes_tensors_and_pil_images_predict_as_their_files(predictor, sample_data, tmp_path):
     jpeg = sorted((sample_data / "train").iterdir())[3]
     png = tmp_path / "same.png"
@@ -53,6 +55,7 @@ def _probs(rows: list[dict]) -> torch.Tensor:
     return torch.tensor([[r["probabilities"]["cat"], r["probabilities"]["dog"]] for r in rows])
 
 
+@pytest.mark.slow
 def test_a_model_file_alone_loads_and_unreadable_images_keep_their_slot(predictor, trained_run, sample_data):
     from_file = visiontune.load(trained_run / "best.safetensors")
     image = sorted((sample_data / "train").iterdir())[0]
@@ -63,6 +66,7 @@ def test_a_model_file_alone_loads_and_unreadable_images_keep_their_slot(predicto
         predictor.predict([{}])
 
 
+@pytest.mark.slow
 def test_evaluate_returns_the_report_the_cli_writes(predictor, trained_run, sample_data, tmp_path):
     out = tmp_path / "cli" / "eval.json"
     out.parent.mkdir()

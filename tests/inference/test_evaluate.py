@@ -62,6 +62,7 @@ def report(run, labelled, tmp_path_factory):
     return rc, out
 
 
+@pytest.mark.slow
 def test_numbers_equal_a_hand_computation(run, labelled, report):
     root, paths, labels = labelled
     rc, out = report
@@ -85,6 +86,7 @@ def test_numbers_equal_a_hand_computation(run, labelled, report):
     assert (out.parent / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_table_printed(run, labelled, tmp_path, capsys):
     _, paths, labels = labelled
     main(
@@ -104,6 +106,7 @@ def test_table_printed(run, labelled, tmp_path, capsys):
     assert "zz_broken.jpg" in captured.err
 
 
+@pytest.mark.slow
 def test_top_losses_are_the_wrong_images_with_the_highest_loss(run, labelled, report):
     import csv
     import math
@@ -121,6 +124,7 @@ def test_top_losses_are_the_wrong_images_with_the_highest_loss(run, labelled, re
     assert (report[1].parent / "top_losses.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, tmp_path, capsys):
     run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))  # shared: copy
     assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0  # no --data: the run's own (config.json)
@@ -143,6 +147,7 @@ def test_the_runs_own_data_is_scored_on_its_validation_split(run, sample_data, t
     assert json.loads((run / "train-eval.json").read_text())["images"] == len(split["train"])
 
 
+@pytest.mark.slow
 def test_split_on_other_data_is_a_user_error(run, labelled, tmp_path, capsys):
     out = tmp_path / "e.json"
     assert main(["evaluate", *flags(run=run, data=labelled[0], split="val", out=out, no_progress=True)]) == 2
@@ -151,6 +156,8 @@ def test_split_on_other_data_is_a_user_error(run, labelled, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_two_processes_give_exactly_the_same_numbers(run, labelled, report, tmp_path, worker_env, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", worker_env["PYTHONPATH"])
     out = tmp_path / "eval.json"
@@ -162,6 +169,7 @@ def test_two_processes_give_exactly_the_same_numbers(run, labelled, report, tmp_
     assert multi == single
 
 
+@pytest.mark.slow
 def test_classes_must_match_the_run(run, tmp_path, sample_data, capsys):
     for name in ("cat", "fox"):
         (tmp_path / "data" / name).mkdir(parents=True)
@@ -172,6 +180,7 @@ def test_classes_must_match_the_run(run, tmp_path, sample_data, capsys):
     assert sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir()) == before  # nothing written
 
 
+@pytest.mark.slow
 def test_without_data_a_run_whose_data_is_gone_is_one_line(run, tmp_path, capsys):
     run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
     record = json.loads((run / "config.json").read_text())

@@ -31,6 +31,7 @@ def batches(run, sample_data) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(x, model(x)) for x in (preprocess(files[:1]), preprocess(files[1:6]))]
 
 
+@pytest.mark.slow
 def test_onnx_round_trip(run, batches, tmp_path):
     import onnx
     import onnxruntime
@@ -47,6 +48,7 @@ def test_onnx_round_trip(run, batches, tmp_path):
     assert json.loads(props["visiontune"]) == json.loads((run / "config.json").read_text())["model"]
 
 
+@pytest.mark.slow
 def test_pt2_round_trip(run, batches, tmp_path):
     out = tmp_path / "model.pt2"
     assert main(["export", "--run", str(run), "--format", "pt2", "--out", str(out)]) == 0
@@ -61,11 +63,13 @@ def test_pt2_round_trip(run, batches, tmp_path):
     assert described["classes"] == ["cat", "dog"] and described["image_size"] == 32
 
 
+@pytest.mark.slow
 def test_torchscript_points_to_its_successor(run, tmp_path, capsys):
     assert main(["export", "--run", str(run), "--format", "torchscript", "--out", str(tmp_path / "m.pt")]) == 2
     assert "--format pt2" in capsys.readouterr().err and not (tmp_path / "m.pt").exists()
 
 
+@pytest.mark.slow
 def test_missing_onnx_says_how_to_install(run, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx", None)  # makes `import onnx` raise ImportError
     out = tmp_path / "model.onnx"
@@ -74,6 +78,7 @@ def test_missing_onnx_says_how_to_install(run, tmp_path, capsys, monkeypatch):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_onnx_with_preprocessing_takes_uint8_images_of_any_size_and_equals_predict(run, sample_data, tmp_path, capsys):
     import csv
 

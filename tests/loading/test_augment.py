@@ -153,6 +153,7 @@ def test_mix_gives_soft_labels_that_split_one_global_batch_like_ddp_parts():
     assert not torch.equal(whole(x, y, epoch=3, step=5)[0], xs)  # another epoch, other draws
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [
@@ -198,6 +199,7 @@ def test_resume_from_a_mid_epoch_checkpoint_in_a_new_folder_is_exact(tmp_path, s
         assert_same_weights(a["ema"], b["ema"])
 
 
+@pytest.mark.distributed
 def test_ddp_with_the_new_options_matches_one_process(tmp_path, worker_env):
     """2 processes x batch 2 = 1 process x batch 4, with every random and scheduled option on."""
     from visiontune.data.sample import make_sample_data

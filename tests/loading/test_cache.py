@@ -143,6 +143,7 @@ def test_dataset_pickles_without_the_array_and_augments_uint8(files, tmp_path):
     assert len(pickle.dumps(ds)) < 3 * 64 * 64
 
 
+@pytest.mark.distributed
 def test_two_ddp_processes_share_one_cache_built_once(sample_data, tmp_path, worker_env):
     cache_dir = tmp_path / "cache"  # the user cache folder: the default, --cache fit, caches there
     cmd = [

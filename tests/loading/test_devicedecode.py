@@ -169,6 +169,7 @@ def device_runs(folder, tmp_path_factory):
     return tmp / "exact", tmp / "device", decoded
 
 
+@pytest.mark.slow
 def test_a_device_decoded_run_trains_the_exact_runs_weights_and_metrics(device_runs):
     exact, device, decoded = device_runs
     # 32 images: 25 train (3 full batches of 8 per epoch) and 7 val (one batch), each with JPEGs to decode.
@@ -180,6 +181,7 @@ def test_a_device_decoded_run_trains_the_exact_runs_weights_and_metrics(device_r
     assert len(rows[0]) == 4 and [[r[k] for k in keys] for r in rows[0]] == [[r[k] for k in keys] for r in rows[1]]
 
 
+@pytest.mark.slow
 def test_the_run_records_the_decode_and_why_it_has_no_cache(device_runs):
     device = device_runs[1]
     config = json.loads((device / "config.json").read_text())

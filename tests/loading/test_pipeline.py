@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from PIL import Image
 from torchvision import transforms
@@ -29,6 +30,7 @@ def blog_pipeline(size: int) -> transforms.Compose:
     )
 
 
+@pytest.mark.slow
 def test_trained_model_predicts_the_same_through_both_pipelines(sample_data, trained_run):
     run = trained_run  # 2 epochs of resnet18 at 32 px
     classes = json.loads((run / "classes.json").read_text())
@@ -82,6 +84,7 @@ def test_gpu_speedups_allow_tf32_and_cudnn_autotuning():
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) = saved
 
 
+@pytest.mark.slow
 def test_gpu_script_says_there_is_no_gpu_and_exits_0(worker_env):
     env = {**worker_env, "PYTHON": PYTHON, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run(
@@ -91,6 +94,7 @@ def test_gpu_script_says_there_is_no_gpu_and_exits_0(worker_env):
     assert "no CUDA GPU" in out.stdout
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_code_runs_tiny_on_a_cpu(tmp_path, worker_env):
     """The measuring code gpu.sh runs, at toy size: every source counts the images it trained on, and the
     JPEG files' rows (workers decoding; --decode device) carry their ratio to the cached row."""

@@ -44,6 +44,7 @@ def _reference(run: Path, arch: str, classes: int, x: torch.Tensor) -> torch.Ten
     return model.eval()(x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,fmt", [("test_convnext", "onnx"), ("test_vit", "pt2"), ("test_efficientnet", "pt2")])
 def test_timm_family_trains_predicts_from_its_file_alone_and_exports(arch, fmt, small_data, tmp_path):
     run = _train(small_data, tmp_path / "run", "--model", f"timm/{arch}", "--weights", "none")
@@ -96,6 +97,7 @@ def _three_classes(small_data: Path, root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_init_from_same_classes_carries_every_weight(earlier, small_data, tmp_path, capsys):
     new_data = tmp_path / "more"
     shutil.copytree(small_data, new_data)  # "new" data with the same classes
@@ -112,6 +114,7 @@ def test_init_from_same_classes_carries_every_weight(earlier, small_data, tmp_pa
         assert torch.allclose(before[k], after[k], atol=1e-8, rtol=0), k
 
 
+@pytest.mark.slow
 def test_init_from_new_classes_keeps_the_body_and_names_the_new_head(earlier, small_data, tmp_path, capsys):
     data = _three_classes(small_data, tmp_path / "abc")
     capsys.readouterr()
@@ -131,6 +134,7 @@ def test_init_from_new_classes_keeps_the_body_and_names_the_new_head(earlier, sm
     assert read_file(str(run / "best.safetensors")).classes == ("a", "b", "c")
 
 
+@pytest.mark.slow
 def test_imagenet_headed_local_checkpoint_starts_a_run(small_data, tmp_path, capsys):
     ckpt = tmp_path / "imagenet.safetensors"
     save_file(timm.create_model("test_efficientnet", num_classes=1000).state_dict(), str(ckpt))
@@ -165,6 +169,7 @@ def test_broken_or_foreign_checkpoint_is_one_line(make, msg, small_data, tmp_pat
     assert not (tmp_path / "run" / "config.json").exists()
 
 
+@pytest.mark.distributed
 def test_timm_under_ddp_saves_a_self_describing_model_counts_val_once_and_equals_one_process(
     small_data, tmp_path, worker_env
 ):

@@ -36,6 +36,7 @@ class _ShapesOnly(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@pytest.mark.slow
 def test_every_model_gets_a_new_head_of_the_right_shape():
     names = torchvision.models.list_models(module=torchvision.models)
     assert len(names) > 70 and set(names) == set(model_names())

@@ -150,19 +150,20 @@ def test_unreachable_hub_fails_in_seconds_naming_weights_none_and_the_cache(tmp_
     _closed_hub(monkeypatch, tmp_path / "hf" / "hub")
     get_spec("timm/resnet18")  # timm imported and its configs read: only the command is timed
     argv = ["train", "--data", str(sample_data), "--model", "timm/resnet18", "--output-dir", str(tmp_path / "run")]
-    start = time.perf_counter()
+    # Not the wall time (a busy machine stretches it): the client's retries are its back-off sleeps.
+    slept, real_sleep = [], time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: (slept.append(s), real_sleep(s))[1])
     rc = main([*argv, "--image-size", "32", "--no-progress"])
-    took = time.perf_counter() - start
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and took < 5, (rc, took, err)
+    assert rc == 2 and sum(slept) < 1, (rc, slept, err)
     assert len(err.splitlines()) == 1 and err.startswith("visiontune: error: cannot fetch timm/resnet18 (")
     assert "--weights none" in err and str(tmp_path / "hf" / "hub") in err and not (tmp_path / "run").exists()
     # HF_HUB_OFFLINE: no request at all, the same line.
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    start = time.perf_counter()
+    slept.clear()
     with pytest.raises(UserError, match=r"cannot fetch timm/resnet18 \(HF_HUB_OFFLINE is set\).*--weights none"):
         build_model("timm/resnet18", 2, "DEFAULT")
-    assert time.perf_counter() - start < 5
+    assert slept == []
 
 
 def test_cached_weights_are_used_without_asking_the_hub(tmp_path, monkeypatch):
@@ -186,8 +187,6 @@ def test_cached_weights_are_used_without_asking_the_hub(tmp_path, monkeypatch):
 
 
 def test_models_lists_prefix_matches_first_and_answers_from_its_cache_without_timm(tmp_path, monkeypatch, capsys):
-    import time
-
     from visiontune.models import names
 
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path))
@@ -201,11 +200,11 @@ def test_models_lists_prefix_matches_first_and_answers_from_its_cache_without_ti
         raise AssertionError(f"listed {source} again instead of reading the cache")
 
     monkeypatch.setattr(names, "_listed", no_listing)
-    start = time.perf_counter()
-    assert main(["models", "--source", "all", "--filter", "resnet1"]) == 0
-    assert time.perf_counter() - start < 1 and capsys.readouterr().out.split() == first
+    assert main(["models", "--source", "all", "--filter", "resnet1"]) == 0  # no_listing: from the cache
+    assert capsys.readouterr().out.split() == first
 
 
+@pytest.mark.slow
 def test_models_imports_neither_torch_nor_timm(tmp_path, worker_env):
     """What makes `visiontune models` answer in well under a second: a cached listing, no torch."""
     import subprocess

@@ -22,6 +22,7 @@ def bench_dir(sample_data, tmp_path_factory, worker_env_module):
     return out
 
 
+@pytest.mark.distributed
 def test_bench_json_rows_are_consistent(bench_dir):
     report = json.loads((bench_dir / "bench.json").read_text())
     rows = {r["strategy"]: r for r in report["rows"]}
@@ -44,6 +45,7 @@ def test_bench_json_rows_are_consistent(bench_dir):
     assert single["speedup"] == pytest.approx(1.0)
 
 
+@pytest.mark.distributed
 def test_dp_row_says_why_on_a_cpu_machine(bench_dir):
     rows = {r["strategy"]: r for r in json.loads((bench_dir / "bench.json").read_text())["rows"]}
     assert "DataParallel needs 2 or more GPUs; 0 visible" == rows["dp"]["skipped"]
@@ -52,11 +54,13 @@ def test_dp_row_says_why_on_a_cpu_machine(bench_dir):
     assert md.count("\n| single | 1 | 16 | 16 |") == 1 and "| ddp | 2 | 8 | 16 |" in md
 
 
+@pytest.mark.distributed
 def test_bench_png_is_a_png(bench_dir):
     with Image.open(bench_dir / "bench.png") as im:
         assert im.format == "PNG" and im.size[0] > 300
 
 
+@pytest.mark.distributed
 def test_the_bench_and_each_of_its_runs_get_a_page_with_the_table(bench_dir):
     rows = json.loads((bench_dir / "bench.json").read_text())["rows"]
     for page in (bench_dir / "report.html", bench_dir / "single" / "report.html", bench_dir / "ddp" / "report.html"):

@@ -64,6 +64,7 @@ def runs(tmp_path, trained_run) -> list[Path]:
     return [first, second]
 
 
+@pytest.mark.slow
 def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs, tmp_path, capsys):
     out = tmp_path / "cmp.html"
     assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
@@ -144,12 +145,10 @@ def test_the_curves_and_final_metrics_come_before_the_settings(tmp_path, capsys)
     assert text.index("<img") < text.index("<h2>Final metrics") < text.index("<h2>Settings")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_in_a_headless_browser(runs, tmp_path):
-    chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
-    if chromium is None:
-        pytest.skip("no chromium installed")
-    from test_report import CHECK
+    from test_report import CHECK, chromium  # fails, saying how to install it, when there is none
 
     out = tmp_path / "cmp.html"
     assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
@@ -157,7 +156,7 @@ def test_the_page_in_a_headless_browser(runs, tmp_path):
     page.write_text(out.read_text().replace("</body>", CHECK + "</body>"))
     done = subprocess.run(
         [
-            chromium,
+            chromium(),
             "--headless",
             "--no-sandbox",
             "--disable-gpu",

@@ -115,6 +115,7 @@ def test_top_losses_are_the_wrong_images_with_the_highest_loss():
     assert sorted(g["index"] for g in metrics.top_losses(logits, labels, 100)) == wrong
 
 
+@pytest.mark.slow
 def test_text_tables_and_the_figure_stay_readable_with_100_long_class_names(tmp_path):
     from PIL import Image
 

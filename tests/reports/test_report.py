@@ -72,6 +72,7 @@ def value(data, path):
     return data
 
 
+@pytest.mark.slow
 def test_the_page_is_self_contained_and_rebuilt_the_same(run, capsys):
     page = (run / "report.html").read_text()
     cells = parse(page)
@@ -97,7 +98,11 @@ def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    pytest.fail("the browser test needs Chromium: `make browser` (Debian: apt-get install chromium)")
+    pytest.fail(
+        "the browser tests need Chromium, which `make test` installs when it runs as root; "
+        "install it with `sudo apt-get install chromium` (or `sudo make browser`)",
+        pytrace=False,
+    )
 
 
 # Appended to a copy of the page: after the load event, record how many images there are and how
@@ -109,6 +114,7 @@ CHECK = """<script>window.addEventListener("load", () => {
 });</script>"""
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_in_a_headless_browser(run, tmp_path):
     page = tmp_path / "page.html"

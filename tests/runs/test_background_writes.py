@@ -66,6 +66,7 @@ def test_jobs_run_one_at_a_time_in_order_and_errors_surface():
         writes.close()
 
 
+@pytest.mark.slow
 def test_a_kill_while_the_epoch_files_are_written_resumes_to_the_same_files(tmp_path, worker_env):
     data = tmp_path / "data"
     make_sample_data(data, per_class=8, test_count=0, seed=2)

@@ -49,6 +49,7 @@ KILL_POINTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_kill_while_writing_a_checkpoint_leaves_a_resumable_run(tmp_path, small_data, monkeypatch, point, capsys):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
@@ -110,6 +111,7 @@ def finished_run(_finished, tmp_path, small_data, monkeypatch):
     return out, _finished_args(small_data, out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncate", "garble record", "remove file"])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, capsys, damage):
     out, args = finished_run
@@ -129,6 +131,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(finished_run, 
     assert checkpoint.verify(str(newest))["epoch"] == 1  # rewritten whole by the resumed run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change,expected",
     [
@@ -152,6 +155,7 @@ def test_resume_refuses_a_different_batch_model_or_split(finished_run, capsys, c
     assert len(err) == 1 and "cannot resume" in err[0] and expected in err[0], err
 
 
+@pytest.mark.slow
 def test_a_fresh_run_into_a_folder_with_checkpoints_is_refused(finished_run, capsys):
     out, args = finished_run
     assert cli.main(args) == 2
@@ -166,6 +170,7 @@ class _Sentinel:
         return (open, (self.path, "w"))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_file_that_runs_code_is_refused_unrun(finished_run, capsys, tmp_path):
     out, args = finished_run
     newest = out / "checkpoints" / "epoch0001-end"
@@ -189,6 +194,7 @@ def test_resume_auto_needs_an_output_dir(small_data, capsys):
     assert "--output-dir" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_checkpoint_record_holds_position_history_and_split(finished_run):
     out, _ = finished_run
     meta = checkpoint.verify(str(out / "checkpoints" / "epoch0001-batch0000004"))
@@ -215,6 +221,7 @@ def _copy_checkpoint(run: Path, name: str, to: Path, *extra: str) -> Path:
     return to
 
 
+@pytest.mark.slow
 def test_resume_into_a_new_output_dir_that_does_not_exist_yet(tmp_path, small_data, baseline_run, monkeypatch):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     old = _copy_checkpoint(baseline_run, "epoch0002-batch0000007", tmp_path / "old", "best.safetensors")
@@ -262,6 +269,7 @@ def test_a_run_folder_with_an_old_style_checkpoint_name_resumes(
     assert_same_weights(ended["old"], ended["new"])
 
 
+@pytest.mark.slow
 def test_resume_with_the_global_batch_split_another_way_starts_at_the_same_sample(
     tmp_path, small_data, baseline_run, monkeypatch, capsys
 ):
@@ -325,6 +333,7 @@ def _only_the_first_checkpoint_is_left(out) -> None:
     checkpoint.verify(str(out / "checkpoints" / "epoch0001-batch0000002"))
 
 
+@pytest.mark.slow
 def test_too_little_free_space_stops_before_writing(tmp_path, small_data, monkeypatch, capsys):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
@@ -340,6 +349,7 @@ def test_too_little_free_space_stops_before_writing(tmp_path, small_data, monkey
     _only_the_first_checkpoint_is_left(out)
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint(tmp_path, small_data, monkeypatch, capsys):
     from accelerate import Accelerator
 
@@ -360,6 +370,7 @@ def test_a_disk_that_fills_up_while_writing_leaves_the_previous_checkpoint(tmp_p
     _only_the_first_checkpoint_is_left(out)
 
 
+@pytest.mark.slow
 def test_a_real_full_disk_while_writing(tmp_path, small_data, monkeypatch, capsys):
     """On a 9 MB tmpfs: the first checkpoint (about 6 MB) fits, the second runs out of space mid-write."""
     out = tmp_path / "disk"
@@ -381,6 +392,7 @@ def test_a_real_full_disk_while_writing(tmp_path, small_data, monkeypatch, capsy
         subprocess.run(["umount", "--lazy", str(out)], check=True)
 
 
+@pytest.mark.slow
 def test_a_tampered_rng_file_is_refused_not_skipped(finished_run, capsys):
     out, args = finished_run
     newest = out / "checkpoints" / "epoch0001-end"
@@ -397,6 +409,7 @@ def test_a_tampered_rng_file_is_refused_not_skipped(finished_run, capsys):
     assert len(err) == 1 and "random_states_0.pkl" in err[0] and "never unpickles" in err[0], err
 
 
+@pytest.mark.slow
 def test_refusals_give_the_command_that_works(finished_run, capsys):
     out, args = finished_run
     assert cli.main(args) == 2

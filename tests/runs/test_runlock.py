@@ -46,6 +46,7 @@ def test_a_second_run_into_a_held_folder_is_refused_naming_the_holder(tmp_path, 
     assert f"{out} is in use by another visiontune run (pid {os.getpid()} on host {socket.gethostname()})" in err[0]
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_holder_is_free_at_once(tmp_path, worker_env):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=worker_env, stdout=subprocess.PIPE, text=True)
@@ -59,6 +60,7 @@ def test_the_lock_of_a_killed_holder_is_free_at_once(tmp_path, worker_env):
         assert (out / runlock.LOCK_FILE).read_text().split()[0] == str(os.getpid())
 
 
+@pytest.mark.slow
 def test_the_lock_is_released_when_a_run_fails(tmp_path, small_data, capsys):
     out = tmp_path / "run"
     assert cli.main(_train(small_data, out, "--val-fraction", "0.99")) == 2  # refused after the lock was taken
@@ -85,6 +87,7 @@ def _mount_tmpfs(path, options: str) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_a_read_only_output_dir_is_refused_before_the_scan(tmp_path, small_data, capsys, no_scan):
     out = tmp_path / "ro"
     mounted = _mount_tmpfs(out, "ro,size=1m")  # read-only for root too

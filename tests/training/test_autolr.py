@@ -16,6 +16,7 @@ from visiontune.settings.validation import validate
 from visiontune.training import lrfind
 
 
+@pytest.mark.slow
 def test_lr_auto_uses_lr_finds_suggestion_records_it_and_a_resume_reuses_it(small_data, tmp_path, monkeypatch):
     common = [*flags(data=small_data, batch_size=8, num_workers=0, seed=3), *FAST]
     monkeypatch.setattr(lrfind, "STEPS", 30)  # a shorter sweep for the test, the same for both commands

@@ -46,6 +46,7 @@ def _args(small_data, out, *extra):
     return train_argv(small_data, out, *extra)[3:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGUSR1, 138)])
 def test_signal_finishes_the_step_checkpoints_it_and_exits(
     tmp_path, small_data, baseline_run, monkeypatch, capsys, sig, code
@@ -71,6 +72,7 @@ def test_signal_finishes_the_step_checkpoints_it_and_exits(
         assert_same_weights(final_weights(out), final_weights(baseline_run))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint(tmp_path, small_data, monkeypatch, capsys):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
@@ -83,6 +85,7 @@ def test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint(tmp_path,
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
+@pytest.mark.slow
 def test_nan_loss_skip_skips_the_step_and_counts_it(tmp_path, small_data, monkeypatch, capsys):
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
@@ -102,6 +105,7 @@ def test_nan_loss_skip_skips_the_step_and_counts_it(tmp_path, small_data, monkey
 DDP = ["--strategy", "ddp", "--nproc", "2", "--batch-size", "2", "--save-every-steps", "3"]  # global batch 4
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("sig,code", [(signal.SIGUSR1, 138)])
 def test_signal_to_the_launcher_stops_every_worker_at_the_same_step(tmp_path, small_data, worker_env, sig, code):
     env = env_for(worker_env, tmp_path)

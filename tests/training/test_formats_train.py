@@ -65,6 +65,7 @@ def _summary(run: Path) -> dict:
     return {k: v for k, v in s.items() if "accuracy" in k or "loss" in k or "counted" in k}
 
 
+@pytest.mark.slow
 def test_shards_and_hf_data_train_exactly_like_the_folder_they_were_made_from(tmp_path, formats, capsys):
     runs = {}
     for name, data in formats.items():
@@ -113,6 +114,7 @@ def _served(folder: str):
         server.server_close()
 
 
+@pytest.mark.slow
 def test_shards_from_an_http_url_are_copied_whole_and_train_as_the_local_shards(tmp_path, formats, monkeypatch, capsys):
     """`--data URL/shards-{...}.tar`: the shards and index.json fetched through webdataset's opener into the
     shard cache, then trained on exactly as the same shards on disk; the URL is the run's data, so a later
@@ -166,6 +168,7 @@ def augmented_reference(tmp_path_factory, formats):
     return out / "checkpoints" / checkpoint.name(EPOCHS, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["shards", "hf"])
 def test_kill_9_mid_epoch_then_resume_ends_with_the_folder_runs_tensors(
     tmp_path, formats, augmented_reference, worker_env, monkeypatch, capsys, fmt
@@ -313,6 +316,7 @@ def _killed_and_resumed(ref: dict, data: str, tmp_path: Path, rename=lambda name
     return resumed.stdout, split
 
 
+@pytest.mark.distributed
 def test_ddp_on_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_every_sample_once(tmp_path, ddp_reference):
     """ddp x2 with --augment on the folder's shards (several of them), killed and resumed: the folder run's
     tensors, reads and split record, to its hash (``_killed_and_resumed``)."""
@@ -324,6 +328,7 @@ def test_ddp_on_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_every
     assert split["sha256"] == ddp_reference["split"]["sha256"]
 
 
+@pytest.mark.distributed
 def test_ddp_on_hf_data_with_its_own_odd_validation_split_killed_mid_epoch_resumes_to_the_folder_run(
     tmp_path, ddp_reference
 ):

@@ -44,6 +44,7 @@ def imbalanced_runs(imbalanced, tmp_path_factory) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.slow
 def test_balanced_sampling_and_class_weights_raise_the_minority_recall(imbalanced_runs):
     recall = {name: ev["per_class"]["dog"]["recall"] for name, ev in imbalanced_runs.items()}
     assert imbalanced_runs["plain"]["per_class"]["dog"]["support"] == 100
@@ -60,6 +61,7 @@ def test_balanced_sampling_and_class_weights_raise_the_minority_recall(imbalance
     assert overview["balanced"]["sampler"].startswith("balanced: the 2 classes drawn equally often")
 
 
+@pytest.mark.slow
 def test_a_balanced_weighted_run_resumed_mid_epoch_ends_with_the_uninterrupted_tensors(imbalanced, tmp_path):
     data, _ = imbalanced
     full, resumed = tmp_path / "full", tmp_path / "resumed"

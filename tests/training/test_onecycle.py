@@ -90,6 +90,7 @@ def test_a_resume_mid_cycle_continues_the_same_cycle():
     assert torch.equal(torch.cat([head, _trace(again_opt, again, 13)]), full)
 
 
+@pytest.mark.slow
 def test_a_run_with_onecycle_records_the_cycle(sample_data, tmp_path):
     out = tmp_path / "run"
     argv = flags(data=sample_data, output_dir=out, epochs=2, batch_size=16, lr=0.05, optimizer="sgd")

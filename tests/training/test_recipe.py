@@ -219,6 +219,7 @@ def test_best_picks_ema_or_raw_by_the_chosen_metric():
     assert (records.best_of(history, "loss")[0]["epoch"], records.best_of(history, "loss")[1]) == (1, "val")
 
 
+@pytest.mark.slow
 def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, monkeypatch):
     import json
 
@@ -303,6 +304,7 @@ def test_data_statistics_are_those_of_the_pixels():
     assert std == presets.stats_text(x.std((0, 2, 3), unbiased=False).tolist())
 
 
+@pytest.mark.slow
 def test_lr_find_sweeps_writes_the_curve_and_suggests_a_tenth_of_the_minimum(tmp_path, small_data, capsys):
     import json
 

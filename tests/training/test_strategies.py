@@ -143,6 +143,7 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
     return {name: Job(code, log, dirs[name]) for name, (code, log) in done.items()}
 
 
+@pytest.mark.distributed
 def test_ddp_val_metrics_equal_a_single_process_evaluation_of_the_saved_model(jobs, sample_data):
     job = jobs["visiontune"]
     assert job.code == 0, job.log
@@ -155,6 +156,7 @@ def test_ddp_val_metrics_equal_a_single_process_evaluation_of_the_saved_model(jo
     assert summary["best_val_loss"] == pytest.approx(loss, rel=1e-5)
 
 
+@pytest.mark.distributed
 def test_ddp_train_metrics_cover_every_process_and_full_global_batches_only(jobs):
     job = jobs["visiontune"]
     assert job.code == 0, job.log
@@ -166,6 +168,7 @@ def test_ddp_train_metrics_cover_every_process_and_full_global_batches_only(jobs
     assert job.read("summary.json")["train_split_size"] == TRAIN
 
 
+@pytest.mark.distributed
 def test_setup_is_printed_and_recorded(jobs):
     job = jobs["visiontune"]
     assert job.code == 0, job.log
@@ -187,6 +190,7 @@ def test_setup_is_printed_and_recorded(jobs):
     assert (setup["loader_workers"], setup["decode_threads"]) == (0, setup["threads"])
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
 def test_every_launcher_gives_the_same_run(jobs, launcher):
     base, job = jobs["visiontune"], jobs[launcher]
@@ -200,6 +204,7 @@ def test_every_launcher_gives_the_same_run(jobs, launcher):
     assert tb["loss"] == pytest.approx(ta["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, capsys):
     out = tmp_path / "dp"
     assert (

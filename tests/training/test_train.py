@@ -31,6 +31,7 @@ def run(trained_run):
     return trained_run  # 2 epochs, batch 8, lr 0.005 (read-only)
 
 
+@pytest.mark.slow
 def test_every_output_exists_and_loads(run):
     for name in [
         "best.safetensors",
@@ -56,6 +57,7 @@ def test_every_output_exists_and_loads(run):
         assert math.isclose(float(r["images_per_s"]), int(r["images"]) / float(r["seconds"]), rel_tol=1e-2)
 
 
+@pytest.mark.slow
 def test_best_model_reproduces_recorded_val_accuracy_and_learns(run, sample_data):
     summary = json.loads((run / "summary.json").read_text())
     history = json.loads((run / "history.json").read_text())
@@ -102,6 +104,7 @@ def logged(sample_data, tmp_path_factory) -> Logged:
     return Logged(summary, out.getvalue(), err.getvalue(), run_dir)
 
 
+@pytest.mark.slow
 def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, logged, sample_data):
     # Each run's split.json is the split its seed and --split-method make, computed again here: the shared
     # run keeps the shuffle (tests/trained.py), the API run has the stratified default.
@@ -117,12 +120,14 @@ def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, logge
     assert logged.summary == json.loads((logged.run_dir / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_save_pth_writes_the_same_tensors_for_torch_load(logged):
     pth = torch.load(logged.run_dir / "best.pth", weights_only=True)
     st = load_file(str(logged.run_dir / "best.safetensors"))
     assert pth.keys() == st.keys() and all(torch.equal(pth[k], st[k]) for k in st)
 
 
+@pytest.mark.slow
 def test_epoch_lines_in_the_reference_format(logged):
     out = logged.out
     assert "Epoch 1/1\n----------\n" in out and "global batch 16" in out  # counted from 1
@@ -133,6 +138,7 @@ def test_epoch_lines_in_the_reference_format(logged):
     assert re.search(r"^Best val Acc: \d\.\d{6}$", out, re.M)
 
 
+@pytest.mark.slow
 def test_the_start_says_the_resolved_setup_and_the_recipe_s_weak_spot(logged):
     start = logged.out.split("Running training\n", 1)[1].split("Epoch ", 1)[0]
     assert "  train images     96\n" in start  # 6 full batches of 16: nothing dropped, nothing said
@@ -155,6 +161,7 @@ def test_the_start_says_the_resolved_setup_and_the_recipe_s_weak_spot(logged):
     assert recorded["resize"].startswith("32 px (--image-size), bilinear interpolation")
 
 
+@pytest.mark.slow
 def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(logged):
     out, err = logged.out, logged.err
     assert "\r" not in err  # no carriage-return redraws in a log file
@@ -172,6 +179,7 @@ def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(l
     assert len([line for line in err.splitlines() if line.startswith("val")]) == 2  # 24 images, batch 16
 
 
+@pytest.mark.slow
 def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
     # What `train` is handed; no training is needed to see it (train's own config.json: `run`).
     given = []
@@ -223,6 +231,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path,
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_tensorboard_tracker_logs_the_metrics_and_every_steps_loss_and_lr(logged):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -241,6 +250,7 @@ def test_tensorboard_tracker_logs_the_metrics_and_every_steps_loss_and_lr(logged
     assert [s.value for s in lrs] == pytest.approx([1e-3] * 6)
 
 
+@pytest.mark.slow
 def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data, tmp_path):
     out = tmp_path / "r"
     assert (

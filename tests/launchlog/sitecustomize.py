@@ -1,0 +1,18 @@
+"""On ``PYTHONPATH`` only when ``VISIONTUNE_TEST_LAUNCH_LOG`` is set (tests/tiers.py): each Python process
+appends ``start PID PPID ARGV`` to that file when it starts and ``end PID torch=0|1`` when it exits normally."""
+
+import atexit
+import os
+import sys
+
+_LOG = os.environ.get("VISIONTUNE_TEST_LAUNCH_LOG")
+
+
+def _write(line: str) -> None:
+    with open(_LOG, "a") as f:  # one short write per line: appends from many processes do not interleave
+        f.write(line + "\n")
+
+
+if _LOG:
+    _write(f"start {os.getpid()} {os.getppid()} {' '.join(getattr(sys, 'orig_argv', sys.argv))[:300]}")
+    atexit.register(lambda: _write(f"end {os.getpid()} torch={int('torch' in sys.modules)}"))
