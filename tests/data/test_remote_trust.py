@@ -87,6 +87,7 @@ def _one_line(capsys, fetching: bool = False) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_run_folder_whose_config_json_names_a_command_never_runs_it(trained_run, tmp_path, capsys):
     """The PoC: evaluate --run RUN, RUN/config.json's data a pipe: command. One line, exit 2, nothing run,
     with --allow-pipe too (it lets only the command line's own --data run)."""

@@ -113,6 +113,7 @@ def test_onnx_with_preprocessing_takes_uint8_images_of_any_size_and_equals_predi
     assert "--with-preprocessing is for --format onnx" in capsys.readouterr().err and not pt2.exists()
 
 
+@pytest.mark.slow
 def test_onnx_with_probabilities_gives_the_softmax_and_serves_the_runs_probabilities(
     run, batches, sample_data, tmp_path
 ):

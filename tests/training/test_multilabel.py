@@ -197,6 +197,7 @@ def _read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_a_multi_label_run_picks_its_best_epoch_by_map_by_default(ml_run):
     summary = json.loads((ml_run / "summary.json").read_text())
     history = json.loads((ml_run / "history.json").read_text())
