@@ -18,8 +18,12 @@ from visiontune.loading import jobdata
 from visiontune.runs import runlock
 
 HOLD = (
-    "import sys, time; from visiontune.runs import runlock\n"
-    "with runlock.hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)"
+    "import os, sys, time; from visiontune.runs import runlock\n"
+    "with runlock.hold(sys.argv[1]):\n"
+    # a forked child that outlives the holder, as a DataLoader worker does for a few seconds after a kill -9
+    " child = os.fork()\n"
+    " if child == 0:\n  time.sleep(120); os._exit(0)\n"
+    " print('held', child, flush=True); time.sleep(120)"
 )
 
 
@@ -50,14 +54,19 @@ def test_a_second_run_into_a_held_folder_is_refused_naming_the_holder(tmp_path, 
 def test_the_lock_of_a_killed_holder_is_free_at_once(tmp_path, worker_env):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=worker_env, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(UserError, match=f"pid {holder.pid} on host"):
-        with runlock.hold(str(out)):
-            pass
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
-    with runlock.hold(str(out)):  # the kernel released it with the process: no stale lock
-        assert (out / runlock.LOCK_FILE).read_text().split()[0] == str(os.getpid())
+    said, child = holder.stdout.readline().split()
+    assert said == "held"
+    try:
+        with pytest.raises(UserError, match=f"pid {holder.pid} on host"):
+            with runlock.hold(str(out)):
+                pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        os.kill(int(child), 0)  # the forked child is still alive...
+        with runlock.hold(str(out)):  # ...yet the lock went with the holder: no stale lock, no wait
+            assert (out / runlock.LOCK_FILE).read_text().split()[0] == str(os.getpid())
+    finally:
+        os.kill(int(child), signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -27,6 +27,21 @@ from visiontune.errors import UserError
 
 LOCK_FILE = ".visiontune.lock"
 HELD_BY_PARENT = "VISIONTUNE_RUN_LOCK"  # the run folder our launcher holds the lock of, for its workers
+_HELD: set[int] = set()  # the lock descriptors this process holds
+
+
+def _drop_in_child() -> None:
+    # A forked child (a DataLoader worker) shares the lock's open file, and a flock is released only when
+    # every copy is closed: after a kill -9 of the run, a worker still alive for its few seconds of
+    # noticing would keep the folder locked against the run's own --resume. The child never writes the
+    # run folder, so it lets go of the lock at once.
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_in_child)
 
 
 def writable_dir(path: str, what: str = "--output-dir") -> Path:
@@ -94,6 +109,7 @@ def hold(run_dir: str, *, main_process: bool = True) -> Iterator[None]:
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        _HELD.add(fd)
         yield
     finally:
         if created and os.listdir(folder) == [LOCK_FILE]:
@@ -102,6 +118,7 @@ def hold(run_dir: str, *, main_process: bool = True) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 lock.unlink()
                 folder.rmdir()
+        _HELD.discard(fd)
         os.close(fd)  # releases the lock; an existing folder keeps the file (removing it would race)
 
 
