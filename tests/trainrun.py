@@ -133,10 +133,11 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 
 def worker_of(launcher: psutil.Process, rank: int) -> psutil.Process:
-    """The training process of ``rank`` under ``launcher`` (the agent's child with that RANK)."""
+    """The training process of ``rank`` under ``launcher``: the agent's child that names itself so (a forked
+    worker's environment and command line in /proc are its agent's)."""
     for p in launcher.children(recursive=True):
         try:
-            if p.environ().get("RANK") == str(rank) and "visiontune" in " ".join(p.cmdline()):
+            if p.name() == f"visiontune r{rank}"[:15]:
                 return p
         except psutil.Error:
             continue

@@ -5,4 +5,8 @@ import sys
 from visiontune.cli.commands import entry
 
 if __name__ == "__main__":
-    sys.exit(entry())
+    code = entry()
+    # Success is a return, not SystemExit(0): a worker forked by torchrun runs this file as a function
+    # (``--run-path``), and its agent counts a worker done only when that function returns.
+    if code:
+        sys.exit(code)

@@ -316,21 +316,22 @@ def test_a_full_disk_while_writing_best_safetensors_keeps_the_previous_best(
 
 
 # Loaded into rank 0 of a DDP job through PYTHONPATH: its second history.json write hits a full disk.
+# Installed in every process; it acts in rank 0 only, asked at each call (the workers are forks of the
+# launching process, which has no rank).
 _FULL_DISK_ON_RANK_0 = """
 import os
-if os.environ.get("RANK") == "0":
-    real, seen = os.open, []
+real, seen = os.open, []
 
-    def open_(path, flags, *mode, **kw):
-        name = os.path.basename(os.fspath(path))
-        if name.startswith(".history.json.") and name.endswith(".tmp"):
-            seen.append(name)
-            if len(seen) == 2:
-                os.close(real(path, flags, *mode, **kw))
-                return real("/dev/full", os.O_WRONLY)
-        return real(path, flags, *mode, **kw)
+def open_(path, flags, *mode, **kw):
+    name = os.path.basename(os.fspath(path))
+    if os.environ.get("RANK") == "0" and name.startswith(".history.json.") and name.endswith(".tmp"):
+        seen.append(name)
+        if len(seen) == 2:
+            os.close(real(path, flags, *mode, **kw))
+            return real("/dev/full", os.O_WRONLY)
+    return real(path, flags, *mode, **kw)
 
-    os.open = open_
+os.open = open_
 """
 
 

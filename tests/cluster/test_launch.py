@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from torch.distributed.run import get_args_parser
 
-from trainrun import flags
+from trainrun import TINY, env_for, flags
 from visiontune.cluster.launch import launcher_argv, needs_launcher, without_flags
 from visiontune.settings.config import TrainConfig
 
@@ -161,3 +164,21 @@ def test_the_launching_process_imports_no_model_code(sample_data, tmp_path, work
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.distributed
+def test_the_workers_of_a_cpu_job_are_forks_of_the_launching_process(small_data, tmp_path, worker_env):
+    """One interpreter starts for a DDP job of two: its workers begin holding what it imported (torch)."""
+    import json
+    import subprocess
+    import sys
+
+    log, out = tmp_path / "launches.log", tmp_path / "run"
+    argv = [sys.executable, "-m", "visiontune", "train", *TINY, *flags(data=small_data, strategy="ddp", nproc=2)]
+    env = {**env_for(worker_env, tmp_path), "VISIONTUNE_TEST_LAUNCH_LOG": str(log)}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "launchlog"), env["PYTHONPATH"]])
+    done = subprocess.run([*argv, "--output-dir", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    starts = [line for line in log.read_text().splitlines() if line.startswith("start ")]
+    assert len(starts) == 1, starts  # the launching process; its two workers started no interpreter
+    assert json.loads((out / "summary.json").read_text())["world_size"] == 2

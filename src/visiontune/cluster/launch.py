@@ -13,7 +13,11 @@ here, before the workers start, so that they all agree on it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import importlib.util
+import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -88,10 +92,38 @@ def die_with_launcher() -> None:
     """
     if "TORCHELASTIC_RUN_ID" not in ENV or not sys.platform.startswith("linux"):
         return
+    if multiprocessing.parent_process() is not None:
+        _forked_worker()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    # 15 = PR_SET_NAME: `ps -o comm`, `top` and `pgrep` tell the workers apart (a forked one has its agent's
+    # command line).
+    libc.prctl(15, f"visiontune r{rank()}".encode()[:15])
     if ENV.get(LAUNCHER_PID) and os.getppid() != int(ENV[LAUNCHER_PID]):
         os._exit(128 + signal.SIGKILL)  # the agent died before the line above took effect
+
+
+def _forked_worker() -> None:
+    """A worker forked from the agent starts as a new interpreter would (``subprocess`` workers are).
+
+    In a session of its own, so a Ctrl-C or a signal to the launcher's process group reaches the agent
+    alone, which passes it on; with the default signal handlers (the agent's handlers raise its own
+    exceptions); and printing to the standard file descriptors, not to whatever stream objects the agent
+    had put in ``sys.stdout`` (a test's capture).
+    """
+    with contextlib.suppress(OSError):
+        os.setsid()
+    for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.stdout, sys.stderr = _on_fd(sys.stdout, 1, "surrogateescape"), _on_fd(sys.stderr, 2, "backslashreplace")
+
+
+def _on_fd(stream, fd: int, errors: str):
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        if stream.fileno() == fd:
+            return stream
+    return open(fd, "w", buffering=1, errors=errors, closefd=False)  # noqa: SIM115 (the process's own, for its life)
 
 
 # What gloo says in the processes left when a peer of the job has died (its own error said above).
@@ -175,8 +207,13 @@ def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     return out
 
 
-def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> list[str]:
-    """torchrun's arguments for this run, then the workers' ``visiontune <command>`` arguments."""
+def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train", forked: bool = False) -> list[str]:
+    """torchrun's arguments for this run, then the workers' ``visiontune <command>`` arguments.
+
+    ``forked``: each worker is a fork of this process running ``visiontune/__main__.py`` as a function
+    (torchrun's ``--start-method fork --run-path``), not a new interpreter: it starts holding what this
+    process has imported (torch, at least: about 2 CPU s a worker, and every import on a restart).
+    """
     p = plan(cfg, cluster=command == "train")
     args = [f"--nproc-per-node={p.nproc}", f"--nnodes={p.nnodes}", f"--max-restarts={cfg.max_restarts}"]
     if p.rdzv_endpoint:  # elastic: the c10d store at the endpoint assigns the node ranks
@@ -187,7 +224,18 @@ def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train") -> 
         args += [f"--node-rank={p.node_rank}", f"--master-addr={p.master_addr}", f"--master-port={p.master_port}"]
     # "--" ends torchrun's own options: its parser takes abbreviations, so a worker's
     # ``--run`` would otherwise clash with its ``--run-path``.
+    if forked:
+        main_py = importlib.util.find_spec("visiontune.__main__").origin
+        return [*args, "--start-method=fork", "--run-path", "--", main_py, command, *argv]
     return [*args, "-m", "--", "visiontune", command, *argv]
+
+
+def can_fork_workers() -> bool:
+    """Whether the workers may be forks of this process: not where CUDA is, which a forked child cannot use
+    once its parent has touched it (the workers then start as new interpreters)."""
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def here_or_relaunched(
@@ -215,7 +263,12 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    torchrun_args = launcher_argv(cfg, argv, command)
+    forked = can_fork_workers()
+    torchrun_args = launcher_argv(cfg, argv, command, forked=forked)
+    if forked:
+        # A forked worker that exits non-zero is logged by the agent with the traceback of its own join; the
+        # worker has said why it stopped (one line), and a new-interpreter worker's exit is logged without one.
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_traceback)
     # Each worker takes cores / processes threads (cpu_budget); tell
     # OpenMP the same before the workers start so nothing oversubscribes.
     nproc = int(torchrun_args[0].split("=")[1])
@@ -254,6 +307,11 @@ def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
         ENV.pop(LAUNCHER_PID, None)
         signal.signal(signal.SIGUSR1, old_usr1)
     return 0
+
+
+def _without_traceback(record: logging.LogRecord) -> bool:
+    record.exc_info = record.exc_text = None
+    return True
 
 
 def threads_choice(threads: int | None = None) -> tuple[int, str]:
