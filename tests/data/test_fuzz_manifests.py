@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzzing import fuzz_settings
-from visiontune.data import layouts
+from visiontune.data import imageset, layouts
 from visiontune.errors import UserError
 
 FILES = ("a.jpg", "b.jpg", "sub/c.png", "x y.jpg", "é.jpg", "7.jpg")
@@ -68,7 +68,7 @@ def manifests(draw) -> bytes:
     return (draw(st.sampled_from(["", "\ufeff"])) + text).encode("utf-8", "surrogatepass")
 
 
-def assert_valid(found: layouts.ImageSet, root: str, multi_label: bool) -> None:
+def assert_valid(found: imageset.ImageSet, root: str, multi_label: bool) -> None:
     n, k = len(found.paths), len(found.classes)
     assert n == len(found.labels) > 0 and k >= 2 and len(set(found.classes)) == k
     assert found.labels.min() >= 0 and found.labels.max() < k

@@ -127,7 +127,7 @@ def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_shard(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.data.shards import write
+    from visiontune.data.shardwriter import write
 
     columns = (args.image_column, args.label_column)
     write(args.data, args.out, args.shard_size, seed=args.seed, val_fraction=args.val_fraction, columns=columns)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
 
 INSTALL = "reading hf: data needs Hugging Face datasets: pip install 'visiontune[formats]'"

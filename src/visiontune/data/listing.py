@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from visiontune.data import layouts
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.data.pathlist import PathList
 from visiontune.files import atomic_file
 

@@ -24,7 +24,8 @@ from visiontune import files
 from visiontune.cluster import launch
 from visiontune.data import remote
 from visiontune.data.groups import split_images
-from visiontune.data.layouts import ImageSet, discover
+from visiontune.data.imageset import ImageSet
+from visiontune.data.layouts import discover
 from visiontune.data.split import method_of, relative_paths, split_of, split_summary
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from visiontune import files
-from visiontune.data.layouts import IMAGE_EXTENSIONS
+from visiontune.data.imageset import IMAGE_EXTENSIONS
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta

@@ -34,7 +34,7 @@ from visiontune.data.check import (
     scan_cache_path,
     write_report,
 )
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.data.listing import listed, load_listing, save_listing
 from visiontune.errors import UserError
 from visiontune.loading.cache import CacheChoice, ImageCache, choose

@@ -24,7 +24,7 @@ from visiontune import files
 from visiontune.cluster import host
 from visiontune.data import remote
 from visiontune.data.check import write_report
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.data.split import Split, write_split
 from visiontune.files import atomic_write
 from visiontune.runs import runinfo
