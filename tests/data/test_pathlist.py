@@ -9,7 +9,7 @@ import pickle
 
 import torch
 
-from visiontune.data import imageset, layouts
+from visiontune.data import imageset, layouts, sources
 from visiontune.data.split import make_split, read_record, split_summary, write_split
 from visiontune.loading import jobdata
 
@@ -63,7 +63,7 @@ def walk_listing(root: str) -> tuple[list[str], list[tuple[str, int]]]:
 
 def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
     root = odd_tree(tmp_path / "data")
-    found = layouts.discover(root)
+    found = sources.discover(root)
     classes, pairs = walk_listing(root)
     assert len(pairs) == 9 and classes == ["cat", "dög café", "日本"]
     assert found.classes == classes
@@ -95,7 +95,7 @@ def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
 
 def test_split_record_is_unchanged_by_the_compact_listing(tmp_path):
     root = odd_tree(tmp_path / "data")
-    images = layouts.discover(root)
+    images = sources.discover(root)
     split = make_split(len(images), 0.25, 3)
     summary = split_summary(split, images.paths, images.root, 3, 0.25)
     write_split(str(tmp_path / "split.json"), summary, split, images.paths, images.root)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from visiontune.data.imageset import ImageSet
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.data.split import (
     ITERATIVE,
     RANDOM,

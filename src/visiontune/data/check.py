@@ -33,7 +33,7 @@ import numpy as np
 from visiontune.cluster.host import user_cache_dir
 from visiontune.data import remote
 from visiontune.data.decode import MAX_PIXELS, BadImage, decode_bytes, read_image
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 

@@ -1,18 +1,28 @@
-"""What every data source lists into: an ``ImageSet``, and the suffixes of image files.
+"""What every data source is and lists into: a ``Source``, an ``ImageSet`` and its ``Reader``.
+
+A ``Source`` is one kind of data ``--data`` may name (the folder layouts, ``hf:`` data
+sets, tar shards, shards at a URL): how it is recognised from the ``--data`` string,
+read into an ``ImageSet``, its reader reopened in another process, and described (in
+``--help``, the run records, the model card). Each source module declares one;
+``data/sources.py`` holds them in the order they are tried and is what the rest of
+visiontune asks (timm's ``create_reader`` is the model).
 
 An ``ImageSet`` holds a data source's labelled images: absolute paths (or, with a
 ``reader``, the samples' stable names) with class indices, class names in index order,
 the unlabelled test files and the files the source itself had to reject. The folder
 layouts (``data/layouts.py``), ``hf:`` data sets (``data/hfdata.py``) and tar shards
 (``data/shards.py``) all produce one, so the split, sampler, sharding, resume, the
-bad-file screen and the cache treat every source alike. It imports no other module of
-``data/`` but ``pathlist``: every source can import it.
+bad-file screen and the cache treat every source alike. Data kept in a container (``hf:``
+rows, shard members) has a ``Reader``: ``paths`` are then the samples' stable names and
+``reader[i]`` sample i's encoded bytes, read at random by index. This module imports no
+other of ``data/`` but ``pathlist``: every source can import it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -20,6 +30,43 @@ from visiontune.data.pathlist import PathList
 
 # The suffixes of image files (predict lists a folder by them, shards name a sample's image by them).
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+
+
+class Reader(Protocol):
+    """Sample i's encoded bytes, for data kept in a container; picklable (a loader worker gets a copy)."""
+
+    fingerprint: str  # the content's identity, for the scan and image caches
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> bytes: ...
+
+    def take(self, idx) -> Reader:
+        """The samples at ``idx`` (an int array), in that order."""
+        ...
+
+    def spec(self) -> dict:
+        """JSON that reopens this reader in another process: ``{"kind": <its Source's name>, ...}``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kind of data: how it is recognised, read, reopened in a worker and described."""
+
+    name: str  # a reader's spec()["kind"] names its source by this
+    recognises: Callable[[str], bool]  # from the --data string (and, for paths, what is there)
+    # read(data, image_column, label_column, every_split=, multi_label=): the labelled images, unchecked
+    read: Callable[..., ImageSet]
+    reopen: Callable[[dict], Reader] | None = None  # a reader from its spec(), in this process
+    help: str = ""  # how `train --help` names it ("" : told with another source)
+    short: str = ""  # how `check --help` and `shard --help` name it
+    named: bool = False  # --data is a name (hf:, a URL), not a path: recorded as given, never made absolute
+    container: bool = False  # samples come through a reader: predict lists them as train does
+    lists_unlabelled: bool = False  # every_split lists rows with no label too (predict on a test split)
+    exists: Callable[[str], bool] = lambda data: True  # whether what ``data`` names is still there
+    fetch: Callable[[str], object] | None = None  # a copy made before listing, once per machine
+    hub_id: Callable[[str], str] | None = None  # the data set's id on the Hugging Face Hub
 
 
 @dataclass(frozen=True)
@@ -31,9 +78,8 @@ class ImageSet:
     classes: list[str]
     test_files: list[str] = field(default_factory=list)
     rejects: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
-    # With a reader, ``paths`` are names and ``reader[i]`` is sample i's encoded bytes; it is picklable and
-    # has ``take(idx)``, ``spec()`` (JSON to reopen it in another process) and a content ``fingerprint``.
-    reader: Any = None
+    # With a reader, ``paths`` are names and ``reader[i]`` is sample i's encoded bytes.
+    reader: Reader | None = None
     val_mask: np.ndarray | None = None  # bool per image: in the data's own validation split (None: ours)
     split_note: str = ""  # where the split comes from when the data brings one, for the start line and split.json
     # Multi-label data (data/multilabel.py): uint8 [N, K] multi-hot, and ``labels`` each image's first class.

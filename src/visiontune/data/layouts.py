@@ -12,14 +12,9 @@ ImageNet-size folder is listed in seconds; the paths are kept as a ``PathList``
 and the labels as one int32 array, no Python object per file (``jobdata`` carries
 one listing to the other processes of a job as those arrays' bytes).
 
-Data kept in a container rather than as files -- a Hugging Face ``datasets`` set
-(``hf:PATH`` or ``hf:ORG/NAME``, ``data/hfdata.py``) or WebDataset tar shards
-(``data/shards.py``) -- is listed into the same ``ImageSet`` with a ``reader``:
-then ``paths`` are the samples' stable names (``root/<key>``: what ``split.json``,
-hashes and reports show) and ``reader[i]`` gives sample i's encoded bytes, read at
-random by index, so the split, sampler, sharding, resume, bad-file screen and cache
-treat them as a folder's files. Such data may bring its own validation split
-(``val_mask``).
+This is the ``folder`` source (``SOURCE``), tried after the others
+(``data/sources.py``): data kept in a container -- ``hf:`` data sets, tar shards --
+is listed into the same ``ImageSet`` by its own module, with a ``reader``.
 """
 
 from __future__ import annotations
@@ -32,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from visiontune.data import hfdata, multilabel, shards
-from visiontune.data.imageset import ImageSet
+from visiontune.data import multilabel
+from visiontune.data.imageset import ImageSet, Source
 from visiontune.data.pathlist import PathList
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
@@ -232,7 +227,7 @@ def _manifest(root: Path, multi_label: bool = False) -> ImageSet | None:
     return read_manifest(csv_path, root / "train" if (root / "train").is_dir() else root, multi_label)
 
 
-def discover(
+def read_folder(
     data: str,
     image_column: str | None = None,
     label_column: str | None = None,
@@ -240,19 +235,11 @@ def discover(
     every_split: bool = False,
     multi_label: bool = False,
 ) -> ImageSet:
-    """Detect the layout of ``data`` and list its labelled images.
+    """Detect the layout of the folder (or manifest) ``data`` and list its labelled images.
 
-    ``hf:...`` is a Hugging Face data set (``image_column``/``label_column`` pick its columns when its
-    features do not; ``every_split`` lists its test rows too, for predict); tar shards are WebDataset's.
-    ``multi_label`` reads a manifest's label cells as label sets (a ``;`` in one says so by itself); a
-    Hugging Face label column that is a sequence of ``ClassLabel`` is a label set anyway.
+    ``multi_label`` reads a manifest's label cells as label sets (a ``;`` in one says so by itself); the
+    columns and ``every_split`` are other sources' (``data/sources.py`` gives each source the same call).
     """
-    if data.startswith("hf:") and not (data.startswith("hf://") and ".tar" in data):  # hf://...tar: shards
-        return _checked(hfdata.read(data, image_column, label_column, every_split=every_split), data, every_split)
-    if shards.is_shards(data):
-        if multi_label:
-            raise UserError(f"{data}: tar shards carry one class per sample; give multi-label data as a manifest")
-        return _checked(shards.read(data), data)
     root = Path(data).expanduser()
     if not root.exists():
         raise UserError(f"data folder not found: {data} (make one with `visiontune sample-data {data}`)")
@@ -274,21 +261,22 @@ def discover(
                     f"{data}: --multi-label needs a manifest (train.csv: filename,labels) or hf: data, "
                     f"not the {found.layout} layout"
                 )
-            return _checked(found, data)
+            return found
     raise UserError(
         f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "
         "(Kaggle Dogs vs Cats) or one subfolder per class"
     )
 
 
-def _checked(found: ImageSet, data: str, unlabelled_ok: bool = False) -> ImageSet:
-    if not found.paths:
-        raise UserError(f"no labelled images found in {data}")
-    if not found.classes and not unlabelled_ok:  # a multi-label manifest whose label cells are all empty
-        raise UserError(f"{data}: no image has a label; a classifier needs at least two classes")
-    if len(found.classes) < 2 and not unlabelled_ok:
-        raise UserError(f"{data}: found only one class ({found.classes[0]}); a classifier needs at least two")
-    return found
+# Tried last: any --data the other sources do not recognise is a folder (or manifest) path.
+SOURCE = Source(
+    "folder",
+    recognises=lambda data: True,
+    read=read_folder,
+    help="data folder (Kaggle layout, train.csv manifest, or class subfolders)",
+    short="a data folder",
+    exists=lambda data: Path(data).exists(),
+)
 
 
 def write_kaggle_manifest(data: str) -> tuple[str, int]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from visiontune.data import remote
 from visiontune.data.braces import expand
-from visiontune.data.imageset import IMAGE_EXTENSIONS, ImageSet
+from visiontune.data.imageset import IMAGE_EXTENSIONS, ImageSet, Source
 from visiontune.errors import UserError
 from visiontune.files import atomic_file
 
@@ -342,3 +342,28 @@ def read(data: str) -> ImageSet:
         val_mask=val,
         split_note=f"the split recorded in {INDEX}" if val is not None else "",
     )
+
+
+def _read_source(
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, multi_label: bool
+) -> ImageSet:
+    if multi_label:
+        raise UserError(f"{data}: tar shards carry one class per sample; give multi-label data as a manifest")
+    return read(data)
+
+
+SOURCE = Source(
+    "shards",
+    recognises=is_shards,
+    read=_read_source,
+    reopen=reopen,
+    help="tar shards (a folder, pattern or URL)",
+    short="tar shards",
+    container=True,
+    exists=lambda data: "{" in data or os.path.exists(data),  # a pattern's shards are checked when read
+)
+# Shards at a URL: copied into the cache (once per machine) and read as local shards; their readers'
+# spec() names "shards", which reopens them from the URL. Told in --help with the local ones.
+URL_SOURCE = Source(
+    "url-shards", recognises=remote.is_remote, read=_read_source, named=True, container=True, fetch=remote.fetch
+)

@@ -1,7 +1,7 @@
 """``visiontune shard``: write any data visiontune reads as WebDataset tar shards with an index.
 
 The writer lives apart from the reader (``data/shards.py``): it lists its source through
-``layouts.discover`` and screens it with the bad-file scan, which the reader never needs.
+``sources.discover`` and screens it with the bad-file scan, which the reader never needs.
 The shards hold the usable images, cut at ``--shard-size``, beside an ``index.json`` in
 webdataset's ``wids`` shard-index format with visiontune's own entry (class names, each
 sample's name in the source and its split), which ``data/shards.py`` reads back.
@@ -16,8 +16,8 @@ import sys
 import numpy as np
 
 from visiontune.data.check import scan, scan_cache_path
-from visiontune.data.layouts import discover
 from visiontune.data.shards import _IMAGE_EXTS, INDEX
+from visiontune.data.sources import discover
 from visiontune.data.split import relative_paths, split_of
 from visiontune.errors import UserError
 from visiontune.files import write_json
