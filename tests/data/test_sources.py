@@ -83,3 +83,20 @@ def test_predict_lists_container_data_through_its_source_and_folders_itself(tmp_
     # A folder is predict's own listing: its image files, no reader.
     folder = list_inputs(str(data))
     assert folder.reader is None and sorted(folder.paths) == sorted(sources.discover(str(data)).paths)
+
+
+def test_only_a_source_that_copies_its_data_in_is_fetched_once_per_machine_before_listing(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from visiontune.loading import jobdata
+
+    fetched = []
+    monkeypatch.setattr(jobdata, "_once_per_machine", lambda accelerator, what, work: fetched.append((what, work)))
+    for data, processes in [
+        ("https://host/s.tar", 2),
+        ("https://host/s.tar", 1),
+        ("hf:org/name", 2),
+        (str(tmp_path), 2),
+    ]:
+        jobdata.fetch_per_machine(SimpleNamespace(num_processes=processes), data)
+    assert [what for what, _ in fetched] == ["fetch"]  # the URL, in a job of two processes only
