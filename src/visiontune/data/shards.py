@@ -35,7 +35,8 @@ from visiontune.errors import UserError
 from visiontune.files import atomic_file
 
 INDEX = "index.json"
-_IMAGE_EXTS = {e[1:] for e in IMAGE_EXTENSIONS} | {"img", "image"}
+# The member suffixes that hold a sample's image (the writer names a member by them too).
+IMAGE_MEMBERS = {e[1:] for e in IMAGE_EXTENSIONS} | {"img", "image"}
 _ZERO_BLOCK = bytes(512)
 # A pax header or GNU long name holds a name (and a few numbers): more than this is no shard's, and is not read.
 _MAX_HEADER = 1 << 20
@@ -179,7 +180,7 @@ def _walk(path: str) -> list[tuple[str, int, int, int]]:
                 entry[ext], last = (offset, size), key
             out = []
             for key, entry in groups.items():
-                image = next((entry[e] for e in entry if e in _IMAGE_EXTS), None)
+                image = next((entry[e] for e in entry if e in IMAGE_MEMBERS), None)
                 label = _label(fd, *entry["cls"]) if "cls" in entry else _NO_CLS
                 out.append((key, *(image or (-1, 0)), label))
         finally:

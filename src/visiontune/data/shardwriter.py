@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from visiontune.data.check import scan, scan_cache_path
-from visiontune.data.shards import _IMAGE_EXTS, INDEX
+from visiontune.data.shards import IMAGE_MEMBERS, INDEX
 from visiontune.data.sources import discover
 from visiontune.data.split import relative_paths, split_of
 from visiontune.errors import UserError
@@ -41,7 +41,7 @@ def parse_size(text: str) -> int:
 def _ext(source: str | bytes, data: bytes) -> str:
     if isinstance(source, str):
         ext = os.path.splitext(source)[1][1:].lower()
-        if ext in _IMAGE_EXTS:
+        if ext in IMAGE_MEMBERS:
             return ext
     if data[8:12] == b"WEBP":
         return "webp"
