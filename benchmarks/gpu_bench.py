@@ -56,7 +56,7 @@ def measure(args, mode: str) -> list[dict]:
     import torch
 
     from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator, prepare
-    from visiontune.data.layouts import discover
+    from visiontune.data.sources import discover
     from visiontune.loading.cache import CachedDataset, open_or_build
     from visiontune.loading.devicedecode import DeviceDecodeDataset
     from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader
@@ -137,8 +137,8 @@ def measure(args, mode: str) -> list[dict]:
 
 
 def prepare_data(args) -> None:
-    from visiontune.data.layouts import discover
     from visiontune.data.sample import make_sample_data
+    from visiontune.data.sources import discover
     from visiontune.loading.cache import open_or_build
 
     if not Path(args.data, "train").is_dir():

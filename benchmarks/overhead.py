@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from common import WORK, interleave, sample_data, write_result
 from visiontune.cluster.launch import cpu_budget
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.data.split import make_split
 from visiontune.loading.cache import CachedDataset, open_or_build
 from visiontune.loading.pipeline import DeviceNormalize

@@ -120,7 +120,7 @@ def seed_split(data: Path, seed: int, out: Path) -> dict[str, Path]:
     """The seed's folders of links: pool (visiontune splits it), train/validation (the same split), test."""
     from sklearn.model_selection import train_test_split
 
-    from visiontune.data.layouts import discover
+    from visiontune.data.sources import discover
     from visiontune.data.split import make_split
 
     images = discover(str(data))

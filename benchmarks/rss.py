@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 from common import ROOT, WORK, run, sample_data, write_result
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.loading.cache import open_or_build
 
 # 128 px: the larger set's cache is 84 MiB bigger, well above the few MiB that peaks vary by run to run.

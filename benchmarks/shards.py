@@ -44,8 +44,8 @@ import torch
 from PIL import Image
 
 from common import RESULTS, WORK, write_result
-from visiontune.data.layouts import discover
-from visiontune.data.shards import write
+from visiontune.data.shardwriter import write
+from visiontune.data.sources import discover
 from visiontune.loading.pipeline import ImageDataset, make_loader
 
 N = int(os.environ.get("VT_SHARDS_N", "25000"))

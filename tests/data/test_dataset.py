@@ -8,7 +8,7 @@ from PIL import Image
 from torch.utils.data import default_collate
 from torchvision import transforms
 
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.loading.augment import EpochIndex, sample_augment
 from visiontune.loading.pipeline import UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
 from visiontune.settings.config import MEAN, STD

@@ -23,7 +23,7 @@ from badfiles import (
     make_rotated_jpeg,
     natural_ish,
 )
-from visiontune.data import layouts
+from visiontune.data import imageset
 from visiontune.data.decode import BadImage, read_image, resize_uint8
 
 
@@ -188,4 +188,4 @@ def test_resize_uint8_matches_pil_bilinear():
 
 
 def test_image_extensions_are_lower_case_with_dots():
-    assert {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"} == layouts.IMAGE_EXTENSIONS
+    assert {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"} == imageset.IMAGE_EXTENSIONS

@@ -14,7 +14,7 @@ import pytest
 import visiontune.loading.cache as cache_mod
 from trainrun import SQUEEZENET, assert_same_weights, final_weights, flags
 from visiontune.cli.commands import main
-from visiontune.data import layouts
+from visiontune.data import sources
 from visiontune.loading import jobdata
 from visiontune.settings.config import TrainConfig
 
@@ -123,7 +123,7 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_scan(small_data
         (data / f.name).write_bytes(f.read_bytes())
     (data / "cat.999.jpg").write_bytes(b"not a jpeg")
     cfg = TrainConfig(data=str(data.parent), model="squeezenet1_1", image_size=32)
-    bad, cache, choice = jobdata._screen(cfg, layouts.discover(str(data.parent)))
+    bad, cache, choice = jobdata._screen(cfg, sources.discover(str(data.parent)))
     assert cache is None and choice.path is None and "no space was left" in choice.why
     assert [p for p, _ in bad] == [str(data / "cat.999.jpg")]  # found by the scan instead
     out = capsys.readouterr().out.splitlines()

@@ -18,8 +18,8 @@ from visiontune.cli.commands import main
 from visiontune.data import shards
 from visiontune.data.check import scan
 from visiontune.data.decode import try_read
-from visiontune.data.layouts import discover
 from visiontune.data.sample import make_sample_data
+from visiontune.data.sources import discover
 from visiontune.data.split import make_split, make_stratified_split, relative_paths, split_of
 from visiontune.errors import UserError
 from visiontune.loading import jobdata

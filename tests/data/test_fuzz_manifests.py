@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzzing import fuzz_settings
-from visiontune.data import layouts
+from visiontune.data import imageset, sources
 from visiontune.errors import UserError
 
 FILES = ("a.jpg", "b.jpg", "sub/c.png", "x y.jpg", "é.jpg", "7.jpg")
@@ -68,7 +68,7 @@ def manifests(draw) -> bytes:
     return (draw(st.sampled_from(["", "\ufeff"])) + text).encode("utf-8", "surrogatepass")
 
 
-def assert_valid(found: layouts.ImageSet, root: str, multi_label: bool) -> None:
+def assert_valid(found: imageset.ImageSet, root: str, multi_label: bool) -> None:
     n, k = len(found.paths), len(found.classes)
     assert n == len(found.labels) > 0 and k >= 2 and len(set(found.classes)) == k
     assert found.labels.min() >= 0 and found.labels.max() < k
@@ -86,7 +86,7 @@ def test_any_manifest_is_a_listing_or_one_user_error(root, manifest, multi_label
     with open(os.path.join(root, "train.csv"), "wb") as f:
         f.write(manifest)
     try:
-        found = layouts.discover(root, multi_label=multi_label)
+        found = sources.discover(root, multi_label=multi_label)
     except UserError as e:
         assert str(e) and "\n" not in str(e).strip()
         return
@@ -110,5 +110,5 @@ def test_what_the_fuzz_found_is_one_user_error(root, manifest, multi_label, said
     with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
         f.write(manifest)
     with pytest.raises(UserError) as e:
-        layouts.discover(root, multi_label=multi_label)
+        sources.discover(root, multi_label=multi_label)
     assert said in str(e.value) and "\n" not in str(e.value), str(e.value)[:300]

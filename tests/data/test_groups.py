@@ -10,7 +10,8 @@ import pytest
 from sklearn.model_selection import StratifiedGroupKFold
 
 from visiontune.data.groups import fold_split, group_names, grouped_split, split_for, split_images
-from visiontune.data.layouts import ImageSet, discover
+from visiontune.data.imageset import ImageSet
+from visiontune.data.sources import discover
 from visiontune.data.split import split_record
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig

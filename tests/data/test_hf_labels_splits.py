@@ -10,7 +10,7 @@ import pytest
 from PIL import Image as PILImage
 
 from visiontune.cli.commands import main
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.data.split import make_split, make_stratified_split, split_of
 from visiontune.errors import UserError
 

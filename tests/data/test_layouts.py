@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from trainrun import SQUEEZENET, flags
-from visiontune.data.layouts import discover, write_kaggle_manifest
+from visiontune.data.layouts import write_kaggle_manifest
+from visiontune.data.sources import discover
 from visiontune.data.split import make_split, split_record
 from visiontune.errors import UserError
 

@@ -9,7 +9,7 @@ import pickle
 
 import torch
 
-from visiontune.data import layouts
+from visiontune.data import imageset, layouts, sources
 from visiontune.data.split import make_split, read_record, split_summary, write_split
 from visiontune.loading import jobdata
 
@@ -63,7 +63,7 @@ def walk_listing(root: str) -> tuple[list[str], list[tuple[str, int]]]:
 
 def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
     root = odd_tree(tmp_path / "data")
-    found = layouts.discover(root)
+    found = sources.discover(root)
     classes, pairs = walk_listing(root)
     assert len(pairs) == 9 and classes == ["cat", "dög café", "日本"]
     assert found.classes == classes
@@ -83,7 +83,7 @@ def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
     view = found.paths.take(pick)
     assert list(view) == [pairs[i][0] for i in pick] and view[1:] == [pairs[0][0], pairs[3][0]]
     jobdata.save_listing(
-        layouts.ImageSet(root, "imagefolder", view, found.labels[pick], classes), str(tmp_path / "v.bin")
+        imageset.ImageSet(root, "imagefolder", view, found.labels[pick], classes), str(tmp_path / "v.bin")
     )
     assert list(jobdata.load_listing(str(tmp_path / "v.bin"))[0].paths) == [pairs[i][0] for i in pick]
     # A loader worker gets the arrays: pickling costs the bytes, not an object per file.
@@ -95,7 +95,7 @@ def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
 
 def test_split_record_is_unchanged_by_the_compact_listing(tmp_path):
     root = odd_tree(tmp_path / "data")
-    images = layouts.discover(root)
+    images = sources.discover(root)
     split = make_split(len(images), 0.25, 3)
     summary = split_summary(split, images.paths, images.root, 3, 0.25)
     write_split(str(tmp_path / "split.json"), summary, split, images.paths, images.root)
@@ -119,7 +119,7 @@ def test_paths_outside_the_root_and_the_warm_scan_lookup():
 
     # Paths not under the root are kept whole (no prefix), and read back as given.
     odd = ["/a/x.jpg", "/b/ü y.jpg", "rel/z.jpg"]
-    images = layouts.ImageSet("/a", "manifest", odd, [0, 1, 1], ["p", "q"])
+    images = imageset.ImageSet("/a", "manifest", odd, [0, 1, 1], ["p", "q"])
     assert images.paths.prefix == "" and list(images.paths) == odd and images.class_counts() == {"p": 1, "q": 2}
     # The scan's key lookup is np.isin: absent keys, duplicates, an empty cache, the largest uint64.
     rng = np.random.default_rng(0)
@@ -140,7 +140,7 @@ def test_image_cache_file_name_is_unchanged_for_a_compact_listing(tmp_path):
     paths = [f"/d/c{i % 7}/ü {i}.jpg" for i in range(70_000)] + [os.fsdecode(b"/d/c1/\xff.jpg")]
     ident = hashlib.sha256("\n".join(["", *paths]).encode("utf-8", "surrogateescape")).hexdigest()[:12]
     expected = os.path.join(str(tmp_path), f"{ident}-32px")
-    compact = layouts.ImageSet("/d", "imagefolder", paths, [0] * len(paths), ["a", "b"]).paths
+    compact = imageset.ImageSet("/d", "imagefolder", paths, [0] * len(paths), ["a", "b"]).paths
     assert (
         _files(str(tmp_path), paths, 32, "")
         == _files(str(tmp_path), compact, 32, "")

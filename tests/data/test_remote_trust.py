@@ -18,7 +18,7 @@ import pytest
 
 from conftest import FAST
 from visiontune.cli.commands import main
-from visiontune.data import remote, shards
+from visiontune.data import braces, remote, shards
 from visiontune.data.sample import make_sample_data
 from visiontune.errors import UserError
 
@@ -183,7 +183,7 @@ def test_an_index_listing_anything_but_a_plain_shard_name_is_one_line_after_one_
 
 def test_an_index_of_too_many_shards_or_too_many_bytes_is_one_line_after_one_request(tmp_path, monkeypatch, capsys):
     (tmp_path / "set").mkdir()
-    index = {"shardlist": [{"url": f"s-{i}.tar"} for i in range(shards.MAX_NAMES + 1)]}
+    index = {"shardlist": [{"url": f"s-{i}.tar"} for i in range(braces.MAX_NAMES + 1)]}
     (tmp_path / "set" / "index.json").write_text(json.dumps(index))
     with served(tmp_path / "set") as (base, asked):
         assert main(["check", f"{base}/"]) == 2
@@ -201,7 +201,7 @@ def test_brace_patterns_of_billions_of_names_are_refused_before_any_name_is_made
     tracemalloc.start()
     try:
         with pytest.raises(UserError, match=r"names 1[0,]+ shards, more than the 100,000 visiontune reads"):
-            shards.expand(f"shards-{pattern}.tar")
+            braces.expand(f"shards-{pattern}.tar")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -212,10 +212,10 @@ def test_brace_patterns_of_billions_of_names_are_refused_before_any_name_is_made
 
 
 def test_brace_patterns_name_what_the_shell_names_in_its_order():
-    assert shards.expand("a{1..3}b{x,y}.tar") == [f"a{i}b{c}.tar" for i in "123" for c in "xy"]
-    assert shards.expand("s-{08..10}.tar") == ["s-08.tar", "s-09.tar", "s-10.tar"]
-    assert shards.expand("{x{1,2},y}-{a,b}") == ["x1-a", "x1-b", "x2-a", "x2-b", "y-a", "y-b"]
-    assert shards.expand("plain.tar") == ["plain.tar"] and shards.expand("open{.tar") == ["open{.tar"]
+    assert braces.expand("a{1..3}b{x,y}.tar") == [f"a{i}b{c}.tar" for i in "123" for c in "xy"]
+    assert braces.expand("s-{08..10}.tar") == ["s-08.tar", "s-09.tar", "s-10.tar"]
+    assert braces.expand("{x{1,2},y}-{a,b}") == ["x1-a", "x1-b", "x2-a", "x2-b", "y-a", "y-b"]
+    assert braces.expand("plain.tar") == ["plain.tar"] and braces.expand("open{.tar") == ["open{.tar"]
 
 
 def test_a_shard_cache_that_is_a_file_is_one_line(sharded, tmp_path, monkeypatch, capsys):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from visiontune.data.layouts import ImageSet, discover
+from visiontune.data.imageset import ImageSet
+from visiontune.data.sources import discover
 from visiontune.data.split import (
     ITERATIVE,
     RANDOM,

@@ -13,7 +13,7 @@ import pytest
 from conftest import PYTHON, _worker_env
 from trainrun import SQUEEZENET, flags
 from visiontune.cli.commands import main
-from visiontune.data import check, decode, layouts
+from visiontune.data import check, decode, sources
 from visiontune.data.sample import make_sample_data
 from visiontune.data.split import (
     make_split,
@@ -31,13 +31,13 @@ HOOKS = """
 import os, threading, time
 if os.environ.get("VT_TEST_LOG"):
     import visiontune.data.check as check
-    import visiontune.data.layouts as layouts
+    import visiontune.data.sources as sources
 
     def note(what):
         with open(os.environ["VT_TEST_LOG"], "a") as f:
             f.write(f"{what} {os.getpid()}\\n")
 
-    real_discover, real_check = layouts.discover, check._check_one
+    real_discover, real_check = sources.discover, check._check_one
     one_at_a_time = threading.Lock()  # the scan's duration does not depend on the core count
 
     def discover(*args, **kwargs):
@@ -50,7 +50,7 @@ if os.environ.get("VT_TEST_LOG"):
             time.sleep(float(os.environ["VT_TEST_DECODE_DELAY"]))
         return real_check(*args, **kwargs)
 
-    layouts.discover, check._check_one = discover, slow_check
+    sources.discover, check._check_one = discover, slow_check
 """
 
 
@@ -96,8 +96,8 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
 @pytest.mark.slow
 def test_single_process_job_lists_the_data_once(data, tmp_path, monkeypatch):
     calls = []
-    real = layouts.discover
-    monkeypatch.setattr(layouts, "discover", lambda d, *a, **kw: calls.append(d) or real(d, *a, **kw))
+    real = sources.discover
+    monkeypatch.setattr(sources, "discover", lambda d, *a, **kw: calls.append(d) or real(d, *a, **kw))
     assert main(["train", "--data", str(data), *TINY, "--output-dir", str(tmp_path / "run")]) == 0
     assert calls == [str(data)]
 

@@ -12,7 +12,7 @@ from PIL import Image
 
 from visiontune.cli.commands import main
 from visiontune.data.groups import split_for
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.loading.jobdata import JobData
 from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize

@@ -426,7 +426,7 @@ def test_refusals_give_the_command_that_works(finished_run, capsys):
 def test_a_run_from_before_the_stratified_split_resumes_and_reruns_with_its_shuffle(
     tmp_path, small_data, monkeypatch, capsys
 ):
-    from visiontune.data.layouts import discover
+    from visiontune.data.sources import discover
     from visiontune.data.split import RANDOM, relative_paths, split_of
 
     monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))

@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from conftest import FAST, _worker_env
 from trainrun import PYTHON, SQUEEZENET, assert_same_weights, env_for, flags, run, start, wait_for
 from visiontune.cli.commands import main
-from visiontune.data.layouts import discover
 from visiontune.data.sample import make_sample_data
+from visiontune.data.sources import discover
 from visiontune.data.split import relative_paths
 from visiontune.runs import checkpoint
 

@@ -121,7 +121,7 @@ def test_a_resume_with_another_sampler_or_other_class_weights_is_refused():
 
 
 def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images_and_say_the_choices(tmp_path):
-    from visiontune.data.layouts import ImageSet
+    from visiontune.data.imageset import ImageSet
     from visiontune.data.split import Split
     from visiontune.runs import records
     from visiontune.settings.config import TrainConfig

@@ -30,8 +30,8 @@ from trainrun import (
 )
 from visiontune.cli.commands import main
 from visiontune.cluster import strategy
-from visiontune.data.layouts import discover
 from visiontune.data.sample import make_multilabel_data
+from visiontune.data.sources import discover
 from visiontune.data.split import make_multilabel_split, read_record, split_of
 from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix

@@ -12,7 +12,7 @@ import torch
 from conftest import FAST
 from visiontune import load
 from visiontune.cli.commands import main
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.loading.jobdata import limit
 from visiontune.runs import checkpoint
 

@@ -108,7 +108,7 @@ def logged(sample_data, tmp_path_factory) -> Logged:
 def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, logged, sample_data):
     # Each run's split.json is the split its seed and --split-method make, computed again here: the shared
     # run keeps the shuffle (tests/trained.py), the API run has the stratified default.
-    from visiontune.data.layouts import discover
+    from visiontune.data.sources import discover
     from visiontune.data.split import relative_paths, split_of, split_summary
 
     images = discover(str(sample_data))

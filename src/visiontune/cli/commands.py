@@ -23,7 +23,7 @@ from visiontune.errors import UserError
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import jobplan, launch, strategy
-    from visiontune.data.layouts import discover
+    from visiontune.data.sources import discover
     from visiontune.runs import runlock
 
     cfg = config_from_args(args)
@@ -127,7 +127,7 @@ def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_shard(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.data.shards import write
+    from visiontune.data.shardwriter import write
 
     columns = (args.image_column, args.label_column)
     write(args.data, args.out, args.shard_size, seed=args.seed, val_fraction=args.val_fraction, columns=columns)
@@ -136,7 +136,7 @@ def cmd_shard(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import jobplan, launch
-    from visiontune.data.layouts import discover
+    from visiontune.data.sources import discover
     from visiontune.reports.bench import bench, train_flags
 
     cfg = config_from_args(args)

@@ -230,7 +230,27 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
         kind = {"num_workers": _workers, "seed": seed, "lr": _lr, "max_steps": positive, "limit_images": positive}.get(
             f.name
         ) or _PARSERS[f.type]
-        p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+        action = p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+        if f.name == "data":  # in the words of each data source, so that a new one is named by itself
+            data_sources_help(action)
+
+
+class _SourcesHelp:
+    """What ``--data`` accepts in the data sources' own words (``data/sources.py``), looked up only when
+    help is printed: the sources' modules import numpy, which a command that only parses need not."""
+
+    def __init__(self, short: bool) -> None:
+        self.short = short
+
+    def __str__(self) -> str:
+        from visiontune.data import sources
+
+        return sources.help_text(short=self.short)
+
+
+def data_sources_help(action: argparse.Action, short: bool = False, then: str = "") -> None:
+    """Make ``action``'s help the data sources' list (``short``: their short names), ``then`` after it."""
+    action.help, action.sources = f"%(sources)s{then}", _SourcesHelp(short)
 
 
 def add_pipe_flag(parser) -> None:
@@ -421,14 +441,14 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=commands["models"])
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
-    p.add_argument("data", help="a data folder, tar shards or hf:PATH|ORG/NAME, as train's --data")
+    data_sources_help(p.add_argument("data"), short=True, then=", as train's --data")
     p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
     p.add_argument("--workers", type=positive, default=available_cores(), help="decoding threads (default: cores)")
     add_pipe_flag(p)
     _add_column_flags(p)
     p.set_defaults(func=commands["check"])
     p = sub.add_parser("shard", help="write any data visiontune reads as WebDataset tar shards with an index")
-    p.add_argument("data", help="a data folder, tar shards or hf:PATH|ORG/NAME")
+    data_sources_help(p.add_argument("data"), short=True)
     p.add_argument("--out", required=True, help="folder for shards-NNNNNN.tar and index.json (new or empty)")
     p.add_argument("--shard-size", default="1GB", help="bytes per shard, such as 1GB or 500MB (default 1GB)")
     p.add_argument("--seed", type=int, default=42, help="seed of the recorded split, as train's (default 42)")

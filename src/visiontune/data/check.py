@@ -33,6 +33,7 @@ import numpy as np
 from visiontune.cluster.host import user_cache_dir
 from visiontune.data import remote
 from visiontune.data.decode import MAX_PIXELS, BadImage, decode_bytes, read_image
+from visiontune.data.sources import discover
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 
@@ -239,8 +240,6 @@ def bad_fraction_error(n_bad: int, n_files: int, limit: float, report: str) -> s
 
 def check_folder(data: str, report: str | None, workers: int | None, columns: tuple = (None, None)) -> int:
     """``visiontune check``: list ``data``, name every bad file and write the report; 1 if any, else 0."""
-    from visiontune.data.layouts import discover
-
     images = discover(data, *columns)
     print(images.describe())
     local = data[3:] if data.startswith("hf:") else data  # a Hub id or a shard pattern: the working folder

@@ -23,7 +23,7 @@ import numpy as np
 import re2
 import torch
 
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.data.split import Split, relative_paths, split_of, split_summary
 from visiontune.errors import UserError
 

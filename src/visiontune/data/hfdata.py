@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet, Source
 from visiontune.errors import UserError
 
 INSTALL = "reading hf: data needs Hugging Face datasets: pip install 'visiontune[formats]'"
@@ -310,3 +310,25 @@ def read(
         split_note=note,
         targets=targets,
     )
+
+
+def _read_source(
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, multi_label: bool
+) -> ImageSet:
+    # A label column that is a sequence of ClassLabel is a label set whether or not --multi-label says so.
+    return read(data, image_column, label_column, every_split=every_split)
+
+
+SOURCE = Source(
+    "hf",
+    # hf://...tar is a URL of shards (data/remote.py), not a data set
+    recognises=lambda data: data.startswith("hf:") and not (data.startswith("hf://") and ".tar" in data),
+    read=_read_source,
+    reopen=reopen,
+    help="hf:PATH|ORG/NAME",
+    short="hf:PATH|ORG/NAME",
+    named=True,
+    container=True,
+    lists_unlabelled=True,
+    hub_id=lambda data: data[3:].split("@")[0].split(":")[0],
+)

@@ -5,21 +5,16 @@ with ``filename,label`` rows, as the reference job's DogCatDataset reads it, or
 a ``.csv`` path given directly), Kaggle Dogs vs Cats (``DATA/train/<class>.<n>.jpg``
 with an optional ``DATA/test/``), and class subfolders (ImageFolder, Microsoft's
 PetImages ``Cat/`` and ``Dog/`` included; a class is every file under its folder,
-at any depth). The result is an ``ImageSet``: absolute paths with class indices,
+at any depth). The result is an ``ImageSet`` (``data/imageset.py``): absolute paths with class indices,
 class names in index order, the unlabelled test files, and the files the layout
 itself had to reject. Listing uses ``os.scandir`` (no ``stat`` per file), so an
 ImageNet-size folder is listed in seconds; the paths are kept as a ``PathList``
 and the labels as one int32 array, no Python object per file (``jobdata`` carries
 one listing to the other processes of a job as those arrays' bytes).
 
-Data kept in a container rather than as files -- a Hugging Face ``datasets`` set
-(``hf:PATH`` or ``hf:ORG/NAME``, ``data/hfdata.py``) or WebDataset tar shards
-(``data/shards.py``) -- is listed into the same ``ImageSet`` with a ``reader``:
-then ``paths`` are the samples' stable names (``root/<key>``: what ``split.json``,
-hashes and reports show) and ``reader[i]`` gives sample i's encoded bytes, read at
-random by index, so the split, sampler, sharding, resume, bad-file screen and cache
-treat them as a folder's files. Such data may bring its own validation split
-(``val_mask``).
+This is the ``folder`` source (``SOURCE``), tried after the others
+(``data/sources.py``): data kept in a container -- ``hf:`` data sets, tar shards --
+is listed into the same ``ImageSet`` by its own module, with a ``reader``.
 """
 
 from __future__ import annotations
@@ -28,96 +23,20 @@ import csv
 import io
 import os
 import re
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from visiontune.data import multilabel
+from visiontune.data.imageset import ImageSet, Source
 from visiontune.data.pathlist import PathList
 from visiontune.errors import UserError
+from visiontune.files import atomic_write
 
-# The suffixes of image files (predict lists a folder by them, shards name a sample's image by them).
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
 OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"}
 _HEADERS = tuple([name, label] for label in ("label", "labels", "tags") for name in ("filename", "file", "path", "id"))
-
-
-@dataclass(frozen=True)
-class ImageSet:
-    root: str
-    layout: str
-    paths: PathList  # given as any sequence of str: stored as a PathList
-    labels: np.ndarray  # int32, one per path (given as any sequence of int)
-    classes: list[str]
-    test_files: list[str] = field(default_factory=list)
-    rejects: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
-    # With a reader, ``paths`` are names and ``reader[i]`` is sample i's encoded bytes; it is picklable and
-    # has ``take(idx)``, ``spec()`` (JSON to reopen it in another process) and a content ``fingerprint``.
-    reader: Any = None
-    val_mask: np.ndarray | None = None  # bool per image: in the data's own validation split (None: ours)
-    split_note: str = ""  # where the split comes from when the data brings one, for the start line and split.json
-    # Multi-label data (data/multilabel.py): uint8 [N, K] multi-hot, and ``labels`` each image's first class.
-    targets: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "paths", PathList.from_paths(self.paths, self.root))
-        object.__setattr__(self, "labels", np.asarray(self.labels, np.int32).reshape(-1))
-        if self.val_mask is not None:
-            object.__setattr__(self, "val_mask", np.asarray(self.val_mask, bool).reshape(-1))
-        if self.targets is not None:
-            object.__setattr__(self, "targets", np.asarray(self.targets, np.uint8).reshape(len(self.labels), -1))
-
-    @property
-    def multi_label(self) -> bool:
-        return self.targets is not None
-
-    @property
-    def label_array(self) -> np.ndarray:
-        """What a dataset hands out per image: the class index, or the multi-hot row of a multi-label set."""
-        return self.labels if self.targets is None else self.targets
-
-    def source(self, i: int) -> str | bytes:
-        """What ``decode.try_read`` reads for image i: its path, or its bytes from the reader."""
-        return self.paths[i] if self.reader is None else self.reader[i]
-
-    def take(self, idx) -> ImageSet:
-        """The images at ``idx`` (an int array), in that order: views, no file names or bytes copied."""
-        idx = np.asarray(idx, np.int64)
-        return replace(
-            self,
-            paths=self.paths.take(idx),
-            labels=self.labels[idx],
-            reader=None if self.reader is None else self.reader.take(idx),
-            val_mask=None if self.val_mask is None else self.val_mask[idx],
-            targets=None if self.targets is None else self.targets[idx],
-        )
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def class_counts(self, idx=None) -> dict[str, int]:
-        """Images of each class (of the images at ``idx``, or all); multi-label: images that have the class."""
-        if self.targets is not None:
-            counts = (self.targets if idx is None else self.targets[idx]).sum(0, dtype=np.int64).tolist()
-        else:
-            labels = self.labels if idx is None else self.labels[idx]
-            counts = np.bincount(labels, minlength=len(self.classes)).tolist()
-        return {name: counts[i] for i, name in enumerate(self.classes)}
-
-    def describe(self) -> str:
-        """One line naming the classes found and how many images each has."""
-        counts = ", ".join(f"{name} {n}" for name, n in self.class_counts().items())
-        if self.targets is not None:
-            none = int((self.targets.sum(1) == 0).sum())
-            return (
-                f"visiontune: {len(self.paths)} images, multi-label, {len(self.classes)} classes ({self.layout}): "
-                f"{counts}; {none} with no label"
-            )
-        return f"visiontune: {len(self.paths)} images in {len(self.classes)} classes ({self.layout}): {counts}"
 
 
 def _numeric_key(path: str) -> tuple:
@@ -308,7 +227,7 @@ def _manifest(root: Path, multi_label: bool = False) -> ImageSet | None:
     return read_manifest(csv_path, root / "train" if (root / "train").is_dir() else root, multi_label)
 
 
-def discover(
+def read_folder(
     data: str,
     image_column: str | None = None,
     label_column: str | None = None,
@@ -316,23 +235,11 @@ def discover(
     every_split: bool = False,
     multi_label: bool = False,
 ) -> ImageSet:
-    """Detect the layout of ``data`` and list its labelled images.
+    """Detect the layout of the folder (or manifest) ``data`` and list its labelled images.
 
-    ``hf:...`` is a Hugging Face data set (``image_column``/``label_column`` pick its columns when its
-    features do not; ``every_split`` lists its test rows too, for predict); tar shards are WebDataset's.
-    ``multi_label`` reads a manifest's label cells as label sets (a ``;`` in one says so by itself); a
-    Hugging Face label column that is a sequence of ``ClassLabel`` is a label set anyway.
+    ``multi_label`` reads a manifest's label cells as label sets (a ``;`` in one says so by itself); the
+    columns and ``every_split`` are other sources' (``data/sources.py`` gives each source the same call).
     """
-    if data.startswith("hf:") and not (data.startswith("hf://") and ".tar" in data):  # hf://...tar: shards
-        from visiontune.data import hfdata
-
-        return _checked(hfdata.read(data, image_column, label_column, every_split=every_split), data, every_split)
-    from visiontune.data import shards
-
-    if shards.is_shards(data):
-        if multi_label:
-            raise UserError(f"{data}: tar shards carry one class per sample; give multi-label data as a manifest")
-        return _checked(shards.read(data), data)
     root = Path(data).expanduser()
     if not root.exists():
         raise UserError(f"data folder not found: {data} (make one with `visiontune sample-data {data}`)")
@@ -354,21 +261,22 @@ def discover(
                     f"{data}: --multi-label needs a manifest (train.csv: filename,labels) or hf: data, "
                     f"not the {found.layout} layout"
                 )
-            return _checked(found, data)
+            return found
     raise UserError(
         f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "
         "(Kaggle Dogs vs Cats) or one subfolder per class"
     )
 
 
-def _checked(found: ImageSet, data: str, unlabelled_ok: bool = False) -> ImageSet:
-    if not found.paths:
-        raise UserError(f"no labelled images found in {data}")
-    if not found.classes and not unlabelled_ok:  # a multi-label manifest whose label cells are all empty
-        raise UserError(f"{data}: no image has a label; a classifier needs at least two classes")
-    if len(found.classes) < 2 and not unlabelled_ok:
-        raise UserError(f"{data}: found only one class ({found.classes[0]}); a classifier needs at least two")
-    return found
+# Tried last: any --data the other sources do not recognise is a folder (or manifest) path.
+SOURCE = Source(
+    "folder",
+    recognises=lambda data: True,
+    read=read_folder,
+    help="data folder (Kaggle layout, train.csv manifest, or class subfolders)",
+    short="a data folder",
+    exists=lambda data: Path(data).exists(),
+)
 
 
 def write_kaggle_manifest(data: str) -> tuple[str, int]:
@@ -376,8 +284,6 @@ def write_kaggle_manifest(data: str) -> tuple[str, int]:
     found = _kaggle(Path(data)) if Path(data).is_dir() else None
     if found is None:
         raise UserError(f"{data} is not in the Kaggle layout (train/<class>.<n>.jpg)")
-    from visiontune.files import atomic_write
-
     out = Path(data) / "train.csv"
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

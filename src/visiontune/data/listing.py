@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from visiontune.data import layouts
-from visiontune.data.layouts import ImageSet
+from visiontune.data import sources
+from visiontune.data.imageset import ImageSet
 from visiontune.data.pathlist import PathList
 from visiontune.files import atomic_file
 
@@ -80,20 +80,11 @@ def load_listing(path: str) -> tuple[ImageSet, dict]:
         head["classes"],
         head["test_files"],
         [tuple(r) for r in head["rejects"]],
-        reader=open_reader(head.get("reader")),
+        reader=sources.reopen(head.get("reader")),
         val_mask=mask,
         split_note=head.get("split_note", ""),
         targets=targets,
     ), head["extra"]
-
-
-def open_reader(spec: dict | None):
-    """The reader a ``spec()`` describes, opened in this process (None for files)."""
-    if spec is None:
-        return None
-    from visiontune.data import hfdata, shards
-
-    return {"hf": hfdata.reopen, "shards": shards.reopen}[spec["kind"]](spec)
 
 
 def _data_key(data: str) -> str:
@@ -127,4 +118,4 @@ def listed(
             return load_listing(spec["file"])[0]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # gone or damaged: list again
-    return layouts.discover(data, image_column, label_column, multi_label=multi_label)
+    return sources.discover(data, image_column, label_column, multi_label=multi_label)

@@ -17,7 +17,7 @@ What a URL returns, and a URL read from a file (a run's ``config.json``, a confi
 
 - http(s):// and hf:// are read by this module's one HTTP client (urllib, no curl: nothing
   expands ``[1-100000000]`` or ``{a,b}`` in a URL): one GET a file -- the index, then each
-  shard named, at most ``shards.MAX_NAMES`` -- with a time-out, at most 5 redirects, an
+  shard named, at most ``braces.MAX_NAMES`` -- with a time-out, at most 5 redirects, an
   index of at most ``MAX_INDEX_BYTES`` and a shard of at most the size its index gives.
   The names an index lists must be plain file names (``_NAME``).
 - gs:// is read by ``gsutil cat URL`` (webdataset's opener: an argument list, no shell);
@@ -38,6 +38,7 @@ import os
 import re
 from typing import BinaryIO
 
+from visiontune.data.braces import MAX_NAMES, expand
 from visiontune.errors import UserError
 from visiontune.files import atomic_file, atomic_write
 from visiontune.version import __version__
@@ -134,8 +135,6 @@ def _check_source(data: str) -> None:
 def fetch(data: str) -> str:
     """The local copy of the shards ``data`` names: a brace pattern, a ``.tar`` or a folder in the cache,
     for ``shards.read``; what is missing is downloaded first (one line, exit 2, when that fails)."""
-    from visiontune.data.shards import expand
-
     _check_source(data)
     found = list(_TAR.finditer(data))
     if found:  # a pattern, or one shard: the index is the file beside them
@@ -179,8 +178,6 @@ def fetch(data: str) -> str:
 
 def _listed(index: dict, url: str) -> list[str]:
     """The shard names a folder URL's index lists: at most ``MAX_NAMES``, each a plain file name beside it."""
-    from visiontune.data.shards import MAX_NAMES
-
     shardlist = index["shardlist"]
     if len(shardlist) > MAX_NAMES:
         raise UserError(f"{url} lists {len(shardlist):,} shards, more than the {MAX_NAMES:,} visiontune reads")

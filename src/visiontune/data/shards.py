@@ -1,4 +1,4 @@
-"""WebDataset tar shards: written by ``visiontune shard``, read back by index for exact sampling.
+"""WebDataset tar shards, read back by index for exact sampling (``data/shardwriter.py`` writes them).
 
 ``--data DIR`` (a folder of ``*.tar``), ``DIR/shards-{000000..000127}.tar`` or one
 ``.tar`` reads shards in WebDataset's naming (``KEY.jpg``/``KEY.png`` and
@@ -10,7 +10,7 @@ the bad-file screen and ``--cache`` treat shards as they treat a folder's files.
 A URL (``https://``, ``hf://``, ``gs://``, ``pipe:`` with ``--allow-pipe``) is copied into the cache first
 (``data/remote.py``) and read from there, under its URL's name.
 
-``visiontune shard`` writes any data visiontune reads with ``webdataset.ShardWriter``,
+``visiontune shard`` (``data/shardwriter.py``) writes any data visiontune reads with ``webdataset.ShardWriter``,
 the bad files left out, beside an ``index.json`` in webdataset's ``wids`` shard-index
 format (each shard's sample count) with visiontune's own entry: the class names,
 each sample's name in the source (``split.json`` then lists the same names as a run
@@ -22,118 +22,27 @@ Shards without an index (written by ShardWriter elsewhere) get classes from thei
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
-import re
-import sys
 import tarfile
 
 import numpy as np
 
 from visiontune.data import remote
-from visiontune.data.layouts import IMAGE_EXTENSIONS, ImageSet
+from visiontune.data.braces import expand
+from visiontune.data.imageset import IMAGE_EXTENSIONS, ImageSet, Source
 from visiontune.errors import UserError
+from visiontune.files import atomic_file
 
 INDEX = "index.json"
-PATTERN = "shards-%06d.tar"
-_IMAGE_EXTS = {e[1:] for e in IMAGE_EXTENSIONS} | {"img", "image"}
-_MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"), (b"II*", "tiff"))
-_MAGIC += ((b"MM\0*", "tiff"),)
+# The member suffixes that hold a sample's image (the writer names a member by them too).
+IMAGE_MEMBERS = {e[1:] for e in IMAGE_EXTENSIONS} | {"img", "image"}
 _ZERO_BLOCK = bytes(512)
-_TAR_END = 1024 + 10240  # two zero blocks, then padding to tarfile's 10 KiB record
 # A pax header or GNU long name holds a name (and a few numbers): more than this is no shard's, and is not read.
 _MAX_HEADER = 1 << 20
 # A .cls holds a class number: a decimal from 0 to int32's largest (the labels' type). Else: no label, or a bad one.
 _MAX_CLASS = 2**31 - 1
 _NO_CLS, _BAD_CLS = -1, -2
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-MAX_NAMES = 100_000  # shards one brace pattern or index.json may name: ample, and a bound on the work
-
-
-def expand(pattern: str, limit: int = MAX_NAMES) -> list[str]:
-    """A brace pattern's names: ``{000..012}`` (zero-padded as written) and ``{a,b}``, nested or repeated,
-    in the shell's order. How many there are is counted from the pattern before any name is made (the
-    product of the groups, the sum of the alternatives), so ``{0..9999999999}`` is one line, not 10^10 names
-    in memory."""
-    parts = _parse(pattern, 0, len(pattern), _pairs(pattern))
-    count = _count(parts)
-    if count > limit:
-        many = f"{count:,}" if count < 10**15 else "more than 10^15"
-        raise UserError(f"{pattern} names {many} shards, more than the {limit:,} visiontune reads; check the braces")
-    return ["".join(name) for name in _names(parts)]
-
-
-def _pairs(pattern: str) -> dict[int, int]:
-    """Where each ``{`` that is closed is closed (an unmatched brace is a plain letter)."""
-    pairs, opened = {}, []
-    for i, c in enumerate(pattern):
-        if c == "{":
-            opened.append(i)
-            if len(opened) > 16:  # (each level is a recursion in _parse)
-                raise UserError(f"{pattern[:80]}...: braces nested more than 16 deep; check the pattern")
-        elif c == "}" and opened:
-            pairs[opened.pop()] = i
-    return pairs
-
-
-def _parse(text: str, start: int, end: int, pairs: dict[int, int]) -> list:
-    """``text[start:end]`` as parts: a string, a range ``(first, last, width)``, or a list of alternatives
-    (each a list of parts)."""
-    parts, i, literal = [], start, start
-    while i < end:
-        close = pairs.get(i)
-        if close is None:
-            i += 1
-            continue
-        parts.append(text[literal:i])
-        r = re.fullmatch(r"(\d+)\.\.(\d+)", text[i + 1 : close])
-        if r:
-            parts.append((_bound(r[1]), _bound(r[2]), len(r[1])))
-        else:  # alternatives: split at this group's own commas, not at those of a group inside it
-            alts, at, j = [], i + 1, i + 1
-            while j < close:
-                if j in pairs:
-                    j = pairs[j]
-                elif text[j] == ",":
-                    alts.append(_parse(text, at, j, pairs))
-                    at = j + 1
-                j += 1
-            parts.append([*alts, _parse(text, at, close, pairs)])
-        i = literal = close + 1
-    parts.append(text[literal:end])
-    return parts
-
-
-def _bound(digits: str) -> int:
-    """A range's end: past 10^30 it only needs to be too many (and int() refuses 4,300 digits and more)."""
-    digits = digits.lstrip("0") or "0"
-    return int(digits) if len(digits) <= 30 else 10**30
-
-
-def _count(parts: list) -> int:
-    n = 1
-    for p in parts:
-        if isinstance(p, tuple):
-            n *= max(0, p[1] - p[0] + 1)
-        elif isinstance(p, list):
-            n *= sum(map(_count, p))
-    return n
-
-
-def _names(parts: list):
-    """Each name as a tuple of its pieces, the leftmost group varying slowest."""
-    choices = []
-    for p in parts:
-        if isinstance(p, str):
-            choices.append((p,))
-        elif isinstance(p, tuple):
-            choices.append([f"{i:0{p[2]}d}" for i in range(p[0], p[1] + 1)])
-        else:
-            choices.append(["".join(name) for alt in p for name in _names(alt)])
-    return itertools.product(*choices)
 
 
 def is_shards(data: str) -> bool:
@@ -271,7 +180,7 @@ def _walk(path: str) -> list[tuple[str, int, int, int]]:
                 entry[ext], last = (offset, size), key
             out = []
             for key, entry in groups.items():
-                image = next((entry[e] for e in entry if e in _IMAGE_EXTS), None)
+                image = next((entry[e] for e in entry if e in IMAGE_MEMBERS), None)
                 label = _label(fd, *entry["cls"]) if "cls" in entry else _NO_CLS
                 out.append((key, *(image or (-1, 0)), label))
         finally:
@@ -312,8 +221,6 @@ def _index(shards: list[str]) -> dict[str, np.ndarray]:
         "label": np.asarray(cols[4], np.int64),
     }
     try:
-        from visiontune.files import atomic_file
-
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with atomic_file(path) as f:
             np.savez(f, **index)
@@ -438,107 +345,26 @@ def read(data: str) -> ImageSet:
     )
 
 
-def parse_size(text: str) -> int:
-    """``1GB``, ``500MB``, ``64KiB`` or a plain byte count."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = m and m[2].upper()
-    if not m or unit not in _UNITS or float(m[1]) * _UNITS[unit] < 1:
-        raise UserError(f"--shard-size: expected a size such as 1GB, 500MB or 64KiB, got {text!r}")
-    return int(float(m[1]) * _UNITS[unit])
+def _read_source(
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, multi_label: bool
+) -> ImageSet:
+    if multi_label:
+        raise UserError(f"{data}: tar shards carry one class per sample; give multi-label data as a manifest")
+    return read(data)
 
 
-def _ext(source: str | bytes, data: bytes) -> str:
-    if isinstance(source, str):
-        ext = os.path.splitext(source)[1][1:].lower()
-        if ext in _IMAGE_EXTS:
-            return ext
-    if data[8:12] == b"WEBP":
-        return "webp"
-    return next((e for magic, e in _MAGIC if data.startswith(magic)), "img")
-
-
-def write(
-    data: str,
-    out: str,
-    shard_size: str = "1GB",
-    *,
-    seed: int = 42,
-    val_fraction: float = 0.2,
-    columns: tuple[str | None, str | None] = (None, None),
-    workers: int = 2,
-) -> dict:
-    """``visiontune shard``: ``data``'s usable images into WebDataset shards in ``out``, with ``index.json``."""
-    try:
-        import webdataset
-    except ImportError:
-        raise UserError("writing shards needs webdataset: pip install 'visiontune[formats]'") from None
-    from visiontune.data.check import scan, scan_cache_path
-    from visiontune.data.layouts import discover
-    from visiontune.data.split import relative_paths, split_of
-    from visiontune.files import write_json
-
-    maxsize = parse_size(shard_size)
-    if os.path.isdir(out) and any(n.endswith(".tar") or n == INDEX for n in os.listdir(out)):
-        raise UserError(f"{out} already holds shards; choose an empty or new folder")
-    images = discover(data, *columns)
-    if images.multi_label:  # a shard's .cls holds one class: the label sets would be lost
-        raise UserError(f"{data} is multi-label; tar shards carry one class per sample: train on it as it is")
-    print(images.describe())
-    bad = list(images.rejects) + scan(
-        images.paths, workers=workers, cache_path=scan_cache_path(images.root), reader=images.reader
-    )
-    for path, problem in bad:
-        print(f"visiontune: left out {path}: {problem}", file=sys.stderr)
-    drop = {p for p, _ in bad}
-    images = images.take(np.flatnonzero(np.fromiter((p not in drop for p in images.paths), bool, len(images))))
-    split = split_of(images, val_fraction, seed)  # the split a run on ``data`` with this seed would make
-    names = relative_paths(images.paths, range(len(images)), images.root)
-    keys = [f"{i:09d}" for i in range(len(images))]
-    os.makedirs(out, exist_ok=True)
-    counts: dict[str, int] = {}
-    # ShardWriter's maxsize counts the payload only (and closes a shard after it is passed), but each member
-    # of its tars takes a 512-byte header, a pax header (1 KB) and padding to 512 bytes: 3.5 KB a sample,
-    # twice a 3 KB thumbnail. So the shards are cut here, on the tar file's own offset plus what the next
-    # sample takes at most, end blocks and record padding included.
-    with webdataset.ShardWriter(os.path.join(out, PATTERN), maxsize=float("inf"), maxcount=10**9, verbose=0) as w:
-        for i, key in enumerate(keys):
-            source = images.source(i)
-            if isinstance(source, str):
-                with open(source, "rb") as f:
-                    blob = f.read()
-            else:
-                blob = source
-            label = int(images.labels[i])
-            size = sum(1536 + -(-len(data) // 512) * 512 for data in (blob, str(label).encode()))
-            held = w.tarstream.tarstream.offset if w.tarstream is not None else 0  # tarfile.TarFile's position
-            if held and held + size + _TAR_END > maxsize:
-                w.next_stream()
-            w.write({"__key__": key, _ext(source, blob): blob, "cls": label})
-            name = os.path.basename(w.fname)
-            counts[name] = counts.get(name, 0) + 1
-    index = {
-        "__kind__": "wids-shard-index-v1",
-        "wids_version": 1,
-        # filesize: what a copy of a remote shard is checked against (data/remote.py)
-        "shardlist": [
-            {"url": name, "nsamples": n, "filesize": os.path.getsize(os.path.join(out, name))}
-            for name, n in counts.items()
-        ],
-        "visiontune": {
-            "source": images.root,
-            "classes": images.classes,
-            "names": names,
-            "split": {
-                "seed": seed,
-                "val_fraction": val_fraction,
-                **({"from": images.split_note} if images.split_note else {}),
-                "val": [keys[i] for i in split.val.tolist()],
-            },
-        },
-    }
-    write_json(os.path.join(out, INDEX), index)
-    print(
-        f"visiontune: wrote {len(keys)} images in {len(counts)} shard(s) to {out} ({len(split.train)} train / "
-        f"{len(split.val)} val recorded in {INDEX}); {len(bad)} bad file(s) left out"
-    )
-    return index
+SOURCE = Source(
+    "shards",
+    recognises=is_shards,
+    read=_read_source,
+    reopen=reopen,
+    help="tar shards (a folder, pattern or URL)",
+    short="tar shards",
+    container=True,
+    exists=lambda data: "{" in data or os.path.exists(data),  # a pattern's shards are checked when read
+)
+# Shards at a URL: copied into the cache (once per machine) and read as local shards; their readers'
+# spec() names "shards", which reopens them from the URL. Told in --help with the local ones.
+URL_SOURCE = Source(
+    "url-shards", recognises=remote.is_remote, read=_read_source, named=True, container=True, fetch=remote.fetch
+)

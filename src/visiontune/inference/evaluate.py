@@ -22,9 +22,10 @@ from pathlib import Path
 
 from visiontune import files
 from visiontune.cluster import launch
-from visiontune.data import remote
+from visiontune.data import remote, sources
 from visiontune.data.groups import split_images
-from visiontune.data.layouts import ImageSet, discover
+from visiontune.data.imageset import ImageSet
+from visiontune.data.sources import discover
 from visiontune.data.split import method_of, relative_paths, split_of, split_summary
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
@@ -60,7 +61,7 @@ def recorded_data(run_dir: str) -> tuple[str, tuple[str | None, str | None]]:
         )
     source = source or data["root"]
     remote.refuse_command(source, str(Path(run_dir) / "config.json"))
-    if not (source.startswith("hf:") or "{" in source or remote.is_remote(source) or Path(source).exists()):
+    if not sources.exists(source):
         raise UserError(f"evaluate needs labelled data: the run's data {source} no longer exists; pass --data FOLDER")
     config = record.get("config") or {}
     return source, (config.get("image_column"), config.get("label_column"))

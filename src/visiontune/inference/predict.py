@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from visiontune import files
-from visiontune.data.layouts import IMAGE_EXTENSIONS
+from visiontune.data.imageset import IMAGE_EXTENSIONS
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
@@ -32,18 +32,16 @@ from visiontune.loading.pipeline import UNREADABLE
 class Inputs:
     paths: list[str]
     kaggle_ids: list[int] | None  # a Kaggle test folder (every file <number>.<ext>): rows are id,label
-    reader: Any = None  # hf: data or shards: paths are the samples' names, reader[i] their bytes
+    reader: Any = None  # data in a container: paths are the samples' names, reader[i] their bytes
 
 
 def list_inputs(data: str, columns: tuple[str | None, str | None] = (None, None)) -> Inputs:
     """A folder (images anywhere below it), one image, a text file listing one path per line, every row of
     every split of ``hf:`` data, or every sample of tar shards."""
-    from visiontune.data import shards
+    from visiontune.data import sources
 
-    if data.startswith("hf:") or shards.is_shards(data):
-        from visiontune.data.layouts import discover
-
-        images = discover(data, *columns, every_split=True)
+    if sources.find(data).container:  # hf: data, shards: listed as train lists them
+        images = sources.discover(data, *columns, every_split=True)
         return Inputs(list(images.paths), None, images.reader)
     p = Path(data)
     if p.is_dir():

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from visiontune import files
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.errors import UserError
 from visiontune.inference.evaluate import recorded_data, select
 from visiontune.inference.export import export

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from visiontune.cluster.host import available_cores
-from visiontune.data import remote
+from visiontune.data import sources
 from visiontune.data.check import (
     bad_fraction_error,
     scan,
     scan_cache_path,
     write_report,
 )
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.data.listing import listed, load_listing, save_listing
 from visiontune.errors import UserError
 from visiontune.loading.cache import CacheChoice, ImageCache, choose
@@ -133,10 +133,12 @@ def _once_per_machine(accelerator, step: str, work: Callable[[], str]) -> str:
 
 
 def fetch_per_machine(accelerator, data: str) -> None:
-    """Remote shards (``data/remote.py``): downloaded into the cache by each machine's local main process
-    before any process lists them, so that the others read its copies instead of downloading them too."""
-    if accelerator.num_processes > 1 and remote.is_remote(data):
-        _once_per_machine(accelerator, "fetch", lambda: remote.fetch(data))
+    """Data a source copies in first (shards at a URL, ``data/remote.py``): downloaded into the cache by each
+    machine's local main process before any process lists them, so that the others read its copies instead
+    of downloading them too."""
+    source = sources.named(data) if accelerator.num_processes > 1 else None
+    if source is not None and source.fetch is not None:
+        _once_per_machine(accelerator, "fetch", lambda: source.fetch(data))
 
 
 def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):

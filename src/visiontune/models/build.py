@@ -24,8 +24,7 @@ import torchvision
 from torch import nn
 
 from visiontune.errors import UserError
-from visiontune.models.names import UNKNOWN
-from visiontune.models.spec import IMAGENET_CLASSES, ModelSpec, Preprocess, is_weights_file
+from visiontune.models.spec import IMAGENET_CLASSES, UNKNOWN, ModelSpec, Preprocess, is_weights_file
 from visiontune.models.statedict import load_fitting, load_state_file
 
 

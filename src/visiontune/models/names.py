@@ -16,9 +16,7 @@ from pathlib import Path
 
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
-from visiontune.models.spec import is_weights_file
-
-UNKNOWN = "unknown model {!r}; see `visiontune models` (timm models: timm/NAME, Hub models: hf-hub:ORG/NAME)"
+from visiontune.models.spec import UNKNOWN, is_weights_file
 
 
 def _version(package: str) -> str:

@@ -1,7 +1,7 @@
 """What every model source describes the same way: a ``ModelSpec`` (how to build it, its head, the
 preprocessing its weights expect) and the weight-file suffixes. The torchvision builders
 (``build``) and the timm/Hub ones (``timm_models``) both import these, so neither imports the other's
-types.
+types; and the one message for a name no source knows, which ``build`` and ``names`` both give.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 IMAGENET_CLASSES = 1000
+
+UNKNOWN = "unknown model {!r}; see `visiontune models` (timm models: timm/NAME, Hub models: hf-hub:ORG/NAME)"
 
 
 SOURCES = ("torchvision", "timm", "hf-hub")

@@ -16,6 +16,8 @@ from pathlib import PurePosixPath
 
 import yaml
 
+from visiontune.data import sources
+
 # The announced setup lines that make the recipe (the rest -- image counts, cache paths -- are not the
 # recipe, or are local to the machine that trained).
 RECIPE = (
@@ -37,8 +39,8 @@ RECIPE = (
 def dataset_name(config: dict) -> tuple[str, str | None]:
     """(the data set's name, its Hub id when it came from ``hf:``)."""
     source = str((config.get("data") or {}).get("source") or (config.get("config") or {}).get("data") or "data")
-    if source.startswith("hf:"):
-        hub_id = source[3:].split("@")[0].split(":")[0]
+    hub_id = sources.hub_id(source)
+    if hub_id:
         return hub_id, hub_id
     return PurePosixPath(source.split("?")[0].rstrip("/")).name or "data", None
 

@@ -22,9 +22,9 @@ import torch
 
 from visiontune import files
 from visiontune.cluster import host
-from visiontune.data import remote
+from visiontune.data import sources
 from visiontune.data.check import write_report
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.data.split import Split, write_split
 from visiontune.files import atomic_write
 from visiontune.runs import runinfo
@@ -138,11 +138,6 @@ def _unseen_advice(cfg: TrainConfig, images: ImageSet) -> str:
     return "give every class two or more images (with --group-by, two or more groups)"
 
 
-def _named(data: str) -> bool:
-    """Whether ``data`` is a name rather than a path: ``hf:...`` or a URL."""
-    return data.startswith("hf:") or remote.is_remote(data)
-
-
 def write_records(
     accelerator,
     cfg: TrainConfig,
@@ -169,9 +164,9 @@ def write_records(
         # "source" is what discover was given, which evaluate lists again: a manifest's root is its images'
         # folder (DATA/train), a folder discover cannot read as a layout by itself.
         "data": {
-            "root": images.root if _named(images.root) else os.path.abspath(images.root),
+            "root": sources.recorded(images.root),
             "layout": images.layout,
-            "source": cfg.data if _named(cfg.data) else os.path.abspath(os.path.expanduser(cfg.data)),
+            "source": sources.recorded(cfg.data),
         },
         "model": info.to_dict(),
     }

@@ -23,11 +23,7 @@ def _setting(default: Any, help_text: str) -> Any:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    data: str = _setting(
-        "",
-        "data folder (Kaggle layout, train.csv manifest, or class subfolders), tar shards (a folder, pattern or "
-        "URL), or hf:PATH|ORG/NAME",
-    )
+    data: str = _setting("", "what to train on: any source of data/sources.py (`visiontune train --help` names each)")
     output_dir: str | None = _setting(None, "run folder (default runs/<UTC timestamp>)")
     # model
     model: str = _setting("vgg16", "torchvision name, timm/NAME or hf-hub:ORG/NAME; see `visiontune models`")

@@ -29,7 +29,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from visiontune.cluster.launch import default_output_dir
 from visiontune.cluster.strategy import make_accelerator
 from visiontune.data.groups import split_for
-from visiontune.data.layouts import discover
+from visiontune.data.sources import discover
 from visiontune.errors import UserError
 from visiontune.loading.devicedecode import on_device
 from visiontune.loading.jobdata import prepare as prepare_data

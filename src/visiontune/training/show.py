@@ -13,7 +13,7 @@ import tempfile
 import torch
 
 from visiontune.data.groups import split_for
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
 from visiontune.loading.jobdata import JobData, limit, listed
 from visiontune.loading.loaders import loaders

@@ -25,7 +25,7 @@ from visiontune import files
 from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import Setup, describe, make_accelerator, prepare
 from visiontune.data.groups import split_for
-from visiontune.data.layouts import ImageSet
+from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix
 from visiontune.loading.jobdata import fetch_per_machine, limit, listed
