@@ -71,7 +71,7 @@ def resolve_targets(model: nn.Module, heads: Iterable[str], targets: str | None,
     if unmatched or not chosen:
         examples = ", ".join(sorted({n.rsplit(".", 1)[-1] for n in layers})[:12])
         raise UserError(
-            f"--lora-targets {','.join(unmatched) or targets!r} matches no Linear or Conv2d layer of {model_name} "
+            f"--lora-targets {','.join(unmatched) or targets} matches no Linear or Conv2d layer of {model_name} "
             f"(the head excluded); its layers end in names such as: {examples}"
         )
     return sorted(chosen, key=list(dict(model.named_modules())).index)
