@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from trained import independent_eval, one_thread  # noqa: F401  (one_thread: autouse)
-from trainrun import TINY, env_for, flags, one_line, relative_difference, tiny_train, train_ddp_beside_one
+from trainrun import env_for, flags, one_line, relative_difference, tiny_train, train_ddp_beside_one
 from visiontune import cli
 from visiontune.runs import checkpoint
 
@@ -73,8 +73,10 @@ def test_lora_with_grad_checkpointing_under_ddp_equals_one_process(small_data, t
     """timm's test_convnext (no BatchNorm, no dropout): DDP x2 at batch 3 computes what one process does at 6."""
     from visiontune.inference.loaded import load_model
 
-    common = [*flags(data=small_data, model="timm/test_convnext", weights="none", val_fraction=0.25), *TINY]
-    common += flags(lora=4, lora_alpha=8, grad_checkpointing=True, epochs=1)
+    common = flags(data=small_data, model="timm/test_convnext", weights="none", val_fraction=0.25, image_size=32)
+    common += flags(
+        lora=4, lora_alpha=8, grad_checkpointing=True, epochs=1, num_workers=0, timeout=60, no_progress=True
+    )
     ddp = flags(strategy="ddp", nproc=2, batch_size=3, lr=0.01)
     train_ddp_beside_one(common, ddp, flags(batch_size=6, lr=0.01), tmp_path, env_for(worker_env, tmp_path))
     best = [load_file(str(tmp_path / d / "best.safetensors")) for d in ("ddp", "one")]

@@ -87,11 +87,16 @@ def add_adapters(
 ) -> nn.Module:
     """Inject rank-``rank`` LoRA adapters into ``targets`` (full module names, default: the family's);
     only they and the ``heads`` train afterwards. ``alpha`` defaults to ``rank`` (peft's scale 1)."""
-    from peft import LoraConfig, inject_adapter_in_model
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError:
+        raise UserError("--lora needs Hugging Face peft: pip install 'visiontune[lora]'") from None
 
     heads = tuple(heads)
     targets = targets if targets is not None else default_targets(model, heads)
-    config = LoraConfig(r=rank, lora_alpha=rank if alpha is None else alpha, lora_dropout=dropout, target_modules=targets)
+    config = LoraConfig(
+        r=rank, lora_alpha=rank if alpha is None else alpha, lora_dropout=dropout, target_modules=targets
+    )
     model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     for name, p in model.named_parameters():  # peft froze everything but the adapters; the new head trains too
         if _in(name.rpartition(".")[0], heads):

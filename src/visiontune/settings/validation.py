@@ -208,9 +208,7 @@ def _check_lora(cfg: TrainConfig) -> None:
     if cfg.freeze_backbone:
         raise UserError("--lora trains adapters in the backbone and --freeze-backbone freezes it: give one of them")
     if cfg.ema:
-        raise UserError(
-            "--ema averages every weight, and under --lora only the adapters and the head move: drop --ema"
-        )
+        raise UserError("--ema averages every weight, and under --lora only the adapters and the head move: drop --ema")
 
 
 # Settings whose form changed, as earlier runs' config.json files (and config files) still hold them.
