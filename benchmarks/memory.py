@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from common import ROOT, RESULTS, python_env, run, write_result
+from common import RESULTS, ROOT, run, write_result
 
 MODELS = ("timm/vit_base_patch16_224", "timm/convnext_tiny")
 BATCH, SIZE, STEPS = int(os.environ.get("VT_MEM_BATCH", 8)), 224, 2
