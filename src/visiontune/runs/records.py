@@ -27,6 +27,7 @@ from visiontune.data.check import write_report
 from visiontune.data.imageset import ImageSet
 from visiontune.data.split import Split, write_split
 from visiontune.files import atomic_write
+from visiontune.models import lora
 from visiontune.runs import runinfo
 from visiontune.settings.config import TrainConfig
 
@@ -229,7 +230,10 @@ PHASES = ("train", "val")
 
 
 def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of the unwrapped model's tensors (no ``module.``/``_orig_mod.``)."""
+    """CPU copies of the unwrapped model's tensors (no ``module.``/``_orig_mod.``); a ``--lora`` model's
+    adapters merged into their layers, under the plain model's names."""
+    if lora.has_adapters(model):
+        return lora.merged_state_dict(model)
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
 
 

@@ -54,6 +54,12 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
                 f"{current[key]!r} now); use the same data, --model, --batch-size x --grad-accum "
                 "x processes, or start a new run"
             )
+    if meta.get("lora") != current.get("lora"):  # adapters fit only the base and the layers they were made for
+        there, here = meta.get("lora"), current.get("lora")
+        raise UserError(
+            f"cannot resume: the LoRA adapters differ from the checkpoint's ({_lora_text(there)} there, "
+            f"{_lora_text(here)} now); resume with the run's --weights and --lora settings, or start a new run"
+        )
     # The remaining steps must draw and weigh the images as the first ones did (older checkpoints: neither).
     for key, flag, default in (("sampler", "--sampler", "random"), ("class_weights", "--class-weights", None)):
         there, here = meta.get(key, default), current.get(key, default)
@@ -109,6 +115,13 @@ def compatible(ckpt: Checkpoint, current: dict) -> Checkpoint:
     return Checkpoint(ckpt.path, {**meta, "batch": batch})
 
 
+def _lora_text(lora: dict | None) -> str:
+    if not lora:
+        return "no --lora"
+    shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in lora.items() if k != "base" and v is not None)
+    return f"{shown}, frozen base {str(lora.get('base'))[:8]}"
+
+
 def _check_rng_file(accelerator, ckpt: Checkpoint, say) -> None:
     """Accelerate skips an RNG file it cannot load without a word: refuse it, and say when one is missing."""
     from accelerate.utils import load as accelerate_load
@@ -136,9 +149,12 @@ def load(accelerator, ckpt: Checkpoint, scheduler=None, say=print) -> None:
     sched_file = Path(ckpt.path) / SCHEDULER
     _check_rng_file(accelerator, ckpt, say)
     try:
-        accelerator.load_state(ckpt.path)
+        # A --lora checkpoint holds the adapters, the head and the buffers (runs.adapters checks them all there).
+        accelerator.load_state(ckpt.path, **({"strict": False} if ckpt.meta.get("lora") else {}))
         if scheduler is not None and sched_file.is_file():
             scheduler.load_state_dict(torch.load(sched_file, map_location="cpu", weights_only=True))
+    except UserError:
+        raise
     except Exception as e:  # weights_only refusals, shape mismatches: the files are not this run's
         raise UserError(f"cannot load checkpoint {ckpt.path}: {load_error(e)}") from None
 

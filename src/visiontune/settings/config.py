@@ -38,6 +38,21 @@ class TrainConfig:
         "--image-size unless given; a new head when the classes differ)",
     )
     freeze_backbone: bool = _setting(False, "train only the new head")
+    lora: int = _setting(
+        0,
+        "train rank-R LoRA adapters (peft) and the new head, the rest frozen (0: off); the best model file is "
+        "merged; see docs/training.md",
+    )
+    lora_alpha: float | None = _setting(None, "LoRA scale numerator: adapters add alpha / R x B A (default: R)")
+    lora_dropout: float = _setting(0.0, "dropout on the LoRA adapters' input")
+    lora_targets: str | None = _setting(
+        None,
+        "layers --lora adapts, comma-separated names or name suffixes (default: attn.qkv, attn.proj, mlp.fc1, "
+        "mlp.fc2 in a transformer, every Linear and dense Conv2d in a convnet; never the head)",
+    )
+    grad_checkpointing: bool = _setting(
+        False, "recompute each block's activations in the backward pass: less memory, about a third more compute"
+    )
     # data
     image_size: int | None = _setting(None, "square input size in pixels (default: the model's pretrained size)")
     interpolation: Literal["bilinear", "bicubic", "nearest", "nearest-exact"] | None = _setting(

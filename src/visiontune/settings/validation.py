@@ -62,6 +62,7 @@ LIMITS = {
     "folds": (0, 10**6),
     "warmup_epochs": (0, 10**6),
     "timeout": (0, 365 * 86400),
+    "lora": (0, 65536),
 }
 
 
@@ -180,12 +181,34 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 "a number of seconds" if name == "timeout" else "an integer" if name != "warmup_epochs" else "a number"
             )
             raise UserError(f"--{name.replace('_', '-')} must be {kind} from {low} to {high}, got {value}")
+    _check_lora(cfg)
     weights = cfg.class_weights
     if weights not in ("none", "auto") and weights.partition(":")[0] != "effective" and not Path(weights).is_file():
         raise UserError(
             f"--class-weights must be none, auto, effective[:BETA] or a JSON/CSV file, got {weights!r} (no such file)"
         )
     return cfg
+
+
+def _check_lora(cfg: TrainConfig) -> None:
+    """--lora R and its companions (which model layers match is checked once the model is built)."""
+    if not cfg.lora:  # a negative rank: LIMITS said so already
+        given = [f for f in ("lora_alpha", "lora_targets") if getattr(cfg, f) is not None] + (
+            ["lora_dropout"] if cfg.lora_dropout else []
+        )
+        if given:
+            raise UserError(f"--{given[0].replace('_', '-')} sets up LoRA adapters: add --lora R (a rank, e.g. 8)")
+        return
+    if cfg.lora_alpha is not None and cfg.lora_alpha <= 0:
+        raise UserError(f"--lora-alpha must be a positive number, got {cfg.lora_alpha}")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise UserError(f"--lora-dropout must be in [0, 1), got {cfg.lora_dropout}")
+    if cfg.lora_targets is not None and not cfg.lora_targets.strip(" ,"):
+        raise UserError("--lora-targets is empty: give layer names such as qkv,proj (or drop it for the default)")
+    if cfg.freeze_backbone:
+        raise UserError("--lora trains adapters in the backbone and --freeze-backbone freezes it: give one of them")
+    if cfg.ema:
+        raise UserError("--ema averages every weight, and under --lora only the adapters and the head move: drop --ema")
 
 
 # Settings whose form changed, as earlier runs' config.json files (and config files) still hold them.

@@ -32,8 +32,9 @@ from visiontune.loading.jobdata import fetch_per_machine, limit, listed
 from visiontune.loading.jobdata import prepare as prepare_data
 from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize
-from visiontune.models.build import build_model, check_input, get_spec, input_view
-from visiontune.runs import records, resume, runinfo, runlock
+from visiontune.models import checkpointing, lora
+from visiontune.models.build import build_model, check_input, get_spec, head_names, input_view
+from visiontune.runs import adapters, records, resume, runinfo, runlock
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig, choices
 from visiontune.settings.validation import recorded_split_method, validate
@@ -117,9 +118,32 @@ def _check_one_global_batch(job: _Job, split) -> None:
         )
 
 
+def _adapt(cfg: TrainConfig, model: torch.nn.Module) -> tuple[torch.nn.Module, list[tuple[str, str]]]:
+    """``--grad-checkpointing`` and ``--lora`` applied to the built model; the start-up rows saying how."""
+    rows = []
+    if cfg.grad_checkpointing:
+        rows.append(("grad checkpointing", checkpointing.enable(model, cfg.model)))
+    if cfg.lora:
+        heads = head_names(model)
+        targets = lora.resolve_targets(model, heads, cfg.lora_targets, cfg.model)
+        model = lora.add_adapters(model, cfg.lora, heads, cfg.lora_alpha, cfg.lora_dropout, targets)
+        trained, total = lora.size(model)
+        alpha = cfg.lora if cfg.lora_alpha is None else cfg.lora_alpha
+        rows.append(
+            (
+                "LoRA",
+                f"rank {cfg.lora}, alpha {alpha:g}, dropout {cfg.lora_dropout:g} on {len(targets)} layers; "
+                f"{trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%), the head included",
+            )
+        )
+    return model, rows
+
+
 def _identity(job: _Job, split_rec: dict, num_classes: int, class_weights: torch.Tensor | None) -> dict:
     """What a checkpoint must match for this run to resume it."""
+    lora_of = ("lora", "lora_alpha", "lora_dropout", "lora_targets")
     return {
+        **({"lora": {k: getattr(job.cfg, k) for k in lora_of}} if job.cfg.lora else {}),
         "sampler": job.cfg.sampler,
         "class_weights": None if class_weights is None else class_weights.tolist(),
         "split_sha256": split_rec["sha256"],
@@ -253,6 +277,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
     with accelerator.local_main_process_first():  # a weights download happens once per machine
         model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
+    model, adapted = _adapt(cfg, model)
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
     images, bad = data.images, data.bad
@@ -304,10 +329,14 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     if images.multi_label:
         rows = overview.multi_label(rows, cfg, described)
     rows.append(("image cache", data.cache_choice.text()))
+    rows.extend(adapted)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
     scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
     identity = _identity(job, split_rec, len(images.classes), weights)
+    if cfg.lora:  # checkpoints hold the adapters and the head; the frozen base is built again on resume
+        adapters.adapters_only(accelerator)
+        identity["lora"]["base"] = adapters.base_digest(accelerator.unwrap_model(model, keep_torch_compile=False))
     resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
     records.announce(accelerator, cfg, setup, images, split, run_dir, rows, overview.recipe_note(cfg, spec.source))
     cached = data.cache_choice.to_dict()
