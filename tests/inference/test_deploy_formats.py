@@ -32,7 +32,7 @@ def _probabilities(csv_path: Path) -> tuple[list[str], np.ndarray]:
 
 def _predict(tmp_path: Path, name: str, model: list[str], images: list[str]) -> tuple[list[str], np.ndarray]:
     out = tmp_path / f"{name}.csv"
-    assert main(["predict", *model, *images, "--out", str(out), "--no-progress", "--num-workers", "0"]) == 0
+    assert main(["predict", *model, *images, "--out", str(out), "--no-progress"]) == 0
     return _probabilities(out)
 
 
@@ -40,7 +40,7 @@ def _evaluate(tmp_path: Path, run: Path, weights: Path) -> dict:
     out = tmp_path / f"eval-{weights.name}" / "eval.json"
     out.parent.mkdir()
     argv = ["evaluate", "--run", str(run), "--weights", str(weights), "--out", str(out), "--no-progress"]
-    assert main([*argv, "--num-workers", "0"]) == 0
+    assert main(argv) == 0
     return json.loads(out.read_text())
 
 
