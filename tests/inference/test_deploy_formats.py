@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from trained import one_thread  # noqa: F401  (autouse: one thread)
+from visiontune import load
 from visiontune.cli.commands import main
 from visiontune.data.sample import make_multilabel_data
 from visiontune.inference import formats, openvino_ir, quantize
@@ -79,10 +80,12 @@ def test_openvino_and_onnx_files_predict_evaluate_and_serve_as_the_eager_model(t
         json.loads(formats.open_exported(str(xml)).info.metadata()["visiontune"])
         == (json.loads((run / "config.json").read_text())["model"])
     )
+    from_api = load(xml).predict(images)  # the Python API opens it through the same seam
+    assert np.abs(np.array([list(r["probabilities"].values()) for r in from_api]) - eager).max() <= TOL
     served = load_runtime(weights=str(xml))
     prepared = [served.prepare(Path(p).read_bytes()) for p in images]
     assert served.backend == "openvino"
-    assert (served.probabilities(prepared).numpy() - eager).__abs__().max() <= TOL
+    assert np.abs(served.probabilities(prepared).numpy() - eager).max() <= TOL
 
 
 @pytest.mark.slow
