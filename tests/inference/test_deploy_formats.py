@@ -115,8 +115,12 @@ def test_a_multi_label_model_exports_to_openvino_and_int8_with_its_thresholds(tm
     assert main(["export", "--run", str(run), "--format", "openvino", "--out", str(xml)]) == 0
     argv = ["export", "--run", str(run), "--format", "openvino", "--int8", "--out", str(int8)]
     assert main([*argv, "--max-accuracy-drop", "100", "--calibration-images", "16"]) == 0
+    onnx_int8 = tmp_path / "m.int8.onnx"
+    argv = ["export", "--run", str(run), "--format", "onnx", "--int8", "--out", str(onnx_int8)]
+    assert main([*argv, "--max-accuracy-drop", "100", "--calibration-images", "16"]) == 0
+    assert quantize.record_of(onnx_int8)["metric"] == "label_accuracy"
     thresholds = json.loads((run / "summary.json").read_text())["thresholds"]
-    for path in (xml, int8):
+    for path in (xml, int8, onnx_int8):
         exported = formats.open_exported(str(path))
         assert exported.info.multi_label and list(exported.info.thresholds) == pytest.approx(thresholds)
         assert exported.gives_probabilities

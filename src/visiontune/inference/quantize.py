@@ -195,7 +195,7 @@ def export_int8(
 def described(out: str, record: dict) -> str:
     return (
         f"visiontune: wrote {out}: int8 ONNX (static, calibrated on {record['calibration_images']} training "
-        f"images); validation accuracy {record['val_accuracy_int8']:.4f} against fp32's "
+        f"images); validation {record['metric'].replace('_', ' ')} {record['val_accuracy_int8']:.4f} against fp32's "
         f"{record['val_accuracy_fp32']:.4f} on {record['val_images']} images "
         f"({record['accuracy_drop_points']:.2f} points lost, at most {record['max_accuracy_drop_points']:g}); "
         f"the record is in the metadata key '{KEY}'"
