@@ -28,6 +28,7 @@ for name in sys.argv[1:] or (
     "recipe",
     "process",
     "shards",
+    "deploy",
 ):
     t0 = time.perf_counter()
     print(f"== {name}", flush=True)

@@ -156,14 +156,20 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def _inference(args: argparse.Namespace):
-    """The model of ``--run`` or ``--weights`` (``--model``/``--classes`` for a bare file) and how to run it."""
+def _inference(args: argparse.Namespace, model_of_run: bool = True):
+    """The model of ``--run`` or ``--weights`` (``--model``/``--classes`` for a bare file) and how to run it.
+    ``model_of_run`` False (evaluate): ``--weights`` is scored on the data of ``--run``, whose classes it must have."""
     from visiontune.inference.loaded import InferenceConfig, load_model
 
     classes = [c.strip() for c in args.classes.split(",")] if getattr(args, "classes", None) else None
+    weights = getattr(args, "weights", None)
+    if weights and not model_of_run:
+        from visiontune.runs import runinfo
+
+        classes = list(runinfo.read_run(args.run).classes)
     loaded = load_model(
-        args.run,
-        getattr(args, "weights", None),
+        args.run if model_of_run or not weights else None,
+        weights,
         model=getattr(args, "model", None),
         classes=classes,
         image_size=getattr(args, "image_size", None),
@@ -221,7 +227,7 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     if not data:  # the run's own data, listed as training listed it (hf: columns included unless given)
         data, recorded = recorded_data(args.run)
         columns = (columns[0] or recorded[0], columns[1] or recorded[1])
-    loaded, icfg = _inference(args)
+    loaded, icfg = _inference(args, model_of_run=False)
     out = args.out or str(Path(args.run) / "eval.json")
     return launch.here_or_relaunched(
         args.nproc,
@@ -248,6 +254,8 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.format == "hub":
         return _export_hub(args)
+    if args.format == "openvino":
+        return _export_openvino(args)
     check_format(args.format)
     if args.int8:
         return _export_int8(args)
@@ -281,6 +289,23 @@ def _export_int8(args: argparse.Namespace) -> int:
     out = args.out or f"{args.run.rstrip('/')}/best.int8.onnx"
     record = quantize.export_int8(loaded, args.run, out, args.max_accuracy_drop, args.calibration_images)
     print(quantize.described(out, record))
+    return 0
+
+
+def _export_openvino(args: argparse.Namespace) -> int:
+    from visiontune.inference import openvino_ir, quantize
+    from visiontune.inference.loaded import load_model
+
+    if args.with_preprocessing or args.probabilities:
+        raise UserError("--format openvino takes the normalised batch and gives logits: drop --with-preprocessing")
+    quantize.check_options(args.max_accuracy_drop, args.calibration_images)
+    openvino_ir.require_openvino()
+    loaded = load_model(args.run)
+    out = args.out or f"{args.run.rstrip('/')}/best{'.int8' if args.int8 else ''}.xml"
+    record = openvino_ir.export_openvino(
+        loaded, args.run, out, args.int8, args.max_accuracy_drop, args.calibration_images
+    )
+    print(openvino_ir.described(out, record))
     return 0
 
 

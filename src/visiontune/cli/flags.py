@@ -330,13 +330,13 @@ def _add_column_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-column", help="hf: data: the label column (default: the ClassLabel one)")
 
 
-def _add_model_flags(p: argparse.ArgumentParser, onnx: bool = False) -> None:
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
     """--run or --weights (with --model/--classes/--image-size for a file that does not describe itself)."""
     p.add_argument("--run", help="a training run folder")
     p.add_argument(
         "--weights",
         help="instead of --run: a visiontune .safetensors file (it says what it is), "
-        + ("an .onnx file from `visiontune export`, " if onnx else "")
+        + "an .onnx or OpenVINO .xml file from `visiontune export`, "
         + "or a .pth/.safetensors state_dict with --model and --classes",
     )
     p.add_argument("--model", help="with --weights: the model name (checked against the file's own)")
@@ -349,7 +349,7 @@ def _add_model_flags(p: argparse.ArgumentParser, onnx: bool = False) -> None:
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
-    _add_model_flags(p, onnx=True)
+    _add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-batch", type=positive, default=32, help="images per forward pass at most (default 32)")
@@ -509,6 +509,11 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.set_defaults(func=commands["predict"])
     p = sub.add_parser("evaluate", help="accuracy, F1, calibration, confusion matrix, top losses on labelled data")
     p.add_argument("--run", required=True, help="a training run folder")
+    p.add_argument(
+        "--weights",
+        help="a model file to score instead of the run's best (an exported .onnx or OpenVINO .xml included); "
+        "the run still names the data and its split",
+    )
     p.add_argument("--data", help="labelled data in any layout train accepts (default: the run's own data)")
     add_pipe_flag(p)
     _add_column_flags(p)
@@ -524,9 +529,14 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a run's best model to ONNX or a torch.export .pt2 archive")
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument(
-        "--format", required=True, help="onnx, pt2 (torch.export; TorchScript's successor) or hub (a timm Hub folder)"
+        "--format",
+        required=True,
+        help="onnx, openvino (OpenVINO IR .xml/.bin), pt2 (torch.export; TorchScript's successor) or hub "
+        "(a timm Hub folder)",
     )
-    p.add_argument("--out", help="file to write (default RUN/best.onnx, RUN/best.pt2 or the folder RUN/hub)")
+    p.add_argument(
+        "--out", help="file to write (default RUN/best.onnx, RUN/best.xml, RUN/best.pt2 or the folder RUN/hub)"
+    )
     p.add_argument(
         "--with-preprocessing",
         action="store_true",
@@ -538,12 +548,14 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         help="the softmax in the graph: output class probabilities, not logits (recorded in the file, which "
         "serve reads; a multi-label model's sigmoid always is)",
     )
-    p.add_argument("--int8", action="store_true", help="onnx: int8 static quantization, calibrated on training images")
+    p.add_argument(
+        "--int8", action="store_true", help="onnx, openvino: int8 static quantization, calibrated on training images"
+    )
     p.add_argument(
         "--max-accuracy-drop",
         type=finite,
         default=1.0,
-        help="--int8: refuse when the val accuracy falls more than this many points below fp32's (default 1)",
+        help="--int8, openvino: refuse when the val accuracy falls more than this many points below fp32's (default 1)",
     )
     p.add_argument("--calibration-images", type=int, default=128, help="--int8: training images to calibrate on")
     p.set_defaults(func=commands["export"])

@@ -1,6 +1,7 @@
 """What ``predict`` and ``evaluate`` share: a trained model loaded, and one forward pass over files.
 
-A run folder or a weights file loads without unpickling anything:
+A run folder or a weights file loads without unpickling anything (an exported ``.onnx`` or OpenVINO
+``.xml`` file opens on its own runtime through ``formats``, as a module giving logits):
 ``best.safetensors`` (or a ``.pth`` read with ``weights_only=True``), and the
 run's description (``runinfo``: model, classes, image size, mean/std, resize)
 from ``config.json`` or from the file's own metadata. Images go through
@@ -27,6 +28,7 @@ from torch import nn
 from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator, no_datasets_import
 from visiontune.data.decode import BadImage, read_source
 from visiontune.errors import UserError
+from visiontune.inference import formats
 from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader, readable
 from visiontune.models.build import build_model, get_spec, input_view
 from visiontune.models.spec import WEIGHT_SUFFIXES
@@ -117,6 +119,11 @@ def load_model(
     if weights and run:
         raise UserError("give --run RUN_DIR or --weights FILE, not both")
     batch = TrainConfig.batch_size
+    if formats.is_exported(weights):  # an .onnx or OpenVINO .xml from `visiontune export`, on its runtime
+        exported = formats.open_exported(weights, torch.get_num_threads())
+        given = {"model": model, "classes": tuple(classes) if classes else None, "image_size": image_size}
+        runinfo.reconcile(exported.info, weights, **given)
+        return LoadedModel(formats.AsLogits(exported).eval(), exported.info, batch, "the exported file")
     if run:
         info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
         batch = TrainConfig(**load_config_file(where)).batch_size

@@ -8,29 +8,28 @@ with the run's mean and std, then the model's logits go through ``softmax`` (a
 multi-label model's through one ``sigmoid`` per class) as ``predict``'s do. So
 on the CPU a batch of the same images gives ``visiontune predict``'s numbers bit
 for bit. The forward pass is torch eager,
-``torch.compile`` of it, or ONNX Runtime for a file made by ``visiontune
-export``, which takes the same normalised batch and carries the run's
-description in its metadata.
+``torch.compile`` of it, or for a file made by ``visiontune export`` (``.onnx``
+on ONNX Runtime, OpenVINO's ``.xml``) its runtime, opened through
+``formats``: the file takes the same normalised batch and carries the run's
+description.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from visiontune.data.decode import try_read
 from visiontune.errors import UserError
-from visiontune.inference.export import OUTPUT_KEY
+from visiontune.inference import formats
 from visiontune.inference.loaded import load_model
 from visiontune.loading.pipeline import DeviceNormalize, collate_channels_last
 from visiontune.runs import runinfo
-from visiontune.runs.runinfo import KEY, RunInfo
+from visiontune.runs.runinfo import RunInfo
 
-BACKENDS = ("eager", "compile", "onnx")
+BACKENDS = ("eager", "compile", "onnx", "openvino")
 
 
 @dataclass
@@ -76,40 +75,6 @@ class Runtime:
         return {**self.info.to_dict(), "run": self.run, "weights": self.weights, "backend": self.backend}
 
 
-def _onnx(path: str, threads: int) -> tuple[RunInfo, Callable, bool]:
-    """The file's description, its forward pass, and whether it gives probabilities (else logits)."""
-    try:
-        import onnxruntime
-    except ImportError:
-        raise UserError("serving an .onnx file needs the onnx extra: pip install 'visiontune[onnx]'") from None
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    # Idle intra-op threads sleep rather than spin: they would take the cores the decoding threads and the
-    # event loop need between batches.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    try:
-        session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own classes for a missing or damaged file
-        raise UserError(f"cannot load {path} with ONNX Runtime: {str(exc).splitlines()[0][:200]}") from None
-    meta = session.get_modelmeta().custom_metadata_map
-    if KEY not in meta:
-        raise UserError(f"{path} does not describe itself: serve an .onnx file written by `visiontune export`")
-    info = RunInfo.from_dict(json.loads(meta[KEY]), path)
-    # export's --probabilities puts the softmax in the graph (a multi-label file always ends in its sigmoid).
-    output = meta.get(OUTPUT_KEY, "probabilities" if info.multi_label else "logits")
-    if output not in ("logits", "probabilities"):
-        raise UserError(
-            f"{path}: damaged model description: {OUTPUT_KEY} is {output[:60]!r}, expected logits or probabilities"
-        )
-    name = session.get_outputs()[0].name
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(session.run([name], {"images": x.cpu().numpy()})[0])
-
-    return info, forward, output == "probabilities"
-
-
 def load_runtime(
     run: str | None = None,
     weights: str | None = None,
@@ -120,18 +85,25 @@ def load_runtime(
     classes: list[str] | None = None,
     image_size: int | None = None,
 ) -> Runtime:
-    """A run's best model or a model file (``.onnx`` included), ready for ``warm_up``."""
+    """A run's best model or a model file (an exported ``.onnx`` or ``.xml`` included), ready for ``warm_up``."""
     torch.set_num_threads(threads)
-    if weights and Path(weights).suffix == ".onnx":
+    if formats.is_exported(weights):
         if run:
             raise UserError("give --run RUN_DIR or --weights FILE, not both")
         if compile:
-            raise UserError("--compile is for torch models; an .onnx file runs on ONNX Runtime")
-        info, forward, gives_probabilities = _onnx(weights, threads)
+            raise UserError("--compile is for torch models; an exported .onnx or .xml file runs on its own runtime")
+        exported = formats.open_exported(weights, threads)
+        info = exported.info
         runinfo.reconcile(
             info, weights, model=model, classes=tuple(classes) if classes else None, image_size=image_size
         )
-        return Runtime(info, None, weights, "onnx", torch.device("cpu"), forward, gives_probabilities)
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return torch.from_numpy(exported.forward(x.cpu().numpy()))
+
+        return Runtime(
+            info, None, weights, exported.backend, torch.device("cpu"), forward, exported.gives_probabilities
+        )
     loaded = load_model(run, weights, model=model, classes=classes, image_size=image_size)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     net = loaded.model.to(device)
