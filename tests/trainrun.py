@@ -12,12 +12,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import torch
 from safetensors.torch import load_file
+
+import zygote
 
 PYTHON = sys.executable
 
@@ -38,14 +41,33 @@ def train_argv(data: Path, out: Path, *extra: str) -> list[str]:
     return [PYTHON, "-m", "visiontune", "train", "--data", str(data), "--output-dir", str(out), *TINY, *extra]
 
 
-def start(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
-    """Start a run in its own session (so the whole job can be killed as a group); output to ``log``."""
+def start(argv: list[str], env: dict, log: Path) -> subprocess.Popen | zygote.Forked:
+    """Start a run in its own session (so the whole job can be killed as a group); output to ``log``.
+
+    ``python -m visiontune`` is a fork of a process holding visiontune's imports where it can be (tests/zygote.py).
+    """
+    if zygote.forkable(argv, env):
+        Path(log).write_text("")
+        return zygote.Forked(argv, env, str(log), str(log))
     f = open(log, "w")
     return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run(argv: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    """``subprocess.run`` of ``argv``, capturing its output; forked where ``start`` would fork it."""
+    if not zygote.forkable(argv, env):
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "out"), Path(tmp, "err")
+        out.write_text("")
+        err.write_text("")
+        proc = zygote.Forked(argv, env, str(out), str(err))
+        try:
+            code = proc.wait(timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        return subprocess.CompletedProcess(argv, code, out.read_text(errors="replace"), err.read_text(errors="replace"))
 
 
 def wait_for(path: Path, proc: subprocess.Popen, limit: float = 300) -> None:

@@ -1,0 +1,105 @@
+"""``python -m visiontune ...`` for the tests, as a fork of a process that has imported visiontune already.
+
+Every interpreter a test starts imports torch, torchvision and Accelerate first: about 4 CPU s, more than most
+of the tiny runs it then does. ``start`` hands such a command line to a multiprocessing forkserver (one per
+test process, started on first use, holding those imports) instead; the fork runs the CLI's own ``entry`` with
+the command line's arguments, environment and output files, in a session of its own, and its exit code is the
+process's. It is a real process: it can be killed with ``kill -9`` (alone or as a group), it is the launching
+process of a DDP job, whose workers are forks of it in turn.
+
+A command line that needs a new interpreter still gets one (``subprocess``): one whose environment puts code
+of its own on ``PYTHONPATH`` (a ``sitecustomize`` hook runs only when an interpreter starts), or sets a
+variable that a preloaded module read at its import (the Hugging Face ones), or that is not ``python -m
+visiontune``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+# What a run imports before its first step; reading them again is what every interpreter spends its seconds on.
+PRELOAD = ["visiontune.cli.commands", "visiontune.training.trainer", "torch.distributed.run"]
+_READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TIMM_")
+_CONTEXT: multiprocessing.context.BaseContext | None = None
+SOURCE = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def forkable(argv: list[str], env: dict[str, str]) -> bool:
+    if argv[:3] != [sys.executable, "-m", "visiontune"]:
+        return False
+    # Code of its own on PYTHONPATH (a sitecustomize hook) only an interpreter's start runs.
+    known = {os.path.abspath(p) for p in sys.path} | {SOURCE}
+    if any(p and os.path.abspath(p) not in known for p in env.get("PYTHONPATH", "").split(os.pathsep)):
+        return False
+    changed = {k for k in env.keys() | os.environ.keys() if env.get(k) != os.environ.get(k)}
+    return not any(k.startswith(_READ_AT_IMPORT) for k in changed)
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(PRELOAD)
+    return _CONTEXT
+
+
+def _child(argv: list[str], env: dict[str, str], out: str, err: str, cwd: str | None) -> None:
+    os.setsid()  # as start_new_session=True: the test can kill the job as a group
+    for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(env)
+    if cwd:
+        os.chdir(cwd)
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", buffering=1, errors="surrogateescape", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.argv = ["visiontune", *argv[3:]]
+    from visiontune.cli.commands import entry
+
+    code = entry()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+class Forked:
+    """The few ``subprocess.Popen`` methods the tests use, for a forked command line."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], out: str, err: str, cwd: str | None = None):
+        self.args = argv
+        self._process = _context().Process(target=_child, args=(argv, env, out, err, cwd))
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
