@@ -150,9 +150,7 @@ def small_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def baseline_run(tmp_path_factory, small_data) -> Path:
     """An uninterrupted single-process run on ``small_data`` (the reference for resumed runs)."""
-    import subprocess
-
-    from trainrun import env_for, train_argv
+    from trainrun import env_for, run, train_argv
 
     def make(tmp: Path) -> None:
         env = env_for(
@@ -164,7 +162,7 @@ def baseline_run(tmp_path_factory, small_data) -> Path:
             tmp,
         )
         argv = train_argv(small_data, tmp / "run", "--save-every-steps", "3")
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        done = run(argv, env, timeout=600)
         assert done.returncode == 0, done.stderr
 
     return once(tmp_path_factory, "baseline", make, heavy="started a subprocess (baseline_run)") / "run"

@@ -48,8 +48,10 @@ def _context() -> multiprocessing.context.BaseContext:
     return _CONTEXT
 
 
-def _child(argv: list[str], env: dict[str, str], out: str, err: str, cwd: str | None) -> None:
+def _child(argv: list[str], env: dict[str, str], out: str, err: str, cwd: str | None, cores: set[int] | None) -> None:
     os.setsid()  # as start_new_session=True: the test can kill the job as a group
+    if cores:
+        os.sched_setaffinity(0, cores)
     for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -75,9 +77,17 @@ def _child(argv: list[str], env: dict[str, str], out: str, err: str, cwd: str | 
 class Forked:
     """The few ``subprocess.Popen`` methods the tests use, for a forked command line."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], out: str, err: str, cwd: str | None = None):
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        out: str,
+        err: str,
+        cwd: str | None = None,
+        cores: set[int] | None = None,
+    ):
         self.args = argv
-        self._process = _context().Process(target=_child, args=(argv, env, out, err, cwd))
+        self._process = _context().Process(target=_child, args=(argv, env, out, err, cwd, cores))
         self._process.start()
         self.pid = self._process.pid
 

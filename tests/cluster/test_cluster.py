@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+import zygote
 from trainrun import assert_same_weights, checkpoints, env_for, flags, pids_alive, train_argv, wait_for
 from visiontune import cli
 from visiontune.cli import commands
@@ -79,6 +80,9 @@ def _slurm_env(job: str, node: int, nnodes: int, tasks: int = 1, local: int = 0,
 
 
 def _start(argv: list[str], env: dict, log: Path, cores: set[int], cwd: Path | None = None) -> subprocess.Popen:
+    if zygote.forkable(argv, env):
+        log.write_text("")
+        return zygote.Forked(argv, env, str(log), str(log), str(cwd) if cwd else None, cores)
     with open(log, "w") as f:  # the child keeps its own copy of the descriptor
         # The cores are set before exec so the launcher sizes its thread budget by them (no threads here yet).
         return subprocess.Popen(
