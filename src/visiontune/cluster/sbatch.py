@@ -12,6 +12,7 @@ import re
 import shlex
 import sys
 
+from visiontune.cluster import strategies
 from visiontune.errors import UserError
 
 PREEMPTED = 138  # 128 + SIGUSR1: what a run stopped by USR1 exits with
@@ -137,6 +138,7 @@ def batch_script(
     bin_dir, python = shlex.quote(os.path.join(prefix, "bin")), shlex.quote(python)
     gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else ""
     part = f"#SBATCH --partition={partition}\n" if partition else ""
+    multi = strategies.several_default().name  # each node's visiontune starts its processes
     return f"""#!/bin/bash
 # Written by `visiontune slurm`. One task per node: on each node visiontune starts
 # its processes under torch.distributed.run, and reads nodes, ranks and the address
@@ -159,7 +161,7 @@ def batch_script(
 # and its bin/ first on PATH (as activating it would), whatever the job's login shell activates. Every
 # node must see that path (a shared filesystem); Slurm's srun and scontrol must be on PATH.
 export PATH={bin_dir}:"$PATH"
-srun --kill-on-bad-exit=1 {python} -m visiontune train {train} --strategy ddp --output-dir {run_dir} --resume auto
+srun --kill-on-bad-exit=1 {python} -m visiontune train {train} --strategy {multi} --output-dir {run_dir} --resume auto
 code=$?
 if [ "$code" -eq {PREEMPTED} ]; then
     scontrol requeue "$SLURM_JOB_ID"

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from visiontune import files
-from visiontune.cluster import host
+from visiontune.cluster import host, strategies
 from visiontune.data import remote
 from visiontune.data.check import write_report
 from visiontune.data.layouts import ImageSet
@@ -235,7 +235,7 @@ PHASES = ("train", "val")
 
 def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of the unwrapped model's tensors (no ``module.``/``_orig_mod.``)."""
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    return strategies.base.cpu_copies(model.state_dict())
 
 
 def save_model(
