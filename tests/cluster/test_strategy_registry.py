@@ -54,3 +54,19 @@ def test_the_full_state_dict_is_cpu_copies_under_the_plain_names(tmp_path):
         assert state.keys() == model.state_dict().keys()
         state["0.weight"] += 1  # a copy: training on does not change what is being written
         assert not torch.equal(state["0.weight"], model[0].weight)
+
+
+def test_fsdp_shards_each_family_by_its_blocks():
+    import timm
+    import torchvision
+
+    from visiontune.cluster.strategies.fsdp import blocks
+
+    resnet = torchvision.models.resnet18(num_classes=2)
+    assert blocks(resnet) == [resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4]
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=2, img_size=32, depth=3)
+    assert blocks(vit) == list(vit.blocks) and len(blocks(vit)) == 3
+    convnext = timm.create_model("convnext_atto", pretrained=False, num_classes=2)
+    assert blocks(convnext) == list(convnext.stages)
+    squeeze = torchvision.models.squeezenet1_1(num_classes=2)  # its parameter-free layers are left to the root
+    assert blocks(squeeze) == [m for m in squeeze.features if any(True for _ in m.parameters())]

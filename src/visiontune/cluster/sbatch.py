@@ -110,6 +110,7 @@ def batch_script(
     output_dir: str | None,
     python: str | None = None,
     prefix: str | None = None,
+    strategy: str | None = None,
 ) -> str:
     """An sbatch script running ``visiontune train`` with ``train_argv`` on the allocation, with ``python``
     (default: this interpreter) of the environment at ``prefix`` (default ``sys.prefix``: this venv or conda
@@ -138,7 +139,9 @@ def batch_script(
     bin_dir, python = shlex.quote(os.path.join(prefix, "bin")), shlex.quote(python)
     gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else ""
     part = f"#SBATCH --partition={partition}\n" if partition else ""
-    multi = strategies.several_default().name  # each node's visiontune starts its processes
+    # Each node's visiontune starts its processes: --strategy's when it is one of several processes (fsdp).
+    chosen = strategies.get(strategy) if strategy else strategies.several_default()
+    multi = (chosen if chosen.several_processes else strategies.several_default()).name
     return f"""#!/bin/bash
 # Written by `visiontune slurm`. One task per node: on each node visiontune starts
 # its processes under torch.distributed.run, and reads nodes, ranks and the address

@@ -90,6 +90,8 @@ def make_accelerator(
 ) -> Accelerator:
     """Create the run's only Accelerator (with ``strategy``'s arguments), then set this process's thread budget."""
     check_runnable(cfg)
+    if strategy is not None:
+        strategy.check(cfg)
     if not torch.distributed.is_initialized():
         # Accelerate keeps one state per process; a second run in the same process
         # (the Python API, a notebook) may ask for other settings.
@@ -118,6 +120,7 @@ def make_accelerator(
 def check(cfg: TrainConfig) -> None:
     """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
     check_runnable(cfg)
+    effective(cfg).check(cfg)
     if cfg.sync_batchnorm and effective(cfg).several_processes and not torch.cuda.is_available():
         raise UserError(
             "--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "

@@ -33,6 +33,9 @@ class Strategy:
 
     # --- setting up ---------------------------------------------------------------------------------
 
+    def check(self, cfg) -> None:
+        """Refuse settings this strategy cannot run (a UserError), before any worker starts."""
+
     def accelerator_kwargs(self, cfg) -> dict[str, Any]:
         """Arguments this strategy adds to the run's ``Accelerator(...)``."""
         return {}
