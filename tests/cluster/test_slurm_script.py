@@ -147,3 +147,14 @@ def test_the_script_runs_the_environment_it_was_written_from_and_says_what_must_
     assert words[2] == f"{odd}/bin/python"
     path_line = next(line for line in script.splitlines() if line.startswith("export PATH="))
     assert shlex.split(path_line[len("export ") :]) == [f"PATH={odd}/bin:$PATH"]
+
+
+@pytest.mark.parametrize(
+    "given,runs", [([], "ddp"), (["--strategy", "single"], "ddp"), (["--strategy", "fsdp"], "fsdp")]
+)
+def test_the_job_runs_a_strategy_of_several_processes_the_one_asked_for_when_it_is_one(tmp_path, capsys, given, runs):
+    out = tmp_path / "job.sbatch"
+    code, err = _slurm(capsys, out, *given)
+    assert code == 0, err
+    srun = shlex.split(next(line for line in out.read_text().splitlines() if line.startswith("srun ")))
+    assert srun[srun.index("--strategy") + 1] == runs and srun.count("--strategy") == 1

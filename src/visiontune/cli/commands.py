@@ -365,6 +365,7 @@ def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
         cpus_per_task=args.cpus_per_task,
         job_name=args.job_name,
         output_dir=cfg.output_dir,
+        strategy=cfg.strategy,
     )
     sbatch.write(script, args.out)
     return 0

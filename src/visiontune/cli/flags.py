@@ -147,6 +147,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "run folder and resume": ("output_dir", "resume", "save_every_steps", "keep_last", "save_pth"),
     "distributed": (
         "strategy",
+        "fsdp_offload",
         "nproc",
         "nnodes",
         "node_rank",

@@ -3,7 +3,7 @@
 Who started this process decides what happens. Inside a launcher's worker
 (torchrun, ``accelerate launch``: LOCAL_RANK is set) nothing is started. Slurm with
 one task per GPU started every process already: each joins under the ranks Slurm
-gave it. Otherwise ``visiontune train --strategy ddp`` becomes, in this same process,
+gave it. Otherwise a strategy of several processes (``visiontune train --strategy ddp``) becomes, in this same process,
 the elastic agent of ``torchrun ... -m visiontune train ...`` for this machine; its
 nodes, node rank and rendezvous are planned by ``jobplan`` from the flags and the
 environment read here (Slurm, Kubernetes-style variables). Workers die with their agent (a parent-death signal), so
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
-from visiontune.cluster import jobplan, slurm
+from visiontune.cluster import jobplan, slurm, strategies
 from visiontune.cluster.host import available_cores, core_limits
 from visiontune.cluster.jobplan import Plan
 from visiontune.errors import UserError
@@ -56,7 +56,8 @@ def local_world_size() -> int:
 
 
 def inside_launcher() -> bool:
-    """A worker of a job of several processes: that is DDP, whatever --strategy says."""
+    """A worker of a job of several processes: it runs a strategy of several, whatever --strategy says
+    (``strategy.effective``)."""
     return is_worker() and world_size() > 1
 
 
@@ -176,19 +177,20 @@ def join_cluster(cfg: TrainConfig) -> None:
         return
     alloc = slurm.allocation(ENV)
     started = alloc.ntasks if alloc else (world_size() if jobplan.kubernetes(ENV) else 1)
-    if cfg.strategy != "ddp" and started > 1:
+    several = strategies.get(cfg.strategy).several_processes
+    if not several and started > 1:
         raise UserError(
             f"the cluster started {started} processes but --strategy is {cfg.strategy}: each would "
-            "train alone; pass --strategy ddp"
+            f"train alone; pass --strategy {strategies.several_default().name}"
         )
-    if cfg.strategy == "ddp":
+    if several:
         p = plan(cfg)
         if p.join:
             ENV.update(p.join)
 
 
 def needs_launcher(cfg: TrainConfig, command: str = "train") -> bool:
-    if cfg.strategy != "ddp" or is_worker():
+    if not strategies.get(cfg.strategy).several_processes or is_worker():
         return False
     p = plan(cfg, cluster=command == "train")
     return p.nproc > 1 or p.nnodes != "1" or cfg.max_restarts > 0 or p.rdzv_endpoint is not None
@@ -246,7 +248,7 @@ def here_or_relaunched(
     Under a launcher a worker exits 0 with skips (exit 1 would read as a crashed worker); the
     launching process reads ``skipped()`` from the output the workers wrote and reports it.
     """
-    cfg = TrainConfig(data="-", strategy="ddp", nproc=nproc)
+    cfg = TrainConfig(data="-", strategy=strategies.several_default().name, nproc=nproc)
     if needs_launcher(cfg, command):
         code = relaunch(cfg, argv, command)
         return 1 if code == 0 and skipped() else code

@@ -12,6 +12,7 @@ import re
 import shlex
 import sys
 
+from visiontune.cluster import strategies
 from visiontune.errors import UserError
 
 PREEMPTED = 138  # 128 + SIGUSR1: what a run stopped by USR1 exits with
@@ -109,6 +110,7 @@ def batch_script(
     output_dir: str | None,
     python: str | None = None,
     prefix: str | None = None,
+    strategy: str | None = None,
 ) -> str:
     """An sbatch script running ``visiontune train`` with ``train_argv`` on the allocation, with ``python``
     (default: this interpreter) of the environment at ``prefix`` (default ``sys.prefix``: this venv or conda
@@ -137,6 +139,9 @@ def batch_script(
     bin_dir, python = shlex.quote(os.path.join(prefix, "bin")), shlex.quote(python)
     gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else ""
     part = f"#SBATCH --partition={partition}\n" if partition else ""
+    # Each node's visiontune starts its processes: --strategy's when it is one of several processes (fsdp).
+    chosen = strategies.get(strategy) if strategy else strategies.several_default()
+    multi = (chosen if chosen.several_processes else strategies.several_default()).name
     return f"""#!/bin/bash
 # Written by `visiontune slurm`. One task per node: on each node visiontune starts
 # its processes under torch.distributed.run, and reads nodes, ranks and the address
@@ -159,7 +164,7 @@ def batch_script(
 # and its bin/ first on PATH (as activating it would), whatever the job's login shell activates. Every
 # node must see that path (a shared filesystem); Slurm's srun and scontrol must be on PATH.
 export PATH={bin_dir}:"$PATH"
-srun --kill-on-bad-exit=1 {python} -m visiontune train {train} --strategy ddp --output-dir {run_dir} --resume auto
+srun --kill-on-bad-exit=1 {python} -m visiontune train {train} --strategy {multi} --output-dir {run_dir} --resume auto
 code=$?
 if [ "$code" -eq {PREEMPTED} ]; then
     scontrol requeue "$SLURM_JOB_ID"

@@ -1,10 +1,8 @@
-"""single | dp | ddp: the one module that builds the Accelerator and DataParallel.
+"""The run's one Accelerator, built with what its strategy asks for, and this process's thread budget.
 
-``single`` is one process on one device; ``ddp`` is one process per device
-(or N gloo processes on a CPU), started by ``torch.distributed.run`` and
-joined up by Accelerate; ``dp`` is one process with the model wrapped in
-``torch.nn.DataParallel`` over every visible GPU. All three then run the
-same loop. Threads are budgeted here: each process gets cores / local
+What each strategy does differently (``prepare``, several processes or one, how its state is taken and
+restored) lives in its own object in ``cluster/strategies/``; ``effective`` says which one this process
+runs. All of them then run the same loop. Threads are budgeted here: each process gets cores / local
 processes, and loader workers come out of that budget.
 """
 
@@ -19,9 +17,10 @@ from datetime import timedelta
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, LoggerType, gather_object
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, LoggerType
 from torch import nn
 
+from visiontune.cluster import strategies
 from visiontune.cluster.launch import (
     accelerate_cpu_single,
     cpu_budget,
@@ -34,9 +33,14 @@ from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 
 
-def effective_strategy(cfg: TrainConfig) -> str:
-    # Started by torchrun/accelerate launch with several processes: that is DDP.
-    return "ddp" if inside_launcher() else cfg.strategy
+def effective(cfg: TrainConfig) -> strategies.Strategy:
+    """The strategy this process runs: --strategy's, except that a worker of a launcher's job of several
+    processes (torchrun, accelerate launch) runs the default one of several processes when --strategy
+    names a strategy of one."""
+    named = strategies.get(cfg.strategy)
+    if inside_launcher() and not named.several_processes:
+        return strategies.several_default()
+    return named
 
 
 def _threads(cfg) -> int | None:
@@ -81,9 +85,13 @@ def check_runnable(cfg: TrainConfig) -> None:
         raise UserError(f"--log-with {cfg.log_with}: {cfg.log_with} is not installed; pip install {extra}")
 
 
-def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accelerator:
-    """Create the run's only Accelerator, then set this process's thread budget."""
+def make_accelerator(
+    cfg: TrainConfig, project_dir: str | None = None, strategy: strategies.Strategy | None = None
+) -> Accelerator:
+    """Create the run's only Accelerator (with ``strategy``'s arguments), then set this process's thread budget."""
     check_runnable(cfg)
+    if strategy is not None:
+        strategy.check(cfg)
     if not torch.distributed.is_initialized():
         # Accelerate keeps one state per process; a second run in the same process
         # (the Python API, a notebook) may ask for other settings.
@@ -100,6 +108,7 @@ def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accele
             project_dir=project_dir,
             dataloader_config=DataLoaderConfiguration(non_blocking=True),
             kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.timeout))],
+            **(strategy.accelerator_kwargs(cfg) if strategy is not None else {}),
         )
     except ValueError as e:  # e.g. fp16 asked for on a CPU, an unknown tracker
         raise UserError(f"cannot set up the run: {e}") from None
@@ -111,7 +120,8 @@ def make_accelerator(cfg: TrainConfig, project_dir: str | None = None) -> Accele
 def check(cfg: TrainConfig) -> None:
     """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
     check_runnable(cfg)
-    if cfg.sync_batchnorm and effective_strategy(cfg) == "ddp" and not torch.cuda.is_available():
+    effective(cfg).check(cfg)
+    if cfg.sync_batchnorm and effective(cfg).several_processes and not torch.cuda.is_available():
         raise UserError(
             "--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
             "drop the flag (each process then normalises its own batch)"
@@ -123,11 +133,12 @@ def check(cfg: TrainConfig) -> None:
             f"visiontune: --nproc {cfg.nproc} ignored: the launcher started {local_world_size()} "
             "process(es) on this machine"
         )
-    elif accelerate_cpu_single() and cfg.strategy != "ddp":
+    elif accelerate_cpu_single() and not strategies.get(cfg.strategy).several_processes:
         # `accelerate launch --cpu --num_processes N` needs mpirun to start N processes; without it, one runs.
         print(
             "visiontune: accelerate launch started one process (its --cpu mode needs mpirun for more); for N "
-            "CPU processes use `accelerate launch --multi_gpu --num_processes N` or --strategy ddp --nproc N"
+            "CPU processes use `accelerate launch --multi_gpu --num_processes N` or "
+            f"--strategy {strategies.several_default().name} --nproc N"
         )
 
 
@@ -147,24 +158,18 @@ class Setup:
 
 def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
     """Global batch, the learning rate actually used, and the devices in play (a collective)."""
-    strategy = effective_strategy(cfg)
+    strategy = effective(cfg)
     global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
     lr = cfg.lr * global_batch / cfg.reference_batch if cfg.scale_lr else cfg.lr
     if lr == "auto":  # chosen by the sweep at the start of train, before anything reads it
         lr = float("nan")
-    if strategy == "dp" and torch.cuda.device_count() > 1:
-        devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    else:  # every process says which device it holds
-        devices = (
-            gather_object([str(accelerator.device)]) if accelerator.num_processes > 1 else [str(accelerator.device)]
-        )
     return Setup(
-        strategy,
+        strategy.name,
         accelerator.num_processes,
         cfg.batch_size,
         global_batch,
         lr,
-        devices,
+        strategy.devices(accelerator),
         torch.get_num_threads(),
         loader_workers(cfg),
         decode_threads(cfg),
@@ -193,25 +198,5 @@ def no_datasets_import():
 
 
 def prepare(accelerator: Accelerator, cfg: TrainConfig, model: nn.Module, optimizer, *loaders):
-    """Hand everything to Accelerate; add DataParallel for ``dp``."""
-    if cfg.sync_batchnorm and accelerator.num_processes > 1:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if effective_strategy(cfg) == "dp":
-        if torch.cuda.device_count() < 2:
-            accelerator.print(
-                f"visiontune: {torch.cuda.device_count()} GPU(s) visible: DataParallel gives no "
-                "parallelism here; running its code path on one device"
-            )
-        # Prepare the inner model first so its forward carries the autocast of
-        # mixed precision: DataParallel's replica threads would not inherit it.
-        model = nn.DataParallel(accelerator.prepare_model(model))
-        with no_datasets_import():
-            optimizer, *loaders = accelerator.prepare(optimizer, *loaders)
-    else:
-        with no_datasets_import():
-            model, optimizer, *loaders = accelerator.prepare(model, optimizer, *loaders)
-    if cfg.compile:
-        model = torch.compile(model)
-    return model, optimizer, loaders
+    """Hand everything to Accelerate the way this process's strategy does."""
+    return effective(cfg).prepare(accelerator, cfg, model, optimizer, *loaders)

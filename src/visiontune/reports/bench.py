@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from visiontune.cluster import strategies as registry
 from visiontune.cluster.host import available_cores, versions
 from visiontune.errors import UserError
 from visiontune.files import atomic_write, write_json
@@ -33,7 +34,6 @@ from visiontune.models.build import get_spec
 from visiontune.reports.benchtable import batch_line, chart, load_line, table
 from visiontune.settings.config import TrainConfig
 
-STRATEGIES = ("single", "dp", "ddp")
 NOISY_SPREAD = 0.10  # (max - min) / median of a strategy's images/s across repeats
 BUSY_LOAD = 0.5  # 1-minute load average per core before a run: other work is competing for the cores
 STALL = 0.10  # a baseline data-stall share that can explain a super-linear speedup
@@ -60,11 +60,12 @@ def plan(cfg: TrainConfig, strategies: list[str], nproc: int, same: str) -> list
     gpus = torch.cuda.device_count()
     rows = []
     for s in strategies:
-        if s == "dp" and gpus < 2:
-            rows.append({"strategy": s, "skipped": f"DataParallel needs 2 or more GPUs; {gpus} visible"})
+        strategy = registry.get(s)
+        if why := strategy.unavailable(gpus):
+            rows.append({"strategy": s, "skipped": why})
             continue
-        devices = {"single": 1, "dp": gpus, "ddp": nproc}[s]
-        procs = nproc if s == "ddp" else 1
+        devices = strategy.devices_used(gpus, nproc)
+        procs = nproc if strategy.several_processes else 1
         if same == "global":  # every strategy trains on nproc * batch per step
             per_process = cfg.batch_size * nproc // procs
         else:  # the blog's setting: batch per device
@@ -103,7 +104,7 @@ def run_one(row: dict, train_argv: list[str], out_dir: Path, repeat: int = 0) ->
         str(run_dir),
         "--no-progress",
     ]
-    if row["strategy"] == "ddp":
+    if registry.get(row["strategy"]).several_processes:
         cmd += ["--nproc", str(row["processes"])]
     print(f"visiontune bench: {row['strategy']}{f' (repeat {repeat + 1})' if repeat else ''} ...", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -164,7 +165,7 @@ def compare(rows: list[dict], start_load: float = 0.0) -> list[dict]:
 
     A row whose speedup a loaded or noisy machine made meaningless is marked ``unreliable`` with the reason,
     and its note says the reason before the figures."""
-    base = next((r for r in rows if r["strategy"] == "single" and "images_per_s" in r), None)
+    base = next((r for r in rows if "images_per_s" in r and registry.get(r["strategy"]).one_device), None)
     for r in rows:
         if "images_per_s" not in r:
             continue
@@ -236,9 +237,9 @@ def bench(
     out_dir: str,
     repeats: int = 1,
 ) -> list[dict]:
-    unknown = [s for s in strategies if s not in STRATEGIES]
+    unknown = [s for s in strategies if s not in registry.names()]
     if unknown:
-        raise UserError(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
+        raise UserError(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(registry.names())}")
     if same not in ("global", "per-device"):
         raise UserError(f"--same must be global or per-device, got {same!r}")
     if repeats < 1:

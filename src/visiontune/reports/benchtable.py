@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from visiontune.cluster import strategies as registry
 from visiontune.reports.figures import pyplot, save_figure
 
 
@@ -125,7 +126,8 @@ def chart_figure(rows: list[dict]):
         bars = ax.bar(names, [r[key] for r in done], color=color)
         labels = []
         for bar, r in zip(bars, done):
-            speed = "" if r.get("speedup") is None or r["strategy"] == "single" else f", {r['speedup']:.2f}x"
+            baseline = registry.get(r["strategy"]).one_device  # its 1.00x says nothing
+            speed = "" if r.get("speedup") is None or baseline else f", {r['speedup']:.2f}x"
             if r.get("unreliable"):
                 bar.set_hatch("//")
                 bar.set_alpha(0.45)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from visiontune.cluster import strategies
 from visiontune.errors import UserError
 from visiontune.runs.diskspace import MB, needed_bytes, out_of_space
 
@@ -163,9 +164,18 @@ def _no_space(root: Path, what: str, needed: int, free: int) -> UserError:
 
 
 def save(
-    accelerator, run_dir: str, epoch: int, batch: int, meta: dict[str, Any], scheduler=None, keep_last: int = 2
+    accelerator,
+    run_dir: str,
+    epoch: int,
+    batch: int,
+    meta: dict[str, Any],
+    scheduler=None,
+    keep_last: int = 2,
+    strategy: strategies.Strategy | None = None,
 ) -> str:
-    """Write a checkpoint from every process (a collective); return its final path."""
+    """Write a checkpoint from every process (a collective), the way ``strategy`` takes its state (by default
+    every process's whole state, as Accelerate saves it); return its final path."""
+    strategy = strategy or strategies.one_device()
     from accelerate.utils import broadcast_object_list
 
     root = Path(run_dir) / SUBDIR
@@ -185,7 +195,7 @@ def save(
         raise UserError(problem[0])
     accelerator.wait_for_everyone()
     try:
-        accelerator.save_state(str(tmp))  # each process writes its own RNG file
+        strategy.save_checkpoint(accelerator, str(tmp))  # each process writes its own RNG file
         if accelerator.is_main_process and scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / SCHEDULER)
         accelerator.wait_for_everyone()

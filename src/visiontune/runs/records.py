@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from visiontune import files
-from visiontune.cluster import host
+from visiontune.cluster import host, strategies
 from visiontune.data import sources
 from visiontune.data.check import write_report
 from visiontune.data.imageset import ImageSet
@@ -234,7 +234,7 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     adapters merged into their layers, under the plain model's names."""
     if lora.has_adapters(model):
         return lora.merged_state_dict(model)
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    return strategies.base.cpu_copies(model.state_dict())
 
 
 def save_model(

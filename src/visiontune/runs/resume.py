@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from visiontune.cluster import launch
+from visiontune.cluster import launch, strategies
+from visiontune.cluster.strategy import effective
 from visiontune.errors import UserError
 from visiontune.models.statedict import load_error
 from visiontune.runs.checkpoint import SCHEDULER, SUBDIR, Checkpoint, latest, listed
@@ -144,13 +145,15 @@ def _check_rng_file(accelerator, ckpt: Checkpoint, say) -> None:
         raise UserError(f"cannot load checkpoint {ckpt.path}: {rng.name} holds no RNG states")
 
 
-def load(accelerator, ckpt: Checkpoint, scheduler=None, say=print) -> None:
-    """Restore model, optimizer, scaler, RNG states (and the scheduler) from ``ckpt``."""
+def load(accelerator, ckpt: Checkpoint, scheduler=None, say=print, strategy: strategies.Strategy | None = None) -> None:
+    """Restore model, optimizer, scaler, RNG states (and the scheduler) from ``ckpt``, the way ``strategy``
+    restores its state (by default as Accelerate saved it)."""
+    strategy = strategy or strategies.one_device()
     sched_file = Path(ckpt.path) / SCHEDULER
     _check_rng_file(accelerator, ckpt, say)
     try:
         # A --lora checkpoint holds the adapters, the head and the buffers (runs.adapters checks them all there).
-        accelerator.load_state(ckpt.path, **({"strict": False} if ckpt.meta.get("lora") else {}))
+        strategy.load_checkpoint(accelerator, ckpt.path, strict=not ckpt.meta.get("lora"))
         if scheduler is not None and sched_file.is_file():
             scheduler.load_state_dict(torch.load(sched_file, map_location="cpu", weights_only=True))
     except UserError:
@@ -191,7 +194,7 @@ def restore(accelerator, cfg: TrainConfig, run_dir: str, current: dict, schedule
     if found is None:
         return None
     found = compatible(found, current)
-    load(accelerator, found, scheduler, accelerator.print)
+    load(accelerator, found, scheduler, accelerator.print, effective(cfg))
     source = os.path.dirname(os.path.dirname(found.path))
     if accelerator.is_main_process and os.path.abspath(source) != os.path.abspath(run_dir):
         for name in ("best.pth", "best.safetensors"):  # the best epoch may be one trained there

@@ -194,7 +194,10 @@ class TrainConfig:
     sync_batchnorm: bool = _setting(False, "synchronise BatchNorm statistics across processes")
     on_nan: Literal["stop", "skip"] = _setting("stop", "stop or skip when the loss is not finite")
     # distribution
-    strategy: Literal["single", "dp", "ddp"] = _setting("single", "single, dp (nn.DataParallel) or ddp")
+    strategy: Literal["single", "dp", "ddp", "fsdp"] = _setting(
+        "single", "single, dp (nn.DataParallel), ddp or fsdp (fully sharded: parameters split over processes)"
+    )
+    fsdp_offload: bool = _setting(False, "fsdp: keep parameters and optimizer state in CPU memory")
     nproc: int | None = _setting(None, "processes per machine for ddp (default: GPUs, or 2 on a CPU)")
     # The four below default to what a Slurm allocation or a Kubernetes job says, else 1, 0, 127.0.0.1, 29500.
     nnodes: str | None = _setting(None, "machines in a ddp job: N, or MIN:MAX with --rdzv-endpoint")

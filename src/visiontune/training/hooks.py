@@ -25,7 +25,8 @@ import torch
 from accelerate import Accelerator
 
 from visiontune import files
-from visiontune.cluster import signals
+from visiontune.cluster import signals, strategies
+from visiontune.cluster.strategy import effective
 from visiontune.reports import figures
 from visiontune.runs import checkpoint, records, runinfo
 from visiontune.settings.config import TrainConfig
@@ -78,7 +79,16 @@ class Checkpointer:
             "partial_totals": totals.to_list() if totals is not None else None,
             "config": self.cfg.to_dict(),
         }
-        return checkpoint.save(self.accelerator, self.run_dir, epoch, batch, meta, self.scheduler, self.cfg.keep_last)
+        return checkpoint.save(
+            self.accelerator,
+            self.run_dir,
+            epoch,
+            batch,
+            meta,
+            self.scheduler,
+            self.cfg.keep_last,
+            effective(self.cfg),
+        )
 
     def stopped(self, signum: int, path: str) -> signals.RunStopped:
         return signals.stopped(signum, f"checkpoint {path}; continue with --resume {self.run_dir}")
@@ -108,6 +118,7 @@ class EpochOutputs:
     ema: torch.nn.Module | None = None  # the EMA model, evaluated after each epoch beside the raw one
     evaluate: Callable[[torch.nn.Module], PhaseResult] | None = None
     writes: records.BackgroundWrites = field(default_factory=records.BackgroundWrites)  # the main process's
+    strategy: strategies.Strategy = field(default_factory=strategies.one_device)  # takes the model's full state
 
     def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> int:
         """Record the epoch and save the best model; return the best epoch so far."""
@@ -135,8 +146,10 @@ class EpochOutputs:
         )
         best, which = records.best_of(history, self.best_metric)
         acc.wait_for_everyone()
+        best_from = which if best["epoch"] == epoch else None
+        state = self._best_state(best_from)  # on every process: a sharded model is gathered
         if acc.is_main_process:
-            self._write(history, which if best["epoch"] == epoch else None)
+            self._write(history, best_from, state)
         return best["epoch"]
 
     def rewrite_last_epoch(self) -> None:
@@ -146,20 +159,24 @@ class EpochOutputs:
         written in the background; a run killed then left them behind. The restored model (and EMA)
         is the epoch's own, so the files come out as the uninterrupted run wrote them.
         """
-        if self.accelerator.is_main_process and self.history:
+        if self.history:
             best, which = records.best_of(self.history, self.best_metric)
-            self._write(self.history, which if best["epoch"] == self.history[-1]["epoch"] else None)
+            best_from = which if best["epoch"] == self.history[-1]["epoch"] else None
+            state = self._best_state(best_from)
+            if self.accelerator.is_main_process:
+                self._write(self.history, best_from, state)
 
-    def _write(self, history: list[dict], best_from: str | None) -> None:
-        """Snapshot now (best weights copied to the CPU, the history copied), write in the background."""
-        state = None
-        if best_from is not None:  # best.* holds the weights the best metric picked: EMA or raw
-            chosen = (
-                self.ema
-                if best_from == "val_ema"
-                else self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
-            )
-            state = records.plain_state_dict(chosen)
+    def _best_state(self, best_from: str | None) -> dict[str, torch.Tensor] | None:
+        """CPU copies of the weights the best metric picked, EMA or raw, on the main process (None elsewhere,
+        and when this epoch is not the best). Every process calls it: the strategy may gather a sharded model."""
+        if best_from is None:
+            return None
+        if best_from == "val_ema":
+            return records.plain_state_dict(self.ema) if self.accelerator.is_main_process else None
+        return self.strategy.full_state_dict(self.accelerator, self.model)
+
+    def _write(self, history: list[dict], best_from: str | None, state: dict[str, torch.Tensor] | None) -> None:
+        """Snapshot now (the best weights' CPU copies given, the history copied), write in the background."""
         rows = copy.deepcopy(history)
         run_dir, metadata, pth, metric = self.run_dir, self.model_metadata, self.save_pth, self.best_metric
         thresholds = history[-1][best_from].get("thresholds") if best_from is not None else None

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list, set_seed
 
+from visiontune.cluster import strategies
 from visiontune.cluster.launch import default_output_dir
 from visiontune.cluster.strategy import make_accelerator
 from visiontune.data.groups import split_for
@@ -123,7 +124,7 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     """Sweep the lr; write ``lr_find.png`` and ``lr_find.json`` in the output folder; return the record."""
     from visiontune.loading.loaders import loaders  # the train loader exactly as `train` builds it
 
-    cfg = validate(cfg.replace(strategy="single", log_with=None))
+    cfg = validate(cfg.replace(strategy=strategies.one_device().name, log_with=None))
     cfg = cfg.replace(image_size=cfg.image_size or get_spec(cfg.model).preprocess.size)
     if not 0 < start < end or steps < 2:
         raise UserError("lr-find needs 0 < --start-lr < --end-lr and --steps >= 2")

@@ -23,7 +23,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import files
 from visiontune.cluster import launch, signals
-from visiontune.cluster.strategy import Setup, describe, make_accelerator, prepare
+from visiontune.cluster.strategy import Setup, describe, effective, make_accelerator, prepare
 from visiontune.data.groups import split_for
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
@@ -87,7 +87,7 @@ def _open_job(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> _Job:
     """Join the job's processes and take the run folder (its lock comes before any long work)."""
     elastic.join_restarted_group(cfg.timeout)
     cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
-    accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs")
+    accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs", strategy=effective(cfg))
     job = _Job(cfg, accelerator, describe(cfg, accelerator), _run_dir(accelerator, cfg))
     run_folder.enter_context(runlock.hold_run(accelerator, job.run_dir))
     elastic.check_shared_folder(accelerator, job.run_dir)
@@ -189,6 +189,7 @@ def _hooks(
             cfg.best_metric,
             ema,
             evaluate_ema,
+            strategy=effective(cfg),
         ),
         stop,
         cfg.epochs,
@@ -332,7 +333,7 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
     rows.extend(adapted)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
-    scheduler.attach_ema(accelerator.unwrap_model(model, keep_torch_compile=False))
+    scheduler.attach_ema(effective(cfg).unwrap(accelerator, model))
     identity = _identity(job, split_rec, len(images.classes), weights)
     if cfg.lora:  # checkpoints hold the adapters and the head; the frozen base is built again on resume
         adapters.adapters_only(accelerator)

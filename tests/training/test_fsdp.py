@@ -1,0 +1,147 @@
+"""--strategy fsdp (FSDP2 on gloo, 2 processes) against ddp, and its sharded checkpoints killed and resumed.
+
+One uninterrupted fsdp x2 run and one ddp x2 run on the same seed (resnet18 at 32 px, BatchNorm and all),
+then a fsdp x2 run SIGKILLed mid-epoch and continued with --resume auto, and a checkpoint of the fsdp run
+continued on one process. 20 images, 5 of them val (odd: padding would count 6), 2 epochs of 4 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from trained import independent_eval
+from trainrun import PYTHON, env_for, flags, run, start, wait_for
+from visiontune.data.sample import make_sample_data
+from visiontune.runs import checkpoint
+
+EPOCHS = 2
+RUN = [
+    *flags(model="resnet18", weights="none", image_size=32, no_progress=True, timeout=60, epochs=EPOCHS),
+    *flags(batch_size=2, val_fraction=0.25, save_every_steps=1, keep_last=20),
+]
+# Same seed, same global batch, same gradients: only the order of the float sums may differ (reduce-scatter
+# against all-reduce), which on gloo with 2 processes gives the same bits and elsewhere about 1e-6.
+TOLERANCE = 1e-5
+
+
+def _argv(data: Path, out: Path, strategy: str, nproc: int = 2) -> list[str]:
+    return [
+        PYTHON,
+        "-m",
+        "visiontune",
+        "train",
+        *flags(data=data, output_dir=out, strategy=strategy, nproc=nproc),
+        *RUN,
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The data, and the uninterrupted fsdp and ddp runs (one after the other: 3 processes at a time)."""
+    from conftest import _worker_env
+
+    tmp = tmp_path_factory.mktemp("fsdp")
+    make_sample_data(tmp / "data", per_class=10, test_count=0, seed=3)
+    env = env_for(_worker_env(), tmp)
+    for strategy in ("fsdp", "ddp"):
+        result = run(_argv(tmp / "data", tmp / strategy, strategy), env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return tmp
+
+
+def _sharded(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a sharded checkpoint (model and optimizer), gathered by torch.distributed.checkpoint."""
+    dcp_to_torch_save(ckpt, tmp / "full.pt")
+    flat = {}
+
+    def walk(prefix, obj):
+        if isinstance(obj, torch.Tensor):
+            flat[prefix] = obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(f"{prefix}.{i}", v)
+
+    walk("", torch.load(tmp / "full.pt", weights_only=True))
+    (tmp / "full.pt").unlink()
+    return flat
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max() / (b[k].double().abs().max() + 1e-12)) for k in a)
+
+
+@pytest.mark.distributed
+def test_fsdp_x2_matches_ddp_x2_counts_every_val_image_once_and_writes_one_full_model_file(runs):
+    fsdp, ddp = runs / "fsdp", runs / "ddp"
+    first_line = (fsdp / "config.json").read_text()
+    assert '"strategy": "fsdp"' in first_line
+    hf, hd = (json.loads((r / "history.json").read_text()) for r in (fsdp, ddp))
+    val = json.loads((fsdp / "split.json").read_text())["counts"]["val"]
+    assert val == 5 and all(h["val"]["images"] == val for h in hf)
+    for a, b in zip(hf, hd, strict=True):
+        for phase in ("train", "val"):
+            assert a[phase]["loss"] == pytest.approx(b[phase]["loss"], rel=TOLERANCE)
+            assert a[phase]["accuracy"] == b[phase]["accuracy"]
+    # best.safetensors is one full file with the plain model's names: torchvision loads it as it is.
+    assert _close(load_file(str(fsdp / "best.safetensors")), load_file(str(ddp / "best.safetensors"))) < TOLERANCE
+    loss, acc, n = independent_eval(fsdp, runs / "data")
+    summary = json.loads((fsdp / "summary.json").read_text())
+    assert n == val and summary["best_val_accuracy"] == pytest.approx(acc, abs=1e-9)
+    assert summary["best_val_loss"] == pytest.approx(loss, rel=1e-4)
+    # The checkpoint is sharded: one file per process, no gathered model.
+    final = fsdp / "checkpoints" / checkpoint.name(EPOCHS, 0)
+    assert sorted(p.name for p in final.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert not (final / "model.safetensors").exists()
+
+
+@pytest.mark.distributed
+def test_fsdp_killed_mid_epoch_resumes_to_the_uninterrupted_tensors_and_on_one_process(runs, tmp_path, worker_env):
+    env, out = env_for(worker_env, tmp_path), tmp_path / "run"
+    argv = _argv(runs / "data", out, "fsdp")
+    proc = start(argv, env, tmp_path / "killed.log")
+    wait_for(out / "checkpoints" / checkpoint.name(0, 2), proc)  # mid-epoch 0
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (out / "checkpoints" / checkpoint.name(EPOCHS, 0)).exists(), "the run ended before the kill"
+    resumed = run([*argv, "--resume", "auto"], env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout
+    final = checkpoint.name(EPOCHS, 0)
+    got, want = (
+        _sharded(out / "checkpoints" / final, tmp_path),
+        _sharded(runs / "fsdp" / "checkpoints" / final, tmp_path),
+    )
+    assert sorted(got.keys() ^ want.keys()) == []
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []
+    # Not an empty state: every tensor of the model, and SGD's momentum of every parameter.
+    best = load_file(str(runs / "fsdp" / "best.safetensors"))
+    assert {k for k in got if k.startswith(".model.")} == {f".model.{k}" for k in best}
+    params = [k for k in best if "running_" not in k and "num_batches" not in k]
+    assert len({k.rsplit(".", 1)[0] for k in got if k.endswith(".momentum_buffer")}) == len(params)
+
+    # The same sharded checkpoint on one process (resharded from 2 to 1): same global batch, the run ends.
+    one, at = tmp_path / "one", checkpoint.name(1, 1)
+    shutil.copytree(runs / "fsdp" / "checkpoints" / at, one / "checkpoints" / at)
+    alone = run([*_argv(runs / "data", one, "fsdp", nproc=1), "--batch-size", "4", "--resume", "auto"], env)
+    assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
+    assert f"resuming from {one / 'checkpoints' / at} (Epoch 2/{EPOCHS}, after batch 1)" in alone.stdout
+    world = json.loads((one / "world.jsonl").read_text().splitlines()[-1])
+    assert (world["world_size"], world["checkpoint_world_size"], world["global_batch"]) == (1, 2, 4)
+    history = json.loads((one / "history.json").read_text())
+    reference = json.loads((runs / "fsdp" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [0, 1] and history[1]["train"]["images"] == reference[1]["train"]["images"]
+    model = load_file(str(one / "best.safetensors"))
+    assert model.keys() == load_file(str(runs / "fsdp" / "best.safetensors")).keys()
