@@ -8,7 +8,7 @@ from accelerate import PartialState
 from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader
 
-from visiontune.cluster.strategy import no_datasets_import
+from visiontune.cluster.strategies.base import no_datasets_import
 
 
 def test_a_loader_is_sharded_over_processes_without_importing_datasets(monkeypatch):

@@ -8,9 +8,7 @@ processes, and loader workers come out of that budget.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -175,26 +173,6 @@ def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
         decode_threads(cfg),
         threads_choice(_threads(cfg))[1],
     )
-
-
-@contextlib.contextmanager
-def no_datasets_import():
-    """Accelerate's sharding of a loader over several processes imports Hugging Face ``datasets`` (1.8 s of
-    every DDP worker's start on 2 cores) only to ask whether the dataset is a ``datasets.IterableDataset``.
-    Nothing is an instance of a class whose module was never imported, so while ``datasets`` is not
-    imported the answer is no, and it is given without the import. With ``hf:`` data it is imported
-    already, and Accelerate asks as it always does."""
-    from accelerate import data_loader
-
-    if "datasets" in sys.modules or not hasattr(data_loader, "is_datasets_available"):
-        yield
-        return
-    real = data_loader.is_datasets_available
-    data_loader.is_datasets_available = lambda: False
-    try:
-        yield
-    finally:
-        data_loader.is_datasets_available = real
 
 
 def prepare(accelerator: Accelerator, cfg: TrainConfig, model: nn.Module, optimizer, *loaders):

@@ -25,7 +25,8 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator, no_datasets_import
+from visiontune.cluster.strategies.base import no_datasets_import
+from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator
 from visiontune.data.decode import BadImage, read_source
 from visiontune.errors import UserError
 from visiontune.inference import formats

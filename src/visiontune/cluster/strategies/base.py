@@ -7,8 +7,10 @@ its name among the settings' choices, which a test keeps equal to the registry's
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
+import sys
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from visiontune.errors import UserError
@@ -61,8 +63,6 @@ class Strategy:
         import torch
         from torch import nn
 
-        from visiontune.cluster.strategy import no_datasets_import
-
         if cfg.sync_batchnorm and accelerator.num_processes > 1:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         if cfg.channels_last:
@@ -97,6 +97,26 @@ class Strategy:
     def load_checkpoint(self, accelerator: Accelerator, folder: str, strict: bool = True) -> None:
         """Every process reads its part back; ``strict=False``: the model's tensors may be a subset (``--lora``)."""
         accelerator.load_state(folder, **({} if strict else {"strict": False}))
+
+
+@contextlib.contextmanager
+def no_datasets_import():
+    """Accelerate's sharding of a loader over several processes imports Hugging Face ``datasets`` (1.8 s of
+    every DDP worker's start on 2 cores) only to ask whether the dataset is a ``datasets.IterableDataset``.
+    Nothing is an instance of a class whose module was never imported, so while ``datasets`` is not
+    imported the answer is no, and it is given without the import. With ``hf:`` data it is imported
+    already, and Accelerate asks as it always does."""
+    from accelerate import data_loader
+
+    if "datasets" in sys.modules or not hasattr(data_loader, "is_datasets_available"):
+        yield
+        return
+    real = data_loader.is_datasets_available
+    data_loader.is_datasets_available = lambda: False
+    try:
+        yield
+    finally:
+        data_loader.is_datasets_available = real
 
 
 def cpu_copies(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
