@@ -11,7 +11,7 @@ DEMO_RUN := runs/demo
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,onnx,tensorboard,formats,serve]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,onnx,tensorboard,formats,serve,tune]'
 	touch $(STAMP)
 
 demo: $(STAMP)
