@@ -382,7 +382,8 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
 def _tune_job(args: argparse.Namespace, argv: list[str], cfg) -> int:
     from visiontune.cluster import launch
 
-    missing = [f for f, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node), ("--time", args.time)) if v is None]
+    needed = (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node), ("--time", args.time))
+    missing = [flag for flag, value in needed if value is None]
     if missing:
         raise UserError(f"--slurm-script needs {', '.join(missing)}")
     own = ("--slurm-script", *(flag for flag, _, _ in sbatch.FLAGS if flag != "--out"), "--parallel")

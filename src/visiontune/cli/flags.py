@@ -363,7 +363,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True, help="one log line per request")
 
 
-TUNE_USAGE = "%(prog)s --data DATA --trials N [--timeout 2h] [--parallel K] [--space FILE] [--storage URL|FILE] [train's flags]"
+TUNE_USAGE = (
+    "%(prog)s --data DATA --trials N [--timeout 2h] [--parallel K] [--space FILE] [--storage URL|FILE] [train's flags]"
+)
 
 
 def _add_tune_parser(sub, commands: Mapping[str, Callable]) -> None:

@@ -201,7 +201,7 @@ def tune_script(
     _check_printable([*tune_argv, python, prefix, storage], None)
     if time_limit_seconds(time) <= SIGNAL_LEAD_S:
         raise UserError(f"--time {time} leaves no time to tune: Slurm warns {SIGNAL_LEAD_S} s before the limit")
-    cpus = cpus_per_task or 4 * max(1, gpus_per_node)
+    cpus, per_node = cpus_per_task or 4 * max(1, gpus_per_node), max(1, gpus_per_node)
     args = " ".join(shlex.quote(a) for a in tune_argv)
     bin_dir, python = shlex.quote(os.path.join(prefix, "bin")), shlex.quote(python)
     gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else ""
@@ -224,7 +224,7 @@ def tune_script(
 # goes back in the study's queue, and the tuners exit with {PREEMPTED}; the requeued job runs the same
 # command, which continues the study (finished trials kept, the stopped ones run again).
 export PATH={bin_dir}:"$PATH"
-srun --kill-on-bad-exit=0 {python} -m visiontune tune {args} --storage {shlex.quote(storage)} --parallel {max(1, gpus_per_node)}
+srun --kill-on-bad-exit=0 {python} -m visiontune tune {args} --storage {shlex.quote(storage)} --parallel {per_node}
 code=$?
 if [ "$code" -eq {PREEMPTED} ]; then
     scontrol requeue "$SLURM_JOB_ID"

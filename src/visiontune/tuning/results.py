@@ -74,9 +74,8 @@ def _value(t) -> float | None:
 def rows(study) -> list[dict]:
     out = []
     for t in study.get_trials(deepcopy=False):
-        seconds = (
-            (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
-        )
+        ended = t.datetime_complete and t.datetime_start
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds() if ended else None
         out.append(
             {
                 "trial": t.number,
@@ -208,12 +207,15 @@ def page(study, metric: str, out: Path) -> str:
     best = _best(study)
     body = [f"<h1>visiontune tune: study {esc(study.study_name)}</h1>"]
     counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
-    body.append("<p>" + ", ".join(f"{v} {k}" for k, v in counts.items() if v) + f"; metric: val {esc(metric)} "
-                f"({study.direction.name.lower()})</p>")
+    body.append(
+        "<p>" + ", ".join(f"{v} {k}" for k, v in counts.items() if v) + f"; metric: val {esc(metric)} "
+        f"({study.direction.name.lower()})</p>"
+    )
     if best is not None:
         body.append(
             f'<p id="best">best: trial <b>{best.number}</b>, val {esc(metric)} '
-            f'<b data-value="{best.value!r}">{best.value:.4f}</b>; its settings in <a href="best.toml">best.toml</a></p>'
+            f'<b data-value="{best.value!r}">{best.value:.4f}</b>; '
+            'its settings in <a href="best.toml">best.toml</a></p>'
         )
     for title, data in _figures(study, metric):
         body.append(f'<h2>{esc(title)}</h2><img alt="{esc(title)}" src="data:image/png;base64,{data}">')
@@ -231,9 +233,12 @@ def page(study, metric: str, out: Path) -> str:
     else:
         body.append("<p>not enough finished trials yet</p>")
     names = sorted({k for t in study.get_trials(deepcopy=False) for k in t.params})
-    body.append('<h2>trials</h2><table id="trials"><tr><th>trial</th><th>state</th>'
-                f"<th>{esc(metric)}</th><th>epochs</th><th>seconds</th>"
-                + "".join(f"<th>{esc(n)}</th>" for n in names) + "<th>run</th></tr>")
+    body.append(
+        '<h2>trials</h2><table id="trials"><tr><th>trial</th><th>state</th>'
+        f"<th>{esc(metric)}</th><th>epochs</th><th>seconds</th>"
+        + "".join(f"<th>{esc(n)}</th>" for n in names)
+        + "<th>run</th></tr>"
+    )
     for r in rows(study):
         kind = "pruned" if r["state"].startswith("pruned") else "best" if best and r["trial"] == best.number else ""
         link = "-"
@@ -267,7 +272,8 @@ def write_all(study, out: str, metric: str) -> str:
     files.atomic_write(str(folder / "tune.html"), page(study, metric, folder))
     lines = [table(study, metric), ""]
     if best is not None:
-        lines.append(f"visiontune: best trial {best.number}: val {metric} {best.value:.4f} ({best.user_attrs['run_dir']})")
+        where = best.user_attrs["run_dir"]
+        lines.append(f"visiontune: best trial {best.number}: val {metric} {best.value:.4f} ({where})")
         lines.append(f"visiontune: repeat it with `visiontune train --config {folder / 'best.toml'}`")
     else:
         lines.append("visiontune: no trial finished yet")

@@ -164,7 +164,7 @@ def load_space(path: str) -> list[Param]:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise UserError(f"cannot parse space file {path}: {e}") from None
     if not raw:
-        raise UserError(f"{path} searches nothing: add a table per setting, such as [lr] low = 1e-4 high = 0.1 log = true")
+        raise UserError(f"{path} searches nothing: add a table per setting, such as [lr] with low, high and log = true")
     return [_param(name, table, path) for name, table in raw.items()]
 
 

@@ -99,7 +99,8 @@ def open_study(storage, url: str, name: str, direction: str, sampler, pruner, da
             f"{', '.join(map(str, was.get('classes', [])))}; this one has {data['images']}): give another --study"
         )
     if attrs.get(ATTR_DIRECTION, direction) != direction or study.direction.name.lower() != direction:
-        raise UserError(f"study {name!r} in {url} {attrs.get(ATTR_DIRECTION)}s its metric; this tuner would {direction} it")
+        was = attrs.get(ATTR_DIRECTION)
+        raise UserError(f"study {name!r} in {url} {was}s its metric; this tuner would {direction} it (--best-metric)")
     differ = sorted(k for k in set(fixed) | set(attrs.get(ATTR_FIXED, {})) if fixed.get(k) != attrs[ATTR_FIXED].get(k))
     if differ:
         shown = ", ".join(f"{k} {attrs[ATTR_FIXED].get(k)!r} -> {fixed.get(k)!r}" for k in differ[:4])

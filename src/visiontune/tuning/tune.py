@@ -15,7 +15,9 @@ process's reports with a new one's; trials are short, so little is lost. A faile
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import os
 import re
 import signal
@@ -108,24 +110,29 @@ class Tuner:
         """Trials until the study has enough finished ones (or the deadline); how many this tuner ran."""
         ran = 0
         while True:
-            study.fail_stale(self.study, self.storage, self.opts.heartbeat)
-            trials = self.study.get_trials(deepcopy=False)
-            done = study.count(trials, *FINISHED)
-            waiting = study.count(trials, TrialState.WAITING)
-            if done >= self.opts.trials or (deadline is not None and time.time() >= deadline):
-                return ran
-            if done + study.count(trials, TrialState.RUNNING) + waiting >= self.opts.trials and not waiting:
+            with _asking(self.opts.out):  # the count and the ask, one tuner at a time (of those sharing OUT)
+                study.fail_stale(self.study, self.storage, self.opts.heartbeat)
+                trials = self.study.get_trials(deepcopy=False)
+                done = study.count(trials, *FINISHED)
+                waiting = study.count(trials, TrialState.WAITING)
+                if done >= self.opts.trials or (deadline is not None and time.time() >= deadline):
+                    return ran
+                busy = done + study.count(trials, TrialState.RUNNING) + waiting >= self.opts.trials and not waiting
+                trial = None if busy else self.study.ask()
+                # Owned from the start: another tuner never takes a trial without an owner for a stale one.
+                beat = None if trial is None else study.Heartbeat(self.storage, trial._trial_id, self.opts.heartbeat)
+            if trial is None:
                 time.sleep(min(5.0, self.opts.heartbeat))  # the last trials are other tuners': wait for them
                 continue
-            self.one_trial()
+            with beat:
+                self.one_trial(trial)
             ran += 1
 
-    def one_trial(self) -> None:
+    def one_trial(self, trial) -> None:
         from visiontune.cluster.signals import RunStopped
         from visiontune.training.engine import NonFiniteLoss
         from visiontune.training.trainer import train
 
-        trial = self.study.ask()
         values = space.sample(self.params, trial)
         run_dir = str(Path(self.opts.out, f"trial-{trial.number:04d}").resolve())
         cfg = self.cfg.replace(**values, output_dir=run_dir)
@@ -141,25 +148,36 @@ class Tuner:
             return None
 
         print(f"visiontune: trial {trial.number}: {', '.join(f'{k}={v}' for k, v in values.items())} -> {run_dir}")
-        with study.Heartbeat(self.storage, trial._trial_id, self.opts.heartbeat):
-            try:
-                summary = train(cfg, self.images, on_epoch=on_epoch)
-            except (UserError, NonFiniteLoss) as e:  # these settings cannot train: the search goes on
-                trial.set_user_attr("error", str(e))
-                self.study.tell(trial, state=TrialState.FAIL)
-                print(f"visiontune: trial {trial.number} failed: {e}", file=sys.stderr)
-                return
-            except RunStopped:  # a signal: the tuner stops; the trial goes back in the queue
-                self.study.tell(trial, state=TrialState.FAIL)
-                self.storage.set_trial_system_attr(trial._trial_id, "visiontune:failed", "stopped by a signal")
-                frozen = self.study.get_trials(deepcopy=False)[trial.number]
-                study.retry_once()(self.study, frozen)
-                raise
+        try:
+            summary = train(cfg, self.images, on_epoch=on_epoch)
+        except (UserError, NonFiniteLoss) as e:  # these settings cannot train: the search goes on
+            trial.set_user_attr("error", str(e))
+            self.study.tell(trial, state=TrialState.FAIL)
+            print(f"visiontune: trial {trial.number} failed: {e}", file=sys.stderr)
+            return
+        except RunStopped:  # a signal: the tuner stops; the trial goes back in the queue
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.storage.set_trial_system_attr(trial._trial_id, "visiontune:failed", "stopped by a signal")
+            frozen = self.study.get_trials(deepcopy=False)[trial.number]
+            study.retry_once()(self.study, frozen)
+            raise
         trial.set_user_attr("epochs_done", summary["epochs"])
         if pruned:
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
             self.study.tell(trial, summary_value(summary, self.metric))
+
+
+@contextlib.contextmanager
+def _asking(out: str):
+    """A lock on OUT/.ask.lock: tuners sharing a tune folder count the trials and ask for one in turn, so
+    that together they start no more trials than the study needs (Optuna alone would give each its own)."""
+    with open(Path(out, ".ask.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _die_with_parent() -> None:
