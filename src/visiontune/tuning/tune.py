@@ -36,6 +36,7 @@ from visiontune.settings.config import TrainConfig
 from visiontune.tuning import results, space, study
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+MAX_DIVERGED = 5
 WORKER_ENV = "VISIONTUNE_TUNE_WORKER"  # set in the processes --parallel starts: their index
 
 
@@ -105,6 +106,7 @@ class Tuner:
     metric: str  # accuracy, loss or map: what the study optimises
     storage: object
     study: optuna.Study
+    diverged: int = 0  # trials in a row that ended in a non-finite loss
 
     def run(self, deadline: float | None) -> int:
         """Trials until the study has enough finished ones (or the deadline); how many this tuner ran."""
@@ -150,17 +152,27 @@ class Tuner:
         print(f"visiontune: trial {trial.number}: {', '.join(f'{k}={v}' for k, v in values.items())} -> {run_dir}")
         try:
             summary = train(cfg, self.images, on_epoch=on_epoch)
-        except (UserError, NonFiniteLoss) as e:  # these settings cannot train: the search goes on
+        except NonFiniteLoss as e:  # these settings diverge: the search goes on (a few times in a row at most)
             trial.set_user_attr("error", str(e))
             self.study.tell(trial, state=TrialState.FAIL)
             print(f"visiontune: trial {trial.number} failed: {e}", file=sys.stderr)
+            self.diverged += 1
+            if self.diverged >= MAX_DIVERGED:
+                raise UserError(
+                    f"{self.diverged} trials in a row diverged (the last: {e}); narrow the space (a lower lr)"
+                ) from None
             return
+        except UserError as e:  # the space was checked before: this is about the data or the machine
+            trial.set_user_attr("error", str(e))
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
         except RunStopped:  # a signal: the tuner stops; the trial goes back in the queue
             self.study.tell(trial, state=TrialState.FAIL)
             self.storage.set_trial_system_attr(trial._trial_id, "visiontune:failed", "stopped by a signal")
             frozen = self.study.get_trials(deepcopy=False)[trial.number]
             study.retry_once()(self.study, frozen)
             raise
+        self.diverged = 0
         trial.set_user_attr("epochs_done", summary["epochs"])
         if pruned:
             self.study.tell(trial, state=TrialState.PRUNED)
