@@ -146,12 +146,12 @@ def fail_stale(study, storage, heartbeat: float) -> list[int]:
         beat = t.system_attrs.get(BEAT, owner.get("since", now))
         if not (_owner_gone(owner) or now - beat > STALE_BEATS * owner.get("heartbeat", heartbeat)):
             continue
-        try:
+        try:  # the reason first: a finished trial takes no attributes
+            storage.set_trial_system_attr(t._trial_id, "visiontune:failed", "its tuner stopped while running it")
             storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
         except (UpdateFinishedTrialError, RuntimeError):
             continue  # another tuner failed it first (and queued it again)
-        storage.set_trial_system_attr(t._trial_id, "visiontune:failed", "its tuner stopped while running it")
-        retry(study, t)
+        retry(study, study.get_trials(deepcopy=False)[t.number])
         failed.append(t.number)
     return failed
 

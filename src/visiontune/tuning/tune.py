@@ -167,8 +167,8 @@ class Tuner:
             self.study.tell(trial, state=TrialState.FAIL)
             raise
         except RunStopped:  # a signal: the tuner stops; the trial goes back in the queue
-            self.study.tell(trial, state=TrialState.FAIL)
             self.storage.set_trial_system_attr(trial._trial_id, "visiontune:failed", "stopped by a signal")
+            self.study.tell(trial, state=TrialState.FAIL)
             frozen = self.study.get_trials(deepcopy=False)[trial.number]
             study.retry_once()(self.study, frozen)
             raise
@@ -207,6 +207,7 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
         raise UserError("--trials and --parallel must be positive integers, --heartbeat a positive number")
     if cfg.strategy != "single" or (cfg.nproc or 1) > 1 or cfg.nnodes:
         raise UserError("each trial of `visiontune tune` runs in one process: drop --strategy/--nproc/--nnodes")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner says what happens, one line a trial
     params = space.resolve(cfg, fixed, opts.space_file, models)
     images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
     metric = presets.best_metric(cfg, images.multi_label)
