@@ -101,7 +101,9 @@ def open_study(storage, url: str, name: str, direction: str, sampler, pruner, da
     if attrs.get(ATTR_DIRECTION, direction) != direction or study.direction.name.lower() != direction:
         was = attrs.get(ATTR_DIRECTION)
         raise UserError(f"study {name!r} in {url} {was}s its metric; this tuner would {direction} it (--best-metric)")
-    differ = sorted(k for k in set(fixed) | set(attrs.get(ATTR_FIXED, {})) if fixed.get(k) != attrs[ATTR_FIXED].get(k))
+    was = attrs.get(ATTR_FIXED, {})
+    # Settings both runs gave first (the likely slip), then the ones only one of them knows.
+    differ = sorted((k for k in set(fixed) | set(was) if fixed.get(k) != was.get(k)), key=lambda k: (k not in was, k))
     if differ:
         shown = ", ".join(f"{k} {attrs[ATTR_FIXED].get(k)!r} -> {fixed.get(k)!r}" for k in differ[:4])
         raise UserError(
