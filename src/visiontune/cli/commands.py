@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        host.check_environment(trains=args.command in ("train", "lr-find", "bench"))
+        host.check_environment(trains=args.command in ("train", "lr-find", "bench", "tune"))
         from visiontune.data import remote
 
         # --allow-pipe: this command line's own data may be a command that is run; nothing else may be.
