@@ -255,7 +255,9 @@ def _run_workers(tuner: Tuner, argv: list[str], deadline: float | None) -> None:
     threads = tuner.cfg.threads or max(1, available_cores() // k)
     gpus = _gpu_count()
     procs = []
-    args = [a for a in argv if not a.startswith("--timeout")]
+    from visiontune.cluster.launch import without_flags
+
+    args = without_flags(argv, ("--timeout",))  # the workers get what is left of it
     if deadline is not None:
         args += ["--timeout", f"{max(1.0, deadline - time.time()):.0f}"]
     for i in range(k):
