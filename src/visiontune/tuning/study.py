@@ -47,7 +47,7 @@ def open_storage(url: str):
     """The storage behind ``url`` (a database URL, or a journal file path); unreachable: one line."""
     try:
         if "://" in url:
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+            storage = _rdb(url)
         else:
             from optuna.storages.journal import JournalFileBackend, JournalStorage
 
@@ -60,6 +60,19 @@ def open_storage(url: str):
     except Exception as e:  # the driver's own errors: sqlalchemy's, a missing driver module, an OS error
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"cannot open the study storage {url}: {first[:300]}; check --storage") from None
+
+
+def _rdb(url: str, attempts: int = 5):
+    """Optuna's RDBStorage; tuners started together on a new database race to create its tables, and the
+    losers see "already exists": by then the tables are there, so they try again."""
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+        except Exception as e:
+            if "already exists" not in str(e) or attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _engine_kwargs(url: str) -> dict:

@@ -172,6 +172,9 @@ class Tuner:
             frozen = self.study.get_trials(deepcopy=False)[trial.number]
             study.retry_once()(self.study, frozen)
             raise
+        except Exception:  # a bug: the trial failed (not retried: it would fail again), the traceback follows
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
         self.diverged = 0
         trial.set_user_attr("epochs_done", summary["epochs"])
         if pruned:
