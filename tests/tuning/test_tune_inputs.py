@@ -152,7 +152,7 @@ def test_the_slurm_job_runs_one_tuner_per_node_on_the_journal_file(sample_data, 
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     words = shlex.split(srun)
     assert words[words.index("tune") - 2 :][:3] == ["-m", "visiontune", "tune"]
-    assert words[words.index("--storage") + 1] == journal and words.count("--storage") == 1
+    assert words[words.index("--storage") + 1] == journal and words.count("--storage") == words.count(journal) == 1
     assert words[-2:] == ["--parallel", "2"]
     for own in ("--slurm-script", "--nodes", "--gpus-per-node", "--time", "--partition"):
         assert own not in words

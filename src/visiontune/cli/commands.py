@@ -386,7 +386,8 @@ def _tune_job(args: argparse.Namespace, argv: list[str], cfg) -> int:
     missing = [flag for flag, value in needed if value is None]
     if missing:
         raise UserError(f"--slurm-script needs {', '.join(missing)}")
-    own = ("--slurm-script", *(flag for flag, _, _ in sbatch.FLAGS if flag != "--out"), "--parallel")
+    # The script gives each tuner --storage and --parallel itself.
+    own = ("--slurm-script", *(flag for flag, _, _ in sbatch.FLAGS if flag != "--out"), "--parallel", "--storage")
     script = sbatch.tune_script(
         launch.without_flags(argv, own),
         storage=args.storage,

@@ -197,7 +197,8 @@ def tune_script(
     _check_sbatch_value("--job-name", job_name)
     if partition is not None:
         _check_sbatch_value("--partition", partition)
-    tune_argv = [a for a in tune_argv if a != "--storage" and not a.startswith("--storage=")]
+    if any(a in ("--storage", "--parallel") or a.startswith(("--storage=", "--parallel=")) for a in tune_argv):
+        raise UserError("a Slurm tune job sets --storage and --parallel itself: leave them out of its tune flags")
     _check_printable([*tune_argv, python, prefix, storage], None)
     if time_limit_seconds(time) <= SIGNAL_LEAD_S:
         raise UserError(f"--time {time} leaves no time to tune: Slurm warns {SIGNAL_LEAD_S} s before the limit")
