@@ -12,8 +12,8 @@ other data, or with other fixed settings, stops with one line instead of mixing 
 Every trial being run carries its owner (host, pid) and a heartbeat, beaten every ``heartbeat`` seconds from
 a thread. A RUNNING trial is stale when its owner is gone (on this host: no such process) or its heartbeat is
 older than three beats (any host); ``fail_stale`` marks it FAIL and queues its parameters again, once, as a
-new WAITING trial (Optuna's ``RetryHeartbeatStaleTrialCallback``). The same code serves every storage:
-Optuna's own heartbeat exists only for databases, not for the journal file.
+new WAITING trial (``retry``, as Optuna's ``RetryHeartbeatStaleTrialCallback`` does). The same code serves
+every storage: Optuna's own heartbeat exists only for databases, not for the journal file.
 """
 
 from __future__ import annotations
@@ -24,12 +24,10 @@ import os
 import socket
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import optuna
-from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
-from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from visiontune.errors import UserError
@@ -126,11 +124,21 @@ def open_study(storage, url: str, name: str, direction: str, sampler, pruner, da
     return study
 
 
-def retry_once():
-    """Optuna's retry of a trial (its parameters queued again as a WAITING trial), at most once."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)  # stable since 2.8; still marked experimental
-        return RetryHeartbeatStaleTrialCallback(max_retry=1)
+def retry(study, trial, max_retry: int = 1) -> None:
+    """Queue ``trial``'s parameters again as a WAITING trial, ``max_retry`` times at most, as Optuna's
+    ``RetryHeartbeatStaleTrialCallback`` does (its ``failed_trial`` and ``retry_history`` attributes), but
+    without the dead tuner's own attributes (owner, heartbeat, run folder): the retry is a trial of its own."""
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > max_retry:
+        return
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            system_attrs={"failed_trial": history[0], "retry_history": history},
+        )
+    )
 
 
 def count(trials, *states: TrialState) -> int:
@@ -152,7 +160,6 @@ def _owner_gone(owner: dict) -> bool:
 def fail_stale(study, storage, heartbeat: float) -> list[int]:
     """FAIL the RUNNING trials nobody runs any more and queue each again, once; their numbers."""
     failed = []
-    retry = retry_once()
     now = time.time()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.system_attrs.get(OWNER)
@@ -166,7 +173,7 @@ def fail_stale(study, storage, heartbeat: float) -> list[int]:
             storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
         except (UpdateFinishedTrialError, RuntimeError):
             continue  # another tuner failed it first (and queued it again)
-        retry(study, study.get_trials(deepcopy=False)[t.number])
+        retry(study, t)
         failed.append(t.number)
     return failed
 

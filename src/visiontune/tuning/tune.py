@@ -169,8 +169,7 @@ class Tuner:
         except RunStopped:  # a signal: the tuner stops; the trial goes back in the queue
             self.storage.set_trial_system_attr(trial._trial_id, "visiontune:failed", "stopped by a signal")
             self.study.tell(trial, state=TrialState.FAIL)
-            frozen = self.study.get_trials(deepcopy=False)[trial.number]
-            study.retry_once()(self.study, frozen)
+            study.retry(self.study, self.study.get_trials(deepcopy=False)[trial.number])
             raise
         except Exception:  # a bug: the trial failed (not retried: it would fail again), the traceback follows
             self.study.tell(trial, state=TrialState.FAIL)
