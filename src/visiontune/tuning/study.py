@@ -99,9 +99,9 @@ def open_study(storage, url: str, name: str, direction: str, sampler, pruner, da
         raise UserError(f"cannot open study {name!r} in {url}: {str(e).splitlines()[0][:300]}") from None
     attrs = study.user_attrs
     if ATTR_DATA not in attrs:  # new, or made with Optuna's own API (a user's enqueued trials): claim it
-        study.set_user_attr(ATTR_DATA, data)
         study.set_user_attr(ATTR_DIRECTION, direction)
         study.set_user_attr(ATTR_FIXED, fixed)
+        study.set_user_attr(ATTR_DATA, data)  # last: a study with its data recorded has the rest too
         return study
     if attrs[ATTR_DATA].get("sha256") != data["sha256"]:
         was = attrs[ATTR_DATA]
@@ -113,10 +113,12 @@ def open_study(storage, url: str, name: str, direction: str, sampler, pruner, da
         was = attrs.get(ATTR_DIRECTION)
         raise UserError(f"study {name!r} in {url} {was}s its metric; this tuner would {direction} it (--best-metric)")
     was = attrs.get(ATTR_FIXED, {})
+    if not isinstance(was, dict):
+        was = {}
     # Settings both runs gave first (the likely slip), then the ones only one of them knows.
     differ = sorted((k for k in set(fixed) | set(was) if fixed.get(k) != was.get(k)), key=lambda k: (k not in was, k))
     if differ:
-        shown = ", ".join(f"{k} {attrs[ATTR_FIXED].get(k)!r} -> {fixed.get(k)!r}" for k in differ[:4])
+        shown = ", ".join(f"{k} {was.get(k)!r} -> {fixed.get(k)!r}" for k in differ[:4])
         raise UserError(
             f"study {name!r} in {url} was run with other fixed settings ({shown}): run the same command, "
             "or give another --study"

@@ -218,16 +218,17 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
     url = study.storage_url(opts.storage, opts.out)
     storage = study.open_storage(url)
     seed = (cfg.seed * 1_000_003 + os.getpid() + int(os.environ.get(WORKER_ENV, "0"))) % 2**32
-    the_study = study.open_study(
-        storage,
-        url,
-        opts.study_name,
-        _direction(metric),
-        _sampler(opts.sampler, seed),
-        _pruner(opts.pruner, cfg.epochs),
-        study.data_identity(images),
-        study.fixed_record({k: v for k, v in cfg.to_dict().items() if k not in {p.name for p in params}}),
-    )
+    with _asking(opts.out):  # tuners started together: one makes the study and records what it is of
+        the_study = study.open_study(
+            storage,
+            url,
+            opts.study_name,
+            _direction(metric),
+            _sampler(opts.sampler, seed),
+            _pruner(opts.pruner, cfg.epochs),
+            study.data_identity(images),
+            study.fixed_record({k: v for k, v in cfg.to_dict().items() if k not in {p.name for p in params}}),
+        )
     say(f"visiontune: study {opts.study_name!r} in {url}: {len(the_study.trials)} trial(s) so far")
     say(f"visiontune: searching {'; '.join(p.describe() for p in params)} ({metric}, {_direction(metric)})")
     return Tuner(opts, cfg, params, images, metric, storage, the_study)
