@@ -373,7 +373,12 @@ def _add_tune_parser(sub, commands: Mapping[str, Callable]) -> None:
     add_train_flags(p, leave_out=("output_dir", "resume", "timeout"))  # --timeout: the search's
     t = p.add_argument_group("the search (docs/tuning.md); train's flags above stay fixed for every trial")
     t.add_argument("--trials", type=positive, required=True, help="finished trials the study should hold")
-    t.add_argument("--timeout", dest="tune_timeout", help="start no trial after this long: seconds, or 90m, 2h, 1h30m")
+    t.add_argument(
+        "--timeout",
+        dest="tune_timeout",
+        metavar="DURATION",
+        help="start no trial after this long: seconds, or 90m, 2h, 1h30m",
+    )
     t.add_argument("--parallel", type=positive, default=1, help="trials at once on this machine (default 1)")
     t.add_argument("--space", help="the search space, a TOML file (default: the recipe's own space)")
     t.add_argument(
