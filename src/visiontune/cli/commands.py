@@ -371,6 +371,63 @@ def cmd_slurm(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
+    from dataclasses import fields
+
+    from visiontune.settings.config import TrainConfig
+    from visiontune.settings.validation import load_config_file
+
+    models = None
+    if "," in getattr(args, "model", ""):  # --model a,b,c: the model is one of the searched settings
+        models = [m.strip() for m in args.model.split(",") if m.strip()]
+        args.model = models[0]
+    names = {f.name for f in fields(TrainConfig)}
+    fixed = {k for k in vars(args) if k in names} | (set(load_config_file(args.config)) if args.config else set())
+    if models:
+        fixed.discard("model")
+    cfg = config_from_args(args)
+    if args.slurm_script:
+        return _tune_job(args, argv, cfg)
+    from visiontune.tuning.tune import TuneOptions, duration, tune
+
+    opts = TuneOptions(
+        trials=args.trials,
+        out=args.out,
+        storage=args.storage,
+        study_name=args.study,
+        space_file=args.space,
+        parallel=args.parallel,
+        timeout=None if args.tune_timeout is None else duration(args.tune_timeout),
+        sampler=args.search,
+        pruner=args.pruner,
+        heartbeat=args.heartbeat,
+    )
+    return tune(cfg, fixed, opts, argv, models)
+
+
+def _tune_job(args: argparse.Namespace, argv: list[str], cfg) -> int:
+    from visiontune.cluster import launch
+
+    needed = (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node), ("--time", args.time))
+    missing = [flag for flag, value in needed if value is None]
+    if missing:
+        raise UserError(f"--slurm-script needs {', '.join(missing)}")
+    # The script gives each tuner --storage and --parallel itself.
+    own = ("--slurm-script", *(flag for flag, _, _ in sbatch.FLAGS if flag != "--out"), "--parallel", "--storage")
+    script = sbatch.tune_script(
+        launch.without_flags(argv, own),
+        storage=args.storage,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time,
+        partition=args.partition,
+        cpus_per_task=args.cpus_per_task,
+        job_name=args.job_name,
+    )
+    sbatch.write(script, args.slurm_script)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.reports.report import write
 
@@ -400,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        host.check_environment(trains=args.command in ("train", "lr-find", "bench"))
+        host.check_environment(trains=args.command in ("train", "lr-find", "bench", "tune"))
         from visiontune.data import remote
 
         # --allow-pipe: this command line's own data may be a command that is run; nothing else may be.

@@ -396,6 +396,49 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True, help="one log line per request")
 
 
+TUNE_USAGE = (
+    "%(prog)s --data DATA --trials N [--timeout 2h] [--parallel K] [--space FILE] [--storage URL|FILE] [train's flags]"
+)
+
+
+def _add_tune_parser(sub, commands: Mapping[str, Callable]) -> None:
+    p = sub.add_parser("tune", usage=TUNE_USAGE, help="search training settings over Optuna: trials of train, pruned")
+    add_train_flags(p, leave_out=("output_dir", "resume", "timeout"))  # --timeout: the search's
+    t = p.add_argument_group("the search (docs/tuning.md); train's flags above stay fixed for every trial")
+    t.add_argument("--trials", type=positive, required=True, help="finished trials the study should hold")
+    t.add_argument(
+        "--timeout",
+        dest="tune_timeout",
+        metavar="DURATION",
+        help="start no trial after this long: seconds, or 90m, 2h, 1h30m",
+    )
+    t.add_argument("--parallel", type=positive, default=1, help="trials at once on this machine (default 1)")
+    t.add_argument("--space", help="the search space, a TOML file (default: the recipe's own space)")
+    t.add_argument(
+        "--storage",
+        help="where the study lives: a database URL (sqlite:///..., postgresql://...) or a journal file path "
+        "for a shared file system (default OUT/study.db)",
+    )
+    t.add_argument("--study", default="visiontune", help="the study's name in the storage (default visiontune)")
+    t.add_argument("--out", default="runs/tune", help="tune folder: trial-NNNN run folders and the results")
+    t.add_argument("--search", choices=("tpe", "random"), default="tpe", help="Optuna sampler (default tpe)")
+    t.add_argument(
+        "--pruner", choices=("median", "hyperband", "none"), default="median", help="Optuna pruner (default median)"
+    )
+    t.add_argument(
+        "--heartbeat",
+        type=finite,
+        default=30.0,
+        help="seconds between a running trial's heartbeats; a trial silent for 3 is another tuner's lost one",
+    )
+    s = p.add_argument_group("instead, write a Slurm job of one tuner per node on a --storage journal file")
+    s.add_argument("--slurm-script", metavar="FILE", help="write the batch script here instead of tuning")
+    for flag, kind, help_text in sbatch.FLAGS:
+        if flag != "--out":
+            s.add_argument(flag, type=kind, default="visiontune" if flag == "--job-name" else None, help=help_text)
+    p.set_defaults(func=commands["tune"])
+
+
 def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     """Every subcommand and its flags; ``commands`` maps each name to the function that runs it."""
     parser = OneLineParser(
@@ -498,6 +541,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
             help=help_text,
         )
     p.set_defaults(func=commands["slurm"])
+    _add_tune_parser(sub, commands)
     p = sub.add_parser("predict", help="predict images with a trained model (Kaggle test/ -> submission)")
     _add_model_flags(p)
     p.add_argument("images", nargs="*", metavar="IMAGE", help="image files or folders to predict (instead of --data)")

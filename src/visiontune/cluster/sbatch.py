@@ -171,3 +171,69 @@ if [ "$code" -eq {PREEMPTED} ]; then
 fi
 exit "$code"
 """
+
+
+def tune_script(
+    tune_argv: list[str],
+    *,
+    storage: str | None,
+    nodes: int,
+    gpus_per_node: int,
+    time: str,
+    partition: str | None,
+    cpus_per_task: int | None,
+    job_name: str,
+    python: str | None = None,
+    prefix: str | None = None,
+) -> str:
+    """An sbatch script running one ``visiontune tune`` per node on one journal file (``storage``): the tuners
+    share the study, each running one trial per GPU of its node (``--parallel``), and a requeued job continues
+    the study (a trial stopped by USR1 is run again from its start)."""
+    python, prefix = python or sys.executable, prefix or sys.prefix
+    if not storage or "://" in storage:
+        raise UserError(
+            "a Slurm tune job needs --storage FILE, a journal file on a file system every node sees "
+            "(a database URL works too, but then run the tuners yourself)"
+        )
+    if nodes < 1 or gpus_per_node < 0:
+        raise UserError(f"--nodes must be >= 1 and --gpus-per-node >= 0, got {nodes} and {gpus_per_node}")
+    if cpus_per_task is not None and cpus_per_task < 1:
+        raise UserError(f"--cpus-per-task must be >= 1, got {cpus_per_task}")
+    _check_sbatch_value("--job-name", job_name)
+    if partition is not None:
+        _check_sbatch_value("--partition", partition)
+    if any(a in ("--storage", "--parallel") or a.startswith(("--storage=", "--parallel=")) for a in tune_argv):
+        raise UserError("a Slurm tune job sets --storage and --parallel itself: leave them out of its tune flags")
+    _check_printable([*tune_argv, python, prefix, storage], None)
+    if time_limit_seconds(time) <= SIGNAL_LEAD_S:
+        raise UserError(f"--time {time} leaves no time to tune: Slurm warns {SIGNAL_LEAD_S} s before the limit")
+    cpus, per_node = cpus_per_task or 4 * max(1, gpus_per_node), max(1, gpus_per_node)
+    args = " ".join(shlex.quote(a) for a in tune_argv)
+    bin_dir, python = shlex.quote(os.path.join(prefix, "bin")), shlex.quote(python)
+    gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else ""
+    part = f"#SBATCH --partition={partition}\n" if partition else ""
+    return f"""#!/bin/bash
+# Written by `visiontune tune --slurm-script`. One tuner per node, all on one journal file: they share
+# one study (Optuna gives each trial to one tuner) and each runs {max(1, gpus_per_node)} trial(s) at once.
+# Submit with: sbatch THIS_FILE
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+{gpus}#SBATCH --cpus-per-task={cpus}
+#SBATCH --time={time}
+{part}#SBATCH --signal=USR1@{SIGNAL_LEAD_S}
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.out
+
+# {SIGNAL_LEAD_S} s before the time limit Slurm sends USR1: each running trial stops at its next step and
+# goes back in the study's queue, and the tuners exit with {PREEMPTED}; the requeued job runs the same
+# command, which continues the study (finished trials kept, the stopped ones run again).
+export PATH={bin_dir}:"$PATH"
+srun --kill-on-bad-exit=0 {python} -m visiontune tune {args} --storage {shlex.quote(storage)} --parallel {per_node}
+code=$?
+if [ "$code" -eq {PREEMPTED} ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$code"
+"""

@@ -197,7 +197,8 @@ def finish(
     image_cache: dict | None = None,
     stopped: dict | None = None,
 ) -> dict:
-    """summary.json; ``stopped``: why the run ended before its epochs were done (--max-steps)."""
+    """summary.json; ``stopped``: why the run ended before its epochs were done (--max-steps, or a reason
+    the caller gave, such as a tuner pruning its trial)."""
     elapsed = time.time() - since
     summary = {
         "run_dir": run_dir,
@@ -210,7 +211,7 @@ def finish(
         "image_cache": image_cache,  # total_seconds depends on it: a cache built, read, or none
         **({"stopped": stopped} if stopped else {}),
     }
-    if stopped:
+    if stopped and stopped["reason"] == "max-steps":
         accelerator.print(f"visiontune: stopped after {stopped['optimizer_steps']} optimizer steps (--max-steps)")
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
     accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")

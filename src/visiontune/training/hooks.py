@@ -9,7 +9,9 @@ that arrived during the write included); and
 ``EpochOutputs`` evaluates the EMA weights when there are some, and writes the run
 folder's history, metrics, curves and best model (raw or EMA, as ``--best-metric``
 picks) from a snapshot, in the background, while the next epoch trains; ``--early-stop``
-then ends the run through ``EarlyStop``.
+then ends the run through ``EarlyStop``. A caller's ``on_epoch(epoch, row)`` (a tuner deciding whether to
+prune its trial) sees each epoch's row once the epoch is recorded and checkpointed; a reason it returns ends
+the run there through ``StopAfterEpoch``, which ``summary.json`` records.
 The stop signals themselves are owned by the caller (``with StopSignals(...)``).
 Every process calls every method: the collectives inside (reduce, the stop
 agreement, ``save_state``) run everywhere, and only the main process writes.
@@ -197,6 +199,18 @@ class EarlyStop(Exception):
     """``--early-stop``: the best metric stopped improving; the run ends normally after this epoch."""
 
 
+class StopAfterEpoch(EarlyStop):
+    """The caller's ``on_epoch`` asked the run to end after this epoch; ``reason`` says why."""
+
+    def __init__(self, epoch: int, reason: str):
+        super().__init__(epoch)
+        self.epoch, self.reason = epoch, reason
+
+
+# A caller's look at each recorded epoch: (0-based epoch, its history row) -> a reason to stop now, or None.
+OnEpoch = Callable[[int, dict], "str | None"]
+
+
 @dataclass
 class RunHooks:
     checkpointer: Checkpointer
@@ -205,6 +219,7 @@ class RunHooks:
     epochs: int
     steps: StepLog | None = None  # per-step loss and lr for the trackers (--log-with)
     early_stop: int = 0  # epochs without a better best metric before stopping (0: never)
+    on_epoch: OnEpoch | None = None  # the caller's (one process: it answers for the whole run)
     history: list[dict] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -235,6 +250,10 @@ class RunHooks:
         signum = self.stop.agreed()
         if signum and epoch + 1 < self.epochs:
             raise self.checkpointer.stopped(signum, path)
+        reason = self.on_epoch(epoch, self.history[-1]) if self.on_epoch else None
+        if reason and epoch + 1 < self.epochs:
+            self.outputs.accelerator.print(f"visiontune: stopped after epoch {epoch + 1}: {reason}")
+            raise StopAfterEpoch(epoch, reason)
         if self.early_stop and epoch - best >= self.early_stop and epoch + 1 < self.epochs:
             self.outputs.accelerator.print(
                 f"visiontune: early stop: no better val {self.outputs.best_metric} for {self.early_stop} epoch(s)"

@@ -39,7 +39,15 @@ from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig, choices
 from visiontune.settings.validation import recorded_split_method, validate
 from visiontune.training import elastic, engine, imbalance, lrfind, meter, optim, overview
-from visiontune.training.hooks import Checkpointer, CheckpointPolicy, EarlyStop, EpochOutputs, RunHooks
+from visiontune.training.hooks import (
+    Checkpointer,
+    CheckpointPolicy,
+    EarlyStop,
+    EpochOutputs,
+    OnEpoch,
+    RunHooks,
+    StopAfterEpoch,
+)
 from visiontune.training.schedule import Stepper
 from visiontune.training.steplog import StepLog
 
@@ -161,7 +169,14 @@ def _identity(job: _Job, split_rec: dict, num_classes: int, class_weights: torch
 
 
 def _hooks(
-    job: _Job, parts: _Trainables, normalize, identity: dict, resumed, stop: signals.StopSignals, info: runinfo.RunInfo
+    job: _Job,
+    parts: _Trainables,
+    normalize,
+    identity: dict,
+    resumed,
+    stop: signals.StopSignals,
+    info: runinfo.RunInfo,
+    on_epoch: OnEpoch | None,
 ) -> RunHooks:
     accelerator, cfg, per_epoch = job.accelerator, job.cfg, len(parts.train_loader)
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
@@ -195,6 +210,7 @@ def _hooks(
         cfg.epochs,
         steps,
         cfg.early_stop,
+        on_epoch,
     )
 
 
@@ -207,16 +223,20 @@ def _start(accelerator, resumed) -> engine.StartAt:
     return engine.StartAt(resumed.epoch, resumed.batch, totals)
 
 
-def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info: runinfo.RunInfo) -> list[dict]:
-    """The epochs, with checkpoints, outputs and stop signals; the run's per-epoch history."""
+def _fit(
+    job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info: runinfo.RunInfo, on_epoch: OnEpoch | None
+) -> tuple[list[dict], dict | None]:
+    """The epochs, with checkpoints, outputs and stop signals; the run's per-epoch history, and why
+    ``on_epoch`` stopped it early (None: it did not)."""
     accelerator, cfg = job.accelerator, job.cfg
     mix = None
     if cfg.mixup or cfg.cutmix:
         ranks = (accelerator.process_index, accelerator.num_processes)
         mix = BatchMix(len(info.classes), cfg.mixup, cfg.cutmix, cfg.seed, *ranks, multi_label=info.multi_label)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
+    asked: list[StopAfterEpoch] = []
     with signals.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
-        hooks = _hooks(job, parts, normalize, identity, resumed, stop, info)
+        hooks = _hooks(job, parts, normalize, identity, resumed, stop, info, on_epoch)
         if resumed is not None and resumed.batch == 0:
             hooks.outputs.rewrite_last_epoch()  # the closed epoch's files may not have reached the disk
         opts = engine.LoopOptions(
@@ -233,21 +253,31 @@ def _fit(job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info
         loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, normalize)
         try:
             engine.fit(accelerator, *loop, opts, _start(accelerator, resumed))
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, StopAfterEpoch):
+                asked.append(e)
             with contextlib.suppress(Exception):  # the run's own error (a signal, a NaN) is the one to report
                 hooks.outputs.writes.close()
             raise
         hooks.outputs.writes.close()  # every epoch's files on disk before the summary and the report
-    return hooks.history
+    stopped = {"reason": asked[0].reason, "epochs_done": asked[0].epoch + 1} if asked else None
+    return hooks.history, stopped
 
 
-def train(cfg: TrainConfig, images: ImageSet | None = None) -> dict:
-    """Fine-tune ``cfg.model`` on ``cfg.data`` (listed as ``images`` when given); return the run's summary."""
+def train(cfg: TrainConfig, images: ImageSet | None = None, on_epoch: OnEpoch | None = None) -> dict:
+    """Fine-tune ``cfg.model`` on ``cfg.data`` (listed as ``images`` when given); return the run's summary.
+
+    ``on_epoch(epoch, row)``, in a one-process run, sees each recorded epoch; a reason it returns ends the run
+    after that epoch (``summary.json``'s ``stopped``). ``visiontune tune`` prunes its trials with it."""
+    if on_epoch is not None and launch.world_size() > 1:
+        raise UserError("an on_epoch callback is for a one-process run; its answer would differ between processes")
     with contextlib.ExitStack() as run_folder:  # holds the run folder's lock, released however the run ends
-        return _train(cfg, images, run_folder)
+        return _train(cfg, images, run_folder, on_epoch)
 
 
-def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack) -> dict:
+def _train(
+    cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack, on_epoch: OnEpoch | None
+) -> dict:
     cfg = validate(cfg)
     if cfg.max_steps is not None and cfg.max_steps < 1:  # the flag's type checks it; a config file or the API here
         raise UserError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
@@ -348,8 +378,8 @@ def _train(cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.Exi
         elastic.record_world(run_dir, setup, cfg, resumed)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
     parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader, weights)
-    history = _fit(job, parts, normalize, identity, resumed, info)
-    stopped = _stopped_at_max_steps(cfg, per_epoch, history)
+    history, asked = _fit(job, parts, normalize, identity, resumed, info, on_epoch)
+    stopped = asked or _stopped_at_max_steps(cfg, per_epoch, history)
     return records.finish(
         accelerator, run_dir, since, history, split, images, setup, cfg.best_metric, cached, stopped=stopped
     )

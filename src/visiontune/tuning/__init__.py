@@ -1,0 +1,8 @@
+"""Hyperparameter search over Optuna: ``visiontune tune``.
+
+``space`` (the searched settings: a TOML file or a recipe's default), ``study`` (storage, what a study is
+of, heartbeats and stale trials), ``tune`` (the tuner's loop: each trial an ordinary run through
+``training.trainer.train``, pruned at epoch boundaries; ``--parallel`` processes) and ``results``
+(``best.toml``, the terminal table, ``tune.html``). It sits beside ``inference``: it may import every wing
+below it (training, runs, reports, settings...), and nothing below imports it or Optuna.
+"""

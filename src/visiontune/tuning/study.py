@@ -1,0 +1,214 @@
+"""Where a study lives, what it is of, and which of its trials nobody runs any more.
+
+Storage (``--storage``): by default an SQLite file ``study.db`` in the tune folder; any database URL
+SQLAlchemy takes (``postgresql://...``, ``mysql+pymysql://...``) through Optuna's ``RDBStorage``; or, for a
+value without ``://``, a journal file through ``JournalStorage`` and ``JournalFileBackend`` (appends under a
+lock file: the choice on a shared file system, where Slurm jobs on several machines share one study).
+
+A study records what it is of when it is made: the data set (its classes, its image count and a digest of
+its file names and labels), the direction of its metric and the fixed settings. A tuner pointed at a study of
+other data, or with other fixed settings, stops with one line instead of mixing two searches.
+
+Every trial being run carries its owner (host, pid) and a heartbeat, beaten every ``heartbeat`` seconds from
+a thread. A RUNNING trial is stale when its owner is gone (on this host: no such process) or its heartbeat is
+older than three beats (any host); ``fail_stale`` marks it FAIL and queues its parameters again, once, as a
+new WAITING trial (``retry``, as Optuna's ``RetryHeartbeatStaleTrialCallback`` does). The same code serves
+every storage: Optuna's own heartbeat exists only for databases, not for the journal file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
+
+from visiontune.errors import UserError
+
+ATTR_DATA, ATTR_FIXED, ATTR_DIRECTION = "visiontune:data", "visiontune:fixed", "visiontune:metric"
+OWNER, BEAT = "visiontune:owner", "visiontune:beat"
+STALE_BEATS = 3  # a heartbeat this many intervals old: the trial's tuner is gone
+
+
+def storage_url(given: str | None, out: str) -> str:
+    return given or f"sqlite:///{Path(out, 'study.db').resolve()}"
+
+
+def open_storage(url: str):
+    """The storage behind ``url`` (a database URL, or a journal file path); unreachable: one line."""
+    try:
+        if "://" in url:
+            storage = _rdb(url)
+        else:
+            from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
+            storage = JournalStorage(JournalFileBackend(url))
+        storage.get_all_studies()  # a database that refuses connections says so here, not at the first trial
+        return storage
+    except UserError:
+        raise
+    except Exception as e:  # the driver's own errors: sqlalchemy's, a missing driver module, an OS error
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"cannot open the study storage {url}: {first[:300]}; check --storage") from None
+
+
+def _rdb(url: str, attempts: int = 5):
+    """Optuna's RDBStorage; tuners started together on a new database race to create its tables, and the
+    losers see "already exists": by then the tables are there, so they try again."""
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+        except Exception as e:
+            if "already exists" not in str(e) or attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _engine_kwargs(url: str) -> dict:
+    # SQLite under several tuners of one machine: wait for the file's lock rather than fail at once.
+    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+
+
+def data_identity(images) -> dict:
+    """What a study is of: the data's classes, its size and a digest of its file names and labels."""
+    digest = hashlib.sha256()
+    root = str(images.root)
+    for path, label in zip(images.paths, images.labels.tolist()):
+        name = str(path)
+        name = name[len(root) :].lstrip("/") if name.startswith(root) else name
+        digest.update(f"{name}\0{label}\n".encode("utf-8", "surrogateescape"))
+    return {"classes": list(images.classes), "images": len(images.labels), "sha256": digest.hexdigest()}
+
+
+def open_study(storage, url: str, name: str, direction: str, sampler, pruner, data: dict, fixed: dict):
+    """Create the study ``name`` or load it; refuse one of other data, another metric or other fixed settings."""
+    try:
+        study = optuna.create_study(
+            storage=storage, study_name=name, direction=direction, sampler=sampler, pruner=pruner, load_if_exists=True
+        )
+    except Exception as e:
+        raise UserError(f"cannot open study {name!r} in {url}: {str(e).splitlines()[0][:300]}") from None
+    attrs = study.user_attrs
+    if ATTR_DATA not in attrs:  # new, or made with Optuna's own API (a user's enqueued trials): claim it
+        study.set_user_attr(ATTR_DIRECTION, direction)
+        study.set_user_attr(ATTR_FIXED, fixed)
+        study.set_user_attr(ATTR_DATA, data)  # last: a study with its data recorded has the rest too
+        return study
+    if attrs[ATTR_DATA].get("sha256") != data["sha256"]:
+        was = attrs[ATTR_DATA]
+        raise UserError(
+            f"study {name!r} in {url} is of another data set ({was.get('images')} images, classes "
+            f"{', '.join(map(str, was.get('classes', [])))}; this one has {data['images']}): give another --study"
+        )
+    if attrs.get(ATTR_DIRECTION, direction) != direction or study.direction.name.lower() != direction:
+        was = attrs.get(ATTR_DIRECTION)
+        raise UserError(f"study {name!r} in {url} {was}s its metric; this tuner would {direction} it (--best-metric)")
+    was = attrs.get(ATTR_FIXED, {})
+    if not isinstance(was, dict):
+        was = {}
+    # Settings both runs gave first (the likely slip), then the ones only one of them knows.
+    differ = sorted((k for k in set(fixed) | set(was) if fixed.get(k) != was.get(k)), key=lambda k: (k not in was, k))
+    if differ:
+        shown = ", ".join(f"{k} {was.get(k)!r} -> {fixed.get(k)!r}" for k in differ[:4])
+        raise UserError(
+            f"study {name!r} in {url} was run with other fixed settings ({shown}): run the same command, "
+            "or give another --study"
+        )
+    return study
+
+
+def retry(study, trial, max_retry: int = 1) -> None:
+    """Queue ``trial``'s parameters again as a WAITING trial, ``max_retry`` times at most, as Optuna's
+    ``RetryHeartbeatStaleTrialCallback`` does (its ``failed_trial`` and ``retry_history`` attributes), but
+    without the dead tuner's own attributes (owner, heartbeat, run folder): the retry is a trial of its own."""
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > max_retry:
+        return
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            system_attrs={"failed_trial": history[0], "retry_history": history},
+        )
+    )
+
+
+def count(trials, *states: TrialState) -> int:
+    return sum(t.state in states for t in trials)
+
+
+def _owner_gone(owner: dict) -> bool:
+    if owner.get("host") != socket.gethostname():
+        return False  # another machine's process: only its heartbeat tells
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError, KeyError, TypeError):
+        return False
+    return False
+
+
+def fail_stale(study, storage, heartbeat: float) -> list[int]:
+    """FAIL the RUNNING trials nobody runs any more and queue each again, once; their numbers."""
+    failed = []
+    now = time.time()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = t.system_attrs.get(OWNER)
+        if owner is None:
+            continue  # a trial started by another program: not ours to judge
+        beat = t.system_attrs.get(BEAT, owner.get("since", now))
+        if not (_owner_gone(owner) or now - beat > STALE_BEATS * owner.get("heartbeat", heartbeat)):
+            continue
+        try:  # the reason first: a finished trial takes no attributes
+            storage.set_trial_system_attr(t._trial_id, "visiontune:failed", "its tuner stopped while running it")
+            storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        except (UpdateFinishedTrialError, RuntimeError):
+            continue  # another tuner failed it first (and queued it again)
+        retry(study, t)
+        failed.append(t.number)
+    return failed
+
+
+class Heartbeat:
+    """While a trial runs: its owner recorded, and a heartbeat written every ``interval`` seconds."""
+
+    def __init__(self, storage, trial_id: int, interval: float):
+        self.storage, self.trial_id, self.interval = storage, trial_id, interval
+        self._stop = threading.Event()
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "heartbeat": interval}
+        storage.set_trial_system_attr(trial_id, OWNER, owner)
+        storage.set_trial_system_attr(trial_id, BEAT, time.time())
+        self._thread = threading.Thread(target=self._beat, name="visiontune-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.storage.set_trial_system_attr(self.trial_id, BEAT, time.time())
+            except Exception:  # the trial just finished (or the database hiccupped): the next beat or none
+                if self._stop.is_set():
+                    return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def fixed_record(cfg_dict: dict) -> dict:
+    """The fixed settings a study compares: JSON values, without where the data and the trials live."""
+    leave_out = {"data", "output_dir", "threads", "progress", "num_workers", "cache"}
+    return json.loads(json.dumps({k: v for k, v in cfg_dict.items() if k not in leave_out}))

@@ -1,0 +1,300 @@
+"""``visiontune tune``: trials of ``train`` with sampled settings, until the study has its trials.
+
+Each trial is an ordinary run folder, ``OUT/trial-NNNN`` (NNNN: the trial's number in the study), made by
+``training.trainer.train`` with the sampled values on top of the fixed settings. After each epoch the run's
+``on_epoch`` hands the validation metric to Optuna (``trial.report``) and asks the pruner; a pruned trial
+ends at that epoch boundary, its ``summary.json`` saying ``stopped: {"reason": "pruned ..."}``.
+
+A tuner runs trials until the study holds ``trials`` finished ones (COMPLETE or PRUNED), counting every
+tuner's, so several tuners on one storage (``--parallel K`` on one machine, or one per machine on a journal
+file) share the budget; Optuna gives each trial to one tuner. A trial whose tuner died (kill -9, a lost node)
+is failed and retried from its first epoch by the next tuner that looks (``study.fail_stale``): a retry
+repeats the trial exactly (the same settings and seed), where resuming a half-trial would mix a dead
+process's reports with a new one's; trials are short, so little is lost. A failed trial never counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from visiontune.cluster.host import available_cores
+from visiontune.errors import UserError
+from visiontune.settings.config import TrainConfig
+from visiontune.tuning import results, space, study
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+MAX_DIVERGED = 5
+WORKER_ENV = "VISIONTUNE_TUNE_WORKER"  # set in the processes --parallel starts: their index
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int
+    out: str
+    storage: str | None = None
+    study_name: str = "visiontune"
+    space_file: str | None = None
+    parallel: int = 1
+    timeout: float | None = None  # seconds after which no trial starts
+    sampler: str = "tpe"
+    pruner: str = "median"
+    heartbeat: float = 30.0
+
+
+def duration(text: str) -> float:
+    """``--timeout``: seconds, or a number with s, m, h or d (``90m``, ``2h``, ``1h30m``)."""
+    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
+    if not text or not m or not any(m.groups()):
+        raise UserError(f"--timeout {text!r} is not a duration: write e.g. 3600, 90m, 2h or 1h30m")
+    d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def _direction(metric: str) -> str:
+    return "minimize" if metric == "loss" else "maximize"
+
+
+def _sampler(name: str, seed: int):
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    # constant_liar: trials other tuners are running count as bad guesses, so tuners spread out.
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+def _pruner(name: str, epochs: int):
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, epochs))
+    # Two finished trials to compare with, from the first epoch on: tuning budgets are a few epochs.
+    return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+
+
+def epoch_value(row: dict, metric: str) -> float:
+    """An epoch's value of the metric, as the run's best model picks it (raw or EMA weights)."""
+    from visiontune.runs.records import best_of
+
+    best, which = best_of([row], metric)
+    return float(best[which][metric])
+
+
+def summary_value(summary: dict, metric: str) -> float:
+    return float(summary[f"best_val_{metric}"])
+
+
+@dataclass
+class Tuner:
+    """One tuner process: its study, the fixed settings and the space."""
+
+    opts: TuneOptions
+    cfg: TrainConfig  # the fixed settings, validated
+    params: list[space.Param]
+    images: object  # the data's listing, made once
+    metric: str  # accuracy, loss or map: what the study optimises
+    storage: object
+    study: optuna.Study
+    diverged: int = 0  # trials in a row that ended in a non-finite loss
+
+    def run(self, deadline: float | None) -> int:
+        """Trials until the study has enough finished ones (or the deadline); how many this tuner ran."""
+        ran = 0
+        while True:
+            with _asking(self.opts.out):  # the count and the ask, one tuner at a time (of those sharing OUT)
+                study.fail_stale(self.study, self.storage, self.opts.heartbeat)
+                trials = self.study.get_trials(deepcopy=False)
+                done = study.count(trials, *FINISHED)
+                waiting = study.count(trials, TrialState.WAITING)
+                if done >= self.opts.trials or (deadline is not None and time.time() >= deadline):
+                    return ran
+                busy = done + study.count(trials, TrialState.RUNNING) + waiting >= self.opts.trials and not waiting
+                trial = None if busy else self.study.ask()
+                # Owned from the start: another tuner never takes a trial without an owner for a stale one.
+                beat = None if trial is None else study.Heartbeat(self.storage, trial._trial_id, self.opts.heartbeat)
+            if trial is None:
+                time.sleep(min(5.0, self.opts.heartbeat))  # the last trials are other tuners': wait for them
+                continue
+            with beat:
+                self.one_trial(trial)
+            ran += 1
+
+    def one_trial(self, trial) -> None:
+        from visiontune.cluster.signals import RunStopped
+        from visiontune.training.engine import NonFiniteLoss
+        from visiontune.training.trainer import train
+
+        values = space.sample(self.params, trial)
+        run_dir = str(Path(self.opts.out, f"trial-{trial.number:04d}").resolve())
+        cfg = self.cfg.replace(**values, output_dir=run_dir)
+        trial.set_user_attr("run_dir", run_dir)
+        trial.set_user_attr("config", results.settings_of(cfg))
+        pruned: list[int] = []
+
+        def on_epoch(epoch: int, row: dict) -> str | None:
+            trial.report(epoch_value(row, self.metric), epoch)
+            if epoch + 1 < cfg.epochs and trial.should_prune():
+                pruned.append(epoch)
+                return f"pruned by the tuner ({self.opts.pruner} pruner) after epoch {epoch + 1}, trial {trial.number}"
+            return None
+
+        print(f"visiontune: trial {trial.number}: {', '.join(f'{k}={v}' for k, v in values.items())} -> {run_dir}")
+        try:
+            summary = train(cfg, self.images, on_epoch=on_epoch)
+        except NonFiniteLoss as e:  # these settings diverge: the search goes on (a few times in a row at most)
+            trial.set_user_attr("error", str(e))
+            self.study.tell(trial, state=TrialState.FAIL)
+            print(f"visiontune: trial {trial.number} failed: {e}", file=sys.stderr)
+            self.diverged += 1
+            if self.diverged >= MAX_DIVERGED:
+                raise UserError(
+                    f"{self.diverged} trials in a row diverged (the last: {e}); narrow the space (a lower lr)"
+                ) from None
+            return
+        except UserError as e:  # the space was checked before: this is about the data or the machine
+            trial.set_user_attr("error", str(e))
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        except RunStopped:  # a signal: the tuner stops; the trial goes back in the queue
+            self.storage.set_trial_system_attr(trial._trial_id, "visiontune:failed", "stopped by a signal")
+            self.study.tell(trial, state=TrialState.FAIL)
+            study.retry(self.study, self.study.get_trials(deepcopy=False)[trial.number])
+            raise
+        except Exception:  # a bug: the trial failed (not retried: it would fail again), the traceback follows
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        self.diverged = 0
+        trial.set_user_attr("epochs_done", summary["epochs"])
+        if pruned:
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, summary_value(summary, self.metric))
+
+
+@contextlib.contextmanager
+def _asking(out: str):
+    """A lock on OUT/.ask.lock: tuners sharing a tune folder count the trials and ask for one in turn, so
+    that together they start no more trials than the study needs (Optuna alone would give each its own)."""
+    with open(Path(out, ".ask.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _die_with_parent() -> None:
+    """A worker of --parallel: SIGKILLed when its tuner dies, so that a kill -9 leaves no trial training on."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[str] | None, say=print) -> Tuner:
+    """Everything checked before a trial: options, space, data, storage and study; the tuner."""
+    from visiontune.data.layouts import discover
+    from visiontune.settings import presets
+
+    if opts.trials < 1 or opts.parallel < 1 or opts.heartbeat <= 0:
+        raise UserError("--trials and --parallel must be positive integers, --heartbeat a positive number")
+    if cfg.strategy != "single" or (cfg.nproc or 1) > 1 or cfg.nnodes:
+        raise UserError("each trial of `visiontune tune` runs in one process: drop --strategy/--nproc/--nnodes")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner says what happens, one line a trial
+    params = space.resolve(cfg, fixed, opts.space_file, models)
+    images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
+    metric = presets.best_metric(cfg, images.multi_label)
+    cfg = cfg.replace(best_metric=metric)
+    Path(opts.out).mkdir(parents=True, exist_ok=True)
+    url = study.storage_url(opts.storage, opts.out)
+    storage = study.open_storage(url)
+    seed = (cfg.seed * 1_000_003 + os.getpid() + int(os.environ.get(WORKER_ENV, "0"))) % 2**32
+    with _asking(opts.out):  # tuners started together: one makes the study and records what it is of
+        the_study = study.open_study(
+            storage,
+            url,
+            opts.study_name,
+            _direction(metric),
+            _sampler(opts.sampler, seed),
+            _pruner(opts.pruner, cfg.epochs),
+            study.data_identity(images),
+            study.fixed_record({k: v for k, v in cfg.to_dict().items() if k not in {p.name for p in params}}),
+        )
+    say(f"visiontune: study {opts.study_name!r} in {url}: {len(the_study.trials)} trial(s) so far")
+    say(f"visiontune: searching {'; '.join(p.describe() for p in params)} ({metric}, {_direction(metric)})")
+    return Tuner(opts, cfg, params, images, metric, storage, the_study)
+
+
+def tune(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, argv: list[str], models: list[str] | None) -> int:
+    """The command: prepare, run the trials here or in ``--parallel`` processes, then the results."""
+    worker = WORKER_ENV in os.environ
+    if worker:
+        _die_with_parent()
+    tuner = prepare(cfg, fixed, opts, models, say=(lambda *_: None) if worker else print)
+    deadline = None if opts.timeout is None else time.time() + opts.timeout
+    if worker or opts.parallel == 1:
+        tuner.run(deadline)
+    else:
+        _run_workers(tuner, argv, deadline)
+    if worker:
+        return 0
+    table = results.write_all(tuner.study, tuner.opts.out, tuner.metric)
+    print(table)
+    return 0
+
+
+def _run_workers(tuner: Tuner, argv: list[str], deadline: float | None) -> None:
+    """``--parallel K``: K tuner processes on this study, cores split between them (or one GPU each)."""
+    k = tuner.opts.parallel
+    threads = tuner.cfg.threads or max(1, available_cores() // k)
+    gpus = _gpu_count()
+    procs = []
+    from visiontune.cluster.launch import without_flags
+
+    args = without_flags(argv, ("--timeout",))  # the workers get what is left of it
+    if deadline is not None:
+        args += ["--timeout", f"{max(1.0, deadline - time.time()):.0f}"]
+    for i in range(k):
+        env = {**os.environ, WORKER_ENV: str(i), "OMP_NUM_THREADS": str(threads)}
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+        log = open(Path(tuner.opts.out, f"tuner-{i}.log"), "a")
+        cmd = [sys.executable, "-m", "visiontune", "tune", *args, "--threads", str(threads)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    print(f"visiontune: {k} tuner processes, {threads} thread(s) each; their output in {tuner.opts.out}/tuner-*.log")
+    # A stop signal (Slurm's USR1 before the time limit, SIGTERM) is each worker's to act on: passed on.
+    forward = lambda signum, _frame: [p.send_signal(signum) for p in procs]  # noqa: E731
+    before = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    try:
+        codes = [p.wait() for p in procs]
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    stopped = [c for c in codes if c not in (0, 2) and c > 128]
+    if stopped:
+        from visiontune.cluster.signals import RunStopped
+
+        raise RunStopped("stopped by a signal; run the same command to continue the study", max(stopped))
+    bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+    if bad:
+        raise UserError(
+            "tuner process(es) "
+            + ", ".join(f"{i} (exit {c})" for i, c in bad)
+            + f" failed; see {tuner.opts.out}/tuner-N.log, then run the same command to continue the study"
+        )
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

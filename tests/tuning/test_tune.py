@@ -1,0 +1,265 @@
+"""``visiontune tune``: one 4-trial SQLite study (pruning, results, best.toml), shared by the tests that read it,
+then the multi-process cases (``--parallel 2`` killed with -9 and run again; two tuners on one journal file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from visiontune.cli.commands import main
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+PYTHON = sys.executable
+TINY = [
+    "--model",
+    "resnet18",
+    "--weights",
+    "none",
+    "--image-size",
+    "32",
+    "--batch-size",
+    "8",
+    "--num-workers",
+    "0",
+    "--no-progress",
+    "--threads",
+    "1",
+]
+# lr only: the other settings stay the recipe's, so the trials differ by one number each.
+SPACE = "[lr]\nlow = 1e-8\nhigh = 0.1\nlog = true\n"
+# Two good trials, a hopeless one (lr 1e-8: its first epoch's val loss stays the untrained one, far above
+# the median of the two before it, so the median pruner stops it), then the second one's settings again
+# (its first epoch the same as that one's, below the median of the three before it: it runs to the end).
+ENQUEUED = [0.003, 0.005, 1e-8, 0.005]
+
+
+def _argv(data: Path, out: Path, space: Path, *extra: str) -> list[str]:
+    return ["tune", "--data", str(data), "--out", str(out), "--space", str(space), *TINY, *extra]
+
+
+def load(out: Path, name: str = "visiontune", storage: str | None = None) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=storage or f"sqlite:///{out / 'study.db'}")
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, small_data):
+    """The study: 4 trials of 2 epochs on ``small_data``, minimising the val loss, one of them pruned."""
+    out = tmp_path_factory.mktemp("tune") / "tune"
+    out.mkdir()
+    space = out.parent / "space.toml"
+    space.write_text(SPACE)
+    # The trials a user would queue with Optuna's own API before the tuner runs them.
+    study = optuna.create_study(study_name="visiontune", storage=f"sqlite:///{out / 'study.db'}", direction="minimize")
+    for lr in ENQUEUED:
+        study.enqueue_trial({"lr": lr})
+    argv = _argv(small_data, out, space, "--trials", "4", "--epochs", "2", "--best-metric", "loss")
+    assert main(argv) == 0
+    return out, argv
+
+
+def _history(run_dir: str | Path) -> list[dict]:
+    return json.loads(Path(run_dir, "history.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_study_in_sqlite_with_a_trial_pruned_at_an_epoch_boundary(tuned, capsys):
+    out, argv = tuned
+    trials = load(out).get_trials()
+    complete, pruned = TrialState.COMPLETE, TrialState.PRUNED
+    assert [t.state for t in trials] == [complete, complete, pruned, complete]
+    assert [t.params["lr"] for t in trials] == ENQUEUED
+    for t in trials:
+        run_dir = Path(t.user_attrs["run_dir"])
+        assert run_dir == out / f"trial-{t.number:04d}"
+        history, summary = _history(run_dir), json.loads((run_dir / "summary.json").read_text())
+        # What Optuna was told after each epoch is the run's own record of that epoch.
+        assert t.intermediate_values == {r["epoch"]: r["val"]["loss"] for r in history}
+        if t.state == TrialState.PRUNED:
+            assert len(history) == 1 and summary["epochs"] == 1
+            assert summary["stopped"]["reason"].startswith("pruned by the tuner (median pruner) after epoch 1")
+            assert summary["stopped"]["epochs_done"] == 1
+            median = (trials[0].intermediate_values[0] + trials[1].intermediate_values[0]) / 2
+            assert t.intermediate_values[0] > median
+        else:
+            assert len(history) == 2 and "stopped" not in summary
+            assert t.value == summary["best_val_loss"] == min(r["val"]["loss"] for r in history)
+    assert trials[3].intermediate_values == trials[1].intermediate_values  # the same settings, the same run
+    # The results: the table, trials.json and best.toml name the trial with the lowest loss.
+    best = min((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+    rows = json.loads((out / "trials.json").read_text())
+    assert [r["state"] for r in rows] == ["complete", "complete", "pruned", "complete"]
+    assert f"trial {best.number}, best val loss" in (out / "best.toml").read_text()
+    # The same command again: the study has its 4 trials, so nothing runs and nothing is added.
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert len(load(out).trials) == 4
+    assert f"best trial {best.number}: val loss {best.value:.4f}" in printed
+    line = next(s for s in printed.splitlines() if s.split()[:2] == ["*", str(best.number)])
+    assert "complete" in line
+
+
+@pytest.mark.slow
+def test_best_toml_trains_the_best_trial_again_to_the_same_metrics(tuned, tmp_path):
+    out, _ = tuned
+    best = load(out).best_trial
+    assert main(["train", "--config", str(out / "best.toml"), "--output-dir", str(tmp_path / "again")]) == 0
+    again, before = _history(tmp_path / "again"), _history(best.user_attrs["run_dir"])
+    metrics = lambda rows: [(r["train"]["loss"], r["train"]["accuracy"], r["val"]) for r in rows]  # noqa: E731
+    for rows in (again, before):  # what a second run cannot repeat: its times
+        for r in rows:
+            r["val"] = {k: v for k, v in r["val"].items() if "seconds" not in k and "per_s" not in k}
+    assert len(again) == 2 and metrics(again) == metrics(before)
+    assert json.loads((tmp_path / "again" / "summary.json").read_text())["best_val_loss"] == best.value
+
+
+def chromium() -> str:
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.fail("the browser tests need Chromium: `sudo make browser` installs it", pytrace=False)
+
+
+CHECK = """<script>window.addEventListener("load", () => {
+  const bad = [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).length;
+  document.body.setAttribute("data-images", document.images.length);
+  document.body.setAttribute("data-broken", bad);
+  const rows = [...document.querySelectorAll("#trials tr[data-trial]")];
+  document.body.setAttribute("data-rows", rows.map(r => r.dataset.trial + ":" + r.className).join(","));
+  document.body.setAttribute("data-values",
+    rows.map(r => r.children[2].dataset.value || "").join(","));
+});</script>"""
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_tune_html_in_a_headless_browser(tuned, tmp_path):
+    import re
+
+    out, _ = tuned
+    trials = load(out).get_trials()
+    page = out / "check.html"  # beside tune.html, so that its relative links resolve alike
+    page.write_text((out / "tune.html").read_text().replace("</body>", CHECK + "</body>"))
+    done = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    page.unlink()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line for line in done.stderr.splitlines() if ":CONSOLE" in line] == []
+    assert re.search(r'data-images="2"', done.stdout) and re.search(r'data-broken="0"', done.stdout)
+    best = load(out).best_trial.number
+    kinds = ["pruned" if t.state == TrialState.PRUNED else "best" if t.number == best else "" for t in trials]
+    assert f'data-rows="{",".join(f"{t.number}:{k}" for t, k in zip(trials, kinds))}"' in done.stdout
+    values = [t.value if t.state == TrialState.COMPLETE else t.intermediate_values[0] for t in trials]
+    assert f'data-values="{",".join(repr(v) for v in values)}"' in done.stdout
+    assert re.search(r'<table id="importances">.*<th>lr</th>', done.stdout, re.S)
+
+
+def _env(tmp: Path) -> dict:
+    from trainrun import env_for
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
+    return env_for({**env, "OMP_NUM_THREADS": "1"}, tmp)
+
+
+def _owners(trials) -> set[int]:
+    return {t.system_attrs["visiontune:owner"]["pid"] for t in trials}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(small_data, tmp_path):
+    out, space = tmp_path / "tune", tmp_path / "space.toml"
+    space.write_text(SPACE)
+    argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "1")]
+    argv += ["--parallel", "2", "--pruner", "none", "--heartbeat", "1"]
+    env = _env(tmp_path)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Kill once two trials have run at once (the --parallel) and one has finished while another runs.
+    end, together = time.monotonic() + 300, False
+    while True:
+        assert proc.poll() is None, "the tuner ended before it was killed"
+        assert time.monotonic() < end, "no trial finished"
+        try:  # the tuner may still be creating the database's tables
+            states = [t.state for t in load(out).get_trials()]
+        except Exception:
+            states = []
+        together = together or states.count(TrialState.RUNNING) == 2
+        if together and TrialState.COMPLETE in states and TrialState.RUNNING in states:
+            break
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)  # the workers die with their tuner (PR_SET_PDEATHSIG)
+    before = {t.number: t for t in load(out).get_trials()}
+    interrupted = [n for n, t in before.items() if t.state == TrialState.RUNNING]
+    assert interrupted, "no trial was running when the tuner was killed"
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    trials = load(out).get_trials()
+    finished = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(finished) == 3  # the budget, each trial counted once
+    for n in interrupted:  # failed, and run again once from its start with the same settings
+        assert trials[n].state == TrialState.FAIL and trials[n].system_attrs["visiontune:failed"]
+        retries = [t for t in trials if t.system_attrs.get("failed_trial") == n]
+        assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+        assert "visiontune:failed" not in retries[0].system_attrs
+        if before[n].params:  # killed after its settings were drawn (else the retry draws its own)
+            assert retries[0].params == before[n].params
+    for n, t in before.items():  # finished before the kill: kept as they were
+        if t.state == TrialState.COMPLETE:
+            assert trials[n].state == TrialState.COMPLETE and trials[n].value == t.value
+    folders = [t.user_attrs["run_dir"] for t in finished]
+    assert len(set(folders)) == 3 and all(Path(f, "summary.json").is_file() for f in folders)
+    assert len(_owners(trials)) >= 3  # two workers before the kill, and at least one after it
+    assert sorted(p.name for p in out.glob("tuner-*.log")) == ["tuner-0.log", "tuner-1.log"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_tuners_on_one_journal_file_share_the_study(small_data, tmp_path):
+    out, space, journal = tmp_path / "tune", tmp_path / "space.toml", tmp_path / "shared" / "study.log"
+    space.write_text(SPACE)
+    argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "2", "--epochs", "1")]
+    argv += ["--storage", str(journal), "--study", "shared", "--pruner", "none"]
+    env = _env(tmp_path)
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    logs = [p.communicate(timeout=600)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    trials = load(out, "shared", JournalStorage(JournalFileBackend(str(journal)))).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    assert len({t.user_attrs["run_dir"] for t in trials}) == 2
+    assert _owners(trials) == {p.pid for p in procs}  # both ran trials of the one study
+    assert not (out / "study.db").exists()

@@ -1,0 +1,164 @@
+"""``visiontune tune``'s bad inputs (one line, exit 2, before any trial), the space, and its Slurm job."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from visiontune.cli.commands import main
+from visiontune.errors import UserError
+from visiontune.tuning import space as space_mod
+from visiontune.tuning.tune import duration
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+FLAGS = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--epochs", "1"]
+
+
+def _tune(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["tune", "--data", str(data), "--out", str(out), "--trials", "2", *FLAGS, *extra]
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("visiontune: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[lr\nlow = 1", "cannot parse space file"),
+        ("[learning_rate]\nlow = 0.1\nhigh = 1.0\n", "[learning_rate] is not a training setting"),
+        ("[lr]\nlow = 0.1\nhigh = 0.01\n", "low must be below high"),
+        ("[lr]\nlow = 0.0\nhigh = 0.1\nlog = true\n", "a log range must start above 0"),
+        ("[epochs]\nlow = 1.5\nhigh = 3\n", "epochs is an integer setting"),
+        ("[data]\nchoices = ['a', 'b']\n", "is not a setting a study searches"),
+        ("[augment]\nchoices = ['light', 'strong']\n", "the search space's [augment] value 'strong'"),
+        ("[label_smoothing]\nlow = 0.0\nhigh = 2.0\n", "the search space's [label_smoothing] value 2.0"),
+        ("[augment]\nchoices = []\n", "choices must be a non-empty list"),
+        ("[lr]\nlow = 1e-4\nhigh = 0.1\nsteps = 3\n", "unknown key(s) steps"),
+        ("", "searches nothing"),
+    ],
+)
+def test_a_bad_space_file_is_one_line_before_anything_is_listed(tmp_path, capsys, text, says):
+    bad = tmp_path / "space.toml"
+    bad.write_text(text)
+    assert main(_tune(tmp_path / "no-data", tmp_path / "t", "--space", str(bad))) == 2
+    assert says in _error(capsys)
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_setting_fixed_and_searched_is_refused(tmp_path, capsys):
+    both = tmp_path / "space.toml"
+    both.write_text("[lr]\nlow = 1e-4\nhigh = 0.1\nlog = true\n")
+    assert main(_tune(tmp_path, tmp_path / "t", "--space", str(both), "--lr", "0.01")) == 2
+    assert "--lr fixed on the command line and searched in" in _error(capsys)
+
+
+def test_the_default_space_leaves_out_what_is_fixed_and_adds_the_models():
+    from visiontune.settings.config import TrainConfig
+    from visiontune.settings.validation import validate
+
+    cfg = validate(TrainConfig(data="d", recipe="modern", image_size=32))
+    found = space_mod.resolve(cfg, {"image_size", "lr"}, None, ["resnet18", "mobilenet_v3_small"])
+    names = [p.name for p in found]
+    assert "lr" not in names and "image_size" not in names and "weight_decay" in names
+    assert found[-1].choices == ("resnet18", "mobilenet_v3_small")
+    lr = space_mod.resolve(cfg, {"image_size"}, None, None)[0]
+    assert (lr.name, lr.log, lr.low, lr.high) == ("lr", True, 1e-5, 3e-3)
+
+
+def test_values_sampled_from_a_space_file_are_of_each_setting_s_type(tmp_path):
+    f = tmp_path / "space.toml"
+    f.write_text(
+        "[epochs]\nlow = 1\nhigh = 3\n[lr]\nlow = 1e-4\nhigh = 1e-2\nlog = true\n"
+        '[augment]\nchoices = ["none", "light"]\n'
+    )
+    params = space_mod.load_space(str(f))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(5):
+        values = space_mod.sample(params, study.ask())
+        assert isinstance(values["epochs"], int) and 1 <= values["epochs"] <= 3
+        assert 1e-4 <= values["lr"] <= 1e-2 and values["augment"] in ("none", "light")
+
+
+def test_durations():
+    assert [duration(t) for t in ("90", "90s", "30m", "2h", "1h30m", "1d")] == [90, 90, 1800, 7200, 5400, 86400]
+    for bad in ("", "2 h", "h", "-5", "1x"):
+        with pytest.raises(UserError, match="is not a duration"):
+            duration(bad)
+
+
+def test_an_unreachable_database_is_one_line(sample_data, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path}/no/such/folder/study.db"
+    assert main(_tune(sample_data, tmp_path / "t", "--storage", url)) == 2
+    line = _error(capsys)
+    assert f"cannot open the study storage {url}" in line and "unable to open database file" in line
+    assert main(_tune(sample_data, tmp_path / "t", "--storage", "nosuchdriver://host/db")) == 2
+    assert "cannot open the study storage nosuchdriver://host/db" in _error(capsys)
+
+
+def test_a_study_of_another_data_set_is_refused(sample_data, small_data, tmp_path, capsys):
+    from visiontune.data.layouts import discover
+    from visiontune.tuning import study
+
+    out = tmp_path / "t"
+    out.mkdir()
+    made = optuna.create_study(study_name="visiontune", storage=f"sqlite:///{out / 'study.db'}", direction="maximize")
+    made.set_user_attr(study.ATTR_DATA, study.data_identity(discover(str(small_data))))
+    assert main(_tune(sample_data, out)) == 2
+    line = _error(capsys)
+    assert "study 'visiontune' in sqlite:///" in line and "is of another data set (40 images" in line
+    assert made.trials == [] and not list(out.glob("trial-*"))
+    # The study of the right data, with other fixed settings: refused too, saying which.
+    made.set_user_attr(study.ATTR_DATA, study.data_identity(discover(str(sample_data))))
+    made.set_user_attr(study.ATTR_DIRECTION, "maximize")
+    made.set_user_attr(study.ATTR_FIXED, {"epochs": 3})
+    assert main(_tune(sample_data, out)) == 2
+    assert "was run with other fixed settings (epochs 3 -> 1" in _error(capsys)
+
+
+def test_a_stale_trial_is_failed_and_queued_again_once(tmp_path):
+    from visiontune.tuning import study
+
+    storage = study.open_storage(str(tmp_path / "journal.log"))
+    s = optuna.create_study(storage=storage, study_name="s")
+    live, dead = s.ask(), s.ask()
+    for t, pid in ((live, __import__("os").getpid()), (dead, 2**22 + 12345)):  # the second pid runs nothing
+        owner = {"host": __import__("socket").gethostname(), "pid": pid, "since": 0.0, "heartbeat": 30.0}
+        storage.set_trial_system_attr(t._trial_id, study.OWNER, owner)
+        storage.set_trial_system_attr(t._trial_id, study.BEAT, __import__("time").time())
+    t3 = s.ask()  # no owner: a trial another program runs, never judged
+    assert study.fail_stale(s, storage, 30.0) == [dead.number]
+    assert study.fail_stale(s, storage, 30.0) == []  # once
+    trials = s.get_trials()
+    assert [t.state for t in trials] == [TrialState.RUNNING, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING]
+    assert trials[3].system_attrs["failed_trial"] == dead.number and t3.number == 2
+
+
+def test_the_slurm_job_runs_one_tuner_per_node_on_the_journal_file(sample_data, tmp_path, capsys):
+    job = tmp_path / "tune.sbatch"
+    journal = "/shared/studies/pets.log"
+    argv = _tune(sample_data, tmp_path / "t", "--storage", journal, "--slurm-script", str(job))
+    assert main([*argv, "--nodes", "4", "--gpus-per-node", "2", "--time", "4:00:00", "--partition", "gpu"]) == 0
+    script = job.read_text()
+    assert "#SBATCH --nodes=4\n" in script and "#SBATCH --gpus-per-node=2\n" in script
+    assert "#SBATCH --partition=gpu\n" in script and "#SBATCH --signal=USR1@120\n" in script
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    words = shlex.split(srun)
+    assert words[words.index("tune") - 2 :][:3] == ["-m", "visiontune", "tune"]
+    assert words[words.index("--storage") + 1] == journal and words.count("--storage") == words.count(journal) == 1
+    assert words[-2:] == ["--parallel", "2"]
+    for own in ("--slurm-script", "--nodes", "--gpus-per-node", "--time", "--partition"):
+        assert own not in words
+    assert words[words.index("--trials") + 1] == "2" and words[words.index("--data") + 1] == str(sample_data)
+    assert not (tmp_path / "t").exists()  # nothing tuned
+    capsys.readouterr()
+    # A database URL or no storage: not a job for a shared file system.
+    assert main([*argv[:-4], "--slurm-script", str(job), "--nodes", "1", "--gpus-per-node", "0", "--time", "60"]) == 2
+    assert "needs --storage FILE, a journal file" in _error(capsys)
