@@ -104,7 +104,7 @@ def test_an_unreachable_database_is_one_line(sample_data, tmp_path, capsys):
 
 
 def test_a_study_of_another_data_set_is_refused(sample_data, small_data, tmp_path, capsys):
-    from visiontune.data.layouts import discover
+    from visiontune.data.sources import discover
     from visiontune.tuning import study
 
     out = tmp_path / "t"

@@ -202,7 +202,7 @@ def _die_with_parent() -> None:
 
 def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[str] | None, say=print) -> Tuner:
     """Everything checked before a trial: options, space, data, storage and study; the tuner."""
-    from visiontune.data.layouts import discover
+    from visiontune.data.sources import discover
     from visiontune.settings import presets
 
     if opts.trials < 1 or opts.parallel < 1 or opts.heartbeat <= 0:
