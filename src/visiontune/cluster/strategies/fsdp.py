@@ -28,6 +28,10 @@ class FSDP(Strategy):
     several_processes = True
 
     def check(self, cfg) -> None:
+        import torch
+
+        if cfg.fsdp_offload and not torch.cuda.is_available():
+            raise UserError("--fsdp-offload moves parameters from GPU to CPU memory; without a GPU: drop it")
         if cfg.ema:
             raise UserError("--ema does not run with --strategy fsdp yet: drop --ema or use --strategy ddp")
         if cfg.compile:
@@ -37,6 +41,7 @@ class FSDP(Strategy):
         import torch
         import torch.distributed as dist
         from accelerate.optimizer import AcceleratedOptimizer
+        from torch import nn
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         if not dist.is_initialized():  # one process (no launcher): a group of one, so the same code runs
@@ -51,6 +56,13 @@ class FSDP(Strategy):
             "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype),
             "offload_policy": CPUOffloadPolicy() if cfg.fsdp_offload else OffloadPolicy(),
         }
+        if dtype is not None:
+            # BatchNorm's statistics stay float32, and its kernel wants its weights in the same dtype: each
+            # BatchNorm is a unit of its own that gathers float32 (cheap: two vectors a layer).
+            fp32 = {**how, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=dtype)}
+            for norm in [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
+                fully_shard(norm, **fp32)
+            model.forward = _autocast(model.forward, accelerator)  # what accelerator.prepare_model would add
         for block in blocks(model):
             fully_shard(block, **how)
         fully_shard(model, **how)
@@ -96,6 +108,20 @@ def blocks(model) -> list:
         getattr(model, f"layer{i}") for i in range(1, 5) if isinstance(getattr(model, f"layer{i}", None), nn.Module)
     ]
     return found or resnet or [c for c in model.children() if any(True for _ in c.parameters())]
+
+
+def _autocast(forward, accelerator):
+    """``forward`` under the run's autocast, its outputs in float32 (the loss and metrics are taken in float32)."""
+    import functools
+
+    from accelerate.utils import convert_outputs_to_fp32
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        with accelerator.autocast():
+            return forward(*args, **kwargs)
+
+    return convert_outputs_to_fp32(run)
 
 
 def _broadcast_buffers(module, _args, tensors=None) -> None:
