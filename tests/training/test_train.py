@@ -220,7 +220,7 @@ def test_an_earlier_version_s_config_json_reads_in_today_s_forms(sample_data, tm
         (["--epochs", "-1"], "--epochs must be a positive integer"),
         (["--val-fraction", "0.999"], "empty"),
         (["--batch-size", "500"], "fewer than one global batch"),
-        (["--strategy", "fsdp"], "argument --strategy: invalid choice"),
+        (["--strategy", "deepspeed"], "argument --strategy: invalid choice"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(sample_data, tmp_path, capsys, args, msg):
@@ -274,7 +274,7 @@ def test_cosine_schedule_steps_per_optimizer_step_with_accumulation(sample_data,
 
 def test_a_choice_from_a_config_file_is_checked_like_the_flag(sample_data, tmp_path, capsys):
     conf = tmp_path / "c.toml"
-    conf.write_text('strategy = "fsdp"\n')
+    conf.write_text('strategy = "deepspeed"\n')
     assert main(["train", "--data", str(sample_data), "--config", str(conf)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--strategy must be one of single, dp, ddp" in err and len(err.splitlines()) == 1
+    assert "--strategy must be one of single, dp, ddp, fsdp" in err and len(err.splitlines()) == 1

@@ -48,7 +48,7 @@ class FSDP(Strategy):
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         model = model.to(accelerator.device)
         # Each process drew its own initial weights (seed + rank): rank 0's, as DDP starts from them too.
-        _broadcast_buffers(model, (), tensors=[*model.parameters(), *model.buffers()])
+        _from_rank0(model, (), tensors=[*model.parameters(), *model.buffers()])
         by_id = {id(p): n for n, p in model.named_parameters()}
         groups = [[by_id[id(p)] for p in g["params"]] for g in optimizer.param_groups]
         dtype = getattr(torch, _DTYPES[cfg.mixed_precision]) if cfg.mixed_precision in _DTYPES else None
@@ -70,7 +70,7 @@ class FSDP(Strategy):
         params = dict(model.named_parameters())
         for group, names in zip(optimizer.param_groups, groups):
             group["params"] = [params[n] for n in names]
-        model.register_forward_pre_hook(_broadcast_buffers)
+        model.register_forward_pre_hook(_from_rank0)
         # The optimizer is wrapped as ``accelerator.prepare`` would, but not registered with the accelerator:
         # its sharded state is saved by the hooks below, not gathered into Accelerate's one-file save.
         optimizer = AcceleratedOptimizer(optimizer, device_placement=False, scaler=accelerator.scaler)
@@ -124,9 +124,9 @@ def _autocast(forward, accelerator):
     return convert_outputs_to_fp32(run)
 
 
-def _broadcast_buffers(module, _args, tensors=None) -> None:
-    """Rank 0's buffers (BatchNorm statistics) to every process before each forward, as DDP does: FSDP
-    shards parameters only, and each process would otherwise evaluate with its own statistics."""
+def _from_rank0(module, _args, tensors=None) -> None:
+    """Rank 0's buffers (BatchNorm statistics), or ``tensors``, to every process. A forward pre-hook, as DDP
+    does it: FSDP shards parameters only, and each process would otherwise evaluate with its own statistics."""
     import torch
     import torch.distributed as dist
 
@@ -142,7 +142,7 @@ def _save(model, optimizer, folder: str) -> None:
 
     # Buffers are not sharded: each process holds its own copy, and which copy the save keeps is the
     # planner's choice. Rank 0's, as under DDP (and as every process's next forward would take them).
-    _broadcast_buffers(model, ())
+    _from_rank0(model, ())
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder)
 
