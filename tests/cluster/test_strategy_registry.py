@@ -70,3 +70,21 @@ def test_fsdp_shards_each_family_by_its_blocks():
     assert blocks(convnext) == list(convnext.stages)
     squeeze = torchvision.models.squeezenet1_1(num_classes=2)  # its parameter-free layers are left to the root
     assert blocks(squeeze) == [m for m in squeeze.features if any(True for _ in m.parameters())]
+
+
+@pytest.mark.parametrize(
+    "given,says",
+    [
+        (["--strategy", "ddp", "--fsdp-offload"], "--fsdp-offload is an option of --strategy fsdp, not of ddp"),
+        (["--strategy", "fsdp", "--ema", "0.99"], "--ema does not run with --strategy fsdp yet"),
+    ],
+)
+def test_what_a_strategy_cannot_run_is_one_line_before_any_worker(sample_data, tmp_path, capsys, given, says):
+    from visiontune.cli.commands import main
+
+    out = tmp_path / "r"
+    argv = ["train", "--data", str(sample_data), "--model", "resnet18", "--weights", "none", "--output-dir", str(out)]
+    assert main([*argv, *given]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+    assert not out.exists()

@@ -37,6 +37,8 @@ class Strategy:
 
     def check(self, cfg) -> None:
         """Refuse settings this strategy cannot run (a UserError), before any worker starts."""
+        if cfg.fsdp_offload:  # it would change nothing here, silently
+            raise UserError(f"--fsdp-offload is an option of --strategy fsdp, not of {self.name}: drop it")
 
     def accelerator_kwargs(self, cfg) -> dict[str, Any]:
         """Arguments this strategy adds to the run's ``Accelerator(...)``."""

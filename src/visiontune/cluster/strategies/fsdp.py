@@ -28,6 +28,10 @@ class FSDP(Strategy):
     several_processes = True
 
     def check(self, cfg) -> None:
+        import torch
+
+        if cfg.fsdp_offload and not torch.cuda.is_available():
+            raise UserError("--fsdp-offload moves parameters from GPU to CPU memory; without a GPU: drop it")
         if cfg.ema:
             raise UserError("--ema does not run with --strategy fsdp yet: drop --ema or use --strategy ddp")
         if cfg.compile:
@@ -37,13 +41,14 @@ class FSDP(Strategy):
         import torch
         import torch.distributed as dist
         from accelerate.optimizer import AcceleratedOptimizer
+        from torch import nn
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         if not dist.is_initialized():  # one process (no launcher): a group of one, so the same code runs
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         model = model.to(accelerator.device)
         # Each process drew its own initial weights (seed + rank): rank 0's, as DDP starts from them too.
-        _broadcast_buffers(model, (), tensors=[*model.parameters(), *model.buffers()])
+        _from_rank0(model, (), tensors=[*model.parameters(), *model.buffers()])
         by_id = {id(p): n for n, p in model.named_parameters()}
         groups = [[by_id[id(p)] for p in g["params"]] for g in optimizer.param_groups]
         dtype = getattr(torch, _DTYPES[cfg.mixed_precision]) if cfg.mixed_precision in _DTYPES else None
@@ -51,6 +56,13 @@ class FSDP(Strategy):
             "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype),
             "offload_policy": CPUOffloadPolicy() if cfg.fsdp_offload else OffloadPolicy(),
         }
+        if dtype is not None:
+            # BatchNorm's statistics stay float32, and its kernel wants its weights in the same dtype: each
+            # BatchNorm is a unit of its own that gathers float32 (cheap: two vectors a layer).
+            fp32 = {**how, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=dtype)}
+            for norm in [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
+                fully_shard(norm, **fp32)
+            model.forward = _autocast(model.forward, accelerator)  # what accelerator.prepare_model would add
         for block in blocks(model):
             fully_shard(block, **how)
         fully_shard(model, **how)
@@ -58,7 +70,7 @@ class FSDP(Strategy):
         params = dict(model.named_parameters())
         for group, names in zip(optimizer.param_groups, groups):
             group["params"] = [params[n] for n in names]
-        model.register_forward_pre_hook(_broadcast_buffers)
+        model.register_forward_pre_hook(_from_rank0)
         # The optimizer is wrapped as ``accelerator.prepare`` would, but not registered with the accelerator:
         # its sharded state is saved by the hooks below, not gathered into Accelerate's one-file save.
         optimizer = AcceleratedOptimizer(optimizer, device_placement=False, scaler=accelerator.scaler)
@@ -98,9 +110,23 @@ def blocks(model) -> list:
     return found or resnet or [c for c in model.children() if any(True for _ in c.parameters())]
 
 
-def _broadcast_buffers(module, _args, tensors=None) -> None:
-    """Rank 0's buffers (BatchNorm statistics) to every process before each forward, as DDP does: FSDP
-    shards parameters only, and each process would otherwise evaluate with its own statistics."""
+def _autocast(forward, accelerator):
+    """``forward`` under the run's autocast, its outputs in float32 (the loss and metrics are taken in float32)."""
+    import functools
+
+    from accelerate.utils import convert_outputs_to_fp32
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        with accelerator.autocast():
+            return forward(*args, **kwargs)
+
+    return convert_outputs_to_fp32(run)
+
+
+def _from_rank0(module, _args, tensors=None) -> None:
+    """Rank 0's buffers (BatchNorm statistics), or ``tensors``, to every process. A forward pre-hook, as DDP
+    does it: FSDP shards parameters only, and each process would otherwise evaluate with its own statistics."""
     import torch
     import torch.distributed as dist
 
@@ -116,7 +142,7 @@ def _save(model, optimizer, folder: str) -> None:
 
     # Buffers are not sharded: each process holds its own copy, and which copy the save keeps is the
     # planner's choice. Rank 0's, as under DDP (and as every process's next forward would take them).
-    _broadcast_buffers(model, ())
+    _from_rank0(model, ())
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder)
 
