@@ -37,6 +37,7 @@ import os
 import shutil
 import stat
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,6 +57,10 @@ from visiontune.loading.pipeline import label_array, sample_label, unreadable_la
 CACHE_VERSION = 3  # 2: rows stored height x width x channel; 3: the header holds the array's digest
 DIGEST = "xxh3_128"  # ~12 GB/s of one core (benchmarks/cache_digest.py); hashlib's run at ~1
 _CHUNK = 8 * 2**20
+# A stamp taken less than this after the array's last change may not tell a later change apart (a file
+# system's timestamps tick in milliseconds to seconds): such an array is hashed again, as git re-reads a
+# "racily clean" file.
+_RACY_NS = 3 * 10**9
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)
 
 
@@ -134,7 +139,22 @@ def digest_file(path: str) -> str:
     return f"{DIGEST}:{h.hexdigest()}"
 
 
-def _changed(array_path: str, header_path: str, digest) -> str | None:
+def _stamp(path: str) -> list[int]:
+    """What any write to the array, in place or by replacing it, changes: its inode, size, mtime and
+    ctime (which nobody can set back), with the time this was taken."""
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, time.time_ns()]
+
+
+def _unchanged_since_hashed(array_path: str, stamp) -> bool:
+    """Whether the array is the file its header's stamp saw when its bytes last hashed to the digest."""
+    if not isinstance(stamp, list) or len(stamp) != 6:
+        return False
+    now = _stamp(array_path)
+    return now[:5] == stamp[:5] and stamp[4] + _RACY_NS < stamp[5]
+
+
+def _changed(array_path: str, header_path: str, head: dict) -> str | None:
     """Why a cache whose key matches may not hold the pixels it was built with, or None."""
     for path in (array_path, header_path):
         st = os.stat(path)
@@ -142,9 +162,25 @@ def _changed(array_path: str, header_path: str, digest) -> str | None:
             return f"{path} is owned by another user (uid {st.st_uid}): it may have been changed"
         if st.st_mode & 0o022:
             return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}): it may have been changed"
-    if digest_file(array_path) != digest:
+    # The whole array is hashed (a second and more at ImageNet size) unless nothing can have written to it
+    # since it last hashed to the digest: then its stamp still matches, and that stamp was taken well after
+    # its last change.
+    if _unchanged_since_hashed(array_path, head.get("stamp")):
+        return None
+    before = _stamp(array_path)  # taken before the hash: a write while hashing changes the file after it
+    if digest_file(array_path) != head.get("digest"):
         return f"{array_path} does not match its digest (changed or corrupt since it was built)"
+    try:  # hashed whole just now: the next start need not, while the array stays this file
+        _write_header(header_path, {**head, "stamp": before})
+    except OSError:
+        pass
     return None
+
+
+def _write_header(header_path: str, head: dict) -> None:
+    with atomic_file(header_path) as f:
+        _owner_writes_only(f)
+        f.write(json.dumps(head).encode("utf-8", "surrogateescape"))
 
 
 def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) -> ImageCache | None:
@@ -158,7 +194,7 @@ def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) 
     if not isinstance(head, dict) or head.get("key") != key or not size_ok:
         return None
     try:
-        problem = _changed(array_path, header_path, head.get("digest"))
+        problem = _changed(array_path, header_path, head)
     except OSError as e:
         problem = f"{array_path} cannot be read ({e.strerror or e})"
     if problem:  # never reused: it may not hold the pixels it was built with
@@ -213,10 +249,9 @@ def build(
         "count": len(paths),
         "bad": {str(i): list(pr) for i, pr in bad.items()},
         "digest": f"{DIGEST}:{digest.hexdigest()}",
+        "stamp": _stamp(array_path),  # the array in place, as just hashed (racy: the next open hashes it again)
     }
-    with atomic_file(header_path) as f:
-        _owner_writes_only(f)
-        f.write(json.dumps(head).encode("utf-8", "surrogateescape"))
+    _write_header(header_path, head)
     return ImageCache(array_path, image_size, len(paths), bad)
 
 
