@@ -13,8 +13,8 @@ machine wall seconds wait for a core, CPU seconds are the work.
 ``VT_WARM_SIZE`` is the image size (default 64; 1.28M files at 64 px is 15 GiB, over ``--cache fit``'s
 8 GiB cap, so that size is run at 32 px), ``VT_WARM_PROFILE=1`` adds a ``cProfile`` of one more run
 (its top entries printed), ``VT_WARM_OUT`` names the result files (``warm_start``), ``VT_WARM_KEEP=1``
-keeps the files and the cache for the next call (they are deleted otherwise), ``VT_WARM_SRC`` runs another
-version's ``src`` folder (``git archive REV src | tar -x -C DIR``) for a before/after.
+keeps the files and the cache for the next call (they are deleted otherwise), ``VT_WARM_SRC`` adds runs of another
+version's ``src`` folder (``git archive REV src | tar -x -C DIR``), interleaved with this one's: a before/after.
 """
 
 from __future__ import annotations
@@ -90,13 +90,15 @@ def command(data: Path, n: int, out: Path, profile: Path | None = None) -> list[
     ]
 
 
-def start(data: Path, n: int, cache: Path, stop: bool = True, profile: Path | None = None) -> dict:
+def start(
+    data: Path, n: int, cache: Path, stop: bool = True, profile: Path | None = None, src: str | None = None
+) -> dict:
     """One ``train``: seconds to its first line and its run-folder line, then stopped (unless ``stop`` is off)."""
     out = WORK / f"warm-run-{n}"
     shutil.rmtree(out, ignore_errors=True)
     env = python_env()
-    if os.environ.get("VT_WARM_SRC"):  # another version's src folder (a `git archive` of it), for a before/after
-        env["PYTHONPATH"] = os.environ["VT_WARM_SRC"]
+    if src:  # another version's src folder (a `git archive` of it), for a before/after
+        env["PYTHONPATH"] = src
     env.update(VISIONTUNE_CACHE_DIR=str(cache), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -127,7 +129,7 @@ def start(data: Path, n: int, cache: Path, stop: bool = True, profile: Path | No
         "run_folder_s": round(folder, 2),
         "cpu_s": round(cpu, 2),
         "load_1min": round(load, 2),
-        "lines_before_folder": [x.rstrip() for x in lines],
+        "first_line": lines[0].rstrip(),
     }
 
 
@@ -146,7 +148,7 @@ def main(sizes: list[int]) -> None:
         for _ in range(RUNS):
             r = {"files": n, "image_size": image_size(n), **start(data, n, cache)}
             rows.append(r)
-            print(f"warm_start: { ({k: v for k, v in r.items() if k != 'lines_before_folder'}) }", flush=True)
+            print(f"warm_start: { ({k: v for k, v in r.items() if k != 'first_line'}) }", flush=True)
         if os.environ.get("VT_WARM_PROFILE"):
             import pstats
 
@@ -169,11 +171,14 @@ def main(sizes: list[int]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| files | px | first line | run-folder line | CPU | load (1 min) |", "|---|---|---|---|---|---|"]
-    for r in rows:
+    lines = [
+        "| code | files | px | first line | run-folder line | CPU | load (1 min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["files"], r["code"] != "before")):
         lines.append(
-            f"| {r['files']:,} | {r['image_size']} | {r['first_line_s']:.1f} s | {r['run_folder_s']:.1f} s "
-            f"| {r['cpu_s']:.1f} s | {r['load_1min']:.1f} |"
+            f"| {r['code']} | {r['files']:,} | {r['image_size']} | {r['first_line_s']:.1f} s "
+            f"| {r['run_folder_s']:.1f} s | {r['cpu_s']:.1f} s | {r['load_1min']:.1f} |"
         )
     return "\n".join(lines)
 
