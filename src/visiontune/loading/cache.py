@@ -5,23 +5,24 @@ By default (``--cache fit``, ``choose``) the array goes in the user cache folder
 cannot be written, decodes every epoch instead, after one line saying why; ``--cache DIR|auto`` always
 caches (in DIR, or the user cache folder) and ``--cache off`` never does. The pixels are the same either way.
 
-The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images back to
-back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a small header whose
-``key`` is a sha256 of the file list with each file's size and mtime, the image size, the resize
-(interpolation and crop) and the decode (``--decode``; a non-default one of these also names the
-files, so a bilinear and a bicubic cache of one data set live side by side), the format version and
-the torchvision release (its resize defines the pixels), and ``digest``, an xxh3-128 of the array's
-bytes taken as they were written. A header whose key matches means the array may be reused, once its
-bytes hash to that digest again (read whole at open: a changed or corrupt array is rebuilt, said in one
-line) and neither file can be written by another user; anything else rebuilds it in place, written to
-temp files and moved into place (array first, header last), so a reader never sees half a cache. Every
-process and every epoch reads the same file through the OS page cache (in a job only each machine's
-local main process opens, and so verifies, it): nothing is loaded into a process's own memory, and a
-process drops its page mappings after each read, so its resident memory does not grow with the data set.
-The folder must be one only this user may write in (``host.untrusted``, the rule ssh has for ``~/.ssh``;
-made 0700 when missing): ``--cache DIR`` or ``auto`` in another is an error, ``fit`` goes on without a
-cache. The digest is no signature (whoever can write the array can write its header): the folder rule
-keeps other users out, the digest catches what changed an array in place since (a disk, a tool, a hand).
+The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images back to back as
+uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a small header whose ``key`` is a sha256
+of the file list with each file's size and mtime, the image size, the resize (interpolation and crop) and
+the decode (``--decode``; a non-default one of these also names the files, so a bilinear and a bicubic cache
+of one data set live side by side), the format version and the torchvision release (its resize defines the
+pixels), and ``digest``, an xxh3-128 of the array's bytes taken as they were written. A header whose key
+matches means the array may be reused, once its bytes hash to that digest again (read whole at open: a
+changed or corrupt array is rebuilt, said in one line; skipped while the array's ``stamp`` in the header,
+its inode, size, mtime and ctime when it last matched, still holds: nothing has written to it since) and
+neither file can be written by another user; anything else rebuilds it in place, written to temp files and
+moved into place (array first, header last), so a reader never sees half a cache. Every process and every
+epoch reads the same file through the OS page cache (in a job only each machine's local main process opens,
+and so verifies, it): nothing is loaded into a process's own memory, and a process drops its page mappings
+after each read, so its resident memory does not grow with the data set. The folder must be one only this
+user may write in (``host.untrusted``, the rule ssh has for ``~/.ssh``; made 0700 when missing): ``--cache
+DIR`` or ``auto`` in another is an error, ``fit`` goes on without a cache. The digest is no signature
+(whoever can write the array can write its header): the folder rule keeps other users out, the digest
+catches what changed an array in place since (a disk, a tool, a hand).
 Files that fail to decode are stored as zeros, listed in the header, and skipped by
 ``CachedDataset`` exactly as ``ImageDataset`` skips them. Samples read through a reader (datasets
 rows, shard members) are keyed by their names and the reader's content fingerprint instead of each
