@@ -246,6 +246,41 @@ def test_an_array_overwritten_with_white_pixels_is_not_reused_but_rebuilt(
     assert "reused" in choose(FIT, files, SIZE, 1)[1].why and decodes == []  # the rebuilt cache holds again
 
 
+def test_an_array_hashed_once_is_reused_unhashed_until_written(files, tmp_path, decodes, monkeypatch, capsys):
+    """The stamp (inode, size, mtime, ctime) spares the hash only while nothing wrote to the array since it
+    last hashed to its digest, and never the owner and mode checks."""
+    import time
+
+    folder = str(tmp_path / "c")
+    first = open_or_build(folder, files, SIZE, threads=1)
+    array = Path(first.array_path)
+    hashed = []
+    real = cache_mod.digest_file
+    monkeypatch.setattr(cache_mod, "digest_file", lambda path: hashed.append(path) or real(path))
+    decodes.clear()
+    open_or_build(folder, files, SIZE, threads=1)  # the build's stamp is racy (taken as the array changed)
+    assert hashed == [str(array)] and decodes == []
+    monkeypatch.setattr(cache_mod, "_RACY_NS", -(10**15))  # as if that hash had been long after the build
+    open_or_build(folder, files, SIZE, threads=1)
+    assert len(hashed) == 1 and decodes == []  # reused, not hashed
+    array.chmod(0o664)  # the owner and mode checks still run at every open
+    open_or_build(folder, files, SIZE, threads=1)
+    assert len(decodes) == len(files) and "writable by other users" in capsys.readouterr().out
+    open_or_build(folder, files, SIZE, threads=1)  # hashed (racy again after the rebuild) and stamped
+    hashed.clear()
+    decodes.clear()
+    st = array.stat()
+    time.sleep(0.05)  # past a coarse timestamp tick: the write below gets a ctime of its own
+    with open(array, "r+b") as f:  # same size, in place, and its mtime put back: only the ctime tells
+        f.write(b"\xff" * st.st_size)
+    os.utime(array, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert array.stat().st_ctime_ns != st.st_ctime_ns
+    rebuilt = open_or_build(folder, files, SIZE, threads=1)
+    assert hashed == [str(array)] and "does not match its digest" in capsys.readouterr().out
+    assert len(decodes) == len(files)
+    _good_rows_match_the_files(rebuilt, files)
+
+
 @pytest.mark.parametrize("change", ["group-writable array", "world-writable header", "array of another user"])
 def test_cache_files_another_user_may_write_are_rebuilt_owner_writable_only(files, tmp_path, decodes, capsys, change):
     old = os.umask(0o002)  # a umask that makes group-writable files: the cache's are not

@@ -5,23 +5,24 @@ By default (``--cache fit``, ``choose``) the array goes in the user cache folder
 cannot be written, decodes every epoch instead, after one line saying why; ``--cache DIR|auto`` always
 caches (in DIR, or the user cache folder) and ``--cache off`` never does. The pixels are the same either way.
 
-The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images back to
-back as uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a small header whose
-``key`` is a sha256 of the file list with each file's size and mtime, the image size, the resize
-(interpolation and crop) and the decode (``--decode``; a non-default one of these also names the
-files, so a bilinear and a bicubic cache of one data set live side by side), the format version and
-the torchvision release (its resize defines the pixels), and ``digest``, an xxh3-128 of the array's
-bytes taken as they were written. A header whose key matches means the array may be reused, once its
-bytes hash to that digest again (read whole at open: a changed or corrupt array is rebuilt, said in one
-line) and neither file can be written by another user; anything else rebuilds it in place, written to
-temp files and moved into place (array first, header last), so a reader never sees half a cache. Every
-process and every epoch reads the same file through the OS page cache (in a job only each machine's
-local main process opens, and so verifies, it): nothing is loaded into a process's own memory, and a
-process drops its page mappings after each read, so its resident memory does not grow with the data set.
-The folder must be one only this user may write in (``host.untrusted``, the rule ssh has for ``~/.ssh``;
-made 0700 when missing): ``--cache DIR`` or ``auto`` in another is an error, ``fit`` goes on without a
-cache. The digest is no signature (whoever can write the array can write its header): the folder rule
-keeps other users out, the digest catches what changed an array in place since (a disk, a tool, a hand).
+The cache is two files per (data set, image size, resize): ``<id>-<S>px.u8``, the images back to back as
+uint8 [N, S, S, 3] (the decoder's order), and ``<id>-<S>px.json``, a small header whose ``key`` is a sha256
+of the file list with each file's size and mtime, the image size, the resize (interpolation and crop) and
+the decode (``--decode``; a non-default one of these also names the files, so a bilinear and a bicubic cache
+of one data set live side by side), the format version and the torchvision release (its resize defines the
+pixels), and ``digest``, an xxh3-128 of the array's bytes taken as they were written. A header whose key
+matches means the array may be reused, once its bytes hash to that digest again (read whole at open: a
+changed or corrupt array is rebuilt, said in one line; skipped while the array's ``stamp`` in the header,
+its inode, size, mtime and ctime when it last matched, still holds: nothing has written to it since) and
+neither file can be written by another user; anything else rebuilds it in place, written to temp files and
+moved into place (array first, header last), so a reader never sees half a cache. Every process and every
+epoch reads the same file through the OS page cache (in a job only each machine's local main process opens,
+and so verifies, it): nothing is loaded into a process's own memory, and a process drops its page mappings
+after each read, so its resident memory does not grow with the data set. The folder must be one only this
+user may write in (``host.untrusted``, the rule ssh has for ``~/.ssh``; made 0700 when missing): ``--cache
+DIR`` or ``auto`` in another is an error, ``fit`` goes on without a cache. The digest is no signature
+(whoever can write the array can write its header): the folder rule keeps other users out, the digest
+catches what changed an array in place since (a disk, a tool, a hand).
 Files that fail to decode are stored as zeros, listed in the header, and skipped by
 ``CachedDataset`` exactly as ``ImageDataset`` skips them. Samples read through a reader (datasets
 rows, shard members) are keyed by their names and the reader's content fingerprint instead of each
@@ -37,6 +38,7 @@ import os
 import shutil
 import stat
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,6 +58,10 @@ from visiontune.loading.pipeline import label_array, sample_label, unreadable_la
 CACHE_VERSION = 3  # 2: rows stored height x width x channel; 3: the header holds the array's digest
 DIGEST = "xxh3_128"  # ~12 GB/s of one core (benchmarks/cache_digest.py); hashlib's run at ~1
 _CHUNK = 8 * 2**20
+# A stamp taken less than this after the array's last change may not tell a later change apart (a file
+# system's timestamps tick in milliseconds to seconds): such an array is hashed again, as git re-reads a
+# "racily clean" file.
+_RACY_NS = 3 * 10**9
 _AROUND = max(mmap.PAGESIZE, 64 * 1024)
 
 
@@ -134,7 +140,22 @@ def digest_file(path: str) -> str:
     return f"{DIGEST}:{h.hexdigest()}"
 
 
-def _changed(array_path: str, header_path: str, digest) -> str | None:
+def _stamp(path: str) -> list[int]:
+    """What any write to the array, in place or by replacing it, changes: its inode, size, mtime and
+    ctime (which nobody can set back), with the time this was taken."""
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, time.time_ns()]
+
+
+def _unchanged_since_hashed(array_path: str, stamp) -> bool:
+    """Whether the array is the file its header's stamp saw when its bytes last hashed to the digest."""
+    if not isinstance(stamp, list) or len(stamp) != 6:
+        return False
+    now = _stamp(array_path)
+    return now[:5] == stamp[:5] and stamp[4] + _RACY_NS < stamp[5]
+
+
+def _changed(array_path: str, header_path: str, head: dict) -> str | None:
     """Why a cache whose key matches may not hold the pixels it was built with, or None."""
     for path in (array_path, header_path):
         st = os.stat(path)
@@ -142,9 +163,25 @@ def _changed(array_path: str, header_path: str, digest) -> str | None:
             return f"{path} is owned by another user (uid {st.st_uid}): it may have been changed"
         if st.st_mode & 0o022:
             return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}): it may have been changed"
-    if digest_file(array_path) != digest:
+    # The whole array is hashed (a second and more at ImageNet size) unless nothing can have written to it
+    # since it last hashed to the digest: then its stamp still matches, and that stamp was taken well after
+    # its last change.
+    if _unchanged_since_hashed(array_path, head.get("stamp")):
+        return None
+    before = _stamp(array_path)  # taken before the hash: a write while hashing changes the file after it
+    if digest_file(array_path) != head.get("digest"):
         return f"{array_path} does not match its digest (changed or corrupt since it was built)"
+    try:  # hashed whole just now: the next start need not, while the array stays this file
+        _write_header(header_path, {**head, "stamp": before})
+    except OSError:
+        pass
     return None
+
+
+def _write_header(header_path: str, head: dict) -> None:
+    with atomic_file(header_path) as f:
+        _owner_writes_only(f)
+        f.write(json.dumps(head).encode("utf-8", "surrogateescape"))
 
 
 def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) -> ImageCache | None:
@@ -158,7 +195,7 @@ def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) 
     if not isinstance(head, dict) or head.get("key") != key or not size_ok:
         return None
     try:
-        problem = _changed(array_path, header_path, head.get("digest"))
+        problem = _changed(array_path, header_path, head)
     except OSError as e:
         problem = f"{array_path} cannot be read ({e.strerror or e})"
     if problem:  # never reused: it may not hold the pixels it was built with
@@ -213,10 +250,9 @@ def build(
         "count": len(paths),
         "bad": {str(i): list(pr) for i, pr in bad.items()},
         "digest": f"{DIGEST}:{digest.hexdigest()}",
+        "stamp": _stamp(array_path),  # the array in place, as just hashed (racy: the next open hashes it again)
     }
-    with atomic_file(header_path) as f:
-        _owner_writes_only(f)
-        f.write(json.dumps(head).encode("utf-8", "surrogateescape"))
+    _write_header(header_path, head)
     return ImageCache(array_path, image_size, len(paths), bad)
 
 
