@@ -30,7 +30,9 @@ def pytest_configure(config) -> None:
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     cores = sorted(os.sched_getaffinity(0))
     if worker and count and int(count) > 1:
-        index, n = int(worker.removeprefix("gw")), int(count)
+        # A worker that replaces a crashed one is numbered on (gw2 of 2): it takes that one's share.
+        n = int(count)
+        index = int(worker.removeprefix("gw")) % n
         # More workers than cores: each core is the share of every len(cores)-th worker.
         share = (
             cores[index * len(cores) // n : (index + 1) * len(cores) // n]
