@@ -20,10 +20,12 @@ from visiontune.runs import runlock
 HOLD = (
     "import os, sys, time; from visiontune.runs import runlock\n"
     "with runlock.hold(sys.argv[1]):\n"
-    # a forked child that outlives the holder, as a DataLoader worker does for a few seconds after a kill -9
+    # a forked child that outlives the holder, as a DataLoader worker does for a few seconds after a kill -9;
+    # 'held' is said once the child runs (its fork handlers have run)
+    " ready, up = os.pipe()\n"
     " child = os.fork()\n"
-    " if child == 0:\n  time.sleep(120); os._exit(0)\n"
-    " print('held', child, flush=True); time.sleep(120)"
+    " if child == 0:\n  os.write(up, b'1'); time.sleep(120); os._exit(0)\n"
+    " os.read(ready, 1); print('held', child, flush=True); time.sleep(120)"
 )
 
 

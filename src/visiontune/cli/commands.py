@@ -488,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         launch.leave_process_group()
+        launch.outlast_peer()
         return 1
 
 
@@ -497,6 +498,9 @@ def entry() -> int:
     # locale's stdout would otherwise refuse them, with a traceback, halfway through `check`'s list).
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="surrogateescape")
+    from visiontune.cluster import launch
+
+    launch.started_by_command_line()
     code = main()
     # The interpreter's exit runs garbage collections over every object the imports made (340,000 with torch
     # and torchvision): about 0.6 CPU s a process, for each worker of a job. Frozen, they are skipped;

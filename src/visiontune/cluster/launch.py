@@ -136,6 +136,16 @@ def peer_gone(exc: BaseException) -> bool:
     return inside_launcher() and isinstance(exc, RuntimeError) and any(p in str(exc) for p in _PEER_GONE)
 
 
+def outlast_peer(seconds: float = 10.0) -> None:
+    """After a peer of the job ended: stay until the agent stops this worker (SIGTERM, sent once it has seen
+    the peer's exit), for at most ``seconds``. Exiting at once, this worker could be the failure the agent
+    sees first, and the job would say it failed rather than the peer that did."""
+    if not inside_launcher():
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.sigtimedwait({signal.SIGTERM}, seconds)
+
+
 def leave_process_group() -> None:
     """Tear this worker's process group down before it exits on an error it has reported.
 
@@ -232,9 +242,20 @@ def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train", for
     return [*args, "-m", "--", "visiontune", command, *argv]
 
 
+_COMMAND_LINE = [False]  # set by the `visiontune` command: this process is visiontune's from its start
+
+
+def started_by_command_line() -> None:
+    _COMMAND_LINE[0] = True
+
+
 def can_fork_workers() -> bool:
-    """Whether the workers may be forks of this process: not where CUDA is, which a forked child cannot use
-    once its parent has touched it (the workers then start as new interpreters)."""
+    """Whether the workers may be forks of this process: only the `visiontune` command's own process (not a
+    notebook's or another program's that calls the CLI, whose threads and descriptors a fork would copy),
+    and not where CUDA is, which a forked child cannot use once its parent has touched it. Otherwise the
+    workers start as new interpreters."""
+    if not _COMMAND_LINE[0]:
+        return False
     import torch
 
     return not torch.cuda.is_available()

@@ -90,7 +90,12 @@ class Strategy:
         (None elsewhere). Every process calls it: a sharded strategy gathers here."""
         if not accelerator.is_main_process:
             return None
-        return cpu_copies(self.unwrap(accelerator, model).state_dict())
+        from visiontune.models import lora  # torch: not imported before a model is
+
+        plain = self.unwrap(accelerator, model)
+        if lora.has_adapters(plain):  # --lora: the adapters merged into their layers, under the plain names
+            return lora.merged_state_dict(plain)
+        return cpu_copies(plain.state_dict())
 
     def save_checkpoint(self, accelerator: Accelerator, folder: str) -> None:
         """Every process writes its part of the training state (model, optimizer, scaler, RNGs) into ``folder``."""

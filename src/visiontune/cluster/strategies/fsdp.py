@@ -36,6 +36,8 @@ class FSDP(Strategy):
             raise UserError("--ema does not run with --strategy fsdp yet: drop --ema or use --strategy ddp")
         if cfg.compile:
             raise UserError("--compile does not run with --strategy fsdp yet: drop --compile or use --strategy ddp")
+        if cfg.lora:
+            raise UserError("--lora does not run with --strategy fsdp yet: drop --lora or use --strategy ddp")
 
     def wrap(self, accelerator, cfg, model, optimizer, loaders):
         import torch
