@@ -150,11 +150,13 @@ def test_the_script_runs_the_environment_it_was_written_from_and_says_what_must_
 
 
 @pytest.mark.parametrize(
-    "given,runs", [([], "ddp"), (["--strategy", "single"], "ddp"), (["--strategy", "fsdp"], "fsdp")]
+    "given,expected", [([], "ddp"), (["--strategy", "single"], "ddp"), (["--strategy", "fsdp"], "fsdp")]
 )
-def test_the_job_runs_a_strategy_of_several_processes_the_one_asked_for_when_it_is_one(tmp_path, capsys, given, runs):
+def test_the_job_runs_a_strategy_of_several_processes_the_one_asked_for_when_it_is_one(
+    tmp_path, capsys, given, expected
+):
     out = tmp_path / "job.sbatch"
     code, err = _slurm(capsys, out, *given)
     assert code == 0, err
     srun = shlex.split(next(line for line in out.read_text().splitlines() if line.startswith("srun ")))
-    assert srun[srun.index("--strategy") + 1] == runs and srun.count("--strategy") == 1
+    assert srun[srun.index("--strategy") + 1] == expected and srun.count("--strategy") == 1
