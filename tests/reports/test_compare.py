@@ -148,7 +148,7 @@ def test_the_curves_and_final_metrics_come_before_the_settings(tmp_path, capsys)
 @pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_in_a_headless_browser(runs, tmp_path):
-    from test_report import CHECK, chromium  # fails, saying how to install it, when there is none
+    from test_report import BROWSER_SHELL, CHECK, chromium  # fails, saying how to install it, when there is none
 
     out = tmp_path / "cmp.html"
     assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
@@ -156,6 +156,7 @@ def test_the_page_in_a_headless_browser(runs, tmp_path):
     page.write_text(out.read_text().replace("</body>", CHECK + "</body>"))
     done = subprocess.run(
         [
+            *BROWSER_SHELL,
             chromium(),
             "--headless",
             "--no-sandbox",
@@ -170,6 +171,7 @@ def test_the_page_in_a_headless_browser(runs, tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        start_new_session=True,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'data-images="1"' in done.stdout and 'data-broken="0"' in done.stdout

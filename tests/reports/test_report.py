@@ -94,6 +94,11 @@ def test_report_of_a_folder_that_is_no_run_is_a_user_error(tmp_path, capsys):
     assert not (tmp_path / "report.html").exists()
 
 
+# Chromium runs under a shell of its own, in a session of its own: whatever the browser does to its parent or
+# its process group when it ends reaches that shell, never the test process (a pytest-xdist worker).
+BROWSER_SHELL = ["sh", "-c", '"$@"; exit $?', "sh"]
+
+
 def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
@@ -121,6 +126,7 @@ def test_the_page_in_a_headless_browser(run, tmp_path):
     page.write_text((run / "report.html").read_text().replace("</body>", CHECK + "</body>"))
     done = subprocess.run(
         [
+            *BROWSER_SHELL,
             chromium(),
             "--headless",
             "--no-sandbox",
@@ -138,6 +144,7 @@ def test_the_page_in_a_headless_browser(run, tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        start_new_session=True,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]

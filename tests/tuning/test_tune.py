@@ -150,10 +150,13 @@ def test_tune_html_in_a_headless_browser(tuned, tmp_path):
 
     out, _ = tuned
     trials = load(out).get_trials()
+    from test_report import BROWSER_SHELL
+
     page = out / "check.html"  # beside tune.html, so that its relative links resolve alike
     page.write_text((out / "tune.html").read_text().replace("</body>", CHECK + "</body>"))
     done = subprocess.run(
         [
+            *BROWSER_SHELL,
             chromium(),
             "--headless",
             "--no-sandbox",
@@ -171,6 +174,7 @@ def test_tune_html_in_a_headless_browser(tuned, tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        start_new_session=True,
     )
     page.unlink()
     assert done.returncode == 0, done.stderr[-2000:]

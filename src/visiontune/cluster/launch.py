@@ -142,8 +142,11 @@ def outlast_peer(seconds: float = 10.0) -> None:
     sees first, and the job would say it failed rather than the peer that did."""
     if not inside_launcher():
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    signal.sigtimedwait({signal.SIGTERM}, seconds)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        signal.sigtimedwait({signal.SIGTERM}, seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def leave_process_group() -> None:
