@@ -26,9 +26,10 @@ browser:
 	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		(apt-get update && apt-get install -y chromium)
 
-# Tests run in WORKERS processes (pytest-xdist); tests/conftest.py schedules them by module.
+# Tests run in WORKERS processes (pytest-xdist); tests/conftest.py schedules them by module. A worker that
+# dies ends the run at once with its test named (a replaced worker's module would run again, or wait).
 WORKERS ?= 2
-XDIST := -n $(WORKERS)
+XDIST := -n $(WORKERS) --max-worker-restart=0
 
 SUITE := $(BIN)/python -m pytest -q $(XDIST) --durations=15 tests
 

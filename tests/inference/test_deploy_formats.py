@@ -196,3 +196,36 @@ def test_openvino_options_are_checked_before_the_model_is_loaded(tmp_path, capsy
     assert "--max-accuracy-drop must be 0 or more" in capsys.readouterr().err
     assert main(["export", "--run", run, "--format", "openvino", "--with-preprocessing"]) == 2
     assert "--format openvino takes the normalised batch" in capsys.readouterr().err
+
+
+# Two models compiled through visiontune's OpenVINO seam, released in the order they were made, then a signal
+# handled on the main thread (a child's SIGCHLD, as every subprocess sends): the process must live on.
+SIGNAL_AFTER_TWO_MODELS = """
+import gc, signal, subprocess, sys
+import numpy as np
+from visiontune.inference import formats, openvino_ir
+
+ov = formats.import_openvino()
+def model():
+    x = ov.opset13.parameter([1, 8], np.float32, name="images")
+    return ov.Model([ov.opset13.relu(x)], [x], "m")
+first, second = openvino_ir._compiled_forward(model()), openvino_ir._compiled_forward(model())
+assert (first(np.ones((1, 8), np.float32)) == 1).all()
+del first; gc.collect()
+del second; gc.collect()
+signal.signal(signal.SIGCHLD, lambda *_: None)
+for _ in range(5):
+    subprocess.run(["true"], check=True)
+print("alive")
+"""
+
+
+@pytest.mark.slow
+def test_openvino_models_released_in_any_order_leave_signals_deliverable(worker_env):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AFTER_TWO_MODELS], env=worker_env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "alive", (done.returncode, done.stderr[-2000:])

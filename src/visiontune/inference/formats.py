@@ -93,9 +93,24 @@ def import_openvino():
     return openvino
 
 
+_CORE: list = []
+
+
+def openvino_core():
+    """The process's one ``openvino.Core``, kept until the process ends.
+
+    OpenVINO's CPU plugin gives the calling thread an alternate signal stack of its own while a Core
+    lives and, when the Core goes, puts back the stack it found. Two Cores that do not end in reverse
+    order leave the thread on a stack already freed, and the next signal handled on that thread (a
+    child's SIGCHLD, a SIGTERM) kills the process with SIGSEGV. One Core that never goes cannot.
+    """
+    if not _CORE:
+        _CORE.append(import_openvino().Core())
+    return _CORE[0]
+
+
 def _openvino(path: str, threads: int) -> Exported:
-    openvino = import_openvino()
-    core = openvino.Core()
+    core = openvino_core()
     try:
         model = core.read_model(path)
     except Exception as exc:  # OpenVINO raises RuntimeError for a missing, damaged or foreign file

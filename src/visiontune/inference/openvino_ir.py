@@ -35,9 +35,9 @@ def require_openvino():
     return formats.import_openvino()
 
 
-def _compiled_forward(ov, model):
+def _compiled_forward(model):
     config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": "f32"}
-    compiled = ov.Core().compile_model(model, "CPU", config)
+    compiled = formats.openvino_core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
     return lambda x: request.infer({"images": x})[compiled.output(0)].copy()
 
@@ -68,7 +68,7 @@ def export_openvino(
             record["calibration_split"] = "train"
         model = ov.convert_model(source)
         advice = "calibrate on more images with --calibration-images, or export fp32" if int8 else "export ONNX"
-        candidate = _compiled_forward(ov, model)
+        candidate = _compiled_forward(model)
         record.update(
             quantize.checked(loaded, run_dir, quantize.session_forward(fp32), candidate, name, max_drop, advice)
         )
@@ -100,5 +100,4 @@ def described(out: str, record: dict) -> str:
 
 def record_of(path: str | Path) -> dict:
     """The check's record of an IR ``export_openvino`` wrote."""
-    ov = require_openvino()
-    return json.loads(ov.Core().read_model(str(path)).get_rt_info([KEY]).astype(str))
+    return json.loads(formats.openvino_core().read_model(str(path)).get_rt_info([KEY]).astype(str))
