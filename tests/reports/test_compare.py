@@ -148,7 +148,7 @@ def test_the_curves_and_final_metrics_come_before_the_settings(tmp_path, capsys)
 @pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_in_a_headless_browser(runs, tmp_path):
-    from test_report import BROWSER_SHELL, CHECK, chromium  # fails, saying how to install it, when there is none
+    from browser import BROWSER_SHELL, CHECK, chromium  # fails, saying how to install it, when there is none
 
     out = tmp_path / "cmp.html"
     assert main(["compare", *map(str, runs), "--out", str(out)]) == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from browser import BROWSER_SHELL, CHECK, chromium
 from trained import one_thread  # noqa: F401  (one_thread: autouse fixture)
 from visiontune.cli.commands import main
 
@@ -92,31 +93,6 @@ def test_report_of_a_folder_that_is_no_run_is_a_user_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "is not a visiontune run folder" in capsys.readouterr().err
     assert not (tmp_path / "report.html").exists()
-
-
-# Chromium runs under a shell of its own, in a session of its own: whatever the browser does to its parent or
-# its process group when it ends reaches that shell, never the test process (a pytest-xdist worker).
-BROWSER_SHELL = ["sh", "-c", '"$@"; exit $?', "sh"]
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    pytest.fail(
-        "the browser tests need Chromium, which `make test` installs when it runs as root; "
-        "install it with `sudo apt-get install chromium` (or `sudo make browser`)",
-        pytrace=False,
-    )
-
-
-# Appended to a copy of the page: after the load event, record how many images there are and how
-# many failed to decode, where --dump-dom can see it.
-CHECK = """<script>window.addEventListener("load", () => {
-  const bad = [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).length;
-  document.body.setAttribute("data-images", document.images.length);
-  document.body.setAttribute("data-broken", bad);
-});</script>"""
 
 
 @pytest.mark.slow

@@ -37,10 +37,11 @@ TINY = [
 ]
 # lr only: the other settings stay the recipe's, so the trials differ by one number each.
 SPACE = "[lr]\nlow = 1e-8\nhigh = 0.1\nlog = true\n"
-# Two good trials, a hopeless one (lr 1e-8: its first epoch's val loss stays the untrained one, far above
-# the median of the two before it, so the median pruner stops it), then the second one's settings again
-# (its first epoch the same as that one's, below the median of the three before it: it runs to the end).
-ENQUEUED = [0.003, 0.005, 1e-8, 0.005]
+# A good setting twice, a hopeless one (lr 1e-8: its first epoch's val loss stays the untrained one, far above
+# the median of the two complete trials before it, so the median pruner stops it), then the good one a third
+# time: its first epoch is the same as theirs, so it is not above their median and it runs to the end. (Two
+# different good settings would make the fourth trial's fate depend on which of them a tiny run favours.)
+ENQUEUED = [0.005, 0.005, 1e-8, 0.005]
 
 
 def _argv(data: Path, out: Path, space: Path, *extra: str) -> list[str]:
@@ -123,15 +124,6 @@ def test_best_toml_trains_the_best_trial_again_to_the_same_metrics(tuned, tmp_pa
     assert json.loads((tmp_path / "again" / "summary.json").read_text())["best_val_loss"] == best.value
 
 
-def chromium() -> str:
-    import shutil
-
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    pytest.fail("the browser tests need Chromium: `sudo make browser` installs it", pytrace=False)
-
-
 CHECK = """<script>window.addEventListener("load", () => {
   const bad = [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).length;
   document.body.setAttribute("data-images", document.images.length);
@@ -150,7 +142,7 @@ def test_tune_html_in_a_headless_browser(tuned, tmp_path):
 
     out, _ = tuned
     trials = load(out).get_trials()
-    from test_report import BROWSER_SHELL
+    from browser import BROWSER_SHELL, chromium
 
     page = out / "check.html"  # beside tune.html, so that its relative links resolve alike
     page.write_text((out / "tune.html").read_text().replace("</body>", CHECK + "</body>"))
