@@ -182,3 +182,39 @@ def test_the_workers_of_a_cpu_job_are_forks_of_the_launching_process(small_data,
     starts = [line for line in log.read_text().splitlines() if line.startswith("start ")]
     assert len(starts) == 1, starts  # the launching process; its two workers started no interpreter
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2
+
+
+# A bug (an exception nothing expects) in rank 1 of a job whose workers are forks of this process.
+_A_BUG_IN_RANK_1 = """
+import os
+import sys
+from visiontune.cli.commands import entry
+from visiontune.training import engine
+real = engine.train_one_epoch
+def train_one_epoch(*args, **kwargs):
+    if os.environ["RANK"] == "1":
+        raise ZeroDivisionError("a bug in rank 1")
+    return real(*args, **kwargs)
+engine.train_one_epoch = train_one_epoch
+sys.exit(entry())
+"""
+
+
+@pytest.mark.distributed
+def test_a_bug_in_a_forked_worker_prints_its_traceback_and_the_job_names_the_worker(small_data, tmp_path, worker_env):
+    """Raised in a forked worker, an exception reaches only torch's error file: the worker prints it itself."""
+    import subprocess
+    import sys
+
+    argv = ["train", *TINY, *flags(data=small_data, strategy="ddp", nproc=2, output_dir=tmp_path / "run")]
+    done = subprocess.run(
+        [sys.executable, "-c", _A_BUG_IN_RANK_1, *argv],
+        env=env_for(worker_env, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "ZeroDivisionError: a bug in rank 1" in done.stderr
+    assert "visiontune: worker rank 1 failed with exit code 1 (its output is above)" in done.stderr

@@ -13,6 +13,7 @@ import argparse
 import gc
 import os
 import sys
+import traceback
 
 from visiontune.cli import flags
 from visiontune.cli.flags import config_from_args
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except RuntimeError as e:
         if not launch.peer_gone(e):
-            raise  # a bug: its traceback is what a report needs
+            return _a_bug()
         # The process that failed said why, in one line; its peers' tracebacks would bury that line.
         print(
             f"visiontune: rank {launch.rank()} stopped: another process of the job ended (its message is above)",
@@ -490,6 +491,20 @@ def main(argv: list[str] | None = None) -> int:
         launch.leave_process_group()
         launch.outlast_peer()
         return 1
+    except Exception:
+        return _a_bug()
+
+
+def _a_bug() -> int:
+    """An exception nothing expected, called where it is handled: its traceback is what a report needs. A
+    worker forked by torchrun prints it and exits 1: raised, it would reach only torch's error file, and
+    the job's "its output is above" would point at nothing."""
+    from visiontune.cluster import launch
+
+    if not launch.forked_worker():
+        raise  # noqa: PLE0704 (re-raises the exception being handled)
+    traceback.print_exc()
+    return 1
 
 
 def entry() -> int:

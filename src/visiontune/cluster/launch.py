@@ -93,7 +93,7 @@ def die_with_launcher() -> None:
     """
     if "TORCHELASTIC_RUN_ID" not in ENV or not sys.platform.startswith("linux"):
         return
-    if multiprocessing.parent_process() is not None:
+    if forked_worker():
         _forked_worker()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
@@ -102,6 +102,11 @@ def die_with_launcher() -> None:
     libc.prctl(15, f"visiontune r{rank()}".encode()[:15])
     if ENV.get(LAUNCHER_PID) and os.getppid() != int(ENV[LAUNCHER_PID]):
         os._exit(128 + signal.SIGKILL)  # the agent died before the line above took effect
+
+
+def forked_worker() -> bool:
+    """Whether this process is a torchrun worker forked from its agent (not a new interpreter)."""
+    return "TORCHELASTIC_RUN_ID" in ENV and multiprocessing.parent_process() is not None
 
 
 def _forked_worker() -> None:
