@@ -144,6 +144,28 @@ def train_ddp_beside_one(common: list[str], ddp: list[str], one: list[str], out:
     assert job.returncode == 0, log[-3000:]
 
 
+def sharded_tensors(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a sharded checkpoint (torch.distributed.checkpoint's folder), gathered, by a flat name."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(ckpt, tmp / "full.pt")
+    flat = {}
+
+    def walk(prefix, obj):
+        if isinstance(obj, torch.Tensor):
+            flat[prefix] = obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(f"{prefix}.{i}", v)
+
+    walk("", torch.load(tmp / "full.pt", weights_only=True))
+    (tmp / "full.pt").unlink()
+    return flat
+
+
 def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """The largest ||a - b|| / ||b|| over the floating-point tensors of two state dicts with the same keys."""
     assert a.keys() == b.keys()

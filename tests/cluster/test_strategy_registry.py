@@ -76,7 +76,7 @@ def test_fsdp_shards_each_family_by_its_blocks():
     "given,says",
     [
         (["--strategy", "ddp", "--fsdp-offload"], "--fsdp-offload is an option of --strategy fsdp, not of ddp"),
-        (["--strategy", "fsdp", "--ema", "0.99"], "--ema does not run with --strategy fsdp yet"),
+        (["--strategy", "fsdp", "--compile"], "--compile does not run with --strategy fsdp yet"),
     ],
 )
 def test_what_a_strategy_cannot_run_is_one_line_before_any_worker(sample_data, tmp_path, capsys, given, says):

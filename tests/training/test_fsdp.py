@@ -1,6 +1,7 @@
 """--strategy fsdp (FSDP2 on gloo, 2 processes) against ddp, and its sharded checkpoints killed and resumed.
 
-One uninterrupted fsdp x2 run and one ddp x2 run on the same seed (resnet18 at 32 px, BatchNorm and all),
+One uninterrupted fsdp x2 run and one ddp x2 run on the same seed (resnet18 at 32 px, BatchNorm and all,
+with an EMA of the weights),
 then a fsdp x2 run SIGKILLed mid-epoch and continued with --resume auto, and a checkpoint of the fsdp run
 continued on one process. 20 images, 5 of them val (odd: padding would count 6), 2 epochs of 4 steps.
 """
@@ -16,17 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from trained import independent_eval
-from trainrun import PYTHON, env_for, flags, run, start, wait_for
+from trainrun import PYTHON, env_for, flags, run, sharded_tensors, start, wait_for
 from visiontune.data.sample import make_sample_data
 from visiontune.runs import checkpoint
 
 EPOCHS = 2
 RUN = [
     *flags(model="resnet18", weights="none", image_size=32, no_progress=True, timeout=60, epochs=EPOCHS),
-    *flags(batch_size=2, val_fraction=0.25, save_every_steps=1, keep_last=20),
+    *flags(batch_size=2, val_fraction=0.25, save_every_steps=1, keep_last=20, ema=0.5),
 ]
 # Same seed, same global batch, same gradients: only the order of the float sums may differ (reduce-scatter
 # against all-reduce), which on gloo with 2 processes gives the same bits and elsewhere about 1e-6.
@@ -58,26 +58,6 @@ def runs(tmp_path_factory):
     return tmp
 
 
-def _sharded(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a sharded checkpoint (model and optimizer), gathered by torch.distributed.checkpoint."""
-    dcp_to_torch_save(ckpt, tmp / "full.pt")
-    flat = {}
-
-    def walk(prefix, obj):
-        if isinstance(obj, torch.Tensor):
-            flat[prefix] = obj
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(f"{prefix}.{k}", v)
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                walk(f"{prefix}.{i}", v)
-
-    walk("", torch.load(tmp / "full.pt", weights_only=True))
-    (tmp / "full.pt").unlink()
-    return flat
-
-
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k].double() - b[k].double()).abs().max() / (b[k].double().abs().max() + 1e-12)) for k in a)
@@ -92,7 +72,7 @@ def test_fsdp_x2_matches_ddp_x2_counts_every_val_image_once_and_writes_one_full_
     val = json.loads((fsdp / "split.json").read_text())["counts"]["val"]
     assert val == 5 and all(h["val"]["images"] == val for h in hf)
     for a, b in zip(hf, hd, strict=True):
-        for phase in ("train", "val"):
+        for phase in ("train", "val", "val_ema"):
             assert a[phase]["loss"] == pytest.approx(b[phase]["loss"], rel=TOLERANCE)
             assert a[phase]["accuracy"] == b[phase]["accuracy"]
     # best.safetensors is one full file with the plain model's names: torchvision loads it as it is.
@@ -121,13 +101,17 @@ def test_fsdp_killed_mid_epoch_resumes_to_the_uninterrupted_tensors_and_on_one_p
     assert "resuming from" in resumed.stdout
     final = checkpoint.name(EPOCHS, 0)
     got, want = (
-        _sharded(out / "checkpoints" / final, tmp_path),
-        _sharded(runs / "fsdp" / "checkpoints" / final, tmp_path),
+        sharded_tensors(out / "checkpoints" / final, tmp_path),
+        sharded_tensors(runs / "fsdp" / "checkpoints" / final, tmp_path),
     )
     assert sorted(got.keys() ^ want.keys()) == []
-    assert [k for k in want if not torch.equal(got[k], want[k])] == []
-    # Not an empty state: every tensor of the model, and SGD's momentum of every parameter.
     best = load_file(str(runs / "fsdp" / "best.safetensors"))
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []
+    # The EMA's shards (and its rank-0 buffers), beside them in their own sharded checkpoint.
+    got_ema, want_ema = (sharded_tensors(r / "checkpoints" / final / "ema", tmp_path) for r in (out, runs / "fsdp"))
+    assert sorted(got_ema.keys() ^ want_ema.keys()) == [] and len(got_ema) == len(best) + 1  # + n_averaged
+    assert [k for k in want_ema if not torch.equal(got_ema[k], want_ema[k])] == []
+    # Not an empty state: every tensor of the model, and SGD's momentum of every parameter.
     assert {k for k in got if k.startswith(".model.")} == {f".model.{k}" for k in best}
     params = [k for k in best if "running_" not in k and "num_batches" not in k]
     assert len({k.rsplit(".", 1)[0] for k in got if k.endswith(".momentum_buffer")}) == len(params)

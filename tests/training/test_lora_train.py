@@ -1,19 +1,34 @@
 """--lora and --grad-checkpointing through `visiontune train`: a LoRA run learns, its best model file is the
 merged plain model (scored independently), its checkpoints hold only the adapters, the head and the
-buffers, and a resume from one ends with the uninterrupted run's tensors; under DDP x2 (with
---grad-checkpointing) it trains what one process does with the doubled batch. Bad settings: one line."""
+buffers, and a resume from one ends with the uninterrupted run's tensors; under DDP x2 and FSDP x2 (with
+--grad-checkpointing) it trains what one process does with the doubled batch, and an FSDP run killed with
+-9 resumes exactly. Bad settings: one line."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from trained import independent_eval, one_thread  # noqa: F401  (one_thread: autouse)
-from trainrun import env_for, flags, one_line, relative_difference, tiny_train, train_ddp_beside_one
+from trainrun import (
+    PYTHON,
+    env_for,
+    flags,
+    one_line,
+    relative_difference,
+    run,
+    sharded_tensors,
+    start,
+    tiny_train,
+    train_ddp_beside_one,
+    wait_for,
+)
 from visiontune import cli
 from visiontune.runs import checkpoint
 
@@ -69,23 +84,52 @@ def test_a_lora_run_learns_saves_a_merged_model_keeps_adapter_checkpoints_and_re
 
 
 @pytest.mark.distributed
-def test_lora_with_grad_checkpointing_under_ddp_equals_one_process(small_data, tmp_path, worker_env):
-    """timm's test_convnext (no BatchNorm, no dropout): DDP x2 at batch 3 computes what one process does at 6."""
+def test_lora_with_grad_checkpointing_under_ddp_and_fsdp_equals_one_process_and_fsdp_resumes_exactly_after_kill_9(
+    small_data, tmp_path, worker_env
+):
+    """timm's test_convnext (no BatchNorm, no dropout): DDP x2 and FSDP x2 at batch 3 compute what one process
+    does at 6; an FSDP x2 run SIGKILLed mid-epoch and resumed ends with the uninterrupted one's tensors."""
     from visiontune.inference.loaded import load_model
 
+    env = env_for(worker_env, tmp_path)
     common = flags(data=small_data, model="timm/test_convnext", weights="none", val_fraction=0.25, image_size=32)
     common += flags(
         lora=4, lora_alpha=8, grad_checkpointing=True, epochs=1, num_workers=0, timeout=60, no_progress=True
     )
+    common += flags(save_every_steps=1, keep_last=20)
     ddp = flags(strategy="ddp", nproc=2, batch_size=3, lr=0.01)
-    train_ddp_beside_one(common, ddp, flags(batch_size=6, lr=0.01), tmp_path, env_for(worker_env, tmp_path))
-    best = [load_file(str(tmp_path / d / "best.safetensors")) for d in ("ddp", "one")]
-    assert not any("lora_" in k or "base_layer" in k for k in best[0])  # merged: the plain model's names
-    assert relative_difference(*best) < 1e-5
-    loaded = load_model(weights=str(tmp_path / "ddp" / "best.safetensors"))  # builds the plain timm model
-    assert all(torch.equal(v, best[0][k]) for k, v in loaded.model.state_dict().items())
+    train_ddp_beside_one(common, ddp, flags(batch_size=6, lr=0.01), tmp_path, env)
+    fsdp = [PYTHON, "-m", "visiontune", "train", *common, *flags(strategy="fsdp", nproc=2, batch_size=3, lr=0.01)]
+    done = run([*fsdp, "--output-dir", str(tmp_path / "fsdp")], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    best = [load_file(str(tmp_path / d / "best.safetensors")) for d in ("ddp", "fsdp", "one")]
+    assert not any("lora_" in k or "base_layer" in k for b in best[:2] for k in b)  # merged: the plain names
+    assert relative_difference(best[0], best[2]) < 1e-5 and relative_difference(best[1], best[2]) < 1e-5
+    loaded = load_model(weights=str(tmp_path / "fsdp" / "best.safetensors"))  # builds the plain timm model
+    assert all(torch.equal(v, best[1][k]) for k, v in loaded.model.state_dict().items())
     record = json.loads((tmp_path / "ddp" / "config.json").read_text())
     assert record["overview"]["LoRA"].startswith("rank 4, alpha 8") and "grad checkpointing" in record["overview"]
+
+    # FSDP's sharded checkpoints hold the adapters and the head only.
+    final = checkpoint.name(1, 0)
+    want = sharded_tensors(tmp_path / "fsdp" / "checkpoints" / final, tmp_path)
+    model_keys = [k for k in want if k.startswith(".model.")]
+    assert model_keys and all(".lora_" in k or k.startswith(".model.head.") for k in model_keys)
+    said = record["overview"]["LoRA"]  # "rank 4, ... on 22 layers; 18,978 of 226,106 parameters train (...)"
+    trained = int(said.split("; ")[1].split(" of ")[0].replace(",", ""))
+    assert sum(want[k].numel() for k in model_keys) == trained < 0.1 * sum(v.numel() for v in best[1].values())
+
+    # kill -9 of the whole job mid-epoch, then --resume auto: the uninterrupted run's tensors, bit for bit.
+    out = tmp_path / "killed"
+    proc = start([*fsdp, "--output-dir", str(out)], env, tmp_path / "killed.log")
+    wait_for(out / "checkpoints" / checkpoint.name(0, 2), proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (out / "checkpoints" / final).exists(), "the run ended before the kill"
+    resumed = run([*fsdp, "--output-dir", str(out), "--resume", "auto"], env)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stderr[-3000:]
+    got = sharded_tensors(out / "checkpoints" / final, tmp_path)
+    assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
 
 
 @pytest.mark.parametrize(

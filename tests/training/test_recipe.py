@@ -17,7 +17,7 @@ from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
 from visiontune.training import optim
-from visiontune.training.ema import EMA
+from visiontune.training.ema import EMA, ShardedEMA
 from visiontune.training.schedule import warmup_steps
 
 
@@ -159,6 +159,32 @@ def test_ema_is_the_hand_computed_average_and_restores_exactly():
     again = EMA(Tiny(), 0.9)
     again.load_state_dict(ema.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), ema.state_dict().values()))
+
+
+def test_the_sharded_ema_is_the_same_average_and_its_weights_are_lent_to_the_model_and_given_back():
+    """ShardedEMA (--strategy fsdp's) averages the model's own tensors in place of a copy: the same numbers,
+    bit for bit, as EMA's; inside ``weights()`` the model holds them, after it its own again."""
+    model = Tiny()
+    copied, sharded = EMA(model, 0.9), ShardedEMA(model, 0.9)
+    for _ in range(4):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+            model.features[1].running_mean.add_(1.0)
+            model.features[1].num_batches_tracked.add_(3)
+        copied.update()
+        sharded.update()
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    with sharded.weights() as lent:
+        assert lent is model
+        averaged = {k: v.clone() for k, v in model.state_dict().items()}
+    assert averaged.keys() == copied.module.state_dict().keys()
+    assert all(torch.equal(averaged[k], v) for k, v in copied.module.state_dict().items())
+    assert all(torch.equal(own[k], v) for k, v in model.state_dict().items())
+    assert not torch.equal(averaged["features.1.running_mean"], own["features.1.running_mean"])
+    again = ShardedEMA(Tiny(), 0.9)
+    again.load_state_dict(sharded.state_dict())
+    assert again.n_averaged == 4 and all(torch.equal(again.tensors[k], v) for k, v in sharded.tensors.items())
 
 
 def _step(model, opt, stepper):

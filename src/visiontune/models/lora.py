@@ -9,9 +9,10 @@ every dense ``Conv2d`` (not depthwise) and ``Linear`` layer. The head is never a
 
 ``merged_state_dict`` is the plain model's state dict with each adapter added into its layer
 (``W + scale * B A``, peft's ``get_delta_weight``, what ``merge_and_unload`` adds), computed layer by
-layer without a second copy of the model: the best model file loads into the plain model, so every
-later command works unchanged. ``trained_keys`` names what a checkpoint must hold: the parameters
-that train (adapters, head) and the buffers (BatchNorm statistics move while the base is frozen).
+layer on the CPU copies (``merged``: also from a sharded model's gathered state dict): the best model
+file loads into the plain model, so every later command works unchanged. ``trained_keys`` names what a
+checkpoint must hold: the parameters that train (adapters, head) and the buffers (BatchNorm statistics
+move while the base is frozen).
 """
 
 from __future__ import annotations
@@ -118,21 +119,38 @@ def has_adapters(model: nn.Module) -> bool:
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """``model``'s state dict with every adapter merged into its layer, under the plain model's names
     (CPU copies)."""
-    merged = {n + ".": m for n, m in lora_layers(model).items()}
-    out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for key, value in model.state_dict().items():
-            if ".lora_" in key:
-                continue
-            owner = next((p for p in merged if key.startswith(p + "base_layer.")), None)
-            if owner is None:
-                out[key] = value.detach().to("cpu", copy=True).contiguous()
-                continue
-            leaf = key[len(owner + "base_layer.") :]
-            if leaf == "weight":
-                value = value + merged[owner].get_delta_weight(ADAPTER).to(value.dtype)
-            out[owner + leaf] = value.detach().to("cpu", copy=True).contiguous()
-    return out
+        state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    return merged(model, state)
+
+
+def merged(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (``model``'s whole state dict, adapters in it, as CPU tensors: a sharded model's gathered
+    one) with each adapter added into its layer by peft's own ``get_delta_weight``, under the plain
+    model's names. ``model`` only says which layers are adapted and how (their scale, kernel, groups)."""
+    out = dict(state)
+    with torch.no_grad():
+        for name, layer in lora_layers(model).items():
+            a, b = (out.pop(f"{name}.lora_{w}.{ADAPTER}.weight") for w in "AB")
+            weight = out.pop(f"{name}.base_layer.weight")
+            out[f"{name}.weight"] = weight + _delta(layer, a, b).to(weight.dtype)
+            if f"{name}.base_layer.bias" in out:
+                out[f"{name}.bias"] = out.pop(f"{name}.base_layer.bias")
+    return {k: v for k, v in out.items() if ".lora_" not in k}
+
+
+def _delta(layer: nn.Module, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """peft's ``get_delta_weight`` of ``layer`` computed from ``a`` and ``b``, lent to its adapter's layers
+    for the call (the layer's own may be shards of a sharded model, or on a GPU)."""
+    lent = [(layer.lora_A[ADAPTER], a), (layer.lora_B[ADAPTER], b)]
+    held = [m._parameters["weight"] for m, _ in lent]
+    try:
+        for m, t in lent:
+            m._parameters["weight"] = t
+        return layer.get_delta_weight(ADAPTER)
+    finally:
+        for (m, _), t in zip(lent, held):
+            m._parameters["weight"] = t
 
 
 def trained_keys(model: nn.Module) -> set[str]:

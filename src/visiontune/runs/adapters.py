@@ -48,10 +48,12 @@ def adapters_only(accelerator) -> None:
 
 
 def base_digest(model: torch.nn.Module) -> str:
-    """A digest of the frozen weights (the base the adapters were trained on), the same on every process."""
+    """A digest of the frozen weights (the base the adapters were trained on), the same on every process and
+    whatever the strategy shards (every process calls it)."""
     h = xxhash.xxh3_128()
     for name, p in sorted(model.named_parameters()):
         if not p.requires_grad:
+            whole = p.full_tensor() if hasattr(p, "full_tensor") else p  # a shard: gathered (a collective)
             h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+            h.update(whole.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()

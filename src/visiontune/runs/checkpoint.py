@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from visiontune.cluster import strategies
 from visiontune.errors import UserError
 from visiontune.runs.diskspace import MB, needed_bytes, out_of_space
@@ -90,6 +88,9 @@ def _sha256(path: Path) -> str:
 
 def _fsync_tree(folder: Path) -> None:
     for p in folder.iterdir():
+        if p.is_dir():  # a strategy's own part (a sharded EMA's ema/)
+            _fsync_tree(p)
+            continue
         with open(p, "rb") as f:
             os.fsync(f.fileno())
     fd = os.open(folder, os.O_RDONLY)
@@ -196,11 +197,14 @@ def save(
     accelerator.wait_for_everyone()
     try:
         strategy.save_checkpoint(accelerator, str(tmp))  # each process writes its own RNG file
-        if accelerator.is_main_process and scheduler is not None:
-            torch.save(scheduler.state_dict(), tmp / SCHEDULER)
+        if scheduler is not None:
+            strategy.save_schedule(accelerator, scheduler.state_dict(), str(tmp / SCHEDULER))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            files = {p.name: [p.stat().st_size, _sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
+            # Every file, those a strategy keeps in a folder of its own too (a sharded EMA's ``ema/``).
+            written = sorted(p for p in tmp.rglob("*") if p.is_file())
+            written = sorted(p for p in tmp.rglob("*") if p.is_file())
+            files = {p.relative_to(tmp).as_posix(): [p.stat().st_size, _sha256(p)] for p in written}
             record = {"format": FORMAT, "epoch": epoch, "batch": batch, **meta, "files": files}
             if "batch_samples" in meta:  # the position in the units any split of the global batch shares
                 record["samples"] = batch * meta["batch_samples"]

@@ -11,8 +11,6 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
 from visiontune.cluster import launch, strategies
 from visiontune.cluster.strategy import effective
 from visiontune.errors import UserError
@@ -155,7 +153,7 @@ def load(accelerator, ckpt: Checkpoint, scheduler=None, say=print, strategy: str
         # A --lora checkpoint holds the adapters, the head and the buffers (runs.adapters checks them all there).
         strategy.load_checkpoint(accelerator, ckpt.path, strict=not ckpt.meta.get("lora"))
         if scheduler is not None and sched_file.is_file():
-            scheduler.load_state_dict(torch.load(sched_file, map_location="cpu", weights_only=True))
+            strategy.load_schedule(accelerator, scheduler, str(sched_file))
     except UserError:
         raise
     except Exception as e:  # weights_only refusals, shape mismatches: the files are not this run's

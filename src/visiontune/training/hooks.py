@@ -33,6 +33,7 @@ from visiontune.reports import figures
 from visiontune.runs import checkpoint, records, runinfo
 from visiontune.settings.config import TrainConfig
 from visiontune.training import engine
+from visiontune.training.ema import EMA, ShardedEMA
 from visiontune.training.meter import PhaseResult, Totals
 from visiontune.training.steplog import StepLog
 
@@ -117,7 +118,7 @@ class EpochOutputs:
     save_pth: bool = False  # also best.pth (--save-pth)
     per_epoch: int = 1  # batches per epoch and process: trackers get an epoch's figures at its last step
     best_metric: str = "accuracy"
-    ema: torch.nn.Module | None = None  # the EMA model, evaluated after each epoch beside the raw one
+    ema: EMA | ShardedEMA | None = None  # the weights' average, evaluated after each epoch beside the raw model
     evaluate: Callable[[torch.nn.Module], PhaseResult] | None = None
     writes: records.BackgroundWrites = field(default_factory=records.BackgroundWrites)  # the main process's
     strategy: strategies.Strategy = field(default_factory=strategies.one_device)  # takes the model's full state
@@ -127,7 +128,8 @@ class EpochOutputs:
         acc, history = self.accelerator, self.history
         row = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(), "val": va.as_dict()}
         if self.ema is not None:
-            ve = self.evaluate(self.ema)
+            with self.ema.weights() as averaged:
+                ve = self.evaluate(averaged)
             acc.print(f"val (EMA) Loss: {ve.loss:.4f} Acc: {ve.accuracy:.4f}\n")
             row["val_ema"] = ve.as_dict()
         history.append(row)
@@ -174,7 +176,8 @@ class EpochOutputs:
         if best_from is None:
             return None
         if best_from == "val_ema":
-            return records.plain_state_dict(self.ema) if self.accelerator.is_main_process else None
+            with self.ema.weights() as averaged:
+                return self.strategy.full_state_dict(self.accelerator, averaged)
         return self.strategy.full_state_dict(self.accelerator, self.model)
 
     def _write(self, history: list[dict], best_from: str | None, state: dict[str, torch.Tensor] | None) -> None:

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from visiontune.training.ema import EMA
+from visiontune.training.ema import EMA, ShardedEMA
 
 STEP_MILESTONES, STEP_GAMMA = (0.5, 0.75), 0.1  # --lr-schedule step: x0.1 at half and three quarters
 # --lr-schedule onecycle, fastai's fit_one_cycle defaults: the rise takes a quarter of the run unless a
@@ -91,10 +91,11 @@ class Stepper:
         self.ema_decay, self.ema = cfg.ema, None
         self.freeze_steps = frozen
 
-    def attach_ema(self, model: nn.Module) -> None:
-        """Start the EMA from ``model`` (the unwrapped model, on its device), if ``--ema`` asks for one."""
+    def attach_ema(self, model: nn.Module, sharded: bool = False) -> None:
+        """Start the EMA from ``model`` (the unwrapped model, on its device), if ``--ema`` asks for one;
+        ``sharded``: the model's parameters are split over the processes (each averages its own shards)."""
         if self.ema_decay:
-            self.ema = EMA(model, self.ema_decay)
+            self.ema = (ShardedEMA if sharded else EMA)(model, self.ema_decay)
 
     @property
     def steps(self) -> int:

@@ -182,7 +182,6 @@ def _hooks(
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
     steps = StepLog(accelerator, parts.optimizer, per_epoch) if cfg.log_with else None
-    ema = parts.scheduler.ema.module if parts.scheduler.ema else None
 
     def evaluate_ema(ema_model):  # evaluated as the raw model is (its forward carries no autocast)
         with accelerator.autocast():
@@ -202,7 +201,7 @@ def _hooks(
             cfg.save_pth,
             per_epoch,
             cfg.best_metric,
-            ema,
+            parts.scheduler.ema,
             evaluate_ema,
             strategy=effective(cfg),
         ),
@@ -363,7 +362,7 @@ def _train(
     rows.extend(adapted)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
-    scheduler.attach_ema(effective(cfg).unwrap(accelerator, model))
+    scheduler.attach_ema(effective(cfg).unwrap(accelerator, model), sharded=effective(cfg).sharded)
     identity = _identity(job, split_rec, len(images.classes), weights)
     if cfg.lora:  # checkpoints hold the adapters and the head; the frozen base is built again on resume
         adapters.adapters_only(accelerator)

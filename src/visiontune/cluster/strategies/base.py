@@ -32,6 +32,7 @@ class Strategy:
     several_processes: ClassVar[bool] = False  # one process per device, started by a launcher
     default_for_several: ClassVar[bool] = False  # what a launcher's worker runs when --strategy is one process
     one_device: ClassVar[bool] = False  # one process on one device: the baseline bench compares against
+    sharded: ClassVar[bool] = False  # each process holds a part of every parameter (no whole copy to average)
 
     # --- setting up ---------------------------------------------------------------------------------
 
@@ -104,6 +105,20 @@ class Strategy:
     def load_checkpoint(self, accelerator: Accelerator, folder: str, strict: bool = True) -> None:
         """Every process reads its part back; ``strict=False``: the model's tensors may be a subset (``--lora``)."""
         accelerator.load_state(folder, **({} if strict else {"strict": False}))
+
+    def save_schedule(self, accelerator: Accelerator, state: dict, path: str) -> None:
+        """The lr schedule's and the EMA's state (``Stepper.state_dict()``, taken on every process) into the
+        checkpoint file ``path``: the main process's, which every process holds the same."""
+        import torch
+
+        if accelerator.is_main_process:
+            torch.save(state, path)
+
+    def load_schedule(self, accelerator: Accelerator, scheduler, path: str) -> None:
+        """What ``save_schedule`` wrote, back into ``scheduler`` on every process."""
+        import torch
+
+        scheduler.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
 @contextlib.contextmanager

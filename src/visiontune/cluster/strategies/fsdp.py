@@ -19,6 +19,7 @@ from visiontune.cluster.strategies.base import Strategy, register
 from visiontune.errors import UserError
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+_EMA = "ema"  # the sharded EMA's folder in a checkpoint
 
 
 @register
@@ -26,18 +27,15 @@ class FSDP(Strategy):
     name = "fsdp"
     description = "fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split over processes"
     several_processes = True
+    sharded = True
 
     def check(self, cfg) -> None:
         import torch
 
         if cfg.fsdp_offload and not torch.cuda.is_available():
             raise UserError("--fsdp-offload moves parameters from GPU to CPU memory; without a GPU: drop it")
-        if cfg.ema:
-            raise UserError("--ema does not run with --strategy fsdp yet: drop --ema or use --strategy ddp")
         if cfg.compile:
             raise UserError("--compile does not run with --strategy fsdp yet: drop --compile or use --strategy ddp")
-        if cfg.lora:
-            raise UserError("--lora does not run with --strategy fsdp yet: drop --lora or use --strategy ddp")
 
     def wrap(self, accelerator, cfg, model, optimizer, loaders):
         import torch
@@ -82,16 +80,55 @@ class FSDP(Strategy):
         accelerator.register_load_state_pre_hook(lambda _m, folder: _load(model, optimizer.optimizer, folder))
         return model, optimizer, loaders
 
+    def save_schedule(self, accelerator, state, path):
+        """The EMA's shards through torch.distributed.checkpoint into ``ema/`` beside ``path`` (every process
+        writes its own, resharded on load as the model's are); the rest as one file, as elsewhere."""
+        import os
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.tensor import DTensor
+
+        ema = state.get("ema")
+        if ema is not None:
+            # Buffers are whole on every process, each its own; rank 0's are the ones evaluated and saved.
+            _from_rank0(None, (), tensors=[t for t in ema["tensors"].values() if not isinstance(t, DTensor)])
+            dcp.save({"ema": ema}, checkpoint_id=os.path.join(os.path.dirname(path), _EMA))
+            state = {**state, "ema": _EMA}
+        super().save_schedule(accelerator, state, path)
+
+    def load_schedule(self, accelerator, scheduler, path):
+        import os
+
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if state.get("ema") == _EMA:
+            if scheduler.ema is None:
+                state["ema"] = None
+            else:
+                held = {"ema": scheduler.ema.state_dict()}  # DTensors over this EMA's own storage
+                dcp.load(held, checkpoint_id=os.path.join(os.path.dirname(path), _EMA))
+                state["ema"] = held["ema"]
+        scheduler.load_state_dict(state)
+
     def full_state_dict(self, accelerator, model):
         """Gathered parameter by parameter into the main process's CPU memory: no rank ever holds two full
         copies, and the others hold none."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        from visiontune.models import lora  # torch: not imported before a model is
+
+        plain = self.unwrap(accelerator, model)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(self.unwrap(accelerator, model), options=options)
+        state = get_model_state_dict(plain, options=options)
         if not accelerator.is_main_process:
             return None
-        return {k: v.contiguous() for k, v in state.items()}
+        # The gathered parameters are new tensors; the buffers (not sharded) are the model's own, which the
+        # next step (or an EMA swapped out again) changes while the file is written: copies of them.
+        buffers = {n for n, _ in plain.named_buffers()}
+        state = {k: v.clone() if k in buffers else v.contiguous() for k, v in state.items()}
+        return lora.merged(plain, state) if lora.has_adapters(plain) else state
 
 
 def blocks(model) -> list:
@@ -146,14 +183,28 @@ def _save(model, optimizer, folder: str) -> None:
     # planner's choice. Rank 0's, as under DDP (and as every process's next forward would take them).
     _from_rank0(model, ())
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder)
+    dcp.save({"model": _kept(model, model_state), "optim": optim_state}, checkpoint_id=folder)
 
 
 def _load(model, optimizer, folder: str) -> None:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    from visiontune.models import lora
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=folder)  # resharded to this world size
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    state = {"model": _kept(model, model_state), "optim": optim_state}
+    dcp.load(state, checkpoint_id=folder)  # resharded to this world size; a key it lacks is an error
+    options = StateDictOptions(strict=not lora.has_adapters(model))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+
+
+def _kept(model, state: dict) -> dict:
+    """What a checkpoint holds of the model: all of it, or under ``--lora`` what trains (the adapters, the new
+    head) and the buffers; the frozen base is built again from ``--weights`` on resume."""
+    from visiontune.models import lora
+
+    if not lora.has_adapters(model):
+        return state
+    keep = lora.trained_keys(model)
+    return {k: v for k, v in state.items() if k in keep}
