@@ -1,13 +1,17 @@
 """Memory per process of fine-tuning a ViT-B and a ConvNeXt: full fine-tuning vs ``--lora 8``, each with and
-without ``--grad-checkpointing``, one process each (``_memory_run.py``, a fresh process per row so that
-each peak RSS is its own).
+without ``--grad-checkpointing``, one process each; then the same model in 2 processes (gloo, torchrun)
+under ddp and fsdp, with and without ``--grad-checkpointing`` (``_memory_run.py``, fresh processes per
+row so that each peak RSS is its own).
 
-Each row: the bytes of the parameters, of the gradients and of AdamW's state (its two moments) that the
-process holds after STEPS steps at batch BATCH and SIZE px (random images, weights none: memory does not
-depend on the values), the trainable state (trainable parameters + their gradients + their moments), its
-share of full fine-tuning's, and the process's peak RSS (``getrusage``), which the activations of the
-step dominate. Goals (issue 38): LoRA's trainable state under 5% of full fine-tuning's; grad
-checkpointing a lower peak. The step time is there to show what checkpointing costs, not as a figure.
+Each row: the bytes of the parameters, of the gradients and of AdamW's state (its two moments) that one
+process holds after STEPS steps at a global batch of BATCH and SIZE px (random images, weights none:
+memory does not depend on the values), the trainable state (trainable parameters + their gradients +
+their moments), its share of one process's full fine-tuning, and the process's peak RSS
+(``getrusage``), which the activations of the step dominate. In 2 processes: each process's own (a
+sharded tensor's local shard), the larger of the two. Goals (issue 38): LoRA's trainable state under 5%
+of full fine-tuning's; fsdp x2 at most 55% of ddp x2's per process; grad checkpointing a lower peak.
+The step time is there to show what checkpointing costs, not as a figure (2 processes share 2 cores).
+``--fsdp-offload`` moves the state from GPU to CPU memory: on a CPU there is nothing to measure.
 
     PYTHONPATH=src python benchmarks/memory.py   # writes benchmarks/results/memory.json and memory.md
 """
@@ -25,10 +29,17 @@ BATCH, SIZE, STEPS = int(os.environ.get("VT_MEM_BATCH", 8)), 224, 2
 MIB = 2**20
 
 
-def measure(model: str, rank: int, grad_ckpt: bool) -> dict:
+def measure(model: str, rank: int, grad_ckpt: bool, strategy: str = "single", processes: int = 1) -> dict:
+    """One row's figures; with several processes each field is the largest process's."""
     script = str(ROOT / "benchmarks" / "_memory_run.py")
-    res = run([sys.executable, script, model, str(rank), str(int(grad_ckpt)), str(BATCH), str(SIZE), str(STEPS)])
-    return json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("MEM ")][-1][4:])
+    args = [model, str(rank), str(int(grad_ckpt)), str(BATCH // processes), str(SIZE), str(STEPS), strategy]
+    launch = [sys.executable]
+    if processes > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    res = run([*launch, script, *args])
+    each = [json.loads(ln.split("MEM ", 1)[1]) for ln in res.stdout.splitlines() if "MEM " in ln]
+    assert len(each) == processes, res.stdout[-2000:]
+    return {k: max(m[k] for m in each) for k in each[0] if k != "rank"}
 
 
 def main() -> None:
@@ -52,11 +63,28 @@ def main() -> None:
                     }
                 )
                 print(rows[-1], flush=True)
+        for strategy in ("ddp", "fsdp"):
+            for grad_ckpt in (False, True):
+                m = measure(model, 0, grad_ckpt, strategy, processes=2)
+                trainable = m["trainable_params"] + m["grads"] + m["optimizer_state"]
+                rows.append(
+                    {
+                        "model": model,
+                        "setup": f"{strategy} x2",
+                        "grad_checkpointing": grad_ckpt,
+                        "processes": 2,
+                        **m,
+                        "trainable_state": trainable,
+                        "trainable_state_share": trainable / full,
+                    }
+                )
+                print(rows[-1], flush=True)
     write_result("memory", {"batch": BATCH, "size": SIZE, "steps": STEPS, "rows": rows})
     lines = [
-        f"Memory per process, AdamW, batch {BATCH} at {SIZE} px, {STEPS} steps on a CPU "
+        f"Memory per process, AdamW, global batch {BATCH} at {SIZE} px, {STEPS} steps on a CPU "
         "(`PYTHONPATH=src python benchmarks/memory.py`). MiB; trainable state = trainable parameters + their "
-        "gradients + AdamW's moments, and its share of the model's full fine-tuning.",
+        "gradients + AdamW's moments, and its share of the model's full fine-tuning on one process; with 2 "
+        "processes (gloo), the larger process's figures.",
         "",
         "| model | setup | grad ckpt | processes | params | grads | optimizer state | trainable state | share "
         "| peak RSS | s/step |",
