@@ -185,7 +185,7 @@ def test_progress_without_a_terminal_is_plain_lines_showing_the_latest_numbers(l
 def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
     # What `train` is handed; no training is needed to see it (train's own config.json: `run`).
     given = []
-    monkeypatch.setattr(trainer, "train", lambda cfg, images=None: given.append(cfg))
+    monkeypatch.setattr(trainer, "train", lambda cfg, images=None, on_epoch=None: given.append(cfg))
     toml = tmp_path / "run.toml"
     toml.write_text(
         'model = "resnet18"\nweights = "none"\nimage_size = 32\nepochs = 1\nbatch_size = 32\n'
@@ -205,7 +205,7 @@ def test_config_file_then_flags(run, sample_data, tmp_path, monkeypatch):
 @pytest.mark.parametrize("augment,expected", [(True, "flip-crop"), (False, "none")])
 def test_an_earlier_version_s_config_json_reads_in_today_s_forms(sample_data, tmp_path, monkeypatch, augment, expected):
     given = []
-    monkeypatch.setattr(trainer, "train", lambda cfg, images=None: given.append(cfg))
+    monkeypatch.setattr(trainer, "train", lambda cfg, images=None, on_epoch=None: given.append(cfg))
     old = tmp_path / "config.json"  # --augment was a switch and --nnodes a count
     old.write_text(json.dumps({"config": {"model": "resnet18", "augment": augment, "nnodes": 1}}))
     assert main(["train", *flags(data=sample_data, config=old)]) == 0

@@ -259,3 +259,34 @@ def test_two_tuners_on_one_journal_file_share_the_study(small_data, tmp_path):
     assert len({t.user_attrs["run_dir"] for t in trials}) == 2
     assert _owners(trials) == {p.pid for p in procs}  # both ran trials of the one study
     assert not (out / "study.db").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_trials_that_are_ddp_jobs_report_from_their_main_process_and_all_stop_when_pruned(small_data, tmp_path):
+    """--strategy ddp --nproc 2: each trial a job of 2 processes under its own launcher. Two good settings,
+    then the hopeless one, pruned after its first epoch: every process of its job stops there."""
+    out, space = tmp_path / "tune", tmp_path / "space.toml"
+    out.mkdir()
+    space.write_text(SPACE)
+    study = optuna.create_study(study_name="visiontune", storage=f"sqlite:///{out / 'study.db'}", direction="minimize")
+    for lr in ENQUEUED[:3]:
+        study.enqueue_trial({"lr": lr})
+    argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "2")]
+    argv += ["--best-metric", "loss", "--strategy", "ddp", "--nproc", "2"]
+    done = subprocess.run(argv, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    trials = load(out).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
+    for t in trials:
+        run_dir = Path(t.user_attrs["run_dir"])
+        summary, history = json.loads((run_dir / "summary.json").read_text()), _history(run_dir)
+        assert summary["world_size"] == 2  # a job of two processes
+        assert t.intermediate_values == {r["epoch"]: r["val"]["loss"] for r in history}  # reported once an epoch
+        if t.state == TrialState.PRUNED:
+            assert len(history) == 1 and summary["stopped"]["reason"].startswith("pruned by the tuner (median")
+            assert not (run_dir / "checkpoints" / "epoch0002-end").exists()  # no process trained on
+        else:
+            assert len(history) == 2 and t.value == summary["best_val_loss"]
+    settings = (out / ".trial-0002.toml").read_text()  # what the third job was started with
+    assert "trial 2" in settings and 'strategy = "ddp"' in settings and "lr = 1e-08" in settings

@@ -20,6 +20,7 @@ from visiontune.cli.flags import config_from_args
 from visiontune.cluster import host, sbatch
 from visiontune.cluster.signals import RunStopped
 from visiontune.errors import UserError
+from visiontune.tuning import TRIAL_ENV
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
@@ -29,6 +30,12 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
     cfg = config_from_args(args)
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
+    on_epoch = None
+    if TRIAL_ENV in os.environ:  # a trial of `visiontune tune` run as a job of its own: it reports to the study
+        from visiontune.tuning import trialjob
+
+        trialjob.die_with_tuner()
+        on_epoch = trialjob.on_epoch_from_env()
     # Check what can be checked before any worker starts: one error line, not N. The listing is the
     # job's only one: the run in this process or the workers take it over (a worker lists nothing here).
     columns = (cfg.image_column, cfg.label_column)
@@ -53,7 +60,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     build.get_spec(cfg.model)  # an unknown or unreachable model: one line before the trainer's imports
     from visiontune.training.trainer import train
 
-    train(cfg, images)
+    train(cfg, images, on_epoch=on_epoch)
     return 0
 
 

@@ -222,7 +222,7 @@ class RunHooks:
     epochs: int
     steps: StepLog | None = None  # per-step loss and lr for the trackers (--log-with)
     early_stop: int = 0  # epochs without a better best metric before stopping (0: never)
-    on_epoch: OnEpoch | None = None  # the caller's (one process: it answers for the whole run)
+    on_epoch: OnEpoch | None = None  # the caller's, asked in the main process: it answers for the whole run
     history: list[dict] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -245,6 +245,18 @@ class RunHooks:
             if signum:
                 raise self.checkpointer.stopped(signum, path)
 
+    def _asked(self, epoch: int) -> str | None:
+        """The caller's answer after ``epoch``: the main process asks, every process gets its answer."""
+        acc = self.outputs.accelerator
+        if self.on_epoch is None:
+            return None
+        answer = [self.on_epoch(epoch, self.history[-1]) if acc.is_main_process else None]
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(answer)
+        return answer[0]
+
     def on_epoch_end(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> None:
         if self.steps:
             self.steps.flush()
@@ -253,7 +265,7 @@ class RunHooks:
         signum = self.stop.agreed()
         if signum and epoch + 1 < self.epochs:
             raise self.checkpointer.stopped(signum, path)
-        reason = self.on_epoch(epoch, self.history[-1]) if self.on_epoch else None
+        reason = self._asked(epoch)
         if reason and epoch + 1 < self.epochs:
             self.outputs.accelerator.print(f"visiontune: stopped after epoch {epoch + 1}: {reason}")
             raise StopAfterEpoch(epoch, reason)

@@ -266,10 +266,9 @@ def _fit(
 def train(cfg: TrainConfig, images: ImageSet | None = None, on_epoch: OnEpoch | None = None) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data`` (listed as ``images`` when given); return the run's summary.
 
-    ``on_epoch(epoch, row)``, in a one-process run, sees each recorded epoch; a reason it returns ends the run
-    after that epoch (``summary.json``'s ``stopped``). ``visiontune tune`` prunes its trials with it."""
-    if on_epoch is not None and launch.world_size() > 1:
-        raise UserError("an on_epoch callback is for a one-process run; its answer would differ between processes")
+    ``on_epoch(epoch, row)`` sees each recorded epoch, in the main process (every process of a job passes it;
+    the others never call it); a reason it returns ends the run, every process of it, after that epoch
+    (``summary.json``'s ``stopped``). ``visiontune tune`` prunes its trials with it."""
     with contextlib.ExitStack() as run_folder:  # holds the run folder's lock, released however the run ends
         return _train(cfg, images, run_folder, on_epoch)
 

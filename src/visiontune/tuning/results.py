@@ -46,12 +46,17 @@ def _toml_value(v) -> str:
 
 
 def best_toml(trial, metric: str) -> str:
-    lines = [
-        f"# visiontune tune: trial {trial.number}, best val {metric} {trial.value:.6g}",
-        f"# its run folder: {trial.user_attrs.get('run_dir')}",
-        "# repeat it with: visiontune train --config best.toml [--output-dir DIR]",
+    comments = [
+        f"visiontune tune: trial {trial.number}, best val {metric} {trial.value:.6g}",
+        f"its run folder: {trial.user_attrs.get('run_dir')}",
+        "repeat it with: visiontune train --config best.toml [--output-dir DIR]",
     ]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in trial.user_attrs["config"].items()]
+    return config_toml(trial.user_attrs["config"], comments)
+
+
+def config_toml(settings: dict, comments: list[str]) -> str:
+    """``settings`` (``settings_of``'s) as a TOML file ``train --config`` reads, under ``comments``."""
+    lines = [f"# {c}" for c in comments] + [f"{k} = {_toml_value(v)}" for k, v in settings.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -3,7 +3,8 @@
 Each trial is an ordinary run folder, ``OUT/trial-NNNN`` (NNNN: the trial's number in the study), made by
 ``training.trainer.train`` with the sampled values on top of the fixed settings. After each epoch the run's
 ``on_epoch`` hands the validation metric to Optuna (``trial.report``) and asks the pruner; a pruned trial
-ends at that epoch boundary, its ``summary.json`` saying ``stopped: {"reason": "pruned ..."}``.
+ends at that epoch boundary, its ``summary.json`` saying ``stopped: {"reason": "pruned ..."}``. A trial whose
+settings ask for several processes (``--strategy ddp --nproc N``) is a job of its own (``trialjob``).
 
 A tuner runs trials until the study holds ``trials`` finished ones (COMPLETE or PRUNED), counting every
 tuner's, so several tuners on one storage (``--parallel K`` on one machine, or one per machine on a journal
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import json
 import os
 import re
 import signal
@@ -30,10 +32,11 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from visiontune.cluster import launch
 from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
-from visiontune.tuning import results, space, study
+from visiontune.tuning import results, space, study, trialjob
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_DIVERGED = 5
@@ -74,23 +77,6 @@ def _sampler(name: str, seed: int):
     return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
 
-def _pruner(name: str, epochs: int):
-    if name == "none":
-        return optuna.pruners.NopPruner()
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, epochs))
-    # Two finished trials to compare with, from the first epoch on: tuning budgets are a few epochs.
-    return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-
-
-def epoch_value(row: dict, metric: str) -> float:
-    """An epoch's value of the metric, as the run's best model picks it (raw or EMA weights)."""
-    from visiontune.runs.records import best_of
-
-    best, which = best_of([row], metric)
-    return float(best[which][metric])
-
-
 def summary_value(summary: dict, metric: str) -> float:
     return float(summary[f"best_val_{metric}"])
 
@@ -104,6 +90,7 @@ class Tuner:
     params: list[space.Param]
     images: object  # the data's listing, made once
     metric: str  # accuracy, loss or map: what the study optimises
+    url: str  # the storage's, for a trial that runs as a job of its own
     storage: object
     study: optuna.Study
     diverged: int = 0  # trials in a row that ended in a non-finite loss
@@ -140,18 +127,13 @@ class Tuner:
         cfg = self.cfg.replace(**values, output_dir=run_dir)
         trial.set_user_attr("run_dir", run_dir)
         trial.set_user_attr("config", results.settings_of(cfg))
-        pruned: list[int] = []
-
-        def on_epoch(epoch: int, row: dict) -> str | None:
-            trial.report(epoch_value(row, self.metric), epoch)
-            if epoch + 1 < cfg.epochs and trial.should_prune():
-                pruned.append(epoch)
-                return f"pruned by the tuner ({self.opts.pruner} pruner) after epoch {epoch + 1}, trial {trial.number}"
-            return None
-
         print(f"visiontune: trial {trial.number}: {', '.join(f'{k}={v}' for k, v in values.items())} -> {run_dir}")
         try:
-            summary = train(cfg, self.images, on_epoch=on_epoch)
+            if launch.needs_launcher(cfg):  # several processes: a job of its own, its main process reporting
+                summary = self._as_job(trial, run_dir, cfg.epochs)
+            else:
+                hook = trialjob.pruning(trial, self.metric, cfg.epochs, self.opts.pruner)
+                summary = train(cfg, self.images, on_epoch=hook)
         except NonFiniteLoss as e:  # these settings diverge: the search goes on (a few times in a row at most)
             trial.set_user_attr("error", str(e))
             self.study.tell(trial, state=TrialState.FAIL)
@@ -176,10 +158,20 @@ class Tuner:
             raise
         self.diverged = 0
         trial.set_user_attr("epochs_done", summary["epochs"])
-        if pruned:
+        if trialjob.was_pruned(summary):
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
             self.study.tell(trial, summary_value(summary, self.metric))
+
+    def _as_job(self, trial, run_dir: str, epochs: int) -> dict:
+        """The trial as ``visiontune train`` under its own launcher; its summary (its failures raised as the
+        in-process run raises them)."""
+        spec = {"storage": self.url, "study": self.study.study_name, "trial_id": trial._trial_id}
+        spec |= {"metric": self.metric, "epochs": epochs, "pruner": self.opts.pruner}
+        settings = results.config_toml(trial.user_attrs["config"], [f"visiontune tune: trial {trial.number}"])
+        code = trialjob.run_as_job(settings, run_dir, self.opts.out, trial.number, spec)
+        trialjob.outcome(code, trial.number)
+        return json.loads(Path(run_dir, "summary.json").read_text())
 
 
 @contextlib.contextmanager
@@ -207,8 +199,8 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
 
     if opts.trials < 1 or opts.parallel < 1 or opts.heartbeat <= 0:
         raise UserError("--trials and --parallel must be positive integers, --heartbeat a positive number")
-    if cfg.strategy != "single" or (cfg.nproc or 1) > 1 or cfg.nnodes:
-        raise UserError("each trial of `visiontune tune` runs in one process: drop --strategy/--nproc/--nnodes")
+    if (cfg.nnodes or 1) > 1:
+        raise UserError("each trial of `visiontune tune` runs on this machine: drop --nnodes (one tuner per machine)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner says what happens, one line a trial
     params = space.resolve(cfg, fixed, opts.space_file, models)
     images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
@@ -225,13 +217,13 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
             opts.study_name,
             _direction(metric),
             _sampler(opts.sampler, seed),
-            _pruner(opts.pruner, cfg.epochs),
+            trialjob.pruner(opts.pruner, cfg.epochs),
             study.data_identity(images),
             study.fixed_record({k: v for k, v in cfg.to_dict().items() if k not in {p.name for p in params}}),
         )
     say(f"visiontune: study {opts.study_name!r} in {url}: {len(the_study.trials)} trial(s) so far")
     say(f"visiontune: searching {'; '.join(p.describe() for p in params)} ({metric}, {_direction(metric)})")
-    return Tuner(opts, cfg, params, images, metric, storage, the_study)
+    return Tuner(opts, cfg, params, images, metric, url, storage, the_study)
 
 
 def tune(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, argv: list[str], models: list[str] | None) -> int:
@@ -255,7 +247,9 @@ def tune(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, argv: list[str], 
 def _run_workers(tuner: Tuner, argv: list[str], deadline: float | None) -> None:
     """``--parallel K``: K tuner processes on this study, cores split between them (or one GPU each)."""
     k = tuner.opts.parallel
-    threads = tuner.cfg.threads or max(1, available_cores() // k)
+    # A trial that is a job of N processes takes N devices: N GPUs, or N shares of the cores.
+    per = launch.plan(tuner.cfg).nproc if launch.needs_launcher(tuner.cfg) else 1
+    threads = tuner.cfg.threads or max(1, available_cores() // (k * per))
     gpus = _gpu_count()
     procs = []
     from visiontune.cluster.launch import without_flags
@@ -266,7 +260,7 @@ def _run_workers(tuner: Tuner, argv: list[str], deadline: float | None) -> None:
     for i in range(k):
         env = {**os.environ, WORKER_ENV: str(i), "OMP_NUM_THREADS": str(threads)}
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str((i * per + j) % gpus) for j in range(per))
         log = open(Path(tuner.opts.out, f"tuner-{i}.log"), "a")
         cmd = [sys.executable, "-m", "visiontune", "tune", *args, "--threads", str(threads)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
