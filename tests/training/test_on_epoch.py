@@ -13,7 +13,7 @@ from visiontune.training.hooks import EarlyStop, RunHooks, StopAfterEpoch
 class _Outputs:
     def __init__(self):
         self.history: list[dict] = []
-        self.accelerator = SimpleNamespace(print=lambda *a: None)
+        self.accelerator = SimpleNamespace(print=lambda *a: None, is_main_process=True, num_processes=1)
         self.best_metric = "loss"
 
     def record(self, epoch, tr, va):
