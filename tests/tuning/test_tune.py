@@ -192,6 +192,20 @@ def _owners(trials) -> set[int]:
     return {t.system_attrs["visiontune:owner"]["pid"] for t in trials}
 
 
+def _wait_gone(pids: set[int], limit: float = 60.0) -> None:
+    end = time.monotonic() + limit
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < end, f"processes {sorted(pids)} outlived their tuner's kill -9"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(small_data, tmp_path):
@@ -216,10 +230,10 @@ def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(smal
         time.sleep(0.1)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(1)  # the workers die with their tuner (PR_SET_PDEATHSIG)
     before = {t.number: t for t in load(out).get_trials()}
     interrupted = [n for n, t in before.items() if t.state == TrialState.RUNNING]
     assert interrupted, "no trial was running when the tuner was killed"
+    _wait_gone(_owners(before[n] for n in interrupted))  # the workers die with their tuner (PR_SET_PDEATHSIG)
     again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     trials = load(out).get_trials()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 from pathlib import Path
 
 import optuna
@@ -124,21 +125,60 @@ def test_a_study_of_another_data_set_is_refused(sample_data, small_data, tmp_pat
 
 
 def test_a_stale_trial_is_failed_and_queued_again_once(tmp_path):
+    import os
+    import socket
+    import time
+
     from visiontune.tuning import study
 
     storage = study.open_storage(str(tmp_path / "journal.log"))
     s = optuna.create_study(storage=storage, study_name="s")
-    live, dead = s.ask(), s.ask()
-    for t, pid in ((live, __import__("os").getpid()), (dead, 2**22 + 12345)):  # the second pid runs nothing
-        owner = {"host": __import__("socket").gethostname(), "pid": pid, "since": 0.0, "heartbeat": 30.0}
-        storage.set_trial_system_attr(t._trial_id, study.OWNER, owner)
-        storage.set_trial_system_attr(t._trial_id, study.BEAT, __import__("time").time())
-    t3 = s.ask()  # no owner: a trial another program runs, never judged
-    assert study.fail_stale(s, storage, 30.0) == [dead.number]
+    here, started, long_ago = socket.gethostname(), study._started(os.getpid()), time.time() - 3600
+    assert started is not None and started != study._started(1)
+    owners = {  # (owner, last heartbeat) -> failed?
+        "live, its heartbeat an hour old (a busy machine)": ({"pid": os.getpid(), "started": started}, long_ago),
+        "no such process": ({"pid": 2**22 + 12345}, time.time()),
+        "its pid now another process's": ({"pid": os.getpid(), "started": started - 1}, time.time()),
+        "another host, beating": ({"host": "elsewhere", "pid": 1}, time.time()),
+        "another host, silent for three beats": ({"host": "elsewhere", "pid": 1}, time.time() - 91),
+    }
+    trials = {}
+    for what, (owner, beat) in owners.items():
+        trials[what] = t = s.ask()
+        storage.set_trial_system_attr(t._trial_id, study.OWNER, {"host": here, "heartbeat": 30.0, **owner})
+        storage.set_trial_system_attr(t._trial_id, study.BEAT, beat)
+    unowned = s.ask()  # no owner: a trial another program runs, never judged
+    stale = ["no such process", "its pid now another process's", "another host, silent for three beats"]
+    assert study.fail_stale(s, storage, 30.0) == [trials[what].number for what in stale]
     assert study.fail_stale(s, storage, 30.0) == []  # once
-    trials = s.get_trials()
-    assert [t.state for t in trials] == [TrialState.RUNNING, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING]
-    assert trials[3].system_attrs["failed_trial"] == dead.number and t3.number == 2
+    now = s.get_trials()
+    for what, t in trials.items():
+        assert now[t.number].state == (TrialState.FAIL if what in stale else TrialState.RUNNING), what
+    assert now[unowned.number].state == TrialState.RUNNING
+    retries = now[unowned.number + 1 :]
+    assert [t.state for t in retries] == [TrialState.WAITING] * 3
+    assert [t.system_attrs["failed_trial"] for t in retries] == [trials[what].number for what in stale]
+
+
+@pytest.mark.slow
+def test_a_trial_whose_tuner_was_killed_but_not_yet_reaped_is_stale(tmp_path):
+    import socket
+    import time
+
+    from visiontune.tuning import study
+
+    storage = study.open_storage(str(tmp_path / "journal.log"))
+    s = optuna.create_study(storage=storage, study_name="s")
+    zombie = subprocess.Popen(["true"])  # exits, and stays a zombie until waited for (as under an init that
+    started = study._started(zombie.pid)  # does not reap); its pid still answers kill(pid, 0)
+    while study._stat(zombie.pid)[0] != "Z":
+        time.sleep(0.01)
+    t = s.ask()
+    owner = {"host": socket.gethostname(), "pid": zombie.pid, "started": started, "heartbeat": 30.0}
+    storage.set_trial_system_attr(t._trial_id, study.OWNER, owner)
+    storage.set_trial_system_attr(t._trial_id, study.BEAT, time.time())
+    assert study.fail_stale(s, storage, 30.0) == [t.number]
+    zombie.wait()
 
 
 def test_the_slurm_job_runs_one_tuner_per_node_on_the_journal_file(sample_data, tmp_path, capsys):

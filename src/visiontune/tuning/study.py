@@ -9,9 +9,11 @@ A study records what it is of when it is made: the data set (its classes, its im
 its file names and labels), the direction of its metric and the fixed settings. A tuner pointed at a study of
 other data, or with other fixed settings, stops with one line instead of mixing two searches.
 
-Every trial being run carries its owner (host, pid) and a heartbeat, beaten every ``heartbeat`` seconds from
-a thread. A RUNNING trial is stale when its owner is gone (on this host: no such process) or its heartbeat is
-older than three beats (any host); ``fail_stale`` marks it FAIL and queues its parameters again, once, as a
+Every trial being run carries its owner (host, pid, the process's start time) and a heartbeat, beaten every
+``heartbeat`` seconds from a thread. A RUNNING trial is stale when its owner is gone: on this host, when no
+process of that pid and start time lives (exact, whatever the load: a busy machine that delays a heartbeat
+never fails a live trial); on another host, when its heartbeat is older than three beats, the only sign that
+reaches across machines. ``fail_stale`` marks it FAIL and queues its parameters again, once, as a
 new WAITING trial (``retry``, as Optuna's ``RetryHeartbeatStaleTrialCallback`` does). The same code serves
 every storage: Optuna's own heartbeat exists only for databases, not for the journal file.
 """
@@ -147,16 +149,38 @@ def count(trials, *states: TrialState) -> int:
     return sum(t.state in states for t in trials)
 
 
-def _owner_gone(owner: dict) -> bool:
-    if owner.get("host") != socket.gethostname():
-        return False  # another machine's process: only its heartbeat tells
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc's field 22), to tell it from a later
+    process given the same pid; None where /proc does not say (another system, or no such process)."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (which, in parentheses, may hold spaces)."""
     try:
-        os.kill(int(owner["pid"]), 0)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _owner_alive(owner: dict) -> bool | None:
+    """On this host: whether the owning process still runs (True/False); on another host: None."""
+    if owner.get("host") != socket.gethostname():
+        return None
+    try:
+        pid = int(owner["pid"])
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError, KeyError, TypeError):
         return False
-    return False
+    except (PermissionError, ValueError, KeyError, TypeError):
+        return True  # a process of another user, or an owner record of another make: not ours to judge
+    fields = _stat(pid)
+    if fields is None:  # no /proc: the pid is all there is to go by
+        return True
+    if fields[0] in ("Z", "X"):  # killed, and not yet reaped (a container without an init that reaps)
+        return False
+    return owner.get("started") in (None, int(fields[19]))
 
 
 def fail_stale(study, storage, heartbeat: float) -> list[int]:
@@ -167,8 +191,11 @@ def fail_stale(study, storage, heartbeat: float) -> list[int]:
         owner = t.system_attrs.get(OWNER)
         if owner is None:
             continue  # a trial started by another program: not ours to judge
-        beat = t.system_attrs.get(BEAT, owner.get("since", now))
-        if not (_owner_gone(owner) or now - beat > STALE_BEATS * owner.get("heartbeat", heartbeat)):
+        alive = _owner_alive(owner)
+        if alive is None:  # another host's: its heartbeat tells
+            beat = t.system_attrs.get(BEAT, owner.get("since", now))
+            alive = now - beat <= STALE_BEATS * owner.get("heartbeat", heartbeat)
+        if alive:
             continue
         try:  # the reason first: a finished trial takes no attributes
             storage.set_trial_system_attr(t._trial_id, "visiontune:failed", "its tuner stopped while running it")
@@ -187,6 +214,7 @@ class Heartbeat:
         self.storage, self.trial_id, self.interval = storage, trial_id, interval
         self._stop = threading.Event()
         owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "heartbeat": interval}
+        owner["started"] = _started(os.getpid())
         storage.set_trial_system_attr(trial_id, OWNER, owner)
         storage.set_trial_system_attr(trial_id, BEAT, time.time())
         self._thread = threading.Thread(target=self._beat, name="visiontune-heartbeat", daemon=True)
