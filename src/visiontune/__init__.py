@@ -20,10 +20,12 @@ __all__ = ["TrainConfig", "UserError", "load", "train", "__version__"]
 
 
 def train(config: TrainConfig) -> dict:
-    """Run one training job in this process and return its summary (``summary.json``'s contents)."""
-    from visiontune.training.trainer import train as _train
+    """Run one training job as ``visiontune train`` runs it (in this process, or under its own launcher for
+    ``strategy="ddp"``/``"fsdp"`` with several processes) and return its summary (``summary.json``'s
+    contents); a job that fails raises ``UserError``."""
+    from visiontune.training import job
 
-    return _train(config)
+    return job.summary_of(job.run(config))
 
 
 def load(path: str):

@@ -84,6 +84,19 @@ def _run_all(commands: dict[str, tuple[list[str], Path]], logs: Path, timeout: f
     return out
 
 
+API_JOB = f"""
+import json, sys
+import visiontune
+config = visiontune.TrainConfig(
+    data=sys.argv[1], output_dir=sys.argv[2], model="resnet18", weights="none", image_size=32, progress=False,
+    epochs=1, batch_size={PER_PROCESS}, val_fraction=0.84, lr={LR}, scale_lr=True, reference_batch={REFERENCE},
+    strategy="ddp", nproc={WORLD},
+)
+summary = visiontune.train(config)
+open(sys.argv[2] + ".returned.json", "w").write(json.dumps(summary))
+"""
+
+
 @pytest.fixture(scope="module")
 def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
     root = tmp_path_factory.mktemp("launch")
@@ -133,12 +146,16 @@ def jobs(sample_data, tmp_path_factory) -> dict[str, Job]:
             ],
             root,
         ),
+        # The Python API: the same job, started as the command line starts it (visiontune.train's summary
+        # written beside the run folder, to be compared with its summary.json).
+        "python": ([PYTHON, "-c", API_JOB, str(sample_data), str(root / "python")], root),
     }
     done = _run_all(commands, root)
     dirs = {
         "visiontune": root / "visiontune",
         "torchrun": root / "torchrun",
         "accelerate": root / "accelerate",
+        "python": root / "python",
     }
     return {name: Job(code, log, dirs[name]) for name, (code, log) in done.items()}
 
@@ -191,7 +208,7 @@ def test_setup_is_printed_and_recorded(jobs):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "python"])
 def test_every_launcher_gives_the_same_run(jobs, launcher):
     base, job = jobs["visiontune"], jobs[launcher]
     assert base.code == 0 and job.code == 0, job.log
@@ -202,6 +219,19 @@ def test_every_launcher_gives_the_same_run(jobs, launcher):
     ta, tb = base.read("history.json")[0]["train"], job.read("history.json")[0]["train"]
     assert (tb["images"], tb["accuracy"]) == (ta["images"], ta["accuracy"])
     assert tb["loss"] == pytest.approx(ta["loss"], rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_visiontune_train_in_python_starts_the_job_the_command_line_starts(jobs):
+    base, job = jobs["visiontune"], jobs["python"]
+    assert job.code == 0, job.log
+    returned = json.loads(job.run_dir.with_name("python.returned.json").read_text())
+    assert returned == job.read("summary.json") and returned["world_size"] == WORLD  # not one process
+    ours, theirs = (load_file(str(j.run_dir / "best.safetensors")) for j in (job, base))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    a, b = base.read("config.json"), job.read("config.json")
+    assert {**a["config"], "output_dir": None} == {**b["config"], "output_dir": None}
+    assert a["setup"] == b["setup"]
 
 
 @pytest.mark.slow

@@ -24,44 +24,16 @@ from visiontune.tuning import TRIAL_ENV
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.cluster import jobplan, launch, strategy
-    from visiontune.data.sources import discover
-    from visiontune.runs import runlock
+    from visiontune.training import job
 
     cfg = config_from_args(args)
-    launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     on_epoch = None
     if TRIAL_ENV in os.environ:  # a trial of `visiontune tune` run as a job of its own: it reports to the study
         from visiontune.tuning import trialjob
 
         trialjob.die_with_tuner()
         on_epoch = trialjob.on_epoch_from_env()
-    # Check what can be checked before any worker starts: one error line, not N. The listing is the
-    # job's only one: the run in this process or the workers take it over (a worker lists nothing here).
-    columns = (cfg.image_column, cfg.label_column)
-    images = None if launch.is_worker() else discover(cfg.data, *columns, multi_label=cfg.multi_label)
-    strategy.check(cfg)
-    if launch.needs_launcher(cfg):
-        from visiontune.data.listing import shared_listing
-        from visiontune.models.names import check_model
-
-        # An unknown or unreachable model: one line now. This process only starts the workers, so it
-        # checks the name without importing the models (torchvision's import alone is seconds).
-        check_model(cfg.model, cfg.weights, host.user_cache_dir())
-        if cfg.output_dir is None:  # fixed here, so that every worker writes the same folder
-            cfg = cfg.replace(output_dir=launch.run_folder(cfg))
-            argv = [*argv, "--output-dir", cfg.output_dir]
-        # One machine: this process outlives any worker restart, so it holds the run folder's lock.
-        one_machine = jobplan.node_range(launch.plan(cfg).nnodes) == (1, 1)
-        with runlock.hold_for_workers(cfg.output_dir if one_machine else None), shared_listing(images, cfg.data):
-            return launch.relaunch(cfg, argv)
-    from visiontune.models import build
-
-    build.get_spec(cfg.model)  # an unknown or unreachable model: one line before the trainer's imports
-    from visiontune.training.trainer import train
-
-    train(cfg, images, on_epoch=on_epoch)
-    return 0
+    return job.run(cfg, argv, on_epoch).code
 
 
 def cmd_lr_find(args: argparse.Namespace, argv: list[str]) -> int:

@@ -73,6 +73,11 @@ def allow_command(data: str | None) -> None:
         _allowed_commands.add(data)
 
 
+def command_allowed(data: str) -> bool:
+    """Whether ``data`` is a ``pipe:`` command this process may run (``allow_command``)."""
+    return runs_command(data) and data in _allowed_commands
+
+
 def refuse_command(data: object, where: str) -> None:
     """One line when ``data``, read from the file ``where``, is a command: none read from a file is run."""
     if isinstance(data, str) and runs_command(data):
@@ -123,7 +128,7 @@ def _check_source(data: str) -> None:
             f"{data}: visiontune reads http(s)://, hf:// and gs:// itself; read {scheme}:// through a command "
             f"you trust: --data 'pipe:COMMAND' --allow-pipe (the .tar names in the command)"
         )
-    if runs_command(data) and data not in _allowed_commands:
+    if runs_command(data) and not command_allowed(data):
         raise UserError(
             f"--data {data!r:.100}: a pipe: command is run only when given on this command line together with "
             "--allow-pipe (never one read from a file)"
