@@ -55,7 +55,7 @@ def measure(args, mode: str) -> list[dict]:
     """In this process: one mode, every source."""
     import torch
 
-    from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator, prepare
+    from visiontune.cluster.strategy import ProcessSettings, decode_threads, loader_workers, make_accelerator, prepare
     from visiontune.data.sources import discover
     from visiontune.loading.cache import CachedDataset, open_or_build
     from visiontune.loading.devicedecode import DeviceDecodeDataset
@@ -76,7 +76,7 @@ def measure(args, mode: str) -> list[dict]:
         compile=compile_,
         progress=False,
     )
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(ProcessSettings.of(cfg))
     device = accelerator.device
     images = discover(args.data)
     cache = open_or_build(args.cache, images.paths, args.image_size)

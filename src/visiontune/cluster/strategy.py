@@ -31,6 +31,22 @@ from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 
 
+@dataclass(frozen=True)
+class ProcessSettings:
+    """How this process runs a model, training or not: what the Accelerator and the thread budget read.
+    A training run's come from its config (``of``); predict, evaluate and serve make their own."""
+
+    mixed_precision: str = "no"
+    timeout: float = 600.0  # seconds any collective may wait
+    threads: int | None = None  # None: this process's share of the cores
+    grad_accum: int = 1
+    log_with: str | None = None
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> ProcessSettings:
+        return cls(cfg.mixed_precision, cfg.timeout, cfg.threads, cfg.grad_accum, cfg.log_with)
+
+
 def effective(cfg: TrainConfig) -> strategies.Strategy:
     """The strategy this process runs: --strategy's, except that a worker of a launcher's job of several
     processes (torchrun, accelerate launch) runs the default one of several processes when --strategy
@@ -41,16 +57,12 @@ def effective(cfg: TrainConfig) -> strategies.Strategy:
     return named
 
 
-def _threads(cfg) -> int | None:
-    return getattr(cfg, "threads", None)  # inference's config has no --threads: the budget decides
-
-
 def loader_workers(cfg: TrainConfig) -> int:
     """``--num-workers auto``: decoding workers out of this process's core budget."""
     if cfg.num_workers is not None:
         return cfg.num_workers
     if torch.cuda.is_available():
-        return max(1, min(8, cpu_budget(_threads(cfg)) - 1))  # the GPU computes; the cores decode
+        return max(1, min(8, cpu_budget(cfg.threads) - 1))  # the GPU computes; the cores decode
     # On a CPU the model needs the cores too: a worker process would fight the model's threads
     # for them (measured: slower than either alone), so the batch is decoded in this process.
     return 0
@@ -58,7 +70,7 @@ def loader_workers(cfg: TrainConfig) -> int:
 
 def decode_threads(cfg: TrainConfig) -> int:
     """Threads that decode a batch inside this process: the whole budget when there are no workers."""
-    return cpu_budget(_threads(cfg)) if loader_workers(cfg) == 0 else 1
+    return cpu_budget(cfg.threads) if loader_workers(cfg) == 0 else 1
 
 
 def enable_gpu_speedups() -> None:
@@ -69,7 +81,7 @@ def enable_gpu_speedups() -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def check_runnable(cfg: TrainConfig) -> None:
+def check_runnable(cfg: TrainConfig | ProcessSettings) -> None:
     """Refuse settings that would quietly do something else here: fp16 on a CPU, a missing tracker."""
     if cfg.mixed_precision == "fp16" and not torch.cuda.is_available():
         # Accelerate would train in fp32 on a CPU while config.json said fp16.
@@ -83,13 +95,9 @@ def check_runnable(cfg: TrainConfig) -> None:
         raise UserError(f"--log-with {cfg.log_with}: {cfg.log_with} is not installed; pip install {extra}")
 
 
-def make_accelerator(
-    cfg: TrainConfig, project_dir: str | None = None, strategy: strategies.Strategy | None = None
-) -> Accelerator:
-    """Create the run's only Accelerator (with ``strategy``'s arguments), then set this process's thread budget."""
-    check_runnable(cfg)
-    if strategy is not None:
-        strategy.check(cfg)
+def make_accelerator(process: ProcessSettings, project_dir: str | None = None, **strategy_kwargs) -> Accelerator:
+    """Create the process's only Accelerator (with a strategy's own arguments), then set its thread budget."""
+    check_runnable(process)
     if not torch.distributed.is_initialized():
         # Accelerate keeps one state per process; a second run in the same process
         # (the Python API, a notebook) may ask for other settings.
@@ -100,18 +108,18 @@ def make_accelerator(
     try:
         accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),  # makes Accelerate join gloo processes on a CPU
-            mixed_precision=cfg.mixed_precision,
-            gradient_accumulation_steps=cfg.grad_accum,
-            log_with=cfg.log_with,
+            mixed_precision=process.mixed_precision,
+            gradient_accumulation_steps=process.grad_accum,
+            log_with=process.log_with,
             project_dir=project_dir,
             dataloader_config=DataLoaderConfiguration(non_blocking=True),
-            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.timeout))],
-            **(strategy.accelerator_kwargs(cfg) if strategy is not None else {}),
+            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=process.timeout))],
+            **strategy_kwargs,
         )
     except ValueError as e:  # e.g. fp16 asked for on a CPU, an unknown tracker
         raise UserError(f"cannot set up the run: {e}") from None
     # After Accelerate, which sets its own count on a CPU when OMP_NUM_THREADS is unset.
-    torch.set_num_threads(cpu_budget(_threads(cfg)))
+    torch.set_num_threads(cpu_budget(process.threads))
     return accelerator
 
 
@@ -171,7 +179,7 @@ def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
         torch.get_num_threads(),
         loader_workers(cfg),
         decode_threads(cfg),
-        threads_choice(_threads(cfg))[1],
+        threads_choice(cfg.threads)[1],
     )
 
 

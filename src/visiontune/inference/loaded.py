@@ -19,14 +19,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 from accelerate import Accelerator
 from torch import nn
 
 from visiontune.cluster.strategies.base import no_datasets_import
-from visiontune.cluster.strategy import decode_threads, loader_workers, make_accelerator
+from visiontune.cluster.strategy import ProcessSettings, decode_threads, loader_workers, make_accelerator
 from visiontune.data.decode import BadImage, read_source
 from visiontune.errors import UserError
 from visiontune.inference import formats
@@ -62,7 +61,7 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class InferenceConfig:
-    """How the forward pass runs (``strategy.make_accelerator`` and the loader read these)."""
+    """How the forward pass runs: its process's settings (``process``) and the loader's."""
 
     batch_size: int  # per process
     mixed_precision: str = "no"
@@ -70,9 +69,10 @@ class InferenceConfig:
     num_workers: int | None = None  # None: strategy.loader_workers' choice
     timeout: float = 600.0  # seconds any collective may wait
     decode: str | None = None  # decode.DECODES; None: as the model was trained (its RunInfo)
-    # Never accumulated or logged: fixed, for make_accelerator.
-    grad_accum: ClassVar[int] = 1
-    log_with: ClassVar[None] = None
+    threads: int | None = None  # None: this process's share of the cores
+
+    def process(self) -> ProcessSettings:
+        return ProcessSettings(self.mixed_precision, self.timeout, self.threads)
 
 
 def _check_classes(classes, where: str) -> list[str]:
@@ -159,7 +159,7 @@ def _check_size(net: nn.Module, info: RunInfo, where: str) -> None:
 
 def start(icfg: InferenceConfig) -> Accelerator:
     """The process's one Accelerator (mixed precision, the process group under a launcher)."""
-    return make_accelerator(icfg)
+    return make_accelerator(icfg.process())
 
 
 def forward(

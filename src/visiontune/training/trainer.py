@@ -23,7 +23,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import files
 from visiontune.cluster import launch, signals
-from visiontune.cluster.strategy import Setup, describe, effective, make_accelerator, prepare
+from visiontune.cluster.strategy import ProcessSettings, Setup, describe, effective, make_accelerator, prepare
 from visiontune.data.groups import split_for
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
@@ -95,7 +95,9 @@ def _open_job(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> _Job:
     """Join the job's processes and take the run folder (its lock comes before any long work)."""
     elastic.join_restarted_group(cfg.timeout)
     cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
-    accelerator = make_accelerator(cfg, project_dir=cfg.output_dir or "runs", strategy=effective(cfg))
+    runs = effective(cfg)
+    runs.check(cfg)  # what this strategy cannot do with these settings, in every process of the job
+    accelerator = make_accelerator(ProcessSettings.of(cfg), cfg.output_dir or "runs", **runs.accelerator_kwargs(cfg))
     job = _Job(cfg, accelerator, describe(cfg, accelerator), _run_dir(accelerator, cfg))
     run_folder.enter_context(runlock.hold_run(accelerator, job.run_dir))
     elastic.check_shared_folder(accelerator, job.run_dir)
