@@ -9,6 +9,7 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from trainrun import TINY, env_for, flags
+from visiontune.cluster.jobplan import LaunchSettings
 from visiontune.cluster.launch import launcher_argv, needs_launcher, without_flags
 from visiontune.settings.config import TrainConfig
 
@@ -77,6 +78,25 @@ def test_needs_launcher(monkeypatch, changes, env, expected):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert needs_launcher(TrainConfig(data="d", **changes)) is expected
+    # The same answer from the launch settings alone: what they are made of is all the launch reads.
+    assert needs_launcher(LaunchSettings.of(TrainConfig(data="d", **changes))) is expected
+
+
+def test_the_launch_settings_of_a_run_are_its_flags_that_place_processes(monkeypatch):
+    for k in ("LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    placed = {"nproc": 3, "nnodes": "2", "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 29501}
+    cfg = TrainConfig(data="d", strategy="ddp", max_restarts=2, threads=4, **placed)
+    assert LaunchSettings.of(cfg) == LaunchSettings(True, **placed, max_restarts=2, threads=4)
+    assert not LaunchSettings.of(TrainConfig(data="d", strategy="single")).several_processes
+    # predict's and evaluate's own --nproc (no training config): one process runs here, two are a job.
+    assert not needs_launcher(LaunchSettings(nproc=1), "predict")
+    assert needs_launcher(LaunchSettings(nproc=2), "predict")
+    assert launcher_argv(LaunchSettings(nproc=2), ["x"], "predict")[:3] == [
+        "--nproc-per-node=2",
+        "--nnodes=1",
+        "--max-restarts=0",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -99,7 +99,7 @@ def _step(**changes: str | None) -> dict[str, str]:
 
 
 def _plan(env: dict[str, str]) -> jobplan.Plan:
-    return jobplan.plan(TrainConfig(data="d", strategy="ddp"), env)
+    return jobplan.plan(jobplan.LaunchSettings.of(TrainConfig(data="d", strategy="ddp")), env)
 
 
 def test_a_consistent_step_plans_as_before():

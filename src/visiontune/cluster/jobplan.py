@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from visiontune.cluster import slurm
+from visiontune.cluster import slurm, strategies
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 
@@ -19,6 +19,28 @@ def default_nproc() -> int:
     import torch
 
     return torch.cuda.device_count() or 2
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What the launch of a job of several processes reads: the flags of ``train`` that place its processes
+    (``of``), or a command's own (``predict --nproc N``)."""
+
+    several_processes: bool = True  # the strategy runs one process per device
+    nproc: int | None = None
+    nnodes: str | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None
+    max_restarts: int = 0
+    threads: int | None = None
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> LaunchSettings:
+        several = strategies.get(cfg.strategy).several_processes
+        placed = (cfg.nproc, cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port, cfg.rdzv_endpoint)
+        return cls(several, *placed, cfg.max_restarts, cfg.threads)
 
 
 @dataclass(frozen=True)
@@ -62,7 +84,7 @@ def kubernetes(env: Mapping[str, str]) -> bool:
     return {"MASTER_ADDR", "WORLD_SIZE", "RANK"} <= env.keys()
 
 
-def plan(cfg: TrainConfig, env: Mapping[str, str], cluster: bool = True) -> Plan:
+def plan(cfg: LaunchSettings, env: Mapping[str, str], cluster: bool = True) -> Plan:
     """Nodes, ranks, processes and rendezvous for ``cfg``: flags first, then the cluster's variables."""
     if cfg.rdzv_endpoint and not cfg.rdzv_endpoint.rpartition(":")[2].isdigit():
         raise UserError(f"--rdzv-endpoint must be HOST:PORT, got {cfg.rdzv_endpoint!r}")

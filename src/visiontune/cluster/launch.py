@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 
 from visiontune.cluster import jobplan, slurm, strategies
 from visiontune.cluster.host import available_cores, core_limits
-from visiontune.cluster.jobplan import Plan
+from visiontune.cluster.jobplan import LaunchSettings, Plan
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 
@@ -181,9 +181,13 @@ def default_output_dir() -> str:
     return os.path.join("runs", datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
 
 
-def plan(cfg: TrainConfig, env: Mapping[str, str] = ENV, cluster: bool = True) -> Plan:
+def plan(cfg: TrainConfig | LaunchSettings, env: Mapping[str, str] = ENV, cluster: bool = True) -> Plan:
     """``jobplan.plan`` for this machine: from the process environment unless ``env`` is given."""
-    return jobplan.plan(cfg, env, cluster)
+    return jobplan.plan(_launch(cfg), env, cluster)
+
+
+def _launch(cfg: TrainConfig | LaunchSettings) -> LaunchSettings:
+    return cfg if isinstance(cfg, LaunchSettings) else LaunchSettings.of(cfg)
 
 
 def join_cluster(cfg: TrainConfig) -> None:
@@ -207,8 +211,9 @@ def join_cluster(cfg: TrainConfig) -> None:
             ENV.update(p.join)
 
 
-def needs_launcher(cfg: TrainConfig, command: str = "train") -> bool:
-    if not strategies.get(cfg.strategy).several_processes or is_worker():
+def needs_launcher(cfg: TrainConfig | LaunchSettings, command: str = "train") -> bool:
+    cfg = _launch(cfg)
+    if not cfg.several_processes or is_worker():
         return False
     p = plan(cfg, cluster=command == "train")
     return p.nproc > 1 or p.nnodes != "1" or cfg.max_restarts > 0 or p.rdzv_endpoint is not None
@@ -227,13 +232,16 @@ def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     return out
 
 
-def launcher_argv(cfg: TrainConfig, argv: list[str], command: str = "train", forked: bool = False) -> list[str]:
+def launcher_argv(
+    cfg: TrainConfig | LaunchSettings, argv: list[str], command: str = "train", forked: bool = False
+) -> list[str]:
     """torchrun's arguments for this run, then the workers' ``visiontune <command>`` arguments.
 
     ``forked``: each worker is a fork of this process running ``visiontune/__main__.py`` as a function
     (torchrun's ``--start-method fork --run-path``), not a new interpreter: it starts holding what this
     process has imported (torch, at least: about 2 CPU s a worker, and every import on a restart).
     """
+    cfg = _launch(cfg)
     p = plan(cfg, cluster=command == "train")
     args = [f"--nproc-per-node={p.nproc}", f"--nnodes={p.nnodes}", f"--max-restarts={cfg.max_restarts}"]
     if p.rdzv_endpoint:  # elastic: the c10d store at the endpoint assigns the node ranks
@@ -277,7 +285,7 @@ def here_or_relaunched(
     Under a launcher a worker exits 0 with skips (exit 1 would read as a crashed worker); the
     launching process reads ``skipped()`` from the output the workers wrote and reports it.
     """
-    cfg = TrainConfig(data="-", strategy=strategies.several_default().name, nproc=nproc)
+    cfg = LaunchSettings(nproc=nproc)
     if needs_launcher(cfg, command):
         code = relaunch(cfg, argv, command)
         return 1 if code == 0 and skipped() else code
@@ -285,8 +293,9 @@ def here_or_relaunched(
     return 1 if not inside_launcher() and skipped() else 0
 
 
-def relaunch(cfg: TrainConfig, argv: list[str], command: str = "train") -> int:
+def relaunch(cfg: TrainConfig | LaunchSettings, argv: list[str], command: str = "train") -> int:
     """Run the workers under the elastic agent; return the job's exit code."""
+    cfg = _launch(cfg)
     from torch.distributed.elastic.multiprocessing.api import (
         SignalException,
         _terminate_process_handler,
