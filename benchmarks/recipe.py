@@ -61,6 +61,7 @@ VISIONTUNE = {
     "vt-modern-warmup0": ["--recipe", "modern", "--warmup-epochs", "0"],
 }
 DEFAULT_TOOLS = "timm,fastai,vt-blog,vt-modern,vt-modern-onecycle"
+TUNE = "vt-tune"  # `visiontune tune` then its best settings trained as long as the other rows (--tune-trials)
 
 
 def write_pngs(images, labels, out: Path, per_class: int) -> Path:
@@ -146,16 +147,40 @@ def timed(cmd: list[str], env: dict, **kw) -> float:
     return time.perf_counter() - start
 
 
-def visiontune(flags: list[str], folders: dict, seed: int, epochs: int, size: int, out: Path, env: dict) -> dict:
-    cmd = [sys.executable, "-m", "visiontune", "train", "--data", str(folders["pool"]), "--model", MODEL]
+def _vt_flags(command: str, folders: dict, seed: int, epochs: int, size: int) -> list[str]:
+    cmd = [sys.executable, "-m", "visiontune", command, "--data", str(folders["pool"]), "--model", MODEL]
     cmd += ["--weights", "none", "--image-size", str(size), "--batch-size", str(BATCH), "--epochs", str(epochs)]
-    cmd += ["--seed", str(seed), "--val-fraction", str(VAL_FRACTION), "--num-workers", "0", "--no-progress"]
-    seconds = timed([*cmd, *flags, "--output-dir", str(out)], env)
+    return cmd + ["--seed", str(seed), "--val-fraction", str(VAL_FRACTION), "--num-workers", "0", "--no-progress"]
+
+
+def visiontune(flags: list[str], folders: dict, seed: int, epochs: int, size: int, out: Path, env: dict) -> dict:
+    seconds = timed([*_vt_flags("train", folders, seed, epochs, size), *flags, "--output-dir", str(out)], env)
+    return {"accuracy": _test_accuracy(out, folders), "seconds": seconds}
+
+
+def visiontune_tuned(budget: tuple[int, int], folders: dict, seed: int, epochs: int, size: int, out: Path, env) -> dict:
+    """``vt-tune``: `visiontune tune` with the modern recipe's default space, ``budget`` = (trials, epochs each),
+    choosing on the validation split as every tool does; then its best.toml trained for ``epochs`` like the
+    other rows, and scored on the test set. The seconds are the search's and the final run's together."""
+    trials, trial_epochs = budget
+    tune = [*_vt_flags("tune", folders, seed, trial_epochs, size), "--recipe", "modern", "--trials", str(trials)]
+    searched = timed([*tune, "--out", str(out / "tune")], env)
+    final = [sys.executable, "-m", "visiontune", "train", "--config", str(out / "tune" / "best.toml")]
+    trained = timed([*final, "--epochs", str(epochs), "--no-progress", "--output-dir", str(out / "best")], env)
+    return {
+        "accuracy": _test_accuracy(out / "best", folders),
+        "seconds": searched + trained,
+        "search_seconds": searched,
+        "trials": trials,
+        "trial_epochs": trial_epochs,
+    }
+
+
+def _test_accuracy(run_dir: Path, folders: dict) -> float:
     import visiontune as vt
 
     with contextlib.redirect_stdout(io.StringIO()):  # its report lines: the accuracy is all this needs
-        report = vt.load(out).evaluate(str(folders["test"]), out=str(out / "test"))
-    return {"accuracy": report["accuracy"], "seconds": seconds}
+        return vt.load(run_dir).evaluate(str(folders["test"]), out=str(run_dir / "test"))["accuracy"]
 
 
 def timm(train_py: Path, folders: dict, seed: int, epochs: int, size: int, out: Path, env: dict) -> dict:
@@ -228,7 +253,12 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated; each seed is its own split")
     p.add_argument("--sets", default="digits,mnist5k", help=f"comma-separated: {', '.join(SETS)}")
     p.add_argument("--result", default="recipe", help="benchmarks/results/RESULT.json")
-    p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: timm, fastai, {', '.join(VISIONTUNE)}")
+    known = ", ".join(["timm", "fastai", *VISIONTUNE, TUNE])
+    p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: {known}")
+    p.add_argument("--tune-trials", type=int, default=12, help=f"{TUNE}: the search's trials")
+    p.add_argument(
+        "--tune-epochs", type=int, help=f"{TUNE}: epochs of each trial (default: a quarter of --epochs, at least 1)"
+    )
     p.add_argument("--jobs", type=int, default=1, help="(seed, data set) cells run at once (accuracy only)")
     p.add_argument("--cell", help=argparse.SUPPRESS)  # SEED:SET, run by --jobs in a child process
     p.add_argument("--stamp", help="continue the run of this stamp (its cell files): finished tools are not rerun")
@@ -255,6 +285,7 @@ def main() -> None:
         "seeds": seeds,
         "test_fraction": TEST_FRACTION,
         "timm_recipe": " ".join(TIMM_RECIPE) if "timm" in tools else None,
+        "tune_budget": [args.tune_trials, args.tune_epochs or max(1, args.epochs // 4)] if TUNE in tools else None,
         "command": " ".join(["python benchmarks/recipe.py", *argv]),
     }
     sets = {}
@@ -302,6 +333,9 @@ def run_cell(args, tools: list[str], data: Path, name: str, seed: int, work: Pat
             r = timm(Path(args.timm_train).resolve(), folders, seed, args.epochs, args.image_size, out, env)
         elif tool == "fastai":
             r = fastai(args.peer_python, folders, seed, args.epochs, args.image_size, out, env)
+        elif tool == TUNE:
+            budget = (args.tune_trials, args.tune_epochs or max(1, args.epochs // 4))
+            r = visiontune_tuned(budget, folders, seed, args.epochs, args.image_size, out, env)
         else:
             r = visiontune(VISIONTUNE[tool], folders, seed, args.epochs, args.image_size, out, env)
         cell[tool] = r
