@@ -252,6 +252,7 @@ def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(smal
     folders = [t.user_attrs["run_dir"] for t in finished]
     assert len(set(folders)) == 3 and all(Path(f, "summary.json").is_file() for f in folders)
     assert len(_owners(trials)) >= 3  # two workers before the kill, and at least one after it
+    assert trials[0].params == {"lr": 0.001}  # the new study's first trial: the recipe's own (blog's lr)
     assert sorted(p.name for p in out.glob("tuner-*.log")) == ["tuner-0.log", "tuner-1.log"]
 
 

@@ -160,6 +160,27 @@ def test_a_stale_trial_is_failed_and_queued_again_once(tmp_path):
     assert [t.system_attrs["failed_trial"] for t in retries] == [trials[what].number for what in stale]
 
 
+def test_a_new_studys_first_trial_is_the_recipes_own_settings_those_the_space_can_hold():
+    from visiontune.settings.config import TrainConfig
+    from visiontune.settings.validation import validate
+
+    cfg = validate(TrainConfig(data="d", recipe="modern", model="resnet18", weights="none", image_size=32))
+    modern = space_mod.default_space("modern")
+    assert space_mod.recipe_values(modern, cfg) == {  # the modern recipe (docs/training.md); 32 px is no choice
+        "lr": 0.001,
+        "weight_decay": 0.05,
+        "label_smoothing": 0.1,
+        "augment": "none",
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "ema": 0.0,
+        "warmup_epochs": 1.0,
+    }
+    narrow = [space_mod.Param("lr", "float", low=0.01, high=0.1), space_mod.Param("ema", "categorical", (0.9,))]
+    assert space_mod.recipe_values(narrow, cfg) == {}  # outside the range, not a choice: drawn as any other
+    assert not space_mod.Param("epochs", "int", low=0, high=5).holds(True)
+
+
 @pytest.mark.slow
 def test_a_trial_whose_tuner_was_killed_but_not_yet_reaped_is_stale(tmp_path):
     import socket

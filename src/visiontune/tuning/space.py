@@ -96,6 +96,12 @@ class Param:
             return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
         return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
 
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is one this setting can take in the space (a choice, or within the range)."""
+        if self.kind == "categorical":
+            return value in self.choices
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high
+
     def extremes(self) -> list[Any]:
         return list(self.choices) if self.kind == "categorical" else [self.low, self.high]
 
@@ -219,6 +225,13 @@ def resolve(cfg: TrainConfig, fixed: set[str], path: str | None, models: list[st
             except UserError as e:
                 raise UserError(f"{where}: {e}") from None
     return space
+
+
+def recipe_values(space: list[Param], cfg: TrainConfig) -> dict[str, Any]:
+    """What ``cfg`` (validated: its recipe filled in) sets for each searched setting the space holds: a new
+    study's first trial, so that the search starts from what `visiontune train` would run and its best is
+    never below that run's validation score (Ultralytics' tuner also starts from its defaults)."""
+    return {p.name: getattr(cfg, p.name) for p in space if p.holds(getattr(cfg, p.name))}
 
 
 def sample(space: list[Param], trial) -> dict[str, Any]:

@@ -102,6 +102,9 @@ class Tuner:
             with _asking(self.opts.out):  # the count and the ask, one tuner at a time (of those sharing OUT)
                 study.fail_stale(self.study, self.storage, self.opts.heartbeat)
                 trials = self.study.get_trials(deepcopy=False)
+                if not trials and (start := space.recipe_values(self.params, self.cfg)):
+                    self.study.enqueue_trial(start)  # a new study's first trial: the recipe's own settings
+                    trials = self.study.get_trials(deepcopy=False)
                 done = study.count(trials, *FINISHED)
                 waiting = study.count(trials, TrialState.WAITING)
                 if done >= self.opts.trials or (deadline is not None and time.time() >= deadline):
