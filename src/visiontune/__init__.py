@@ -23,9 +23,10 @@ def train(config: TrainConfig) -> dict:
     """Run one training job as ``visiontune train`` runs it (in this process, or under its own launcher for
     ``strategy="ddp"``/``"fsdp"`` with several processes) and return its summary (``summary.json``'s
     contents); a job that fails raises ``UserError``."""
+    from visiontune.settings.validation import validate
     from visiontune.training import job
 
-    return job.summary_of(job.run(config))
+    return job.summary_of(job.run(validate(config)))
 
 
 def load(path: str):

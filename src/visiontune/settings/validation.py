@@ -182,6 +182,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             )
             raise UserError(f"--{name.replace('_', '-')} must be {kind} from {low} to {high}, got {value}")
     _check_lora(cfg)
+    if cfg.max_steps is not None and cfg.max_steps < 1:  # the flag's type checks it; a config file or the API here
+        raise UserError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
+    if cfg.resume == "auto" and not cfg.output_dir:
+        raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     weights = cfg.class_weights
     if weights not in ("none", "auto") and weights.partition(":")[0] != "effective" and not Path(weights).is_file():
         raise UserError(

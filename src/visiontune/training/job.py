@@ -34,14 +34,12 @@ class Ended:
 
 
 def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended:
-    """Train ``cfg``. ``argv``: the command line's ``train`` arguments, for its workers (None: started from
+    """Train ``cfg`` (validated). ``argv``: the command line's ``train`` arguments, for its workers (None: started from
     Python). ``on_epoch``: ``trainer.train``'s hook, for a run in this process (a worker computes its own)."""
     from visiontune.cluster import host, jobplan, launch, strategy
     from visiontune.data.sources import discover
     from visiontune.runs import runlock
-    from visiontune.settings.validation import validate
 
-    cfg = validate(cfg)  # the command line's is validated already; one from Python is checked here
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     # The listing is the job's only one: the run in this process or the workers take it over (a worker
     # lists nothing here).

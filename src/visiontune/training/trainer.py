@@ -37,7 +37,7 @@ from visiontune.models.build import build_model, check_input, get_spec, head_nam
 from visiontune.runs import adapters, records, resume, runinfo, runlock
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig, choices
-from visiontune.settings.validation import recorded_split_method, validate
+from visiontune.settings.validation import recorded_split_method
 from visiontune.training import elastic, engine, imbalance, lrfind, meter, optim, overview
 from visiontune.training.hooks import (
     Checkpointer,
@@ -267,6 +267,8 @@ def _fit(
 
 def train(cfg: TrainConfig, images: ImageSet | None = None, on_epoch: OnEpoch | None = None) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data`` (listed as ``images`` when given); return the run's summary.
+    ``cfg`` is validated (``settings.validation.validate``: the command line's, ``visiontune.train()``'s and each
+    trial's are, once).
 
     ``on_epoch(epoch, row)`` sees each recorded epoch, in the main process (every process of a job passes it;
     the others never call it); a reason it returns ends the run, every process of it, after that epoch
@@ -278,11 +280,6 @@ def train(cfg: TrainConfig, images: ImageSet | None = None, on_epoch: OnEpoch | 
 def _train(
     cfg: TrainConfig, images: ImageSet | None, run_folder: contextlib.ExitStack, on_epoch: OnEpoch | None
 ) -> dict:
-    cfg = validate(cfg)
-    if cfg.max_steps is not None and cfg.max_steps < 1:  # the flag's type checks it; a config file or the API here
-        raise UserError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
-    if cfg.resume == "auto" and not cfg.output_dir:
-        raise UserError("--resume auto continues the run in --output-dir: pass --output-dir RUN_DIR")
     since = time.time()
     spec = get_spec(cfg.model)
     interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)

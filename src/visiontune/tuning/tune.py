@@ -36,6 +36,7 @@ from visiontune.cluster import launch
 from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
+from visiontune.settings.validation import validate
 from visiontune.tuning import results, space, study, trialjob
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -127,7 +128,7 @@ class Tuner:
 
         values = space.sample(self.params, trial)
         run_dir = str(Path(self.opts.out, f"trial-{trial.number:04d}").resolve())
-        cfg = self.cfg.replace(**values, output_dir=run_dir)
+        cfg = validate(self.cfg.replace(**values, output_dir=run_dir))  # each value was checked; now together
         trial.set_user_attr("run_dir", run_dir)
         trial.set_user_attr("config", results.settings_of(cfg))
         print(f"visiontune: trial {trial.number}: {', '.join(f'{k}={v}' for k, v in values.items())} -> {run_dir}")
