@@ -141,22 +141,31 @@ def test_a_stale_trial_is_failed_and_queued_again_once(tmp_path):
         "its pid now another process's": ({"pid": os.getpid(), "started": started - 1}, time.time()),
         "another host, beating": ({"host": "elsewhere", "pid": 1}, time.time()),
         "another host, silent for three beats": ({"host": "elsewhere", "pid": 1}, time.time() - 91),
+        # Records no tuner of this make writes (a shared storage is anyone's): judged by the heartbeat, or left.
+        "a pid too large for the OS, beating": ({"pid": 2**70}, time.time()),
+        "a pid too large for the OS, silent": ({"pid": 2**70}, long_ago),
+        "pid 0 (a process group), silent": ({"pid": 0}, long_ago),
+        "no pid, silent": ({"pid": "x"}, long_ago),
+        "a heartbeat that is no time": ({"pid": "x"}, "soon"),
     }
     trials = {}
     for what, (owner, beat) in owners.items():
         trials[what] = t = s.ask()
         storage.set_trial_system_attr(t._trial_id, study.OWNER, {"host": here, "heartbeat": 30.0, **owner})
         storage.set_trial_system_attr(t._trial_id, study.BEAT, beat)
+    not_a_record = s.ask()
+    storage.set_trial_system_attr(not_a_record._trial_id, study.OWNER, [1, 2])
     unowned = s.ask()  # no owner: a trial another program runs, never judged
     stale = ["no such process", "its pid now another process's", "another host, silent for three beats"]
+    stale += ["a pid too large for the OS, silent", "pid 0 (a process group), silent", "no pid, silent"]
     assert study.fail_stale(s, storage, 30.0) == [trials[what].number for what in stale]
     assert study.fail_stale(s, storage, 30.0) == []  # once
     now = s.get_trials()
     for what, t in trials.items():
         assert now[t.number].state == (TrialState.FAIL if what in stale else TrialState.RUNNING), what
-    assert now[unowned.number].state == TrialState.RUNNING
+    assert now[unowned.number].state == now[not_a_record.number].state == TrialState.RUNNING
     retries = now[unowned.number + 1 :]
-    assert [t.state for t in retries] == [TrialState.WAITING] * 3
+    assert [t.state for t in retries] == [TrialState.WAITING] * len(stale)
     assert [t.system_attrs["failed_trial"] for t in retries] == [trials[what].number for what in stale]
 
 

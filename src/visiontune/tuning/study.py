@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
 import threading
@@ -165,16 +166,21 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def _owner_alive(owner: dict) -> bool | None:
-    """On this host: whether the owning process still runs (True/False); on another host: None."""
+    """On this host: whether the owning process still runs (True/False); on another host, or for an owner
+    record that names no process (the study's storage may be shared, and written by anyone): None."""
     if owner.get("host") != socket.gethostname():
         return None
     try:
         pid = int(owner["pid"])
+        if pid < 1:  # 0 and -N would signal process groups: no one process's
+            return None
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError, KeyError, TypeError):
-        return True  # a process of another user, or an owner record of another make: not ours to judge
+    except PermissionError:
+        return True  # another user's live process
+    except (ValueError, KeyError, TypeError, OverflowError):
+        return None
     fields = _stat(pid)
     if fields is None:  # no /proc: the pid is all there is to go by
         return True
@@ -189,12 +195,14 @@ def fail_stale(study, storage, heartbeat: float) -> list[int]:
     now = time.time()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.system_attrs.get(OWNER)
-        if owner is None:
+        if not isinstance(owner, dict):
             continue  # a trial started by another program: not ours to judge
         alive = _owner_alive(owner)
-        if alive is None:  # another host's: its heartbeat tells
-            beat = t.system_attrs.get(BEAT, owner.get("since", now))
-            alive = now - beat <= STALE_BEATS * owner.get("heartbeat", heartbeat)
+        if alive is None:  # another host's (or an unreadable record): its heartbeat tells
+            beat, every = t.system_attrs.get(BEAT, owner.get("since")), owner.get("heartbeat", heartbeat)
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (beat, every)):
+                continue  # no time to judge it by: left as it is
+            alive = now - beat <= STALE_BEATS * every
         if alive:
             continue
         try:  # the reason first: a finished trial takes no attributes
