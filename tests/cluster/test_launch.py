@@ -10,7 +10,7 @@ from torch.distributed.run import get_args_parser
 
 from trainrun import TINY, env_for, flags
 from visiontune.cluster.jobplan import LaunchSettings
-from visiontune.cluster.launch import launcher_argv, needs_launcher, without_flags
+from visiontune.cluster.launch import launcher_argv, needs_launcher, plan, this_machine_only, without_flags
 from visiontune.settings.config import TrainConfig
 
 ARGV = [
@@ -80,6 +80,21 @@ def test_needs_launcher(monkeypatch, changes, env, expected):
     assert needs_launcher(TrainConfig(data="d", **changes)) is expected
     # The same answer from the launch settings alone: what they are made of is all the launch reads.
     assert needs_launcher(LaunchSettings.of(TrainConfig(data="d", **changes))) is expected
+
+
+def test_a_job_of_this_machine_only_plans_from_its_flags_whatever_cluster_it_runs_in():
+    """A tuner's trial under a Slurm job or a Kubernetes operator: the allocation's nodes are not the trial's."""
+    cfg = TrainConfig(data="d", strategy="ddp", nproc=2)
+    slurm = {"SLURM_JOB_ID": "4711", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NODEID": "1"}
+    slurm |= {"SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "1"}
+    operator = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1", "PET_NNODES": "2"}
+    for cluster in (slurm, operator):
+        env = {**cluster, "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "2,3", "OMP_NUM_THREADS": "4"}
+        assert (plan(cfg, env).nnodes, plan(cfg, env).node_rank) == ("2", 1)  # as the cluster's job
+        alone = this_machine_only(env)
+        assert alone == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "2,3", "OMP_NUM_THREADS": "4"}
+        p = plan(cfg, alone)
+        assert (p.nnodes, p.node_rank, p.nproc) == ("1", 0, 2)
 
 
 def test_the_launch_settings_of_a_run_are_its_flags_that_place_processes(monkeypatch):

@@ -276,11 +276,26 @@ def test_two_tuners_on_one_journal_file_share_the_study(small_data, tmp_path):
     assert not (out / "study.db").exists()
 
 
+# The tuner as the Slurm tune script starts it: one task on node 0 of a 2-node allocation.
+SLURM_NODE_0_OF_2 = {
+    "SLURM_JOB_ID": "4711",
+    "SLURM_NNODES": "2",
+    "SLURM_JOB_NODELIST": "127.0.0.[1-2]",
+    "SLURM_NODEID": "0",
+    "SLURM_NTASKS": "2",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_trials_that_are_ddp_jobs_report_from_their_main_process_and_all_stop_when_pruned(small_data, tmp_path):
     """--strategy ddp --nproc 2: each trial a job of 2 processes under its own launcher. Two good settings,
-    then the hopeless one, pruned after its first epoch: every process of its job stops there."""
+    then the hopeless one, pruned after its first epoch: every process of its job stops there. The tuner runs
+    as one node's task of a Slurm job: its trials are jobs of this machine alone, not of the allocation's
+    two nodes (which would wait for a second node that never joins)."""
     out, space = tmp_path / "tune", tmp_path / "space.toml"
     out.mkdir()
     space.write_text(SPACE)
@@ -289,7 +304,8 @@ def test_trials_that_are_ddp_jobs_report_from_their_main_process_and_all_stop_wh
         study.enqueue_trial({"lr": lr})
     argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "2")]
     argv += ["--best-metric", "loss", "--strategy", "ddp", "--nproc", "2"]
-    done = subprocess.run(argv, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    env = {**_env(tmp_path), **SLURM_NODE_0_OF_2}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     trials = load(out).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]

@@ -211,6 +211,24 @@ def test_a_trial_whose_tuner_was_killed_but_not_yet_reaped_is_stale(tmp_path):
     zombie.wait()
 
 
+def test_a_slurm_job_of_ddp_trials_gives_each_trial_nproc_gpus_of_its_node(sample_data, tmp_path, capsys):
+    job = tmp_path / "tune.sbatch"
+    argv = _tune(sample_data, tmp_path / "t", "--storage", "/shared/s.log", "--slurm-script", str(job))
+    argv += ["--strategy", "ddp", "--nproc", "2", "--nodes", "3", "--time", "1:00:00"]
+    assert main([*argv, "--gpus-per-node", "4"]) == 0
+    script = job.read_text()
+    words = shlex.split(next(line for line in script.splitlines() if line.startswith("srun ")))
+    assert words[-2:] == ["--parallel", "2"]  # 4 GPUs, 2 for each trial's job
+    assert words[words.index("--nproc") + 1] == "2" and words[words.index("--strategy") + 1] == "ddp"
+    assert "runs 2 trial(s) at once, each a job of 2 processes on its node" in script
+    assert "#SBATCH --gpus-per-node=4\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
+    job.unlink()
+    capsys.readouterr()
+    assert main([*argv, "--gpus-per-node", "1"]) == 2  # a trial of 2 processes on a node of 1 GPU
+    assert "a job of 2 processes, one GPU each, but --gpus-per-node is 1" in _error(capsys)
+    assert not job.exists()
+
+
 def test_the_slurm_job_runs_one_tuner_per_node_on_the_journal_file(sample_data, tmp_path, capsys):
     job = tmp_path / "tune.sbatch"
     journal = "/shared/studies/pets.log"

@@ -392,6 +392,10 @@ def _tune_job(args: argparse.Namespace, argv: list[str], cfg) -> int:
     missing = [flag for flag, value in needed if value is None]
     if missing:
         raise UserError(f"--slurm-script needs {', '.join(missing)}")
+    # A trial that is a job of several processes takes one GPU for each (on a CPU node, shares of its cores).
+    trial_processes = 1
+    if launch.needs_launcher(cfg, "tune"):
+        trial_processes = cfg.nproc or max(1, args.gpus_per_node)
     # The script gives each tuner --storage and --parallel itself.
     own = ("--slurm-script", *(flag for flag, _, _ in sbatch.FLAGS if flag != "--out"), "--parallel", "--storage")
     script = sbatch.tune_script(
@@ -403,6 +407,7 @@ def _tune_job(args: argparse.Namespace, argv: list[str], cfg) -> int:
         partition=args.partition,
         cpus_per_task=args.cpus_per_task,
         job_name=args.job_name,
+        trial_processes=trial_processes,
     )
     sbatch.write(script, args.slurm_script)
     return 0

@@ -190,6 +190,17 @@ def _launch(cfg: TrainConfig | LaunchSettings) -> LaunchSettings:
     return cfg if isinstance(cfg, LaunchSettings) else LaunchSettings.of(cfg)
 
 
+# The variables by which a cluster names a job's processes (Slurm's SLURM_*, an operator's PET_* and these).
+_CLUSTER_VARS = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}
+
+
+def this_machine_only(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less the cluster's names for a job's processes: a job started with it plans its processes from
+    its flags, on this machine alone. A tuner's trial is such a job: under a Slurm tune job each node's tuner
+    runs trials of its own, which must not rendezvous with the other nodes' trials as one job."""
+    return {k: v for k, v in env.items() if not k.startswith(("SLURM_", "PET_")) and k not in _CLUSTER_VARS}
+
+
 def join_cluster(cfg: TrainConfig) -> None:
     """Under Slurm with one task per GPU, become the rank Slurm started (Accelerate reads these variables).
 

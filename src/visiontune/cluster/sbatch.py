@@ -183,12 +183,14 @@ def tune_script(
     partition: str | None,
     cpus_per_task: int | None,
     job_name: str,
+    trial_processes: int = 1,
     python: str | None = None,
     prefix: str | None = None,
 ) -> str:
     """An sbatch script running one ``visiontune tune`` per node on one journal file (``storage``): the tuners
-    share the study, each running one trial per GPU of its node (``--parallel``), and a requeued job continues
-    the study (a trial stopped by USR1 is run again from its start)."""
+    share the study, each running as many trials at once as its node has GPUs for them (``--parallel``: one
+    per GPU, or one per ``trial_processes`` GPUs when each trial is a job of that many processes), and a
+    requeued job continues the study (a trial stopped by USR1 is run again from its start)."""
     python, prefix = python or sys.executable, prefix or sys.prefix
     if not storage or "://" in storage:
         raise UserError(
@@ -199,6 +201,11 @@ def tune_script(
         raise UserError(f"--nodes must be >= 1 and --gpus-per-node >= 0, got {nodes} and {gpus_per_node}")
     if cpus_per_task is not None and cpus_per_task < 1:
         raise UserError(f"--cpus-per-task must be >= 1, got {cpus_per_task}")
+    if gpus_per_node and trial_processes > gpus_per_node:
+        raise UserError(
+            f"each trial is a job of {trial_processes} processes, one GPU each, but --gpus-per-node is "
+            f"{gpus_per_node}: ask for at least {trial_processes} GPUs a node, or lower --nproc"
+        )
     _check_sbatch_value("--job-name", job_name)
     if partition is not None:
         _check_sbatch_value("--partition", partition)
@@ -207,14 +214,15 @@ def tune_script(
     _check_printable([*tune_argv, python, prefix, storage], None)
     if time_limit_seconds(time) <= SIGNAL_LEAD_S:
         raise UserError(f"--time {time} leaves no time to tune: Slurm warns {SIGNAL_LEAD_S} s before the limit")
-    cpus, per_node = cpus_per_task or 4 * max(1, gpus_per_node), max(1, gpus_per_node)
+    cpus, per_node = cpus_per_task or 4 * max(1, gpus_per_node), max(1, gpus_per_node // trial_processes)
     args = " ".join(shlex.quote(a) for a in tune_argv)
     bin_dir, python = shlex.quote(os.path.join(prefix, "bin")), shlex.quote(python)
     gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node else ""
     part = f"#SBATCH --partition={partition}\n" if partition else ""
+    job = f", each a job of {trial_processes} processes on its node" if trial_processes > 1 else ""
     return f"""#!/bin/bash
 # Written by `visiontune tune --slurm-script`. One tuner per node, all on one journal file: they share
-# one study (Optuna gives each trial to one tuner) and each runs {max(1, gpus_per_node)} trial(s) at once.
+# one study (Optuna gives each trial to one tuner) and each runs {per_node} trial(s) at once{job}.
 # Submit with: sbatch THIS_FILE
 #SBATCH --job-name={job_name}
 #SBATCH --nodes={nodes}

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from visiontune.cluster import launch
 from visiontune.errors import UserError
 from visiontune.tuning import TRIAL_ENV
 
@@ -85,8 +86,6 @@ def on_epoch_from_env():
 def die_with_tuner() -> None:
     """In a trial's job, the process the tuner started: SIGKILLed when the tuner dies (as a launcher, it takes
     its workers with it: they die with their launcher)."""
-    from visiontune.cluster import launch
-
     spec = os.environ.get(TRIAL_ENV)
     if not spec or launch.is_worker() or not sys.platform.startswith("linux"):
         return
@@ -101,7 +100,9 @@ def run_as_job(settings_toml: str, run_dir: str, out: str, number: int, spec: di
     config = Path(out, f".trial-{number:04d}.toml")
     config.write_text(settings_toml)
     cmd = [sys.executable, "-m", "visiontune", "train", "--config", str(config), "--output-dir", run_dir]
-    job = subprocess.Popen(cmd, env={**os.environ, TRIAL_ENV: json.dumps({**spec, "tuner": os.getpid()})})
+    # A job of this machine alone, whatever allocation the tuner runs in (``launch.this_machine_only``).
+    env = {**launch.this_machine_only(os.environ), TRIAL_ENV: json.dumps({**spec, "tuner": os.getpid()})}
+    job = subprocess.Popen(cmd, env=env)
     # Ctrl-C reaches the job itself (one process group); a signal sent to the tuner alone is passed on.
     forward = lambda signum, _frame: job.send_signal(signum)  # noqa: E731
     before = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}

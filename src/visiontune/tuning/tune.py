@@ -133,7 +133,7 @@ class Tuner:
         trial.set_user_attr("config", results.settings_of(cfg))
         print(f"visiontune: trial {trial.number}: {', '.join(f'{k}={v}' for k, v in values.items())} -> {run_dir}")
         try:
-            if launch.needs_launcher(cfg):  # several processes: a job of its own, its main process reporting
+            if launch.needs_launcher(cfg, "tune"):  # several processes here: a job of its own, its main one reporting
                 summary = self._as_job(trial, run_dir, cfg.epochs)
             else:
                 hook = trialjob.pruning(trial, self.metric, cfg.epochs, self.opts.pruner)
@@ -252,7 +252,7 @@ def _run_workers(tuner: Tuner, argv: list[str], deadline: float | None) -> None:
     """``--parallel K``: K tuner processes on this study, cores split between them (or one GPU each)."""
     k = tuner.opts.parallel
     # A trial that is a job of N processes takes N devices: N GPUs, or N shares of the cores.
-    per = launch.plan(tuner.cfg).nproc if launch.needs_launcher(tuner.cfg) else 1
+    per = launch.plan(tuner.cfg, cluster=False).nproc if launch.needs_launcher(tuner.cfg, "tune") else 1
     threads = tuner.cfg.threads or max(1, available_cores() // (k * per))
     gpus = _gpu_count()
     procs = []
