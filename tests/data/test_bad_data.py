@@ -17,7 +17,8 @@ from badfiles import make_bad_files, make_odd_mode_images, natural_ish
 from trainrun import TINY, flags
 from visiontune import cli
 from visiontune.data.sample import make_sample_data
-from visiontune.loading.pipeline import UNREADABLE, ImageDataset
+from visiontune.loading.pipeline import ImageDataset
+from visiontune.tasks import UNREADABLE
 
 
 def _report(path: Path) -> dict[str, str]:

@@ -10,8 +10,9 @@ from torchvision import transforms
 
 from visiontune.data.sources import discover
 from visiontune.loading.augment import EpochIndex, sample_augment
-from visiontune.loading.pipeline import UNREADABLE, DeviceNormalize, EpochSampler, ImageDataset
+from visiontune.loading.pipeline import DeviceNormalize, EpochSampler, ImageDataset
 from visiontune.settings.config import MEAN, STD
+from visiontune.tasks import UNREADABLE
 
 
 def test_epoch_sampler_depends_only_on_seed_and_epoch():

@@ -25,9 +25,10 @@ from visiontune.cli.commands import build_parser
 from visiontune.cli.flags import config_from_args
 from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix, EpochIndex, derive_seed, sample_augment, seeded
-from visiontune.loading.pipeline import UNREADABLE, EpochSampler
+from visiontune.loading.pipeline import EpochSampler
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
+from visiontune.tasks import UNREADABLE
 
 
 def test_sample_draws_depend_on_seed_epoch_and_index_only():

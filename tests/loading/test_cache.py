@@ -23,7 +23,8 @@ from visiontune.data.decode import read_image, resize_uint8
 from visiontune.errors import UserError
 from visiontune.loading.augment import sample_augment
 from visiontune.loading.cache import FIT, CachedDataset, choose, digest_file, open_or_build
-from visiontune.loading.pipeline import UNREADABLE, ImageDataset
+from visiontune.loading.pipeline import ImageDataset
+from visiontune.tasks import UNREADABLE
 
 SIZE = 24
 

@@ -27,8 +27,9 @@ from visiontune.data.decode import jpeg_header, try_read
 from visiontune.loading import devicedecode
 from visiontune.loading.augment import EpochIndex, sample_augment
 from visiontune.loading.devicedecode import DeviceDecodeDataset, EncodedBatch, on_device
-from visiontune.loading.pipeline import UNREADABLE, ImageDataset, collate_channels_last
+from visiontune.loading.pipeline import ImageDataset, collate_channels_last
 from visiontune.runs import runinfo
+from visiontune.tasks import UNREADABLE
 
 
 def _picture(rng, w: int, h: int, tint: int) -> np.ndarray:

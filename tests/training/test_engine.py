@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
-from visiontune.loading.pipeline import UNREADABLE
+from visiontune.tasks import UNREADABLE
 from visiontune.training.engine import LoopOptions, NonFiniteLoss, readable_cross_entropy, train_one_epoch
 from visiontune.training.meter import StepClock, Totals
 

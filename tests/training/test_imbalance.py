@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from sklearn.utils.class_weight import compute_class_weight
 
 from visiontune.errors import UserError
-from visiontune.loading.pipeline import UNREADABLE
 from visiontune.runs.checkpoint import Checkpoint
 from visiontune.runs.resume import compatible
+from visiontune.tasks import MULTI_LABEL, UNREADABLE
 from visiontune.training import imbalance, optim
 
 COUNTS = [950, 50, 7, 0]  # a class without training images too
@@ -186,7 +186,7 @@ def test_multi_label_weights_are_each_labels_positive_weight(spec):
 def test_the_multi_label_weighted_loss_is_bce_with_logits_pos_weight_over_the_readable_count():
     weights = imbalance.class_weights("auto", list("abcd"), TARGETS)
     cfg = SimpleNamespace(label_smoothing=0.0, mixup=0.0, cutmix=0.0)
-    loss = optim.criterion(cfg, multi_label=True, class_weights=weights)
+    loss = optim.criterion(cfg, MULTI_LABEL, class_weights=weights)
     logits = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
     targets = torch.tensor(TARGETS[[0, 3, 31, 35, 5]], dtype=torch.float32)
     targets[2] = UNREADABLE  # a bad image's row: no loss, not counted

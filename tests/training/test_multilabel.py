@@ -36,8 +36,8 @@ from visiontune.data.split import make_multilabel_split, read_record, split_of
 from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix
 from visiontune.loading.jobdata import load_listing, save_listing
-from visiontune.reports.multilabel import multilabel_metrics, tune_thresholds
-from visiontune.training.optim import per_sample_bce
+from visiontune.reports.multilabel import multilabel_metrics
+from visiontune.tasks.multi import per_sample_bce, tune_thresholds
 
 # The stated bar: chance (every image scored alike) gives each class's AP its prevalence, about 0.4 here.
 # What the tiny run reaches moves with the seed, the thread count and the machine's float path: 0.73 to

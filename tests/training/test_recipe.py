@@ -16,6 +16,7 @@ from visiontune.runs import records
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
+from visiontune.tasks.single import per_sample_loss
 from visiontune.training import optim
 from visiontune.training.ema import EMA, ShardedEMA
 from visiontune.training.schedule import warmup_steps
@@ -227,11 +228,11 @@ def test_freeze_backbone_keeps_batchnorm_statistics_fixed():
 def test_soft_targets_give_the_mixed_cross_entropy_and_unreadable_rows_none():
     logits = torch.randn(3, 4)
     targets = torch.tensor([[0.7, 0.3, 0, 0], [0, 0, 0, 0], [0, 0, 0.4, 0.6]])
-    got = optim.per_sample_loss(0.0)(logits, targets)
+    got = per_sample_loss(0.0)(logits, targets)
     logp = logits.log_softmax(1)
     hand = -(targets * logp).sum(1)
     assert torch.allclose(got, hand) and got[1] == 0
-    smooth = optim.per_sample_loss(0.1)(logits, torch.tensor([2, -100, 1]))
+    smooth = per_sample_loss(0.1)(logits, torch.tensor([2, -100, 1]))
     hand2 = -(0.9 * logp[0, 2] + 0.1 * logp[0].mean())
     assert torch.allclose(smooth[0], hand2) and smooth[1] == 0
 

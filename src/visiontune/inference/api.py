@@ -17,12 +17,13 @@ from pathlib import Path
 
 import torch
 
+from visiontune import tasks
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.evaluate import evaluate, run_data
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, load_model
-from visiontune.loading.pipeline import UNREADABLE
+from visiontune.tasks import UNREADABLE
 
 Image = str | os.PathLike | bytes | torch.Tensor  # or a PIL image, converted to a tensor here
 
@@ -92,10 +93,11 @@ class Predictor:
         accelerator = inference.start(icfg)
         model = tta.wrap_loaded(self.loaded, tta_mode)
         logits, labels = inference.forward(accelerator, model, icfg, sources, [0] * len(sources), "predict")
+        probs = tasks.named(self.info.multi_label).probabilities(logits)
         if self.info.multi_label:
-            return self._multi_label(logits, labels, single)
+            return self._multi_label(probs, labels, single)
         rows = []
-        for row, label in zip(logits.softmax(1).tolist(), labels.tolist()):
+        for row, label in zip(probs.tolist(), labels.tolist()):
             if label == UNREADABLE:
                 rows.append({"label": None, "score": None, "probabilities": None})
                 continue
@@ -103,12 +105,12 @@ class Predictor:
             rows.append({"label": self.classes[top], "score": row[top], "probabilities": dict(zip(self.classes, row))})
         return rows[0] if single else rows
 
-    def _multi_label(self, logits, labels, single: bool):
+    def _multi_label(self, probs, labels, single: bool):
         """A multi-label model's dicts: the predicted ``labels`` (at its thresholds) and ``probabilities``."""
         from visiontune.inference.predict import thresholds_of
 
         thresholds, rows = thresholds_of(self.loaded), []
-        for row, label in zip(logits.double().sigmoid().tolist(), labels.tolist()):
+        for row, label in zip(probs.tolist(), labels.tolist()):
             if label == UNREADABLE:
                 rows.append({"labels": None, "probabilities": None})
                 continue

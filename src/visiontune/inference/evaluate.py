@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from visiontune import files
+from visiontune import files, tasks
 from visiontune.cluster import launch
 from visiontune.data import remote, sources
 from visiontune.data.groups import split_images
@@ -31,8 +31,8 @@ from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
-from visiontune.loading.pipeline import UNREADABLE, readable
 from visiontune.reports import figures, metrics, multilabel
+from visiontune.tasks import UNREADABLE
 
 SPLITS = ("val", "train", "all")
 
@@ -190,10 +190,10 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
     if not accelerator.is_main_process:
         return {}
     skipped = unreadable_reasons(paths, got, chosen.reader)
-    ok = readable(got)
+    ok = tasks.of(got).readable(got)
     kept = [p for p, k in zip(paths, ok.tolist()) if k]
-    probs, targets = logits[ok].double().sigmoid(), got[ok]
-    thresholds = list(loaded.info.thresholds or [multilabel.DEFAULT_THRESHOLD] * len(loaded.classes))
+    probs, targets = tasks.MULTI_LABEL.probabilities(logits[ok]), got[ok]
+    thresholds = list(loaded.info.thresholds or [tasks.multi.DEFAULT_THRESHOLD] * len(loaded.classes))
     report = {
         "data": images.root,
         "layout": images.layout,
@@ -291,7 +291,7 @@ def evaluate(
     logits, got = inference.forward(accelerator, model, icfg, paths, chosen.label_array, "evaluate", chosen.reader)
     report: dict = {}
     if multi:
-        scored["scored"] = describe(scored, int(readable(got).sum()), len(images.paths))
+        scored["scored"] = describe(scored, int(tasks.of(got).readable(got).sum()), len(images.paths))
         report = _multilabel(accelerator, loaded, (logits, got), paths, chosen, images, scored, tta_mode, top_n, out)
         if accelerator.is_main_process and run_dir:
             from visiontune.reports import report as run_report

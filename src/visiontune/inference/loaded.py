@@ -24,12 +24,13 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from visiontune import tasks
 from visiontune.cluster.strategies.base import no_datasets_import
 from visiontune.cluster.strategy import ProcessSettings, decode_threads, loader_workers, make_accelerator
 from visiontune.data.decode import BadImage, read_source
 from visiontune.errors import UserError
 from visiontune.inference import formats
-from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader, readable
+from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.models.build import build_model, get_spec, input_view
 from visiontune.models.spec import WEIGHT_SUFFIXES
 from visiontune.runs import runinfo
@@ -212,7 +213,7 @@ def forward(
 def unreadable_reasons(paths: list[str], labels: torch.Tensor, reader=None) -> list[tuple[str, str]]:
     """(path, reason) for each file that came back ``UNREADABLE``, printed on stderr."""
     skipped = []
-    for i in (~readable(labels)).nonzero().flatten().tolist():
+    for i in (~tasks.of(labels).readable(labels)).nonzero().flatten().tolist():
         try:
             read_source(paths[i] if reader is None else reader[i])
             reason = "unreadable while predicting"  # it failed in the loader, not now

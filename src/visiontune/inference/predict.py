@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from visiontune import files
+from visiontune import files, tasks
 from visiontune.data.imageset import IMAGE_EXTENSIONS
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
-from visiontune.loading.pipeline import UNREADABLE
+from visiontune.tasks import UNREADABLE
 
 
 @dataclass(frozen=True)
@@ -164,12 +164,11 @@ def predict(
     skipped = []
     if accelerator.is_main_process:
         skipped = unreadable_reasons(inputs.paths, labels, inputs.reader)
+        probs = tasks.named(loaded.info.multi_label).probabilities(logits)
         if loaded.info.multi_label:
-            rows = format_multilabel_rows(
-                inputs, classes, logits.double().sigmoid(), readable, thresholds_of(loaded), clip
-            )
+            rows = format_multilabel_rows(inputs, classes, probs, readable, thresholds_of(loaded), clip)
         else:
-            rows = format_rows(inputs, classes, logits.softmax(1), readable, clip)
+            rows = format_rows(inputs, classes, probs, readable, clip)
         if out is None:  # a pipe's data: the CSV alone on stdout
             sys.stdout.write(rows)
             sys.stdout.flush()

@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from visiontune import files
+from visiontune import files, tasks
 from visiontune.data.sources import discover
 from visiontune.errors import UserError
 from visiontune.inference.evaluate import recorded_data, select
 from visiontune.inference.export import export
 from visiontune.inference.loaded import LoadedModel
-from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader, readable
+from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader
 
 KEY = "visiontune_int8"
 CALIBRATION_IMAGES = 128
@@ -58,7 +58,7 @@ def batches(loaded: LoadedModel, run_dir: str, split: str, limit: int | None = N
     )
     normalize = DeviceNormalize(torch.device("cpu"), False, info.mean, info.std)
     for x, y in make_loader(dataset, BATCH, train=False, seed=0, num_workers=0, pin_memory=False):
-        keep = readable(y)
+        keep = tasks.of(y).readable(y)
         if keep.any():
             yield normalize(x[keep]).numpy(), y[keep].numpy()
 

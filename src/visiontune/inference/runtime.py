@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from visiontune import tasks
 from visiontune.data.decode import try_read
 from visiontune.errors import UserError
 from visiontune.inference import formats
@@ -57,9 +58,7 @@ class Runtime:
         batch, _ = collate_channels_last([(image, 0) for image in images])
         with torch.inference_mode():
             out = self.forward(self.normalize(batch.to(self.device))).cpu()
-        if not self.info.multi_label:
-            return out.float() if self.gives_probabilities else out.float().softmax(1)
-        return out.double() if self.gives_probabilities else out.double().sigmoid()
+        return tasks.named(self.info.multi_label).probabilities(out, self.gives_probabilities)
 
     def thresholds(self) -> list[float]:
         """A multi-label model's per-class thresholds (tuned on its validation split), else 0.5 each."""

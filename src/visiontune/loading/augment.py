@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 from torchvision.transforms import v2
 
+from visiontune import tasks
 from visiontune.settings.presets import AUGMENT_VIEW
 
 AUGMENTS = tuple(AUGMENT_VIEW)
@@ -163,8 +164,7 @@ class BatchMix:
         world_size: int = 1,
         multi_label: bool = False,
     ):
-        # Multi-label: the pair's two positions are the "classes" v2 mixes (the draws do not depend on it).
-        mixed = 2 if multi_label else num_classes
+        mixed = tasks.named(multi_label).mixed_classes(num_classes)
         kinds = ([v2.MixUp(alpha=mixup, num_classes=mixed)] if mixup > 0 else []) + (
             [v2.CutMix(alpha=cutmix, num_classes=mixed)] if cutmix > 0 else []
         )
@@ -173,33 +173,13 @@ class BatchMix:
         self.num_classes, self.seed, self.rank, self.world = num_classes, seed, rank, world_size
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int):
-        if labels.ndim == 2:
-            return self._multi_hot(images, labels, epoch, step)
-        valid = labels >= 0
-        # v2 one-hot encodes the labels itself; an unreadable one stands in as class 0, zeroed below.
-        safe = labels.clamp(min=0)
+        task = tasks.of(labels)  # how a pair's labels mix, and what an unreadable sample's target is
         batch = images.shape[0]
         first = (step * self.world + self.rank) * batch  # this batch's first position in the epoch
         out_x, out_y = [], []
         for j in range(0, batch, 2):
             with seeded(derive_seed(self.seed, epoch, first + j, 1)):
-                x, y = self.mix(images[j : j + 2], safe[j : j + 2])
+                x, y = task.mix_pair(self.mix, images[j : j + 2], labels[j : j + 2])
             out_x.append(x)
             out_y.append(y)
-        targets = torch.cat(out_y) * valid.unsqueeze(1)
-        return torch.cat(out_x), targets
-
-    def _multi_hot(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int):
-        valid = labels[:, 0] >= 0
-        rows = labels.float().clamp(min=0)
-        batch = images.shape[0]
-        first = (step * self.world + self.rank) * batch
-        out_x, out_y = [], []
-        for j in range(0, batch, 2):
-            pair = torch.arange(min(2, batch - j), device=labels.device)
-            with seeded(derive_seed(self.seed, epoch, first + j, 1)):
-                x, shares = self.mix(images[j : j + 2], pair)  # shares[r, p]: image p's part of output r
-            out_x.append(x)
-            out_y.append(shares[:, : len(pair)].to(rows.dtype) @ rows[j : j + 2])
-        targets = torch.where(valid.unsqueeze(1), torch.cat(out_y), torch.full_like(rows, -100.0))  # UNREADABLE
-        return torch.cat(out_x), targets
+        return torch.cat(out_x), task.mixed_targets(labels, torch.cat(out_y))

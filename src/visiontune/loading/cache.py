@@ -48,12 +48,12 @@ import torchvision
 import xxhash
 from torch.utils.data import Dataset
 
+from visiontune import tasks
 from visiontune.cluster.host import available_cores, untrusted, user_cache_dir
 from visiontune.data.check import bounded_map, file_keys, name_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
 from visiontune.errors import NoSpaceError, UserError
 from visiontune.files import atomic_file
-from visiontune.loading.pipeline import label_array, sample_label, unreadable_label
 
 CACHE_VERSION = 3  # 2: rows stored height x width x channel; 3: the header holds the array's digest
 DIGEST = "xxh3_128"  # ~12 GB/s of one core (benchmarks/cache_digest.py); hashlib's run at ~1
@@ -466,7 +466,8 @@ class CachedDataset(Dataset):
         # augment: a data.augment.SampleAugment, called with (image, index) to seed its draws
         # int64 arrays, not lists: no Python object per image for loader workers to copy
         self.cache, self.indices = cache, np.asarray(indices, np.int64).reshape(-1)
-        self.labels = label_array(labels)  # class indices, or multi-hot rows
+        self.task = tasks.of(np.asarray(labels))
+        self.labels = self.task.label_array(labels)  # class indices, or multi-hot rows
         self.augment = augment
         self._map: mmap.mmap | None = None
 
@@ -499,8 +500,9 @@ class CachedDataset(Dataset):
             if row in self.cache.bad:  # as ImageDataset does: keep the slot, say so, the epoch goes on
                 path, reason = self.cache.bad[row]
                 print(f"visiontune: skipped unreadable image {path}: {reason}", file=sys.stderr)
-                out.append((torch.zeros(3, s, s, dtype=torch.uint8), unreadable_label(self.labels)))
+                out.append((torch.zeros(3, s, s, dtype=torch.uint8), self.task.unreadable_label(self.labels)))
                 continue
             img = img.permute(2, 0, 1)  # rows are HWC; the view is CHW as everywhere else
-            out.append((self.augment(img, i) if self.augment is not None else img, sample_label(self.labels, i)))
+            img = self.augment(img, i) if self.augment is not None else img
+            out.append((img, self.task.sample_label(self.labels, i)))
         return out

@@ -33,12 +33,11 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from visiontune.data.decode import MAX_PIXELS, JpegHeader, jpeg_header, orient, resize_uint8, try_read
 from visiontune.loading.augment import EpochIndex, SampleAugment
 from visiontune.loading.pipeline import (
-    UNREADABLE,
     ImageDataset,
     collate_channels_last,
     record_failure,
-    sample_label,
 )
+from visiontune.tasks import UNREADABLE
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 # Frames nvJPEG decodes: baseline, extended and progressive Huffman (not lossless or arithmetic coding).
@@ -161,7 +160,7 @@ class DeviceDecodeDataset(ImageDataset):
 
     def _finish(self, i: int, img):
         if isinstance(img, EncodedJPEG):
-            return img, sample_label(self.labels, i)
+            return img, self.task.sample_label(self.labels, i)
         return super()._finish(i, img)
 
 

@@ -10,13 +10,14 @@ import os
 
 import torch
 
+from visiontune import tasks
 from visiontune.cluster.strategy import decode_threads, loader_workers
 from visiontune.data.split import Split
 from visiontune.loading.augment import sample_augment
 from visiontune.loading.cache import CachedDataset
 from visiontune.loading.devicedecode import DeviceDecodeDataset
 from visiontune.loading.jobdata import JobData
-from visiontune.loading.pipeline import ImageDataset, make_loader, readable
+from visiontune.loading.pipeline import ImageDataset, make_loader
 from visiontune.models.build import input_view
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.presets import stats_text
@@ -87,7 +88,8 @@ def data_stats(dataset, limit: int = 2000, seed: int = 0) -> tuple[str, str]:
     total = torch.zeros(2, 3, dtype=torch.float64)
     n = 0
     for images, labels in DataLoader(Subset(dataset, pick), batch_size=64):
-        x = images[readable(labels)].double().div_(255)  # unreadable images are black stand-ins: left out
+        # Unreadable images are black stand-ins: left out.
+        x = images[tasks.of(labels).readable(labels)].double().div_(255)
         total += torch.stack([x.sum((0, 2, 3)), x.square().sum((0, 2, 3))])
         n += x.numel() // 3
     mean = total[0] / max(n, 1)

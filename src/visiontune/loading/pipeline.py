@@ -21,35 +21,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
+from visiontune import tasks
 from visiontune.data.decode import try_read
 from visiontune.data.pathlist import PathList
 from visiontune.loading.augment import EpochIndex, SampleAugment
 from visiontune.loading.balanced import BalancedSampler
 from visiontune.settings.config import MEAN, STD
-
-# The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count. A
-# multi-label image's label is its multi-hot float row; an unreadable one's is a row of UNREADABLE.
-UNREADABLE = -100
-
-
-def label_array(labels) -> np.ndarray:
-    """Labels as a dataset keeps them: int64 class indices, or float32 multi-hot rows [N, K]."""
-    array = np.asarray(labels)
-    return array.astype(np.float32) if array.ndim == 2 else array.astype(np.int64).reshape(-1)
-
-
-def sample_label(labels: np.ndarray, i: int):
-    """Sample i's label as the loader collates it: an int, or a float tensor [K]."""
-    return torch.from_numpy(labels[i]) if labels.ndim == 2 else int(labels[i])
-
-
-def unreadable_label(labels: np.ndarray):
-    return torch.full((labels.shape[1],), float(UNREADABLE)) if labels.ndim == 2 else UNREADABLE
-
-
-def readable(labels: torch.Tensor) -> torch.Tensor:
-    """bool [B]: which samples of a batch were read (class indices, or multi-hot rows)."""
-    return labels[:, 0] != UNREADABLE if labels.ndim == 2 else labels != UNREADABLE
 
 
 class ImageDataset(Dataset):
@@ -85,7 +62,9 @@ class ImageDataset(Dataset):
         self.reader = reader
         # A PathList and an int64 array stay as they are: no Python object per file to copy into workers.
         self.paths = paths if isinstance(paths, PathList) else list(paths)
-        self.labels, self.size, self.report = label_array(labels), image_size, report
+        # The task of the labels: how they are kept (class indices, or multi-hot rows) and collated.
+        self.task = tasks.of(np.asarray(labels))
+        self.labels, self.size, self.report = self.task.label_array(labels), image_size, report
         self.interpolation, self.crop_pct = interpolation, crop_pct  # how resize_uint8 brings files to size
         self.decode = decode
         self.failures_csv = failures_csv  # where files that fail at load time are recorded
@@ -114,8 +93,8 @@ class ImageDataset(Dataset):
                 print(f"visiontune: skipped unreadable image {self.paths[i]}: {img}", file=sys.stderr)
             if self.failures_csv:
                 record_failure(self.failures_csv, self.paths[i], img)
-            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), unreadable_label(self.labels)
-        return (self.augment(img, i) if self.augment else img), sample_label(self.labels, i)
+            return torch.zeros(3, self.size, self.size, dtype=torch.uint8), self.task.unreadable_label(self.labels)
+        return (self.augment(img, i) if self.augment else img), self.task.sample_label(self.labels, i)
 
     def __getitem__(self, i: int):
         return self._finish(i, self._decode(i))

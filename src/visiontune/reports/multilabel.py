@@ -26,41 +26,7 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_THRESHOLD = 0.5
-
-
-def _curve(scores: torch.Tensor, positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(true positives, false positives, score) at each distinct score, highest score first."""
-    order = scores.argsort(descending=True, stable=True)
-    s, y = scores[order], positive[order].double()
-    last = torch.cat([(s[1:] != s[:-1]).nonzero().flatten(), torch.tensor([len(s) - 1])])
-    tps = y.cumsum(0)[last]
-    return tps, (last + 1).double() - tps, s[last]
-
-
-def average_precision(scores: torch.Tensor, positive: torch.Tensor) -> float | None:
-    """sklearn's ``average_precision_score`` of one class; None without a positive."""
-    if not len(scores) or not positive.any():
-        return None
-    tps, fps, _ = _curve(scores.double(), positive.bool())
-    precision, recall = tps / (tps + fps), tps / tps[-1]
-    return float((torch.diff(recall, prepend=recall.new_zeros(1)) * precision).sum())
-
-
-def tune_thresholds(probs: torch.Tensor, targets: torch.Tensor) -> list[float]:
-    """Each class's F1-best threshold on these images (module docstring)."""
-    out = []
-    for k in range(probs.shape[1]):
-        positive = targets[:, k] > 0.5
-        if not positive.any():
-            out.append(DEFAULT_THRESHOLD)
-            continue
-        tps, fps, s = _curve(probs[:, k].double(), positive)
-        f1 = 2 * tps / (tps + fps + positive.sum())
-        best = int(f1.argmax())  # the first maximum: the highest threshold
-        lower = float(s[best + 1]) if best + 1 < len(s) else 0.0
-        out.append((float(s[best]) + lower) / 2)
-    return out
+from visiontune.tasks.multi import DEFAULT_THRESHOLD, average_precision
 
 
 def _ratio(a: float, b: float) -> float:

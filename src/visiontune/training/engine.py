@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 
+from visiontune import tasks
 from visiontune.cluster.signals import RunStopped
 from visiontune.loading.devicedecode import on_device
-from visiontune.loading.pipeline import UNREADABLE, readable
 from visiontune.training.meter import PhaseResult, StepClock, Totals, progress_bar, run_progress
 
 # criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that
@@ -36,21 +35,9 @@ Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def readable_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The default criterion: cross-entropy averaged over the readable samples (multi-label: binary
-    cross-entropy, ``optim.per_sample_bce``)."""
-    if labels.ndim == 2:
-        from visiontune.training.optim import per_sample_bce
-
-        return per_sample_bce(0.0)(logits, labels).sum() / readable(labels).sum().clamp(min=1)
-    return F.cross_entropy(logits, labels, reduction="sum") / (labels != UNREADABLE).sum().clamp(min=1)
-
-
-def hits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per sample, 1.0 when the prediction is right: the top class, or (multi-label) the whole label set
-    at probability 0.5; 0 for an unreadable sample."""
-    if labels.ndim == 2:
-        return (((logits > 0) == (labels > 0.5)).all(1) & readable(labels)).float()
-    return (logits.argmax(1) == labels).float()
+    """The default criterion: the task's plain loss averaged over the readable samples (cross-entropy, or
+    multi-label binary cross-entropy)."""
+    return tasks.of(labels).mean_loss(logits, labels)
 
 
 class NonFiniteLoss(RunStopped):
@@ -137,13 +124,13 @@ def train_one_epoch(
     for step, (images, labels) in enumerate(bar, start=start_step):
         # --decode device: the batch's JPEGs are decoded here, and that is input time (data_stall), not the step's.
         images, labels = on_device(images, labels)
+        task = tasks.of(labels)
         steady = clock.batch_ready()
         with accelerator.accumulate(model):
             inputs, targets = prepare_input(images), labels
             if opts.mix is not None:
                 inputs, targets = opts.mix(inputs, labels, epoch, step)
-                # Multi-label targets stay as they are: their rows, rounded, are the label sets counted.
-                labels = targets if labels.ndim == 2 else torch.where(targets.sum(1) > 0, targets.argmax(1), UNREADABLE)
+                labels = task.counted(labels, targets)
             logits = model(inputs)
             loss = criterion(logits, targets)
             accelerator.backward(loss)
@@ -151,10 +138,10 @@ def train_one_epoch(
                 # Counted on the main process only: every process skips the same steps, and the
                 # totals are summed over processes.
                 totals.count_skipped(float(accelerator.is_main_process))
-        n, loss = readable(labels).sum().double(), loss.detach().double()
+        n, loss = task.readable(labels).sum().double(), loss.detach().double()
         if opts.on_nan == "skip":  # keep the epoch's loss finite; the skipped images are not counted
             n, loss = n * torch.isfinite(loss), loss.nan_to_num(0.0, 0.0, 0.0)
-        totals.add(loss, hits(logits, labels).sum().double() * (n > 0), n, steady)
+        totals.add(loss, task.hits(logits, labels).sum().double() * (n > 0), n, steady)
         if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:  # tqdm's clock: it redraws next
             loss_sum, correct, images = totals.values.tolist()[:3]  # one sync
             bar.set_postfix(
@@ -204,48 +191,32 @@ def evaluate(
     so validation losses compare across recipes. With ``keep``, each batch's gathered ``(logits, labels)``
     is appended to it, padding removed (prediction and evaluation reports use them). Multi-label data
     always gathers them: the result then also has the mAP and the per-class thresholds tuned on these
-    samples (``reports.multilabel``), the same on every process.
+    samples (``tasks.multi``), the same on every process.
     """
-    from visiontune.training.optim import per_sample_bce
-
     model.eval()
     totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
     start = time.perf_counter()
     gathered: list = []
+    task = None
     for images, labels in progress_bar(accelerator, loader, desc, progress):
         images, labels = on_device(images, labels)
+        task = tasks.of(labels)
         logits = model(prepare_input(images))
-        multi = labels.ndim == 2
-        if multi:
-            loss = per_sample_bce(0.0)(logits, labels)
-        else:
-            loss = F.cross_entropy(logits.float(), labels, reduction="none")
-        per_sample = torch.stack([loss, hits(logits, labels), readable(labels).float()], dim=1)
+        loss = task.eval_loss(logits, labels)
+        per_sample = torch.stack([loss, task.hits(logits, labels), task.readable(labels).float()], dim=1)
         # Every rank gets the same gathered rows, padding removed: sum them once.
         totals += accelerator.gather_for_metrics(per_sample).double().sum(0)
-        if keep is not None or multi:
+        if keep is not None or task.ranks:
             gathered.append(accelerator.gather_for_metrics((logits.float(), labels)))
     if keep is not None:
         keep.extend(gathered)
     loss_sum, correct, count = totals.tolist()
     result = PhaseResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), time.perf_counter() - start)
-    if gathered and gathered[0][1].ndim == 2:
-        result.map, result.thresholds = _ranking(gathered)
+    if gathered and task.ranks:
+        logits = torch.cat([lg for lg, _ in gathered]).cpu()
+        for name, value in task.ranking(logits, torch.cat([lb for _, lb in gathered]).cpu()).items():
+            setattr(result, name, value)
     return result
-
-
-def _ranking(gathered: list) -> tuple[float | None, list[float]]:
-    """mAP (macro) and the F1-tuned per-class thresholds of gathered multi-label outputs, readable rows only."""
-    from visiontune.reports import multilabel
-
-    logits = torch.cat([lg for lg, _ in gathered]).cpu().double()
-    labels = torch.cat([lb for _, lb in gathered]).cpu()
-    ok = readable(labels)
-    probs, targets = logits[ok].sigmoid(), labels[ok]
-    k = probs.shape[1]
-    ap = [multilabel.average_precision(probs[:, c], targets[:, c] > 0.5) for c in range(k)]
-    present = [a for a in ap if a is not None]
-    return (sum(present) / len(present) if present else None), multilabel.tune_thresholds(probs, targets)
 
 
 def fit(

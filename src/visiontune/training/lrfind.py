@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list, set_seed
 
+from visiontune import tasks
 from visiontune.cluster import strategies
 from visiontune.cluster.launch import default_output_dir
 from visiontune.cluster.strategy import ProcessSettings, make_accelerator
@@ -139,7 +140,8 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     cfg, loader, _ = loaders(cfg, data, split, out)
     imbalance.check_single_label(cfg, images.multi_label)
     weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.label_array[split.train])
-    criterion = optim.criterion(cfg, images.multi_label, weights) or readable_cross_entropy  # the run's loss
+    task = tasks.named(images.multi_label)
+    criterion = optim.criterion(cfg, task, weights) or readable_cross_entropy  # the run's loss
     record = sweep(cfg, model, loader, accelerator.device, cfg.grad_accum, criterion, start=start, end=end, steps=steps)
     if accelerator.is_main_process:
         from visiontune import files

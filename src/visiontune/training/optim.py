@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from visiontune.tasks import SINGLE_LABEL, Task
 from visiontune.training.schedule import Stepper
 
 
@@ -75,81 +75,21 @@ def keep_norms_still(model: nn.Module, heads: tuple[str, ...], frozen: Callable[
             m.register_forward_pre_hook(to_eval)
 
 
-def per_sample_loss(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Per-sample loss for hard labels (UNREADABLE ignored: 0) or soft [B, K] targets (zero rows: 0)."""
-
-    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if targets.is_floating_point():
-            per = F.cross_entropy(logits.float(), targets, reduction="none", label_smoothing=label_smoothing)
-            return per * (targets.sum(1) > 0)
-        return F.cross_entropy(logits, targets, reduction="none", label_smoothing=label_smoothing)
-
-    return loss
-
-
-def per_sample_bce(
-    label_smoothing: float, pos_weight: torch.Tensor | None = None
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Multi-label per-sample loss: ``binary_cross_entropy_with_logits`` (what ``BCEWithLogitsLoss`` computes)
-    averaged over the classes, for multi-hot or mixed [B, K] targets; an unreadable row (UNREADABLE) gives 0.
-
-    Label smoothing pulls every target towards 0.5, ``y (1 - e) + e / 2``: each class is a two-way choice,
-    so this is cross-entropy's smoothing towards the uniform distribution over its two outcomes.
-    ``pos_weight`` ([K], ``--class-weights`` on multi-label data) weighs each class's positive term.
-    """
-    on_device: dict = {}  # the weights copied once per device, not every step
-
-    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        ok = targets[:, 0] >= 0
-        y = targets.float().clamp(min=0) * (1 - label_smoothing) + label_smoothing / 2
-        w = None
-        if pos_weight is not None:
-            w = on_device.get(logits.device)
-            if w is None:
-                w = on_device[logits.device] = pos_weight.to(device=logits.device, dtype=torch.float32)
-        per = F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none", pos_weight=w).mean(1)
-        return per * ok
-
-    return loss
-
-
 def criterion(
-    cfg, multi_label: bool = False, class_weights: torch.Tensor | None = None
+    cfg, task: Task = SINGLE_LABEL, class_weights: torch.Tensor | None = None
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """The training loss: the mean over readable samples (engine's contract), or None for the reference
     job's own cross entropy (multi-label: binary cross-entropy) when neither label smoothing, mixed
-    labels nor class weights change it.
+    labels nor class weights change it; then the task's ``smoothed_loss``.
 
-    ``class_weights`` ([K], ``training.imbalance``) scales each sample's loss by its class's weight (a soft
+    ``class_weights`` ([K], ``training.imbalance``) scale each sample's loss by its class's weight (a soft
     target: by its mix of the classes' weights); the sum is still divided by the readable count, so with
     weights whose mean over the train split is 1 the loss keeps the plain one's scale. On multi-label
     data they are the binary cross-entropy's ``pos_weight``.
     """
     if not (cfg.label_smoothing or cfg.mixup or cfg.cutmix) and class_weights is None:
         return None
-    if multi_label:
-        per_bce = per_sample_bce(cfg.label_smoothing, class_weights)
-
-        def bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return per_bce(logits, targets).sum() / (targets[:, 0] >= 0).sum().clamp(min=1)
-
-        return bce
-    per_sample = per_sample_loss(cfg.label_smoothing)
-    on_device: dict = {}  # the weights copied once per (device, dtype), not every step
-
-    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        soft = targets.is_floating_point()
-        readable = targets.sum(1) > 0 if soft else targets >= 0
-        per = per_sample(logits, targets)
-        if class_weights is not None:
-            key = (per.device, per.dtype)
-            w = on_device.get(key)
-            if w is None:
-                w = on_device[key] = class_weights.to(device=per.device, dtype=per.dtype)
-            per = per * (targets.to(per.dtype) @ w if soft else w[targets.clamp(min=0)])
-        return per.sum() / readable.sum().clamp(min=1)
-
-    return loss
+    return task.smoothed_loss(cfg.label_smoothing, class_weights)
 
 
 def optimization(cfg, model: nn.Module, lr: float, steps_per_epoch: int) -> tuple[torch.optim.Optimizer, Stepper]:

@@ -12,12 +12,13 @@ import tempfile
 
 import torch
 
+from visiontune import tasks
 from visiontune.data.groups import split_for
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
 from visiontune.loading.jobdata import JobData, limit, listed
 from visiontune.loading.loaders import loaders
-from visiontune.loading.pipeline import UNREADABLE, DeviceNormalize
+from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import get_spec, input_view
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
@@ -56,16 +57,6 @@ def pixels(cfg: TrainConfig, x: torch.Tensor) -> torch.Tensor:
     return (x.double() * std + mean).round().clamp(0, 255).to(torch.uint8)
 
 
-def label_text(labels: torch.Tensor, classes: list[str]) -> list[str]:
-    """Each sample's label: its class, a multi-label row's classes (+), or why there is none."""
-    if labels.ndim == 2:
-        return [
-            "unreadable" if row[0] < 0 else "+".join(c for c, y in zip(classes, row) if y > 0.5) or "(none)"
-            for row in labels
-        ]
-    return ["unreadable" if y == UNREADABLE else classes[y] for y in labels.tolist()]
-
-
 def show(cfg: TrainConfig, out: str, count: int) -> str:
     """Write the grid of the first ``count`` images of the first training batch to ``out``; the line to print."""
     from visiontune.reports.batchgrid import write_grid
@@ -73,7 +64,7 @@ def show(cfg: TrainConfig, out: str, count: int) -> str:
     images = listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
     cfg, x, labels = first_batch(cfg, images)
     n = min(count, len(x))
-    write_grid(pixels(cfg, x[:n]), label_text(labels[:n], images.classes), out)
+    write_grid(pixels(cfg, x[:n]), tasks.of(labels).label_text(labels[:n], images.classes), out)
     return (
         f"visiontune: wrote {out}: {n} of the first training batch's {len(x)} images as the model sees them "
         f"({cfg.image_size} px, {cfg.interpolation}, augment {cfg.augment}, seed {cfg.seed}; epoch 1)"

@@ -21,7 +21,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import files
+from visiontune import files, tasks
 from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import ProcessSettings, Setup, describe, effective, make_accelerator, prepare
 from visiontune.data.groups import split_for
@@ -245,7 +245,7 @@ def _fit(
             cfg.on_nan,
             cfg.progress,
             cfg.timing_warmup,
-            criterion=optim.criterion(cfg, info.multi_label, parts.class_weights),
+            criterion=optim.criterion(cfg, tasks.named(info.multi_label), parts.class_weights),
             mix=mix,
             on_step=hooks.on_step,
             on_epoch_end=hooks.on_epoch_end,
@@ -322,7 +322,7 @@ def _train(
     if cfg.lr == "auto":  # before the optimizer is built: lr-find's suggestion, or the resumed run's choice
         source = resume.resumed_folder(cfg, run_dir)
         # The sweep trains with the run's own loss (class weights included).
-        loss = optim.criterion(cfg, images.multi_label, weights) or engine.readable_cross_entropy
+        loss = optim.criterion(cfg, tasks.named(images.multi_label), weights) or engine.readable_cross_entropy
         lr, swept = lrfind.auto_lr(accelerator, cfg, model, train_loader, loss, source)
         setup = dataclasses.replace(setup, lr=lr)
     job = dataclasses.replace(job, cfg=cfg, setup=setup)

@@ -1,0 +1,151 @@
+"""Multi-label classification: a set of classes an image, float32 multi-hot rows [N, K], one sigmoid per class.
+
+Its loss is the binary cross-entropy of each class, its "accuracy" the exact-match ratio (every class on
+the right side of probability 0.5), and an evaluation also ranks: the mAP and each class's F1-tuned
+threshold, from every gathered output (``reports.multilabel`` states the conventions, sklearn's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from visiontune.tasks.base import UNREADABLE, Loss, Task
+
+DEFAULT_THRESHOLD = 0.5
+
+
+def per_sample_bce(label_smoothing: float, pos_weight: torch.Tensor | None = None) -> Loss:
+    """Multi-label per-sample loss: ``binary_cross_entropy_with_logits`` (what ``BCEWithLogitsLoss`` computes)
+    averaged over the classes, for multi-hot or mixed [B, K] targets; an unreadable row (UNREADABLE) gives 0.
+
+    Label smoothing pulls every target towards 0.5, ``y (1 - e) + e / 2``: each class is a two-way choice,
+    so this is cross-entropy's smoothing towards the uniform distribution over its two outcomes.
+    ``pos_weight`` ([K], ``--class-weights`` on multi-label data) weighs each class's positive term.
+    """
+    on_device: dict = {}  # the weights copied once per device, not every step
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        ok = targets[:, 0] >= 0
+        y = targets.float().clamp(min=0) * (1 - label_smoothing) + label_smoothing / 2
+        w = None
+        if pos_weight is not None:
+            w = on_device.get(logits.device)
+            if w is None:
+                w = on_device[logits.device] = pos_weight.to(device=logits.device, dtype=torch.float32)
+        per = F.binary_cross_entropy_with_logits(logits.float(), y, reduction="none", pos_weight=w).mean(1)
+        return per * ok
+
+    return loss
+
+
+def curve(scores: torch.Tensor, positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(true positives, false positives, score) at each distinct score, highest score first."""
+    order = scores.argsort(descending=True, stable=True)
+    s, y = scores[order], positive[order].double()
+    last = torch.cat([(s[1:] != s[:-1]).nonzero().flatten(), torch.tensor([len(s) - 1])])
+    tps = y.cumsum(0)[last]
+    return tps, (last + 1).double() - tps, s[last]
+
+
+def average_precision(scores: torch.Tensor, positive: torch.Tensor) -> float | None:
+    """sklearn's ``average_precision_score`` of one class; None without a positive."""
+    if not len(scores) or not positive.any():
+        return None
+    tps, fps, _ = curve(scores.double(), positive.bool())
+    precision, recall = tps / (tps + fps), tps / tps[-1]
+    return float((torch.diff(recall, prepend=recall.new_zeros(1)) * precision).sum())
+
+
+def tune_thresholds(probs: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    """Each class's F1-best threshold on these images: the probability that gives the class its best F1
+    (the highest such one on ties), moved halfway down to the next lower probability seen, so that these
+    images fall on the same side of it as of the score itself; a class with no positive keeps 0.5."""
+    out = []
+    for k in range(probs.shape[1]):
+        positive = targets[:, k] > 0.5
+        if not positive.any():
+            out.append(DEFAULT_THRESHOLD)
+            continue
+        tps, fps, s = curve(probs[:, k].double(), positive)
+        f1 = 2 * tps / (tps + fps + positive.sum())
+        best = int(f1.argmax())  # the first maximum: the highest threshold
+        lower = float(s[best + 1]) if best + 1 < len(s) else 0.0
+        out.append((float(s[best]) + lower) / 2)
+    return out
+
+
+class MultiLabel(Task):
+    name, multi_label, ranks = "multi-label", True, True
+
+    def label_array(self, labels) -> np.ndarray:
+        return np.asarray(labels).astype(np.float32)
+
+    def sample_label(self, labels: np.ndarray, i: int):
+        return torch.from_numpy(labels[i])
+
+    def unreadable_label(self, labels: np.ndarray):
+        return torch.full((labels.shape[1],), float(UNREADABLE))
+
+    def readable(self, labels: torch.Tensor) -> torch.Tensor:
+        return labels[:, 0] != UNREADABLE
+
+    def mean_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return per_sample_bce(0.0)(logits, labels).sum() / self.readable(labels).sum().clamp(min=1)
+
+    def eval_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return per_sample_bce(0.0)(logits, labels)
+
+    def smoothed_loss(self, label_smoothing: float, class_weights: torch.Tensor | None) -> Loss:
+        """``class_weights`` ([K]) are the binary cross-entropy's ``pos_weight``."""
+        per_bce = per_sample_bce(label_smoothing, class_weights)
+
+        def bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return per_bce(logits, targets).sum() / (targets[:, 0] >= 0).sum().clamp(min=1)
+
+        return bce
+
+    def probabilities(self, out: torch.Tensor, given: bool = False) -> torch.Tensor:
+        # float64: a probability meets its threshold (tuned in float64) as it did when the run chose it
+        return out.double() if given else out.double().sigmoid()
+
+    def hits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return (((logits > 0) == (labels > 0.5)).all(1) & self.readable(labels)).float()
+
+    def mixed_classes(self, num_classes: int) -> int:
+        return 2  # the pair's two positions are the "classes" v2 mixes (its draws do not depend on it)
+
+    def mix_pair(self, mix: Callable, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # v2 mixes the pair's positions 0 and 1 as two classes, which gives each output row each image's
+        # share in it (mixup's lambda, or cutmix's area); the label rows are mixed with those shares.
+        rows = labels.float().clamp(min=0)
+        pair = torch.arange(len(images), device=labels.device)
+        x, shares = mix(images, pair)  # shares[r, p]: image p's part of output r
+        return x, shares[:, : len(pair)].to(rows.dtype) @ rows
+
+    def mixed_targets(self, labels: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # An unreadable sample keeps its row of UNREADABLE (an all-zero row is an image without labels).
+        return torch.where((labels[:, 0] >= 0).unsqueeze(1), targets, torch.full_like(targets, float(UNREADABLE)))
+
+    def counted(self, labels: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return targets  # mixed rows, rounded, are the label sets counted
+
+    def ranking(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
+        """mAP (macro: the classes with a positive) and the tuned thresholds, readable rows only."""
+        ok = self.readable(labels)
+        probs, targets = logits[ok].double().sigmoid(), labels[ok]
+        ap = [average_precision(probs[:, c], targets[:, c] > 0.5) for c in range(probs.shape[1])]
+        present = [a for a in ap if a is not None]
+        return {"map": sum(present) / len(present) if present else None, "thresholds": tune_thresholds(probs, targets)}
+
+    def label_text(self, labels: torch.Tensor, classes: list[str]) -> list[str]:
+        return [
+            "unreadable" if row[0] < 0 else "+".join(c for c, y in zip(classes, row) if y > 0.5) or "(none)"
+            for row in labels
+        ]
+
+
+MULTI_LABEL = MultiLabel()
