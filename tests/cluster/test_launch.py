@@ -97,6 +97,24 @@ def test_a_job_of_this_machine_only_plans_from_its_flags_whatever_cluster_it_run
         assert (p.nnodes, p.node_rank, p.nproc) == ("1", 0, 2)
 
 
+def test_a_job_started_from_python_leaves_the_callers_environment_as_it_was(monkeypatch):
+    """The agent's thread count and rendezvous opt-out are the workers'; the caller keeps its own values."""
+    import torch.distributed.run as torchrun
+
+    from visiontune.cluster import launch
+
+    seen = {}
+    monkeypatch.setattr(torchrun, "run", lambda args: seen.update(os.environ))  # the workers would see this
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0")
+    before = dict(os.environ)
+    settings = LaunchSettings(nproc=2, threads=3, rdzv_endpoint="127.0.0.1:29400", nnodes="1:2")
+    assert launch.relaunch(settings, ["--data", "d"]) == 0
+    assert seen["OMP_NUM_THREADS"] == "3" and launch.LAUNCHER_PID in seen
+    assert seen["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"  # the caller's choice, not overridden
+    assert dict(os.environ) == before
+
+
 def test_the_launch_settings_of_a_run_are_its_flags_that_place_processes(monkeypatch):
     for k in ("LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)

@@ -323,6 +323,8 @@ def relaunch(cfg: TrainConfig | LaunchSettings, argv: list[str], command: str = 
     # Each worker takes cores / processes threads (cpu_budget); tell
     # OpenMP the same before the workers start so nothing oversubscribes.
     nproc = int(torchrun_args[0].split("=")[1])
+    # What this process had: a job started from the Python API leaves the caller's environment as it was.
+    before = {k: ENV.get(k) for k in ("OMP_NUM_THREADS", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")}
     if cfg.threads:
         ENV["OMP_NUM_THREADS"] = str(cfg.threads)
     ENV.setdefault("OMP_NUM_THREADS", str(max(1, cpu_budget() // nproc)))
@@ -356,6 +358,11 @@ def relaunch(cfg: TrainConfig | LaunchSettings, argv: list[str], command: str = 
         # Called from the Python API the process lives on: workers it starts later, through another
         # launcher, must not take it for their launcher and kill themselves.
         ENV.pop(LAUNCHER_PID, None)
+        for k, v in before.items():
+            if v is None:
+                ENV.pop(k, None)
+            else:
+                ENV[k] = v
         signal.signal(signal.SIGUSR1, old_usr1)
     return 0
 
