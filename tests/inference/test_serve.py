@@ -514,7 +514,11 @@ def test_a_multi_label_onnx_file_is_served_with_its_probabilities_and_thresholds
     onnx.save(proto, str(path))
 
     served = load_runtime(weights=str(path))
-    assert served.backend == "onnx" and served.info.multi_label and served.thresholds() == pytest.approx(thresholds)
+    assert (
+        served.backend == "onnx"
+        and served.info.multi_label
+        and served.info.decision_thresholds == pytest.approx(thresholds)
+    )
     with TestClient(build_app(served, ServeOptions(decoders=0))) as client:
         deadline = time.monotonic() + 30
         while client.get("/health").status_code != 200:

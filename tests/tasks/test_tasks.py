@@ -86,3 +86,50 @@ def test_a_mixed_batch_keeps_an_unreadable_sample_out_of_the_loss(task):
     assert torch.equal(loss(logits, targets), loss(moved, targets))
     counted = task.counted(labels, targets)
     assert not task.readable(counted)[2] and task.readable(counted).sum() == 5
+
+
+@pytest.mark.parametrize("task", [SINGLE_LABEL, MULTI_LABEL], ids=["single", "multi"])
+def test_an_exported_models_probabilities_give_the_eager_logits_meaning_back(task):
+    """The activation an export ends in, undone by ``logits_of``, gives the probabilities predict computes
+    from the eager logits; TTA's average is the mean of the views' probabilities."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, K, generator=g) * 4
+    probs = task.activation()(logits)
+    again = task.probabilities(task.logits_of(probs))
+    assert torch.allclose(again.double(), task.probabilities(logits).double(), atol=1e-6)
+    views = torch.randn(3, 5, K, generator=g)
+    if task is SINGLE_LABEL:
+        want = np.mean([torch.softmax(v, 1).numpy() for v in views], 0)
+    else:
+        want = np.mean([1 / (1 + np.exp(-v.double().numpy())) for v in views], 0)
+    assert np.allclose(task.probabilities(task.averaged(views)).numpy(), want, atol=1e-6)
+
+
+def test_the_answers_and_rows_of_each_task():
+    classes, row = ["cat", "dog", "owl"], [0.2, 0.5, 0.3]
+    assert SINGLE_LABEL.thresholds(None, 3) is None and MULTI_LABEL.thresholds(None, 3) == [0.5] * 3
+    assert MULTI_LABEL.thresholds((0.1, 0.9, 0.25), 3) == [0.1, 0.9, 0.25]
+    assert SINGLE_LABEL.answer(row, classes, None) == {
+        "label": "dog",
+        "score": 0.5,
+        "probabilities": {"cat": 0.2, "dog": 0.5, "owl": 0.3},
+    }
+    top = SINGLE_LABEL.answer(row, classes, None, top_k=2)["top"]
+    assert top == [{"class": "dog", "probability": 0.5}, {"class": "owl", "probability": 0.3}]
+    assert MULTI_LABEL.answer(row, classes, [0.1, 0.9, 0.25])["labels"] == ["cat", "owl"]
+    assert SINGLE_LABEL.answer(None, classes, None)["label"] is None
+    assert MULTI_LABEL.answer(None, classes, [0.5] * 3)["labels"] is None
+    # Decisions counted as quantize scores them: one per image, or one per image and class.
+    out, y = np.array([[0.9, 0.1, 0.0], [0.2, 0.7, 0.6]]), np.array([0, 2])
+    assert SINGLE_LABEL.right(out, y, None) == (1, 2)
+    multi_y = np.array([[1, 0, 0], [0, 1, 0]])
+    assert MULTI_LABEL.right(out, multi_y, [0.5, 0.5, 0.5]) == (5, 6)
+    probs, readable = torch.tensor([row, [0.6, 0.1, 0.3]]), torch.tensor([True, False])
+    text = MULTI_LABEL.csv_text(["a.jpg", "b.jpg"], classes, probs, readable, [0.25, 0.5, 0.25], 0.0)
+    assert text.splitlines() == [
+        "path,labels,prob_cat,prob_dog,prob_owl",
+        "a.jpg,dog;owl,0.200000,0.500000,0.300000",
+        "b.jpg,,,,",
+    ]
+    kaggle = SINGLE_LABEL.csv_text(["1.jpg", "2.jpg"], ["cat", "dog"], probs[:, 1:], readable, None, 0.05, [1, 2])
+    assert kaggle.splitlines() == ["id,label", "1,0.300000", "2,0.500000"]  # P(dog); unreadable: 0.5

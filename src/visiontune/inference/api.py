@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from visiontune import tasks
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
@@ -93,29 +92,12 @@ class Predictor:
         accelerator = inference.start(icfg)
         model = tta.wrap_loaded(self.loaded, tta_mode)
         logits, labels = inference.forward(accelerator, model, icfg, sources, [0] * len(sources), "predict")
-        probs = tasks.named(self.info.multi_label).probabilities(logits)
-        if self.info.multi_label:
-            return self._multi_label(probs, labels, single)
-        rows = []
-        for row, label in zip(probs.tolist(), labels.tolist()):
-            if label == UNREADABLE:
-                rows.append({"label": None, "score": None, "probabilities": None})
-                continue
-            top = max(range(len(row)), key=row.__getitem__)
-            rows.append({"label": self.classes[top], "score": row[top], "probabilities": dict(zip(self.classes, row))})
-        return rows[0] if single else rows
-
-    def _multi_label(self, probs, labels, single: bool):
-        """A multi-label model's dicts: the predicted ``labels`` (at its thresholds) and ``probabilities``."""
-        from visiontune.inference.predict import thresholds_of
-
-        thresholds, rows = thresholds_of(self.loaded), []
-        for row, label in zip(probs.tolist(), labels.tolist()):
-            if label == UNREADABLE:
-                rows.append({"labels": None, "probabilities": None})
-                continue
-            chosen = [c for c, p, t in zip(self.classes, row, thresholds) if p >= t]
-            rows.append({"labels": chosen, "probabilities": dict(zip(self.classes, row))})
+        task, thresholds = self.info.task, self.info.decision_thresholds
+        readable = (labels != UNREADABLE).tolist()  # predict's labels: 0, or UNREADABLE, whatever the task
+        rows = [
+            task.answer(row if ok else None, self.classes, thresholds)
+            for row, ok in zip(task.probabilities(logits).tolist(), readable)
+        ]
         return rows[0] if single else rows
 
     def evaluate(

@@ -184,20 +184,19 @@ PREDICTIONS = "predictions.csv"  # multi-label: the scored images' true labels a
 
 
 def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta_mode, top_n, out) -> dict:
-    """A multi-label model's ``eval.json`` (mAP, per-class AP and F1 at the model's thresholds, exact match) and
-    ``worst_per_class.csv``, from the gathered outputs, on the main process."""
+    """A multi-label model's ``eval.json`` (mAP, per-class AP and F1 at the model's thresholds, exact match),
+    ``worst_per_class.csv`` and ``predictions.csv``, from the gathered outputs."""
     logits, got = outputs
-    if not accelerator.is_main_process:
-        return {}
     skipped = unreadable_reasons(paths, got, chosen.reader)
-    ok = tasks.of(got).readable(got)
+    ok = tasks.MULTI_LABEL.readable(got)
     kept = [p for p, k in zip(paths, ok.tolist()) if k]
     probs, targets = tasks.MULTI_LABEL.probabilities(logits[ok]), got[ok]
-    thresholds = list(loaded.info.thresholds or [tasks.multi.DEFAULT_THRESHOLD] * len(loaded.classes))
+    thresholds = loaded.info.decision_thresholds
     report = {
         "data": images.root,
         "layout": images.layout,
         **scored,
+        "scored": describe(scored, int(ok.sum()), len(images.paths)),
         "tta": tta_mode,
         "classes": loaded.classes,
         "multi_label": True,
@@ -269,12 +268,12 @@ def evaluate(
     """Measure ``model`` on ``data`` (its val split when it is the run's data); write ``out`` and the figures."""
     if top_n < 0:
         raise UserError(f"--top-losses must be 0 or more, got {top_n}")
-    multi = loaded.info.multi_label
-    images, classes = discover(data, *columns, multi_label=multi), loaded.classes
-    if images.multi_label != multi:
+    task = loaded.info.task
+    images, classes = discover(data, *columns, multi_label=task.multi_label), loaded.classes
+    if tasks.named(images.multi_label) is not task:
         raise UserError(
             f"{data} has {'several labels' if images.multi_label else 'one label'} per image but the model is "
-            f"{'multi-label' if multi else 'single-label'}; evaluate on data of its kind"
+            f"{task.name}; evaluate on data of its kind"
         )
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
@@ -289,42 +288,48 @@ def evaluate(
     accelerator = inference.start(icfg)
     model = tta.wrap_loaded(loaded, tta_mode)
     logits, got = inference.forward(accelerator, model, icfg, paths, chosen.label_array, "evaluate", chosen.reader)
-    report: dict = {}
-    if multi:
-        scored["scored"] = describe(scored, int(tasks.of(got).readable(got).sum()), len(images.paths))
-        report = _multilabel(accelerator, loaded, (logits, got), paths, chosen, images, scored, tta_mode, top_n, out)
-        if accelerator.is_main_process and run_dir:
-            from visiontune.reports import report as run_report
-
-            print(f"visiontune: report {run_report.write(run_dir, eval_json=out)}")
-        accelerator.wait_for_everyone()
-        return report
+    report = {}
     if accelerator.is_main_process:
-        skipped = unreadable_reasons(paths, got, chosen.reader)
-        ok = got != UNREADABLE
-        kept = [p for p, k in zip(paths, ok.tolist()) if k]
-        report = {
-            "data": images.root,
-            "layout": images.layout,
-            **scored,
-            "scored": describe(scored, int(ok.sum()), len(images.paths)),
-            "tta": tta_mode,
-            "classes": classes,
-            **metrics.classification_metrics(logits[ok], got[ok], classes),
-            "world_size": accelerator.num_processes,
-            "skipped": [{"path": p, "reason": r} for p, r in skipped],
-        }
-        losses = metrics.top_losses(logits[ok], got[ok], top_n)
-        report["top_losses"] = [{**it, "path": kept[it["index"]]} for it in losses]
-        folder = Path(out).parent
-        figures.plot_confusion(folder / "confusion_matrix.png", report)
-        write_top_losses(folder, losses, kept, classes)
-        files.write_json(out, report)
-        print_report(report)
-        print(f"visiontune: wrote {out}, confusion_matrix.png, top_losses.png and top_losses.csv in {folder}")
+        report = REPORTS[task.name](
+            accelerator, loaded, (logits, got), paths, chosen, images, scored, tta_mode, top_n, out
+        )
         if run_dir:
             from visiontune.reports import report as run_report
 
             print(f"visiontune: report {run_report.write(run_dir, eval_json=out)}")
     accelerator.wait_for_everyone()
     return report
+
+
+def _single_label(accelerator, loaded, outputs, paths, chosen, images, scored, tta_mode, top_n, out) -> dict:
+    """A single-label model's ``eval.json`` (accuracy, per-class precision and recall, AP, log loss, ECE), its
+    confusion matrix and its top losses, from the gathered outputs."""
+    logits, got = outputs
+    classes = loaded.classes
+    skipped = unreadable_reasons(paths, got, chosen.reader)
+    ok = got != UNREADABLE
+    kept = [p for p, k in zip(paths, ok.tolist()) if k]
+    report = {
+        "data": images.root,
+        "layout": images.layout,
+        **scored,
+        "scored": describe(scored, int(ok.sum()), len(images.paths)),
+        "tta": tta_mode,
+        "classes": classes,
+        **metrics.classification_metrics(logits[ok], got[ok], classes),
+        "world_size": accelerator.num_processes,
+        "skipped": [{"path": p, "reason": r} for p, r in skipped],
+    }
+    losses = metrics.top_losses(logits[ok], got[ok], top_n)
+    report["top_losses"] = [{**it, "path": kept[it["index"]]} for it in losses]
+    folder = Path(out).parent
+    figures.plot_confusion(folder / "confusion_matrix.png", report)
+    write_top_losses(folder, losses, kept, classes)
+    files.write_json(out, report)
+    print_report(report)
+    print(f"visiontune: wrote {out}, confusion_matrix.png, top_losses.png and top_losses.csv in {folder}")
+    return report
+
+
+# The report of each task (``tasks``): its metrics reach above the task wing, into ``reports``.
+REPORTS = {tasks.SINGLE_LABEL.name: _single_label, tasks.MULTI_LABEL.name: _multilabel}

@@ -121,8 +121,7 @@ def _onnx_preprocessing_bytes(model: nn.Module, example: torch.Tensor, info: Run
 
 
 def _output_name(model: nn.Module, info: RunInfo) -> str:
-    # A multi-label graph's output has always been named logits (sigmoid included): files served before keep it.
-    return "logits" if info.multi_label else _output(model)
+    return info.task.output_name(_output(model) == "probabilities")
 
 
 def _exported(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
@@ -195,10 +194,8 @@ def export(
     ``probabilities``: a single-label model's softmax is in the graph (a multi-label one's sigmoid always is)."""
     check_format(fmt)
     model = model.float().eval().cpu()
-    if info.multi_label:  # what a multi-label model means: one probability per class, each on its own
-        model = nn.Sequential(model, nn.Sigmoid()).eval()
-    elif probabilities:
-        model = nn.Sequential(model, nn.Softmax(dim=1)).eval()
+    if info.task.exports_probabilities(probabilities):
+        model = nn.Sequential(model, info.task.activation()).eval()
     size = info.image_size
     gen = torch.Generator().manual_seed(0)
     example = torch.randn(2, 3, size, size, generator=gen)
@@ -231,9 +228,7 @@ def described(out: str, info: RunInfo, diff: float, preprocessing: bool = False,
         if preprocessing
         else f"input float32 [N, 3, {s}, {s}] RGB scaled to [0, 1] then normalised with mean {info.mean} std {info.std}"
     )
-    gives = "softmax probabilities" if probabilities else "logits"
-    if info.multi_label:
-        gives = "sigmoid probabilities (multi-label; thresholds in the metadata)"
+    gives = info.task.output_text(probabilities)
     return (
         f"visiontune: wrote {out}: {given}; output [N, {len(info.classes)}] {gives} for "
         f"{', '.join(info.classes)}; checked against the eager model, max difference {diff:.1e}; "

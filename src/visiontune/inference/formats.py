@@ -39,7 +39,7 @@ def _described(path: str, meta: dict[str, str], what: str) -> tuple[RunInfo, boo
     if KEY not in meta:
         raise UserError(f"{path} does not describe itself: use {what} written by `visiontune export`")
     info = RunInfo.from_dict(_json(meta[KEY], path), path)
-    output = meta.get(OUTPUT_KEY, "probabilities" if info.multi_label else "logits")
+    output = meta.get(OUTPUT_KEY, "probabilities" if info.task.exports_probabilities(False) else "logits")
     if output not in ("logits", "probabilities"):
         raise UserError(
             f"{path}: damaged model description: {OUTPUT_KEY} is {output[:60]!r}, expected logits or probabilities"
@@ -164,6 +164,4 @@ class AsLogits(nn.Module):
         out = torch.from_numpy(self.exported.forward(x.detach().float().cpu().numpy().copy())).to(x.device)
         if not self.exported.gives_probabilities:
             return out
-        if self.exported.info.multi_label:
-            return torch.logit(out.double(), eps=1e-12)
-        return out.double().clamp_min(1e-300).log()
+        return self.exported.info.task.logits_of(out)

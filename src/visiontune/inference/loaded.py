@@ -129,7 +129,7 @@ def load_model(
     if run:
         info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
         batch = TrainConfig(**load_config_file(where)).batch_size
-        if info.multi_label:  # the thresholds are the best epoch's, known after config.json was written
+        if info.task.thresholded:  # the thresholds are the best epoch's, known after config.json was written
             in_file = runinfo.read_file(path)
             if in_file is not None and in_file.thresholds is not None:
                 info = info.with_thresholds(in_file.thresholds)

@@ -72,7 +72,7 @@ def export_openvino(
         record.update(
             quantize.checked(loaded, run_dir, quantize.session_forward(fp32), candidate, name, max_drop, advice)
         )
-        output = "probabilities" if loaded.info.multi_label else "logits"
+        output = "probabilities" if loaded.info.task.exports_probabilities(False) else "logits"
         for key, value in {**loaded.info.metadata(), OUTPUT_KEY: output, KEY: json.dumps(record)}.items():
             model.set_rt_info(value, [key])
         ov.save_model(model, f"{tmp}/model.xml", compress_to_fp16=False)

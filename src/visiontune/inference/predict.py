@@ -10,16 +10,12 @@ file keeps its row, which says "no prediction", and is listed on stderr and in
 
 from __future__ import annotations
 
-import csv
-import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from visiontune import files, tasks
+from visiontune import files
 from visiontune.data.imageset import IMAGE_EXTENSIONS
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
@@ -79,59 +75,9 @@ def list_many(items: list[str], columns: tuple[str | None, str | None] = (None, 
     return Inputs([path for inputs in listed for path in inputs.paths], None)
 
 
-def positive_class(classes: list[str]) -> int:
-    """Kaggle's ``label`` is P(dog); for other two-class models, P(the second class)."""
-    lower = [c.lower() for c in classes]
-    return lower.index("dog") if "dog" in lower else 1
-
-
 def check_clip(clip: float) -> None:
     if not 0.0 <= clip < 0.5:
         raise UserError(f"--clip must be in [0, 0.5), got {clip}")
-
-
-def format_rows(inputs: Inputs, classes: list[str], probs: torch.Tensor, readable: torch.Tensor, clip: float) -> str:
-    """The CSV text: ``id,label`` for a Kaggle test folder, else ``path,prediction,prob_<class>...``."""
-    predicted = probs.argmax(1).tolist()
-    probs = probs.clamp(clip, 1 - clip) if clip > 0 else probs
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    if inputs.kaggle_ids is not None and len(classes) == 2:
-        pos = positive_class(classes)
-        w.writerow(["id", "label"])
-        for i, ok, p in zip(inputs.kaggle_ids, readable.tolist(), probs[:, pos].tolist()):
-            w.writerow([i, f"{p if ok else 0.5:.6f}"])  # 0.5: the log-loss-safest guess for a missing image
-        return buf.getvalue()
-    w.writerow(["path", "prediction", *(f"prob_{c}" for c in classes)])
-    for path, ok, c, row in zip(inputs.paths, readable.tolist(), predicted, probs.tolist()):
-        if ok:
-            w.writerow([path, classes[c], *(f"{p:.6f}" for p in row)])
-        else:  # no prediction: empty fields rather than numbers that look real
-            w.writerow([path, "", *([""] * len(classes))])
-    return buf.getvalue()
-
-
-def format_multilabel_rows(
-    inputs: Inputs, classes: list[str], probs: torch.Tensor, readable: torch.Tensor, thresholds, clip: float
-) -> str:
-    """A multi-label model's CSV: ``path,labels,prob_<class>...``; ``labels`` is the predicted set, the classes
-    whose probability reaches their threshold, joined by ``;`` (empty: none)."""
-    chosen = probs >= torch.tensor(thresholds, dtype=probs.dtype)
-    probs = probs.clamp(clip, 1 - clip) if clip > 0 else probs
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["path", "labels", *(f"prob_{c}" for c in classes)])
-    for path, ok, row, picks in zip(inputs.paths, readable.tolist(), probs.tolist(), chosen.tolist()):
-        if ok:
-            w.writerow([path, ";".join(c for c, p in zip(classes, picks) if p), *(f"{p:.6f}" for p in row)])
-        else:
-            w.writerow([path, "", *([""] * len(classes))])
-    return buf.getvalue()
-
-
-def thresholds_of(loaded: LoadedModel) -> list[float]:
-    """A multi-label model's per-class thresholds (tuned on its validation split), else 0.5 each."""
-    return list(loaded.info.thresholds or [0.5] * len(loaded.classes))
 
 
 def skipped_path(out: str) -> Path:
@@ -164,11 +110,11 @@ def predict(
     skipped = []
     if accelerator.is_main_process:
         skipped = unreadable_reasons(inputs.paths, labels, inputs.reader)
-        probs = tasks.named(loaded.info.multi_label).probabilities(logits)
-        if loaded.info.multi_label:
-            rows = format_multilabel_rows(inputs, classes, probs, readable, thresholds_of(loaded), clip)
-        else:
-            rows = format_rows(inputs, classes, probs, readable, clip)
+        task = loaded.info.task
+        probs = task.probabilities(logits)
+        rows = task.csv_text(
+            inputs.paths, classes, probs, readable, loaded.info.decision_thresholds, clip, inputs.kaggle_ids
+        )
         if out is None:  # a pipe's data: the CSV alone on stdout
             sys.stdout.write(rows)
             sys.stdout.flush()

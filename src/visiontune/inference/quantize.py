@@ -100,24 +100,15 @@ def session_forward(path: str):
     return lambda x: session.run([name], {"images": x})[0]
 
 
-def _hits(out: np.ndarray, y: np.ndarray, thresholds: np.ndarray | None) -> tuple[int, int]:
-    """(right decisions, decisions): one per image (the argmax), or for a multi-label model one per image
-    and class (its sigmoid probability against the class's threshold)."""
-    if thresholds is None:
-        return int((out.argmax(1) == y).sum()), len(y)
-    return int(((out >= thresholds) == (y > 0.5)).sum()), y.size
-
-
 def accuracies(loaded: LoadedModel, forwards: list, source: Iterator[tuple]) -> tuple[list[float], int]:
     """The accuracy of each forward pass over ``source`` (a multi-label model's: the share of its
     per-class decisions at its thresholds that are right), and the number of images."""
-    multi = loaded.info.multi_label
-    thresholds = np.array(loaded.info.thresholds or [0.5] * len(loaded.classes)) if multi else None
+    task, thresholds = loaded.info.task, loaded.info.decision_thresholds
     right, decisions, n = [0] * len(forwards), 0, 0
     for x, y in source:
         n += len(y)
         for i, forward in enumerate(forwards):
-            hit, decisions_here = _hits(forward(x), y, thresholds)
+            hit, decisions_here = task.right(forward(x), y, thresholds)
             right[i] += hit
         decisions += decisions_here
     if not n:
@@ -130,7 +121,7 @@ def checked(loaded: LoadedModel, run_dir: str, fp32, candidate, name: str, max_d
     split; UserError, so nothing is written, when it loses more than ``max_drop`` points."""
     (fp32_acc, acc), n = accuracies(loaded, [fp32, candidate], batches(loaded, run_dir, "val"))
     record = {
-        "metric": "label_accuracy" if loaded.info.multi_label else "accuracy",
+        "metric": loaded.info.task.accuracy_name,
         "val_images": n,
         "val_accuracy_fp32": fp32_acc,
         f"val_accuracy_{name}": acc,

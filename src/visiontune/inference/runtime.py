@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from visiontune import tasks
 from visiontune.data.decode import try_read
 from visiontune.errors import UserError
 from visiontune.inference import formats
@@ -58,11 +57,7 @@ class Runtime:
         batch, _ = collate_channels_last([(image, 0) for image in images])
         with torch.inference_mode():
             out = self.forward(self.normalize(batch.to(self.device))).cpu()
-        return tasks.named(self.info.multi_label).probabilities(out, self.gives_probabilities)
-
-    def thresholds(self) -> list[float]:
-        """A multi-label model's per-class thresholds (tuned on its validation split), else 0.5 each."""
-        return list(self.info.thresholds or [0.5] * len(self.info.classes))
+        return self.info.task.probabilities(out, self.gives_probabilities)
 
     def warm_up(self, sizes: tuple[int, ...] = (1,)) -> None:
         """One forward pass per batch size: allocations made, kernels chosen, ``torch.compile`` done."""

@@ -221,26 +221,6 @@ async def _uploads(request) -> list[tuple[str, bytes]]:
     raise Refused(415, f"content type {kind or '(none)'} is not an image: send image/* or multipart/form-data")
 
 
-def _answer(name: str, row: list[float], classes: list[str], top_k: int) -> dict:
-    order = sorted(range(len(row)), key=lambda i: -row[i])  # ties keep class order, as argmax does
-    return {
-        "file": name,
-        "label": classes[order[0]],
-        "score": row[order[0]],
-        "top": [{"class": classes[i], "probability": row[i]} for i in order[:top_k]],
-    }
-
-
-def _answer_labels(name: str, row: list[float], classes: list[str], thresholds: list[float]) -> dict:
-    """A multi-label model's answer, as ``visiontune.load(...).predict`` gives it: the classes whose
-    probability reaches their threshold, and every class's probability."""
-    return {
-        "file": name,
-        "labels": [c for c, p, t in zip(classes, row, thresholds) if p >= t],
-        "probabilities": dict(zip(classes, row)),
-    }
-
-
 async def _pixels(state: State, uploads: list[tuple[str, bytes]]) -> int:
     """The pixels the request's images declare, in all, read from their headers before any is decoded; an
     image over the per-image limit is refused here, and a request over its budget."""
@@ -335,7 +315,8 @@ def build_app(runtime: Runtime, options: ServeOptions):
         all_classes: bool = Query(False, alias="all"),
         threshold: float | None = Query(None, gt=0, lt=1),
     ):
-        if threshold is not None and not runtime.info.multi_label:
+        task = runtime.info.task
+        if threshold is not None and not task.thresholded:
             raise Refused(400, "threshold is for multi-label models; this one picks the most probable class")
         if not state.ready:
             raise Refused(503, "the model is still warming up")
@@ -344,14 +325,15 @@ def build_app(runtime: Runtime, options: ServeOptions):
         rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in state.batcher.submit(images)))
         classes = list(runtime.info.classes)
         answer = {"model": runtime.info.model, "run": runtime.run, "weights": runtime.weights}
-        if runtime.info.multi_label:
-            thresholds = [threshold] * len(classes) if threshold is not None else runtime.thresholds()
-            predictions = [
-                _answer_labels(name, row.tolist(), classes, thresholds) for (name, _), row in zip(uploads, rows)
-            ]
-            return {**answer, "thresholds": thresholds, "predictions": predictions}
+        thresholds = runtime.info.decision_thresholds  # a thresholded model's: the file's, or the query's
+        if threshold is not None:
+            thresholds = [threshold] * len(classes)
+        if thresholds is not None:
+            answer["thresholds"] = thresholds
         k = len(classes) if all_classes else min(top_k, len(classes))
-        predictions = [_answer(name, row.tolist(), classes, k) for (name, _), row in zip(uploads, rows)]
+        predictions = [
+            {"file": name, **task.answer(row.tolist(), classes, thresholds, k)} for (name, _), row in zip(uploads, rows)
+        ]
         return {**answer, "predictions": predictions}
 
     @app.get("/health")

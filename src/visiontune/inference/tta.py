@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torchvision.transforms.v2 import functional as TF
 
+from visiontune.tasks import SINGLE_LABEL, Task
+
 TTA_MODES = ("none", "flip", "flip+crop")
 CROP = 7 / 8
 
@@ -34,28 +36,24 @@ def views(x: torch.Tensor, mode: str) -> list[torch.Tensor]:
 
 
 class TTA(nn.Module):
-    def __init__(self, model: nn.Module, mode: str, multi_label: bool = False):
+    def __init__(self, model: nn.Module, mode: str, task: Task = SINGLE_LABEL):
         super().__init__()
-        self.model, self.mode, self.multi_label = model, mode, multi_label
+        self.model, self.mode, self.task = model, mode, task
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         vs = views(x, self.mode)
-        if self.multi_label:
-            probs = self.model(torch.cat(vs)).double().sigmoid().view(len(vs), x.shape[0], -1).mean(0)
-            return probs.logit(eps=1e-12).float()
-        probs = self.model(torch.cat(vs)).float().softmax(1).view(len(vs), x.shape[0], -1).mean(0)
-        return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()  # no -inf for an underflowed class
+        return self.task.averaged(self.model(torch.cat(vs)).view(len(vs), x.shape[0], -1))
 
 
-def wrap(model: nn.Module, mode: str, multi_label: bool = False) -> nn.Module:
+def wrap(model: nn.Module, mode: str, task: Task = SINGLE_LABEL) -> nn.Module:
     """``model`` itself for ``none``, else the averaging wrapper (in eval mode, like the model)."""
     if mode not in TTA_MODES:
         from visiontune.errors import UserError
 
         raise UserError(f"--tta must be one of {', '.join(TTA_MODES)}, got {mode!r}")
-    return model if mode == "none" else TTA(model, mode, multi_label).eval()
+    return model if mode == "none" else TTA(model, mode, task).eval()
 
 
 def wrap_loaded(loaded, mode: str):
     """An ``inference.LoadedModel`` whose model is wrapped for ``mode``."""
-    return dataclasses.replace(loaded, model=wrap(loaded.model, mode, loaded.info.multi_label))
+    return dataclasses.replace(loaded, model=wrap(loaded.model, mode, loaded.info.task))

@@ -29,6 +29,7 @@ from visiontune.data.decode import DECODES, INTERPOLATIONS
 from visiontune.errors import UserError
 from visiontune.models.spec import SOURCES
 from visiontune.settings.config import MEAN, STD
+from visiontune.tasks import Task, named
 
 KEY = "visiontune"
 # Fields added after descriptions were first written, with what older files mean by leaving them out.
@@ -131,6 +132,16 @@ class RunInfo:
             for k in MULTI_LABEL:
                 del d[k]
         return d
+
+    @property
+    def task(self) -> Task:
+        """What the model predicts (``tasks``): what its output means, its answers and its CSV rows."""
+        return named(self.multi_label)
+
+    @property
+    def decision_thresholds(self) -> list[float] | None:
+        """The per-class thresholds its task decides at (its recorded ones, or the default), or None."""
+        return self.task.thresholds(self.thresholds, len(self.classes))
 
     def with_thresholds(self, thresholds) -> RunInfo:
         return replace(self, thresholds=tuple(float(t) for t in thresholds))

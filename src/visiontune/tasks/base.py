@@ -3,6 +3,10 @@
 The labels of a batch travel as a task encodes them (``sample_label``); a sample that could not be read
 keeps its slot in the batch with the task's ``unreadable_label``, and every count leaves it out
 (``readable``). Losses follow the engine's contract: per sample, 0 for an unreadable one.
+
+A trained model's output means what its task says: the activation that turns logits into probabilities
+(and back, for an exported file that ends in it), how test-time views are averaged, the decision a
+probability row comes to (at per-class thresholds or not), and the answer predict, the API and serve give.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from torch import nn
 
 # The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count. A
 # multi-label image's label is its multi-hot float row; an unreadable one's is a row of UNREADABLE.
@@ -25,6 +30,8 @@ class Task:
     name: str
     multi_label: bool
     ranks: bool  # evaluation gathers every output, for metrics that rank them (``ranking``)
+    thresholded: bool  # its decisions are per class, at thresholds a run tunes (``thresholds``)
+    accuracy_name: str  # what its accuracy is called where an exported file is scored
 
     def label_array(self, labels) -> np.ndarray:
         """The labels as a dataset keeps them."""
@@ -85,4 +92,53 @@ class Task:
 
     def label_text(self, labels: torch.Tensor, classes: list[str]) -> list[str]:
         """Each sample's label in words, or why there is none."""
+        raise NotImplementedError
+
+    # -- what a trained model's output means --
+
+    def activation(self) -> nn.Module:
+        """The module that turns the model's logits into its probabilities."""
+        raise NotImplementedError
+
+    def logits_of(self, probs: torch.Tensor) -> torch.Tensor:
+        """Logits again from probabilities (the inverse of ``activation``): an exported file that ends in
+        its activation then gives what the eager model gives."""
+        raise NotImplementedError
+
+    def exports_probabilities(self, asked: bool) -> bool:
+        """Whether an exported graph ends in the activation, ``asked`` being ``--probabilities``."""
+        raise NotImplementedError
+
+    def output_name(self, probabilities: bool) -> str:
+        """The name of an exported graph's output."""
+        raise NotImplementedError
+
+    def output_text(self, probabilities: bool) -> str:
+        """The graph's output in words, for the line ``export`` ends with."""
+        raise NotImplementedError
+
+    def averaged(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Logits [N, K] of the views' outputs [V, N, K] averaged as probabilities (test-time augmentation)."""
+        raise NotImplementedError
+
+    def thresholds(self, recorded, num_classes: int) -> list[float] | None:
+        """The per-class thresholds a model decides at: its ``recorded`` ones or the default; None when its
+        decision is not thresholded."""
+        raise NotImplementedError
+
+    def right(self, out: np.ndarray, y: np.ndarray, thresholds) -> tuple[int, int]:
+        """(right decisions, decisions) of a model's output rows ``out`` against labels ``y``, numpy."""
+        raise NotImplementedError
+
+    def answer(self, row: list[float] | None, classes, thresholds, top_k: int | None = None) -> dict:
+        """One image's answer from its probability row (None: unreadable), as ``visiontune.load().predict``
+        gives it, or with ``top_k`` as ``serve`` does."""
+        raise NotImplementedError
+
+    def csv_text(
+        self, paths, classes, probs: torch.Tensor, readable: torch.Tensor, thresholds, clip: float, kaggle_ids=None
+    ) -> str:
+        """predict's CSV: a header, then a row for each path (empty fields for an unreadable one); the
+        probabilities written are clipped to [clip, 1 - clip]. ``kaggle_ids``: the ids of a Kaggle test
+        folder, for the submission form where a task has one."""
         raise NotImplementedError

@@ -7,11 +7,14 @@ threshold, from every gathered output (``reports.multilabel`` states the convent
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from visiontune.tasks.base import UNREADABLE, Loss, Task
 
@@ -79,7 +82,7 @@ def tune_thresholds(probs: torch.Tensor, targets: torch.Tensor) -> list[float]:
 
 
 class MultiLabel(Task):
-    name, multi_label, ranks = "multi-label", True, True
+    name, multi_label, ranks, thresholded, accuracy_name = "multi-label", True, True, True, "label_accuracy"
 
     def label_array(self, labels) -> np.ndarray:
         return np.asarray(labels).astype(np.float32)
@@ -146,6 +149,54 @@ class MultiLabel(Task):
             "unreadable" if row[0] < 0 else "+".join(c for c, y in zip(classes, row) if y > 0.5) or "(none)"
             for row in labels
         ]
+
+    def activation(self) -> nn.Module:
+        return nn.Sigmoid()
+
+    def logits_of(self, probs: torch.Tensor) -> torch.Tensor:
+        return torch.logit(probs.double(), eps=1e-12)
+
+    def exports_probabilities(self, asked: bool) -> bool:
+        return True  # what a multi-label model means: one probability per class, each on its own
+
+    def output_name(self, probabilities: bool) -> str:
+        return "logits"  # a multi-label graph's output has always been named so (sigmoid included)
+
+    def output_text(self, probabilities: bool) -> str:
+        return "sigmoid probabilities (multi-label; thresholds in the metadata)"
+
+    def averaged(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs.double().sigmoid().mean(0).logit(eps=1e-12).float()
+
+    def thresholds(self, recorded, num_classes: int) -> list[float] | None:
+        return list(recorded or [DEFAULT_THRESHOLD] * num_classes)
+
+    def right(self, out: np.ndarray, y: np.ndarray, thresholds) -> tuple[int, int]:
+        # each class's decision (its sigmoid probability against its threshold) counts on its own
+        return int(((out >= np.asarray(thresholds)) == (y > 0.5)).sum()), y.size
+
+    def answer(self, row: list[float] | None, classes, thresholds, top_k: int | None = None) -> dict:
+        if row is None:
+            return {"labels": None, "probabilities": None}
+        chosen = [c for c, p, t in zip(classes, row, thresholds) if p >= t]
+        return {"labels": chosen, "probabilities": dict(zip(classes, row))}
+
+    def csv_text(
+        self, paths, classes, probs: torch.Tensor, readable: torch.Tensor, thresholds, clip: float, kaggle_ids=None
+    ) -> str:
+        """``path,labels,prob_<class>...``; ``labels`` is the predicted set, the classes whose probability
+        reaches their threshold, joined by ``;`` (empty: none)."""
+        chosen = probs >= torch.tensor(thresholds, dtype=probs.dtype)
+        probs = probs.clamp(clip, 1 - clip) if clip > 0 else probs
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["path", "labels", *(f"prob_{c}" for c in classes)])
+        for path, ok, row, picks in zip(paths, readable.tolist(), probs.tolist(), chosen.tolist()):
+            if ok:
+                w.writerow([path, ";".join(c for c, p in zip(classes, picks) if p), *(f"{p:.6f}" for p in row)])
+            else:
+                w.writerow([path, "", *([""] * len(classes))])
+        return buf.getvalue()
 
 
 MULTI_LABEL = MultiLabel()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from visiontune.tasks.base import UNREADABLE, Loss, Task
 
@@ -23,8 +26,14 @@ def per_sample_loss(label_smoothing: float) -> Loss:
     return loss
 
 
+def positive_class(classes: list[str]) -> int:
+    """Kaggle's ``label`` is P(dog); for other two-class models, P(the second class)."""
+    lower = [c.lower() for c in classes]
+    return lower.index("dog") if "dog" in lower else 1
+
+
 class SingleLabel(Task):
-    name, multi_label, ranks = "single-label", False, False
+    name, multi_label, ranks, thresholded, accuracy_name = "single-label", False, False, False, "accuracy"
 
     def label_array(self, labels) -> np.ndarray:
         return np.asarray(labels).astype(np.int64).reshape(-1)
@@ -89,6 +98,63 @@ class SingleLabel(Task):
 
     def label_text(self, labels: torch.Tensor, classes: list[str]) -> list[str]:
         return ["unreadable" if y == UNREADABLE else classes[y] for y in labels.tolist()]
+
+    def activation(self) -> nn.Module:
+        return nn.Softmax(dim=1)
+
+    def logits_of(self, probs: torch.Tensor) -> torch.Tensor:
+        # log-probabilities: a softmax of them is the probabilities again; no -inf for an underflowed class
+        return probs.double().clamp_min(1e-300).log()
+
+    def exports_probabilities(self, asked: bool) -> bool:
+        return asked
+
+    def output_name(self, probabilities: bool) -> str:
+        return "probabilities" if probabilities else "logits"
+
+    def output_text(self, probabilities: bool) -> str:
+        return "softmax probabilities" if probabilities else "logits"
+
+    def averaged(self, outputs: torch.Tensor) -> torch.Tensor:
+        probs = outputs.float().softmax(-1).mean(0)
+        return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+
+    def thresholds(self, recorded, num_classes: int) -> list[float] | None:
+        return None  # the most probable class, whatever its probability
+
+    def right(self, out: np.ndarray, y: np.ndarray, thresholds) -> tuple[int, int]:
+        return int((out.argmax(1) == y).sum()), len(y)
+
+    def answer(self, row: list[float] | None, classes, thresholds, top_k: int | None = None) -> dict:
+        if row is None:
+            return {"label": None, "score": None, "probabilities": None}
+        order = sorted(range(len(row)), key=lambda i: -row[i])  # ties keep class order, as argmax does
+        given = {"label": classes[order[0]], "score": row[order[0]]}
+        if top_k is None:
+            return {**given, "probabilities": dict(zip(classes, row))}
+        return {**given, "top": [{"class": classes[i], "probability": row[i]} for i in order[:top_k]]}
+
+    def csv_text(
+        self, paths, classes, probs: torch.Tensor, readable: torch.Tensor, thresholds, clip: float, kaggle_ids=None
+    ) -> str:
+        """``id,label`` for a two-class model on a Kaggle test folder, else ``path,prediction,prob_<class>...``."""
+        predicted = probs.argmax(1).tolist()
+        probs = probs.clamp(clip, 1 - clip) if clip > 0 else probs
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        if kaggle_ids is not None and len(classes) == 2:
+            pos = positive_class(classes)
+            w.writerow(["id", "label"])
+            for i, ok, p in zip(kaggle_ids, readable.tolist(), probs[:, pos].tolist()):
+                w.writerow([i, f"{p if ok else 0.5:.6f}"])  # 0.5: the log-loss-safest guess for a missing image
+            return buf.getvalue()
+        w.writerow(["path", "prediction", *(f"prob_{c}" for c in classes)])
+        for path, ok, c, row in zip(paths, readable.tolist(), predicted, probs.tolist()):
+            if ok:
+                w.writerow([path, classes[c], *(f"{p:.6f}" for p in row)])
+            else:  # no prediction: empty fields rather than numbers that look real
+                w.writerow([path, "", *([""] * len(classes))])
+        return buf.getvalue()
 
 
 SINGLE_LABEL = SingleLabel()
