@@ -248,10 +248,10 @@ def test_an_elastic_world_keeps_the_global_batch_of_max_nodes_or_is_refused(monk
     cfg = TrainConfig(data="d", strategy="ddp", batch_size=2, nnodes="1:4", rdzv_endpoint="h:1")
     for world, accum in ((1, 4), (2, 2), (4, 1)):
         monkeypatch.setenv("WORLD_SIZE", str(world))
-        assert elastic.keep_global_batch(cfg).grad_accum == accum
+        assert elastic.global_batch_accumulation(cfg) == accum
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(UserError, match="the global batch is 8, set by --nnodes 1:4 at 4 nodes; 3 processes"):
-        elastic.keep_global_batch(cfg)
+        elastic.global_batch_accumulation(cfg)
     # A checkpoint's position is kept in samples: 3 batches of 2 processes are 6 batches of one
     # process accumulating 2 (the same global batch of 4 at --batch-size 2).
     from visiontune.runs.checkpoint import Checkpoint

@@ -17,6 +17,7 @@ from visiontune.cli.commands import main
 from visiontune.data import sources
 from visiontune.loading import jobdata
 from visiontune.settings.config import TrainConfig
+from visiontune.training import plan
 
 ARGS = [*SQUEEZENET, *flags(epochs=1, batch_size=4, num_workers=0)]
 BUILD = "building the image cache"
@@ -126,7 +127,9 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_scan(small_data
     for f in (small_data / "train").iterdir():
         (data / f.name).write_bytes(f.read_bytes())
     (data / "cat.999.jpg").write_bytes(b"not a jpeg")
-    cfg = TrainConfig(data=str(data.parent), model="squeezenet1_1", image_size=32)
+    cfg = plan.view(
+        TrainConfig(data=str(data.parent), model="squeezenet1_1", image_size=32)
+    ).cfg  # as train resolves it
     bad, cache, choice = jobdata._screen(cfg, sources.discover(str(data.parent)))
     assert cache is None and choice.path is None and "no space was left" in choice.why
     assert [p for p, _ in bad] == [str(data / "cat.999.jpg")]  # found by the scan instead

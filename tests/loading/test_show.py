@@ -29,7 +29,8 @@ def _batch(data, **kw) -> tuple[torch.Tensor, torch.Tensor, TrainConfig]:
     cfg = cfg.replace(cache="off", num_workers=0)
     images = discover(str(data))
     split, _ = split_for(images, cfg)
-    cfg, train_loader, _ = loaders(cfg, JobData(images, []), split, "/nonexistent")
+    stats, train_loader, _ = loaders(cfg, JobData(images, []), split, "/nonexistent")
+    cfg = cfg.replace(mean=stats[0], std=stats[1]) if stats else cfg
     train_loader.sampler.set_epoch(0)
     u8, labels = next(iter(train_loader))
     mean, std = presets.mean_std(cfg)

@@ -53,9 +53,7 @@ class JobData:
 def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None, CacheChoice]:
     """The bad files (layout rejects first) and the cache as --cache chose it: each file decoded once, by the
     cache build, or by the scan when there is no cache to build."""
-    from visiontune.models.build import input_view
-
-    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)  # as the loaders resize
+    interpolation, crop_pct = cfg.interpolation, cfg.crop_pct  # resolved (training.plan): as the loaders resize
     cache, choice = choose(
         cfg.cache,
         images.paths,

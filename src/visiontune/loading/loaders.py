@@ -18,7 +18,6 @@ from visiontune.loading.cache import CachedDataset
 from visiontune.loading.devicedecode import DeviceDecodeDataset
 from visiontune.loading.jobdata import JobData
 from visiontune.loading.pipeline import ImageDataset, make_loader
-from visiontune.models.build import input_view
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.presets import stats_text
 
@@ -26,11 +25,11 @@ LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed a
 
 
 def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tuple:
-    """The config with its normalisation measured if needed, and the train and val loaders over the
-    split: from the cache when asked for, else from the files."""
+    """The train split's (mean, std) when ``--normalize data`` asks for them measured (else None), and the
+    train and val loaders over the split: from the cache when asked for, else from the files. ``cfg``'s
+    input view is resolved (``training.plan``): the run's one resize, for val and train."""
     images = data.images
-    # The run's one resize, for val and train.
-    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
+    interpolation, crop_pct = cfg.interpolation, cfg.crop_pct
     if data.cache:
 
         def subset(idx, augment, device=False):  # a cached image is decoded already
@@ -62,11 +61,11 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
         vflip=cfg.vflip or 0.0,
         crop_scale=cfg.crop_scale,
     )
+    stats = None
     if cfg.mean is None:  # --normalize data: measured once on the train split, then recorded in config.json
         # Decoded here with --decode device too (as exact): the statistics are the same up to the decoder's rounding.
-        mean, std = data_stats(subset(split.train, None), seed=cfg.seed)
-        cfg = cfg.replace(mean=mean, std=std)
-    return cfg, *(
+        stats = data_stats(subset(split.train, None), seed=cfg.seed)
+    return stats, *(
         make_loader(
             subset(idx, augment if train else None, device=cfg.decode == "device"),
             cfg.batch_size,

@@ -62,8 +62,8 @@ def _resume_source(cfg: TrainConfig) -> str | None:
     return cfg.output_dir if cfg.resume == "auto" or launch.restart_count() else None
 
 
-def keep_global_batch(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with the accumulation that gives this world the job's global batch.
+def global_batch_accumulation(cfg: TrainConfig) -> int:
+    """The accumulation that gives this world the job's global batch (``cfg.grad_accum`` when it does).
 
     The global batch is the checkpoint's when the world changed since it was written; in a fresh
     elastic job (``--nnodes MIN:MAX``), that of MAX nodes, whichever nodes came first.
@@ -77,9 +77,9 @@ def keep_global_batch(cfg: TrainConfig) -> TrainConfig:
         target = cfg.batch_size * hi * launch.local_world_size() * cfg.grad_accum
         why = f"--nnodes {cfg.nnodes} at {hi} nodes"
     else:
-        return cfg
+        return cfg.grad_accum
     if target == cfg.batch_size * world * cfg.grad_accum:
-        return cfg
+        return cfg.grad_accum
     accum, rest = divmod(target, cfg.batch_size * world)
     if rest or accum < 1:
         raise UserError(
@@ -87,7 +87,7 @@ def keep_global_batch(cfg: TrainConfig) -> TrainConfig:
             f"{cfg.batch_size} cannot make it with gradient accumulation; use a number of nodes that "
             "divides it, or start a new run"
         )
-    return cfg.replace(grad_accum=accum)
+    return accum
 
 
 def record_world(run_dir: str, setup, cfg: TrainConfig, resumed) -> dict:

@@ -36,11 +36,11 @@ from visiontune.errors import UserError
 from visiontune.loading.devicedecode import on_device
 from visiontune.loading.jobdata import prepare as prepare_data
 from visiontune.loading.pipeline import DeviceNormalize
-from visiontune.models.build import build_model, get_spec
+from visiontune.models.build import build_model
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.training import imbalance, optim
+from visiontune.training import imbalance, optim, plan
 from visiontune.training.engine import readable_cross_entropy
 
 START, END, STEPS = 1e-7, 10.0, 100  # fastai's lr_find range and length; --lr auto sweeps the same
@@ -126,7 +126,8 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     from visiontune.loading.loaders import loaders  # the train loader exactly as `train` builds it
 
     cfg = validate(cfg.replace(strategy=strategies.one_device().name, log_with=None))
-    cfg = cfg.replace(image_size=cfg.image_size or get_spec(cfg.model).preprocess.size)
+    resolved = plan.view(cfg)  # the input view train resolves
+    cfg = resolved.cfg
     if not 0 < start < end or steps < 2:
         raise UserError("lr-find needs 0 < --start-lr < --end-lr and --steps >= 2")
     out = cfg.output_dir or default_output_dir().replace("runs", "runs/lr-find", 1)
@@ -137,7 +138,8 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     data = prepare_data(accelerator, cfg, out, images)
     split = split_for(data.images, cfg)[0]
-    cfg, loader, _ = loaders(cfg, data, split, out)
+    stats, loader, _ = loaders(cfg, data, split, out)
+    cfg = plan.measured(resolved, stats).cfg
     imbalance.check_single_label(cfg, images.multi_label)
     weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.label_array[split.train])
     task = tasks.named(images.multi_label)

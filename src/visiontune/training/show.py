@@ -19,18 +19,15 @@ from visiontune.errors import UserError
 from visiontune.loading.jobdata import JobData, limit, listed
 from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize
-from visiontune.models.build import get_spec, input_view
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
+from visiontune.training import plan
 
 
 def resolved(cfg: TrainConfig) -> TrainConfig:
     """The config with the model's size, interpolation and crop filled in, as ``train`` resolves it."""
-    cfg = validate(cfg)
-    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
-    size = cfg.image_size or get_spec(cfg.model).preprocess.size
-    return cfg.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
+    return plan.view(validate(cfg)).cfg
 
 
 def first_batch(cfg: TrainConfig, images: ImageSet | None = None) -> tuple[TrainConfig, torch.Tensor, torch.Tensor]:
@@ -44,7 +41,8 @@ def first_batch(cfg: TrainConfig, images: ImageSet | None = None) -> tuple[Train
     if len(split.train) < cfg.batch_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one batch of {cfg.batch_size}")
     with tempfile.TemporaryDirectory() as scratch:  # where a loader would record files that fail to load
-        cfg, train_loader, _ = loaders(cfg, JobData(images, []), split, scratch)
+        stats, train_loader, _ = loaders(cfg, JobData(images, []), split, scratch)
+        cfg = plan.measured(plan.Plan(cfg, cfg), stats).cfg  # --normalize data: as train measures it
         train_loader.sampler.set_epoch(0)
         batch, labels = next(iter(train_loader))
     mean, std = presets.mean_std(cfg)

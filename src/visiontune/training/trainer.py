@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -33,12 +31,11 @@ from visiontune.loading.jobdata import prepare as prepare_data
 from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models import checkpointing, lora
-from visiontune.models.build import build_model, check_input, get_spec, head_names, input_view
+from visiontune.models.build import build_model, check_input, get_spec, head_names
 from visiontune.runs import adapters, records, resume, runinfo, runlock
 from visiontune.settings import presets
-from visiontune.settings.config import SEEDS, TrainConfig, choices
-from visiontune.settings.validation import recorded_split_method
-from visiontune.training import elastic, engine, imbalance, lrfind, meter, optim, overview
+from visiontune.settings.config import SEEDS, TrainConfig
+from visiontune.training import elastic, engine, imbalance, lrfind, meter, optim, overview, plan
 from visiontune.training.hooks import (
     Checkpointer,
     CheckpointPolicy,
@@ -48,6 +45,7 @@ from visiontune.training.hooks import (
     RunHooks,
     StopAfterEpoch,
 )
+from visiontune.training.plan import Plan
 from visiontune.training.schedule import Stepper
 from visiontune.training.steplog import StepLog
 
@@ -73,12 +71,16 @@ def _same_split_everywhere(accelerator, record: dict) -> None:
 
 @dataclass(frozen=True)
 class _Job:
-    """What every step of a run reads: its settings, its processes and its folder."""
+    """What every step of a run reads: its plan (the settings as resolved), its processes and its folder."""
 
-    cfg: TrainConfig
+    plan: Plan
     accelerator: Accelerator
     setup: Setup
     run_dir: str
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.plan.cfg
 
 
 @dataclass(frozen=True)
@@ -91,32 +93,17 @@ class _Trainables:
     class_weights: torch.Tensor | None = None  # of the loss (--class-weights), None: unweighted
 
 
-def _open_job(cfg: TrainConfig, run_folder: contextlib.ExitStack) -> _Job:
+def _open_job(resolved: Plan, run_folder: contextlib.ExitStack) -> _Job:
     """Join the job's processes and take the run folder (its lock comes before any long work)."""
+    cfg = resolved.cfg
     elastic.join_restarted_group(cfg.timeout)
-    cfg = elastic.keep_global_batch(cfg)  # an elastic job back with another world size
     runs = effective(cfg)
     runs.check(cfg)  # what this strategy cannot do with these settings, in every process of the job
     accelerator = make_accelerator(ProcessSettings.of(cfg), cfg.output_dir or "runs", **runs.accelerator_kwargs(cfg))
-    job = _Job(cfg, accelerator, describe(cfg, accelerator), _run_dir(accelerator, cfg))
+    job = _Job(resolved, accelerator, describe(cfg, accelerator), _run_dir(accelerator, cfg))
     run_folder.enter_context(runlock.hold_run(accelerator, job.run_dir))
     elastic.check_shared_folder(accelerator, job.run_dir)
     return job
-
-
-def _split_as_recorded(accelerator, cfg: TrainConfig, run_dir: str) -> TrainConfig:
-    """``cfg`` with the --split-method of the run it continues: a resume must see the split its checkpoint
-    was trained on (a run from before the stratified split: the shuffle), whatever the default is now."""
-    source = resume.resumed_folder(cfg, run_dir)
-    try:
-        record = json.loads(Path(source, "config.json").read_text()) if source else None
-    except (OSError, ValueError):
-        return cfg  # no record to go by: the checkpoint's split hash still refuses another split
-    recorded = recorded_split_method(record) if isinstance(record, dict) else cfg.split_method
-    if recorded in choices()["split_method"] and recorded != cfg.split_method:
-        accelerator.print(f"visiontune: {source} was split with --split-method {recorded}; the resumed run keeps it")
-        cfg = cfg.replace(split_method=recorded)
-    return cfg
 
 
 def _check_one_global_batch(job: _Job, split) -> None:
@@ -282,12 +269,8 @@ def _train(
 ) -> dict:
     since = time.time()
     spec = get_spec(cfg.model)
-    interpolation, crop_pct = input_view(cfg.model, cfg.interpolation, cfg.crop_pct)
-    # Recorded resolved in config.json.
-    size = cfg.image_size or spec.preprocess.size
     given = cfg  # what the start-up block says each resize choice came from
-    cfg = cfg.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
-    job = _open_job(cfg, run_folder)
+    job = _open_job(plan.for_process(cfg), run_folder)  # the input view, this world's accumulation
     cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
     # The job's one listing (handed over by the command or its launcher): the model and the input are
     # checked against it before the bad-file scan, which can take minutes on a large folder.
@@ -295,9 +278,8 @@ def _train(
         fetch_per_machine(accelerator, cfg.data)
     images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
     images, limited = limit(images, cfg.limit_images, cfg.seed)  # a smoke run's subset, before the bad-file screen
-    if cfg.best_metric == "map" and not images.multi_label:
-        raise UserError(f"--best-metric map is for multi-label data; {cfg.data} has one label per image")
-    cfg = cfg.replace(best_metric=presets.best_metric(cfg, images.multi_label))  # recorded resolved
+    resolved = plan.for_data(job.plan, images, resume.resumed_folder(cfg, run_dir), accelerator.print)
+    cfg = resolved.cfg  # the best metric, a resumed run's split method
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway. Accelerate's own
     # device_specific adds the index unwrapped, which numpy refuses for the last seeds below SEEDS.
@@ -309,7 +291,6 @@ def _train(
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
     images, bad = data.images, data.bad
-    cfg = _split_as_recorded(accelerator, cfg, run_dir)
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
     if limited:  # the subset is in the lists and their hash; this says how it was drawn
         split_rec = {**split_rec, "limit_images": limited}
@@ -317,7 +298,9 @@ def _train(
     _check_one_global_batch(job, split)
     imbalance.check_single_label(cfg, images.multi_label)
     weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train])
-    cfg, train_loader, val_loader = loaders(cfg, data, split, run_dir)
+    stats, train_loader, val_loader = loaders(cfg, data, split, run_dir)
+    resolved = plan.measured(resolved, stats)  # --normalize data's statistics
+    cfg = resolved.cfg
     swept = None
     if cfg.lr == "auto":  # before the optimizer is built: lr-find's suggestion, or the resumed run's choice
         source = resume.resumed_folder(cfg, run_dir)
@@ -325,7 +308,7 @@ def _train(
         loss = optim.criterion(cfg, tasks.named(images.multi_label), weights) or engine.readable_cross_entropy
         lr, swept = lrfind.auto_lr(accelerator, cfg, model, train_loader, loss, source)
         setup = dataclasses.replace(setup, lr=lr)
-    job = dataclasses.replace(job, cfg=cfg, setup=setup)
+    job = dataclasses.replace(job, plan=resolved, setup=setup)
     mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(
         cfg.model,
@@ -334,8 +317,8 @@ def _train(
         cfg.image_size,
         mean,
         std,
-        interpolation,
-        crop_pct,
+        cfg.interpolation,
+        cfg.crop_pct,
         images.multi_label,
         decode=cfg.decode,
     )

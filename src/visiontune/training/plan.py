@@ -1,0 +1,89 @@
+"""A run's plan: what was asked, and every value the run resolves from it, in one place.
+
+``asked`` is the validated ``TrainConfig`` as the command line, a config file or ``visiontune.train()``
+gave it; it never changes (the start-up block says which resize choices came from it). ``cfg`` holds
+the same settings with what this process resolved put in, and is what every step of the run reads and
+``config.json`` records. Each value is resolved once, as soon as what it depends on is known:
+
+1. the process (``for_process``, before the Accelerator): the model's input view -- size,
+   interpolation, crop -- and the accumulation that keeps an elastic job's global batch in this world;
+2. the data (``for_data``, once listed): the task's best metric, and the split method of the run this
+   one resumes;
+3. the measured (``measured``, when the loaders exist): ``--normalize data``'s statistics of the train
+   split. ``--lr auto``'s sweep needs the model and the loaders too; its lr is the Setup's.
+
+``lr-find`` and ``show`` resolve the input view here as ``train`` does, so the three see the same images.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from visiontune.data.imageset import ImageSet
+from visiontune.errors import UserError
+from visiontune.models.build import get_spec, input_view
+from visiontune.settings import presets
+from visiontune.settings.config import TrainConfig, choices
+from visiontune.settings.validation import recorded_split_method
+from visiontune.tasks import Task, named
+from visiontune.training import elastic
+
+
+@dataclass(frozen=True)
+class Plan:
+    asked: TrainConfig  # as validated, never changed
+    cfg: TrainConfig  # the settings as resolved so far: what the steps read and config.json records
+
+    def _with(self, **resolved) -> Plan:
+        return replace(self, cfg=self.cfg.replace(**resolved)) if resolved else self
+
+
+def view(asked: TrainConfig) -> Plan:
+    """The model's input view resolved: ``--image-size`` or the model's size, ``--interpolation`` and
+    ``--crop-pct`` or its pretrained config's (``models.build.input_view``)."""
+    interpolation, crop_pct = input_view(asked.model, asked.interpolation, asked.crop_pct)
+    size = asked.image_size or get_spec(asked.model).preprocess.size
+    return Plan(asked, asked)._with(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
+
+
+def for_process(asked: TrainConfig) -> Plan:
+    """What this process resolves before its Accelerator: the input view, and the accumulation that gives
+    this world the job's global batch (an elastic job back with another number of processes)."""
+    plan = view(asked)
+    accum = elastic.global_batch_accumulation(plan.cfg)
+    return plan._with(grad_accum=accum) if accum != plan.cfg.grad_accum else plan
+
+
+def task_of(images: ImageSet) -> Task:
+    return named(images.multi_label)
+
+
+def for_data(plan: Plan, images: ImageSet, resumed_from: str | None, say: Callable[[str], None]) -> Plan:
+    """What the listed data resolves: the best metric (``auto``: the task's own), and a resumed run's split
+    method (its checkpoint was trained on that split, whatever the default is now)."""
+    cfg = plan.cfg
+    if cfg.best_metric == "map" and not images.multi_label:
+        raise UserError(f"--best-metric map is for multi-label data; {cfg.data} has one label per image")
+    resolved = {"best_metric": presets.best_metric(cfg, images.multi_label)}
+    recorded = _recorded_split_method(resumed_from, cfg.split_method)
+    if recorded != cfg.split_method:
+        say(f"visiontune: {resumed_from} was split with --split-method {recorded}; the resumed run keeps it")
+        resolved["split_method"] = recorded
+    return plan._with(**{k: v for k, v in resolved.items() if getattr(cfg, k) != v})
+
+
+def _recorded_split_method(source: str | None, current: str) -> str:
+    try:
+        record = json.loads(Path(source, "config.json").read_text()) if source else None
+    except (OSError, ValueError):
+        return current  # no record to go by: the checkpoint's split hash still refuses another split
+    recorded = recorded_split_method(record) if isinstance(record, dict) else current
+    return recorded if recorded in choices()["split_method"] else current
+
+
+def measured(plan: Plan, stats: tuple | None) -> Plan:
+    """``--normalize data``'s mean and std, measured on the train split by the loaders (None: not asked)."""
+    return plan if stats is None else plan._with(mean=stats[0], std=stats[1])
