@@ -37,6 +37,7 @@ from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix
 from visiontune.loading.jobdata import load_listing, save_listing
 from visiontune.reports.multilabel import multilabel_metrics
+from visiontune.tasks import MULTI_LABEL
 from visiontune.tasks.multi import per_sample_bce, tune_thresholds
 
 # The stated bar: chance (every image scored alike) gives each class's AP its prevalence, about 0.4 here.
@@ -168,7 +169,7 @@ def test_smoothing_pulls_targets_to_one_half_and_mixing_mixes_the_label_rows():
     assert smoothed[0].item() == pytest.approx(want.item()) and smoothed[1].item() == 0.0  # unreadable: 0
     images = torch.stack([torch.full((3, 4, 4), float(v)) for v in (0, 1, 2, 3)])
     rows = torch.tensor([[1.0, 0, 0], [0, 1, 1], [0, 0, 1], [-100, -100, -100]])
-    x, t = BatchMix(3, 0.4, 0.0, seed=0, multi_label=True)(images, rows, epoch=0, step=0)
+    x, t = BatchMix(3, 0.4, 0.0, seed=0, task=MULTI_LABEL)(images, rows, epoch=0, step=0)
     lam = 1 - x[0].mean().item()  # image 0 is zeros, image 1 ones: the output is 1 - lambda
     assert t[0].tolist() == pytest.approx([lam, 1 - lam, 1 - lam])
     assert t[1].tolist() == pytest.approx([1 - lam, lam, lam])
@@ -209,13 +210,16 @@ def test_a_multi_label_run_picks_its_best_epoch_by_map_by_default(ml_run):
 
 
 def test_the_best_metric_auto_is_the_tasks_own():
-    from visiontune.settings import presets
+    from visiontune import tasks
     from visiontune.settings.config import TrainConfig
+    from visiontune.training import plan
 
-    assert presets.best_metric(TrainConfig(data="x"), multi_label=True) == "map"
-    assert presets.best_metric(TrainConfig(data="x"), multi_label=False) == "accuracy"
-    assert presets.best_metric(TrainConfig(data="x", best_metric="accuracy"), multi_label=True) == "accuracy"
+    assert plan.best_metric(TrainConfig(data="x"), tasks.MULTI_LABEL) == "map"
+    assert plan.best_metric(TrainConfig(data="x"), tasks.SINGLE_LABEL) == "accuracy"
+    assert plan.best_metric(TrainConfig(data="x", best_metric="accuracy"), tasks.MULTI_LABEL) == "accuracy"
     assert TrainConfig(data="x").best_metric == "auto"
+    with pytest.raises(UserError, match="--best-metric map is not measured on single-label data"):
+        plan.best_metric(TrainConfig(data="x", best_metric="map"), tasks.SINGLE_LABEL)
 
 
 @pytest.mark.slow

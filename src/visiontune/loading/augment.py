@@ -162,9 +162,9 @@ class BatchMix:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
-        multi_label: bool = False,
+        task: tasks.Task = tasks.SINGLE_LABEL,
     ):
-        mixed = tasks.named(multi_label).mixed_classes(num_classes)
+        mixed = task.mixed_classes(num_classes)
         kinds = ([v2.MixUp(alpha=mixup, num_classes=mixed)] if mixup > 0 else []) + (
             [v2.CutMix(alpha=cutmix, num_classes=mixed)] if cutmix > 0 else []
         )

@@ -154,11 +154,3 @@ def _weights_stats(cfg) -> tuple:
         )
     preprocess = get_spec(cfg.model).preprocess  # timm's pretrained_cfg, torchvision's weights.transforms()
     return preprocess.mean, preprocess.std
-
-
-def best_metric(cfg, multi_label: bool) -> str:
-    """What picks the best epoch: ``--best-metric``, or for ``auto`` the task's own -- mAP for multi-label data,
-    whose accuracy (the exact-match ratio) says little until nearly every label set is right."""
-    if cfg.best_metric != "auto":
-        return cfg.best_metric
-    return "map" if multi_label else "accuracy"

@@ -32,6 +32,8 @@ class Task:
     ranks: bool  # evaluation gathers every output, for metrics that rank them (``ranking``)
     thresholded: bool  # its decisions are per class, at thresholds a run tunes (``thresholds``)
     accuracy_name: str  # what its accuracy is called where an exported file is scored
+    best_metric: str  # what picks a run's best epoch under --best-metric auto
+    metrics: tuple[str, ...]  # the --best-metric values it measures
 
     def label_array(self, labels) -> np.ndarray:
         """The labels as a dataset keeps them."""
@@ -92,6 +94,11 @@ class Task:
 
     def label_text(self, labels: torch.Tensor, classes: list[str]) -> list[str]:
         """Each sample's label in words, or why there is none."""
+        raise NotImplementedError
+
+    def loss_text(self, label_smoothing: float, class_weights: str) -> str:
+        """The training loss in words, for the start-up block: ``class_weights`` as ``--class-weights``
+        came to ("none", or how they were made and what they are)."""
         raise NotImplementedError
 
     # -- what a trained model's output means --

@@ -83,6 +83,8 @@ def tune_thresholds(probs: torch.Tensor, targets: torch.Tensor) -> list[float]:
 
 class MultiLabel(Task):
     name, multi_label, ranks, thresholded, accuracy_name = "multi-label", True, True, True, "label_accuracy"
+    # mAP: the exact-match ratio (its accuracy) says little until nearly every label set is right
+    best_metric, metrics = "map", ("accuracy", "loss", "map")
 
     def label_array(self, labels) -> np.ndarray:
         return np.asarray(labels).astype(np.float32)
@@ -149,6 +151,11 @@ class MultiLabel(Task):
             "unreadable" if row[0] < 0 else "+".join(c for c, y in zip(classes, row) if y > 0.5) or "(none)"
             for row in labels
         ]
+
+    def loss_text(self, label_smoothing: float, class_weights: str) -> str:
+        smoothing = f", label smoothing {label_smoothing:g} (targets towards 0.5)" if label_smoothing else ""
+        weights = "" if class_weights == "none" else f", {class_weights}"
+        return f"binary cross-entropy, one sigmoid per class (multi-label){smoothing}{weights}"
 
     def activation(self) -> nn.Module:
         return nn.Sigmoid()

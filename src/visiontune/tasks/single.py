@@ -34,6 +34,7 @@ def positive_class(classes: list[str]) -> int:
 
 class SingleLabel(Task):
     name, multi_label, ranks, thresholded, accuracy_name = "single-label", False, False, False, "accuracy"
+    best_metric, metrics = "accuracy", ("accuracy", "loss")
 
     def label_array(self, labels) -> np.ndarray:
         return np.asarray(labels).astype(np.int64).reshape(-1)
@@ -98,6 +99,10 @@ class SingleLabel(Task):
 
     def label_text(self, labels: torch.Tensor, classes: list[str]) -> list[str]:
         return ["unreadable" if y == UNREADABLE else classes[y] for y in labels.tolist()]
+
+    def loss_text(self, label_smoothing: float, class_weights: str) -> str:
+        text = f"cross-entropy, label smoothing {label_smoothing:g}" if label_smoothing else "cross-entropy"
+        return text if class_weights == "none" else f"{text}, class weights {class_weights}"
 
     def activation(self) -> nn.Module:
         return nn.Softmax(dim=1)

@@ -10,6 +10,7 @@ import math
 
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
+from visiontune.tasks import SINGLE_LABEL, Task
 from visiontune.training.schedule import frozen_steps, warmup_steps
 
 MAX_CLASS_NAMES = 10
@@ -76,11 +77,6 @@ def _augmentation(cfg: TrainConfig) -> str:
     return ", ".join([cfg.augment, *extra])
 
 
-def _loss(cfg: TrainConfig, class_weights: str) -> str:
-    text = f"cross-entropy, label smoothing {cfg.label_smoothing:g}" if cfg.label_smoothing else "cross-entropy"
-    return text if class_weights == "none" else f"{text}, class weights {class_weights}"
-
-
 def _sampler(cfg: TrainConfig, num_classes: int, images_per_epoch: int) -> str:
     if cfg.sampler != "balanced":
         return "random: each train image once per epoch"
@@ -131,9 +127,11 @@ def rows(
     source: str,
     class_weights: str = "none",
     given: TrainConfig | None = None,
+    task: Task = SINGLE_LABEL,
 ) -> list[tuple[str, str]]:
     """The resolved setup as (label, text) rows; ``class_weights`` as ``imbalance.describe`` says them;
-    ``given``: the config as given, before the model's preprocessing defaults were filled in (default ``cfg``)."""
+    ``given``: the config as given, before the model's preprocessing defaults were filled in (default ``cfg``);
+    ``task``: what the run learns (its loss)."""
     train = _n(train_images)
     if images_per_epoch < train_images:  # the train loader keeps full batches only
         train += (
@@ -169,7 +167,7 @@ def rows(
         ("optimizer", _optimizer(cfg, setup.lr)),
         ("lr schedule", _schedule(cfg, steps_per_epoch)),
         *([("phases", phases)] if (phases := _phases(cfg, steps_per_epoch)) else []),
-        ("loss", _loss(cfg, class_weights)),
+        ("loss", task.loss_text(cfg.label_smoothing, class_weights)),
         ("sampler", _sampler(cfg, len(classes), images_per_epoch)),
         ("augmentation", _augmentation(cfg)),
         ("decode", _decode(cfg, setup)),
@@ -177,14 +175,6 @@ def rows(
         ("normalisation", f"{cfg.normalize}: mean {cfg.mean}, std {cfg.std}"),
         ("recipe", cfg.recipe),
     ]
-
-
-def multi_label(rows: list[tuple[str, str]], cfg: TrainConfig, class_weights: str = "none") -> list[tuple[str, str]]:
-    """The rows of a multi-label run: its loss is one sigmoid per class."""
-    smoothing = f", label smoothing {cfg.label_smoothing:g} (targets towards 0.5)" if cfg.label_smoothing else ""
-    weights = "" if class_weights == "none" else f", {class_weights}"
-    loss = f"binary cross-entropy, one sigmoid per class (multi-label){smoothing}{weights}"
-    return [(label, loss if label == "loss" else text) for label, text in rows]
 
 
 def recipe_note(cfg: TrainConfig, source: str) -> str | None:

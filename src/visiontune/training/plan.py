@@ -25,7 +25,6 @@ from pathlib import Path
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
 from visiontune.models.build import get_spec, input_view
-from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig, choices
 from visiontune.settings.validation import recorded_split_method
 from visiontune.tasks import Task, named
@@ -36,6 +35,7 @@ from visiontune.training import elastic
 class Plan:
     asked: TrainConfig  # as validated, never changed
     cfg: TrainConfig  # the settings as resolved so far: what the steps read and config.json records
+    task: Task | None = None  # what the run learns, known once the data is listed
 
     def _with(self, **resolved) -> Plan:
         return replace(self, cfg=self.cfg.replace(**resolved)) if resolved else self
@@ -58,21 +58,32 @@ def for_process(asked: TrainConfig) -> Plan:
 
 
 def task_of(images: ImageSet) -> Task:
+    """What a run on ``images`` learns to predict."""
     return named(images.multi_label)
 
 
+def best_metric(cfg: TrainConfig, task: Task) -> str:
+    """What picks the best epoch: ``--best-metric``, one the task measures, or for ``auto`` the task's own."""
+    if cfg.best_metric == "auto":
+        return task.best_metric
+    if cfg.best_metric not in task.metrics:
+        raise UserError(
+            f"--best-metric {cfg.best_metric} is not measured on {task.name} data ({cfg.data}): "
+            f"choose one of {', '.join(task.metrics)} or auto"
+        )
+    return cfg.best_metric
+
+
 def for_data(plan: Plan, images: ImageSet, resumed_from: str | None, say: Callable[[str], None]) -> Plan:
-    """What the listed data resolves: the best metric (``auto``: the task's own), and a resumed run's split
-    method (its checkpoint was trained on that split, whatever the default is now)."""
-    cfg = plan.cfg
-    if cfg.best_metric == "map" and not images.multi_label:
-        raise UserError(f"--best-metric map is for multi-label data; {cfg.data} has one label per image")
-    resolved = {"best_metric": presets.best_metric(cfg, images.multi_label)}
+    """What the listed data resolves: its task, the best metric (``auto``: the task's own), and a resumed
+    run's split method (its checkpoint was trained on that split, whatever the default is now)."""
+    cfg, task = plan.cfg, task_of(images)
+    resolved = {"best_metric": best_metric(cfg, task)}
     recorded = _recorded_split_method(resumed_from, cfg.split_method)
     if recorded != cfg.split_method:
         say(f"visiontune: {resumed_from} was split with --split-method {recorded}; the resumed run keeps it")
         resolved["split_method"] = recorded
-    return plan._with(**{k: v for k, v in resolved.items() if getattr(cfg, k) != v})
+    return replace(plan, task=task)._with(**{k: v for k, v in resolved.items() if getattr(cfg, k) != v})
 
 
 def _recorded_split_method(source: str | None, current: str) -> str:

@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import files, tasks
+from visiontune import files
 from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import ProcessSettings, Setup, describe, effective, make_accelerator, prepare
 from visiontune.data.groups import split_for
@@ -33,6 +33,7 @@ from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models import checkpointing, lora
 from visiontune.models.build import build_model, check_input, get_spec, head_names
 from visiontune.runs import adapters, records, resume, runinfo, runlock
+from visiontune.runs.checkpoint import Checkpoint
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig
 from visiontune.training import elastic, engine, imbalance, lrfind, meter, optim, overview, plan
@@ -157,16 +158,21 @@ def _identity(job: _Job, split_rec: dict, num_classes: int, class_weights: torch
     }
 
 
-def _hooks(
-    job: _Job,
-    parts: _Trainables,
-    normalize,
-    identity: dict,
-    resumed,
-    stop: signals.StopSignals,
-    info: runinfo.RunInfo,
-    on_epoch: OnEpoch | None,
-) -> RunHooks:
+@dataclass(frozen=True)
+class _Fit:
+    """A run ready for its epochs: the job, what trains, and what its checkpoints and outputs carry."""
+
+    job: _Job
+    parts: _Trainables
+    normalize: DeviceNormalize  # the batches' normalisation on the device
+    identity: dict  # what a checkpoint must match to be resumed (``_identity``)
+    resumed: Checkpoint | None  # the checkpoint this run goes on from
+    info: runinfo.RunInfo  # the run's description, carried in best.safetensors
+    on_epoch: OnEpoch | None  # the caller's hook (``train``)
+
+
+def _hooks(run: _Fit, stop: signals.StopSignals) -> RunHooks:
+    job, parts, resumed = run.job, run.parts, run.resumed
     accelerator, cfg, per_epoch = job.accelerator, job.cfg, len(parts.train_loader)
     history = list(resumed.meta["history"]) if resumed else []  # a resumed run's epochs so far
     policy = CheckpointPolicy(per_epoch, cfg.grad_accum, cfg.save_every_steps)
@@ -175,30 +181,30 @@ def _hooks(
     def evaluate_ema(ema_model):  # evaluated as the raw model is (its forward carries no autocast)
         with accelerator.autocast():
             return engine.evaluate(
-                accelerator, ema_model, parts.val_loader, normalize, progress=cfg.progress, desc="val ema"
+                accelerator, ema_model, parts.val_loader, run.normalize, progress=cfg.progress, desc="val ema"
             )
 
     return RunHooks(
-        Checkpointer(accelerator, cfg, job.run_dir, parts.scheduler, policy, identity, history),
+        Checkpointer(accelerator, cfg, job.run_dir, parts.scheduler, policy, run.identity, history),
         EpochOutputs(
             accelerator,
             job.run_dir,
             parts.model,
             parts.optimizer,
             history,
-            info.metadata(),
-            cfg.save_pth,
-            per_epoch,
-            cfg.best_metric,
-            parts.scheduler.ema,
-            evaluate_ema,
+            model_metadata=run.info.metadata(),
+            save_pth=cfg.save_pth,
+            per_epoch=per_epoch,
+            best_metric=cfg.best_metric,
+            ema=parts.scheduler.ema,
+            evaluate=evaluate_ema,
             strategy=effective(cfg),
         ),
         stop,
         cfg.epochs,
         steps,
         cfg.early_stop,
-        on_epoch,
+        run.on_epoch,
     )
 
 
@@ -211,20 +217,19 @@ def _start(accelerator, resumed) -> engine.StartAt:
     return engine.StartAt(resumed.epoch, resumed.batch, totals)
 
 
-def _fit(
-    job: _Job, parts: _Trainables, normalize, identity: dict, resumed, info: runinfo.RunInfo, on_epoch: OnEpoch | None
-) -> tuple[list[dict], dict | None]:
+def _fit(run: _Fit) -> tuple[list[dict], dict | None]:
     """The epochs, with checkpoints, outputs and stop signals; the run's per-epoch history, and why
     ``on_epoch`` stopped it early (None: it did not)."""
+    job, parts, resumed = run.job, run.parts, run.resumed
     accelerator, cfg = job.accelerator, job.cfg
     mix = None
     if cfg.mixup or cfg.cutmix:
         ranks = (accelerator.process_index, accelerator.num_processes)
-        mix = BatchMix(len(info.classes), cfg.mixup, cfg.cutmix, cfg.seed, *ranks, multi_label=info.multi_label)
+        mix = BatchMix(len(run.info.classes), cfg.mixup, cfg.cutmix, cfg.seed, *ranks, task=job.plan.task)
     # SIGTERM/SIGINT/SIGUSR1 now mean "checkpoint at the next step, then exit".
     asked: list[StopAfterEpoch] = []
     with signals.StopSignals(accelerator) as stop, contextlib.suppress(EarlyStop):
-        hooks = _hooks(job, parts, normalize, identity, resumed, stop, info, on_epoch)
+        hooks = _hooks(run, stop)
         if resumed is not None and resumed.batch == 0:
             hooks.outputs.rewrite_last_epoch()  # the closed epoch's files may not have reached the disk
         opts = engine.LoopOptions(
@@ -232,13 +237,13 @@ def _fit(
             cfg.on_nan,
             cfg.progress,
             cfg.timing_warmup,
-            criterion=optim.criterion(cfg, tasks.named(info.multi_label), parts.class_weights),
+            criterion=optim.criterion(cfg, job.plan.task, parts.class_weights),
             mix=mix,
             on_step=hooks.on_step,
             on_epoch_end=hooks.on_epoch_end,
             max_batches=None if cfg.max_steps is None else cfg.max_steps * cfg.grad_accum,
         )
-        loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, normalize)
+        loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, run.normalize)
         try:
             engine.fit(accelerator, *loop, opts, _start(accelerator, resumed))
         except BaseException as e:
@@ -305,7 +310,7 @@ def _train(
     if cfg.lr == "auto":  # before the optimizer is built: lr-find's suggestion, or the resumed run's choice
         source = resume.resumed_folder(cfg, run_dir)
         # The sweep trains with the run's own loss (class weights included).
-        loss = optim.criterion(cfg, tasks.named(images.multi_label), weights) or engine.readable_cross_entropy
+        loss = optim.criterion(cfg, resolved.task, weights) or engine.readable_cross_entropy
         lr, swept = lrfind.auto_lr(accelerator, cfg, model, train_loader, loss, source)
         setup = dataclasses.replace(setup, lr=lr)
     job = dataclasses.replace(job, plan=resolved, setup=setup)
@@ -334,11 +339,10 @@ def _train(
         per_epoch_images,
         per_epoch,
         spec.source,
-        described := imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
+        imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
         given,
+        task=resolved.task,
     )
-    if images.multi_label:
-        rows = overview.multi_label(rows, cfg, described)
     rows.append(("image cache", data.cache_choice.text()))
     rows.extend(adapted)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
@@ -358,7 +362,7 @@ def _train(
         elastic.record_world(run_dir, setup, cfg, resumed)
     normalize = DeviceNormalize(accelerator.device, cfg.channels_last, mean, std)
     parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader, weights)
-    history, asked = _fit(job, parts, normalize, identity, resumed, info, on_epoch)
+    history, asked = _fit(_Fit(job, parts, normalize, identity, resumed, info, on_epoch))
     stopped = asked or _stopped_at_max_steps(cfg, per_epoch, history)
     return records.finish(
         accelerator, run_dir, since, history, split, images, setup, cfg.best_metric, cached, stopped=stopped

@@ -199,7 +199,7 @@ def _die_with_parent() -> None:
 def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[str] | None, say=print) -> Tuner:
     """Everything checked before a trial: options, space, data, storage and study; the tuner."""
     from visiontune.data.sources import discover
-    from visiontune.settings import presets
+    from visiontune.training import plan
 
     if opts.trials < 1 or opts.parallel < 1 or opts.heartbeat <= 0:
         raise UserError("--trials and --parallel must be positive integers, --heartbeat a positive number")
@@ -208,7 +208,7 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner says what happens, one line a trial
     params = space.resolve(cfg, fixed, opts.space_file, models)
     images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
-    metric = presets.best_metric(cfg, images.multi_label)
+    metric = plan.best_metric(cfg, plan.task_of(images))
     cfg = cfg.replace(best_metric=metric)
     Path(opts.out).mkdir(parents=True, exist_ok=True)
     url = study.storage_url(opts.storage, opts.out)
