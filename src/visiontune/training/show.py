@@ -34,7 +34,9 @@ def first_batch(cfg: TrainConfig, images: ImageSet | None = None) -> tuple[Train
     """(the config, the normalised float batch [N, 3, S, S], its labels) of epoch 0's first training batch.
     No cache is built (the images are decoded as the run without one would) and no file is screened first:
     an unreadable one is the black stand-in that training would skip."""
-    cfg = resolved(cfg).replace(cache="off", num_workers=0)
+    # No cache and no loader processes: the batch is decoded here, as a run without a cache would.
+    shown = plan.view(validate(cfg.replace(cache="off", num_workers=0)))
+    cfg = shown.cfg
     images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
     images, _ = limit(images, cfg.limit_images, cfg.seed)
     split, _ = split_for(images, cfg)
@@ -42,7 +44,7 @@ def first_batch(cfg: TrainConfig, images: ImageSet | None = None) -> tuple[Train
         raise UserError(f"the train split has {len(split.train)} images, fewer than one batch of {cfg.batch_size}")
     with tempfile.TemporaryDirectory() as scratch:  # where a loader would record files that fail to load
         stats, train_loader, _ = loaders(cfg, JobData(images, []), split, scratch)
-        cfg = plan.measured(plan.Plan(cfg, cfg), stats).cfg  # --normalize data: as train measures it
+        cfg = plan.measured(shown, stats).cfg  # --normalize data: as train measures it
         train_loader.sampler.set_epoch(0)
         batch, labels = next(iter(train_loader))
     mean, std = presets.mean_std(cfg)

@@ -274,7 +274,6 @@ def _train(
 ) -> dict:
     since = time.time()
     spec = get_spec(cfg.model)
-    given = cfg  # what the start-up block says each resize choice came from
     job = _open_job(plan.for_process(cfg), run_folder)  # the input view, this world's accumulation
     cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
     # The job's one listing (handed over by the command or its launcher): the model and the input are
@@ -340,7 +339,7 @@ def _train(
         per_epoch,
         spec.source,
         imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
-        given,
+        job.plan.asked,  # what the start-up block says each resize choice came from
         task=resolved.task,
     )
     rows.append(("image cache", data.cache_choice.text()))
