@@ -88,3 +88,32 @@ def test_what_a_strategy_cannot_run_is_one_line_before_any_worker(sample_data, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]
     assert not out.exists()
+
+
+def test_fsdp_s_full_state_in_a_world_of_one_is_copies_not_the_live_shards(tmp_path):
+    """One process gathers nothing: its full state would be the live parameters, which the next step (or the
+    EMA swapped back) changes while the best model's file is written in the background."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    accelerator = Accelerator(cpu=True)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = fully_shard(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)))
+        state = strategies.get("fsdp").full_state_dict(accelerator, model)
+        assert state.keys() == {
+            "0.weight",
+            "0.bias",
+            "1.weight",
+            "1.bias",
+            "1.running_mean",
+            "1.running_var",
+            "1.num_batches_tracked",
+        }
+        before = {k: v.clone() for k, v in state.items()}
+        with torch.no_grad():
+            for t in (*model.parameters(), *model.buffers()):
+                t.to_local().add_(1) if hasattr(t, "to_local") else t.add_(1)
+        assert [k for k in state if not torch.equal(state[k], before[k])] == []
+    finally:
+        dist.destroy_process_group()

@@ -124,11 +124,17 @@ class FSDP(Strategy):
         state = get_model_state_dict(plain, options=options)
         if not accelerator.is_main_process:
             return None
-        # The gathered parameters are new tensors; the buffers (not sharded) are the model's own, which the
-        # next step (or an EMA swapped out again) changes while the file is written: copies of them.
-        buffers = {n for n, _ in plain.named_buffers()}
-        state = {k: v.clone() if k in buffers else v.contiguous() for k, v in state.items()}
+        # Gathered parameters are new tensors, but the buffers (not sharded) and, in a world of one, the
+        # parameters too are the model's own storage, which the next step (or an EMA swapped out again)
+        # changes while the file is written in the background: copies of those.
+        live = {_local(t).untyped_storage().data_ptr() for t in (*plain.parameters(), *plain.buffers())}
+        state = {k: v.clone() if v.untyped_storage().data_ptr() in live else v.contiguous() for k, v in state.items()}
         return lora.merged(plain, state) if lora.has_adapters(plain) else state
+
+
+def _local(t):
+    """A DTensor's own shard, or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def blocks(model) -> list:
