@@ -27,13 +27,14 @@ PRELOAD = ["visiontune.cli.commands", "visiontune.training.trainer", "torch.dist
 _READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TIMM_")
 _CONTEXT: multiprocessing.context.BaseContext | None = None
 SOURCE = str(Path(__file__).resolve().parents[1] / "src")
+LAUNCH_LOG = str(Path(__file__).resolve().parent / "launchlog")  # tests/tiers.py's hook: counts, runs nothing
 
 
 def forkable(argv: list[str], env: dict[str, str]) -> bool:
     if argv[:3] != [sys.executable, "-m", "visiontune"]:
         return False
     # Code of its own on PYTHONPATH (a sitecustomize hook) only an interpreter's start runs.
-    known = {os.path.abspath(p) for p in sys.path} | {SOURCE}
+    known = {os.path.abspath(p) for p in sys.path} | {SOURCE, LAUNCH_LOG}
     if any(p and os.path.abspath(p) not in known for p in env.get("PYTHONPATH", "").split(os.pathsep)):
         return False
     changed = {k for k in env.keys() | os.environ.keys() if env.get(k) != os.environ.get(k)}

@@ -22,6 +22,7 @@ import torch
 import torchvision
 from safetensors.torch import load_file
 
+import zygote
 from conftest import FAST, PYTHON, _worker_env
 from trained import independent_eval
 from trainrun import flags
@@ -69,9 +70,14 @@ def _run_all(commands: dict[str, tuple[list[str], Path]], logs: Path, timeout: f
     procs = {}
     for name, (cmd, cwd) in commands.items():
         cwd.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"{name}.log", "w") as log:
+        log, env = logs / f"{name}.log", _env()
+        log.write_text("")
+        if zygote.forkable(cmd, env):  # `python -m visiontune`: a fork of a process holding its imports
+            procs[name] = zygote.Forked(cmd, env, str(log), str(log), cwd=str(cwd))
+            continue
+        with open(log, "w") as f:
             procs[name] = subprocess.Popen(
-                cmd, cwd=cwd, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
             )
     out = {}
     for name, proc in procs.items():

@@ -15,6 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+import trainrun
 from visiontune.cli.commands import main
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -214,7 +215,7 @@ def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(smal
     argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "1")]
     argv += ["--parallel", "2", "--pruner", "none", "--heartbeat", "1"]
     env = _env(tmp_path)
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = trainrun.start(argv, env, tmp_path / "tuner.log")  # a fork of a process holding the imports
     # Kill once two trials have run at once (the --parallel) and one has finished while another runs.
     end, together = time.monotonic() + 300, False
     while True:
@@ -234,7 +235,7 @@ def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(smal
     interrupted = [n for n, t in before.items() if t.state == TrialState.RUNNING]
     assert interrupted, "no trial was running when the tuner was killed"
     _wait_gone(_owners(before[n] for n in interrupted))  # the workers die with their tuner (PR_SET_PDEATHSIG)
-    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    again = trainrun.run(argv, env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     trials = load(out).get_trials()
     finished = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -264,9 +265,9 @@ def test_two_tuners_on_one_journal_file_share_the_study(small_data, tmp_path):
     argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "2", "--epochs", "1")]
     argv += ["--storage", str(journal), "--study", "shared", "--pruner", "none"]
     env = _env(tmp_path)
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
-    logs = [p.communicate(timeout=600)[0].decode() for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
+    procs = [trainrun.start(argv, env, tmp_path / f"tuner-{i}.log") for i in range(2)]
+    codes = [p.wait(600) for p in procs]
+    assert codes == [0, 0], [(tmp_path / f"tuner-{i}.log").read_text()[-3000:] for i in range(2)]
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     trials = load(out, "shared", JournalStorage(JournalFileBackend(str(journal)))).get_trials()
@@ -305,7 +306,7 @@ def test_trials_that_are_ddp_jobs_report_from_their_main_process_and_all_stop_wh
     argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "2")]
     argv += ["--best-metric", "loss", "--strategy", "ddp", "--nproc", "2"]
     env = {**_env(tmp_path), **SLURM_NODE_0_OF_2}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    done = trainrun.run(argv, env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     trials = load(out).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
