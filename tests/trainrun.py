@@ -127,21 +127,15 @@ def train_ddp_beside_one(common: list[str], ddp: list[str], one: list[str], out:
     in this process into ``out/one``; both must succeed."""
     from visiontune.cli.commands import main
 
-    job = subprocess.Popen(
-        [PYTHON, "-m", "visiontune", "train", *common, *ddp, "--output-dir", str(out / "ddp")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    log = out / "ddp.log"
+    job = start([PYTHON, "-m", "visiontune", "train", *common, *ddp, "--output-dir", str(out / "ddp")], env, log)
     try:
         assert main(["train", *common, *one, "--output-dir", str(out / "one")]) == 0
-        log = job.communicate(timeout=900)[0]
+        job.wait(900)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)  # the agent and its workers
-    assert job.returncode == 0, log[-3000:]
+    assert job.returncode == 0, log.read_text()[-3000:]
 
 
 def sharded_tensors(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
+import trainrun
 from visiontune.cli.commands import main
 from visiontune.data.sources import discover
 from visiontune.data.split import make_split, make_stratified_split, split_of
@@ -101,7 +102,6 @@ def test_an_empty_train_split_is_one_line(tmp_path, capsys, splits):
 def test_an_arrow_row_holding_the_png_that_crashed_torchvision_is_a_bad_file(tmp_path, worker_env):
     """The 69-byte PNG (half its rows) as an Arrow row: ``check hf:`` lists it as a bad file instead of dying
     with SIGSEGV inside torchvision's decode_png. A subprocess, so a crash would show as its exit code."""
-    import subprocess
 
     from badfiles import short_png
     from conftest import PYTHON
@@ -110,10 +110,10 @@ def test_an_arrow_row_holding_the_png_that_crashed_torchvision_is_a_bad_file(tmp
     features = datasets.Features({"img": datasets.Image(), "label": datasets.Value("string")})
     ds = datasets.Dataset.from_dict({"img": rows, "label": ["cat", "dog", "cat", "dog"]}, features=features)
     ds.save_to_disk(str(tmp_path / "hf"))
-    done = subprocess.run(
+    done = trainrun.run(  # a fork of a process holding the imports: a crash is its exit code all the same
         [PYTHON, "-m", "visiontune", "check", f"hf:{tmp_path / 'hf'}", "--report", str(tmp_path / "bad.csv")],
-        env=worker_env, capture_output=True, text=True,
-    )  # fmt: skip
+        worker_env,
+    )
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])  # 1: bad files found; -11 was the crash
     assert "Traceback" not in done.stderr
     bad = (tmp_path / "bad.csv").read_text().splitlines()

@@ -7,7 +7,6 @@ import os
 import pickle
 import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from torch.utils.data import default_collate
 
 import visiontune.loading.cache as cache_mod
 from conftest import FAST, PYTHON
-from trainrun import flags, one_line
+from trainrun import flags, one_line, run
 from visiontune.cli.commands import main
 from visiontune.data.decode import read_image, resize_uint8
 from visiontune.errors import UserError
@@ -164,7 +163,7 @@ def test_two_ddp_processes_share_one_cache_built_once(sample_data, tmp_path, wor
         ),
     ]
     env = {**worker_env, "VISIONTUNE_CACHE_DIR": str(cache_dir)}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    out = run(cmd, env, timeout=300)  # forked where it can be (tests/zygote.py)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("building the image cache") == 1, out.stdout
     assert len(list(cache_dir.glob("*.u8"))) == 1

@@ -43,6 +43,10 @@ SPACE = "[lr]\nlow = 1e-8\nhigh = 0.1\nlog = true\n"
 # time: its first epoch is the same as theirs, so it is not above their median and it runs to the end. (Two
 # different good settings would make the fourth trial's fate depend on which of them a tiny run favours.)
 ENQUEUED = [0.005, 0.005, 1e-8, 0.005]
+# The multi-process cases test the scheduling of trials, not what they learn: the smaller model, at rates it
+# trains at (a diverged trial would fail instead of completing).
+SCHEDULING = ["--model", "squeezenet1_1"]
+SCHEDULING_SPACE = "[lr]\nlow = 1e-4\nhigh = 1e-2\nlog = true\n"
 
 
 def _argv(data: Path, out: Path, space: Path, *extra: str) -> list[str]:
@@ -211,8 +215,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.distributed
 def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(small_data, tmp_path):
     out, space = tmp_path / "tune", tmp_path / "space.toml"
-    space.write_text(SPACE)
-    argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "1")]
+    space.write_text(SCHEDULING_SPACE)
+    argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "1", *SCHEDULING)]
     argv += ["--parallel", "2", "--pruner", "none", "--heartbeat", "1"]
     env = _env(tmp_path)
     proc = trainrun.start(argv, env, tmp_path / "tuner.log")  # a fork of a process holding the imports
@@ -261,8 +265,8 @@ def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(smal
 @pytest.mark.distributed
 def test_two_tuners_on_one_journal_file_share_the_study(small_data, tmp_path):
     out, space, journal = tmp_path / "tune", tmp_path / "space.toml", tmp_path / "shared" / "study.log"
-    space.write_text(SPACE)
-    argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "2", "--epochs", "1")]
+    space.write_text(SCHEDULING_SPACE)
+    argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "2", "--epochs", "1", *SCHEDULING)]
     argv += ["--storage", str(journal), "--study", "shared", "--pruner", "none"]
     env = _env(tmp_path)
     procs = [trainrun.start(argv, env, tmp_path / f"tuner-{i}.log") for i in range(2)]
