@@ -53,15 +53,15 @@ def start(argv: list[str], env: dict, log: Path) -> subprocess.Popen | zygote.Fo
     return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def run(argv: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+def run(argv: list[str], env: dict, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``subprocess.run`` of ``argv``, capturing its output; forked where ``start`` would fork it."""
     if not zygote.forkable(argv, env):
-        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "out"), Path(tmp, "err")
         out.write_text("")
         err.write_text("")
-        proc = zygote.Forked(argv, env, str(out), str(err))
+        proc = zygote.Forked(argv, env, str(out), str(err), cwd=None if cwd is None else str(cwd))
         try:
             code = proc.wait(timeout)
         finally:
