@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from conftest import FAST
+from trainrun import SQUEEZENET
 from trainrun import flags
 from visiontune.cli.commands import main
 
@@ -16,7 +16,7 @@ from visiontune.cli.commands import main
 def bench_dir(sample_data, tmp_path_factory, worker_env_module):
     out = tmp_path_factory.mktemp("bench")
     code = main(
-        ["bench", *flags(data=sample_data), *FAST, *flags(batch_size=8, nproc=2, timing_warmup=1, output_dir=out)]
+        ["bench", *flags(data=sample_data), *SQUEEZENET, *flags(batch_size=8, nproc=2, timing_warmup=1, output_dir=out)]
     )
     assert code == 0
     return out
