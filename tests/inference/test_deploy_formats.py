@@ -108,7 +108,7 @@ def test_openvino_int8_is_refused_above_the_allowed_drop_and_writes_nothing(trai
 def test_a_multi_label_model_exports_to_openvino_and_int8_with_its_thresholds(tmp_path):
     make_multilabel_data(tmp_path / "data", count=40, size=32, seed=0)
     run = tmp_path / "run"
-    argv = ["train", "--data", str(tmp_path / "data"), "--output-dir", str(run), "--model", "resnet18"]
+    argv = ["train", "--data", str(tmp_path / "data"), "--output-dir", str(run), "--model", "squeezenet1_1"]
     argv += ["--weights", "none", "--image-size", "32", "--epochs", "1", "--batch-size", "8", "--num-workers", "0"]
     assert main([*argv, "--no-progress"]) == 0
     xml, int8 = tmp_path / "m.xml", tmp_path / "m.int8.xml"

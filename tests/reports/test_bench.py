@@ -7,8 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from trainrun import SQUEEZENET
-from trainrun import flags
+from trainrun import SQUEEZENET, flags
 from visiontune.cli.commands import main
 
 
