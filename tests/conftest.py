@@ -20,26 +20,20 @@ pytest_plugins = ("tiers", "pytester")
 
 
 def pytest_configure(config) -> None:
-    """Under pytest-xdist each worker gets its own share of the cores, as a machine of that size.
+    """Under pytest-xdist every process the suite starts runs one thread, on any core.
 
     visiontune gives a run as many threads as it has cores; two workers that each thought they had
     all of them would run twice as many OpenMP threads as cores, and OpenMP threads that wait for a
-    descheduled peer spin: the tests would take several times their CPU time. Subprocesses (DDP
-    workers) inherit the share.
+    descheduled peer spin: the tests would take several times their CPU time. One thread each
+    (``OMP_NUM_THREADS``, which visiontune reads before the cores and subprocesses inherit) leaves
+    no thread waiting on another, and no core pinned to a worker: while one worker's test waits (a
+    timeout, a subprocess starting) the other's processes use both cores.
     """
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    cores = sorted(os.sched_getaffinity(0))
     if worker and count and int(count) > 1:
-        # A worker that replaces a crashed one is numbered on (gw2 of 2): it takes that one's share.
-        n = int(count)
-        index = int(worker.removeprefix("gw")) % n
-        # More workers than cores: each core is the share of every len(cores)-th worker.
-        share = (
-            cores[index * len(cores) // n : (index + 1) * len(cores) // n]
-            if n <= len(cores)
-            else [cores[index % len(cores)]]
-        )
-        os.sched_setaffinity(0, share)
+        os.environ["OMP_NUM_THREADS"] = "1"
+        if "torch" in sys.modules:  # imported before this hook (by a plugin): its pool is sized already
+            sys.modules["torch"].set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
