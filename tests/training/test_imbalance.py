@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.utils.class_weight import compute_class_weight
 
+from visiontune import tasks
 from visiontune.errors import UserError
 from visiontune.runs.checkpoint import Checkpoint
 from visiontune.runs.resume import compatible
@@ -160,10 +161,10 @@ def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images
 def test_multi_label_data_refuses_the_balanced_sampler_in_one_line():
     cfg = SimpleNamespace(class_weights="auto", sampler="balanced")
     with pytest.raises(UserError, match="^--sampler balanced works on single-label data") as e:
-        imbalance.check_single_label(cfg, multi_label=True)
+        imbalance.check_sampler(cfg, tasks.MULTI_LABEL)
     assert "\n" not in str(e.value)
-    imbalance.check_single_label(cfg, multi_label=False)
-    imbalance.check_single_label(SimpleNamespace(class_weights="auto", sampler="random"), multi_label=True)
+    imbalance.check_sampler(cfg, tasks.SINGLE_LABEL)
+    imbalance.check_sampler(SimpleNamespace(class_weights="auto", sampler="random"), tasks.MULTI_LABEL)
 
 
 # 40 multi-label train images: label 0 on 30, label 1 on 4, label 2 on none, label 3 on all.
@@ -193,6 +194,6 @@ def test_the_multi_label_weighted_loss_is_bce_with_logits_pos_weight_over_the_re
     ok = [0, 1, 3, 4]
     want = torch.nn.BCEWithLogitsLoss(pos_weight=weights.float())(logits[ok], targets[ok])
     assert loss(logits, targets).item() == pytest.approx(want.item(), rel=1e-6)
-    assert imbalance.describe("auto", weights, list("abcd"), multi_label=True).startswith(
+    assert imbalance.describe("auto", weights, list("abcd"), tasks.MULTI_LABEL).startswith(
         "positive weight negatives / positives: a 0.3333, b 9"
     )

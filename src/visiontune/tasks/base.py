@@ -96,6 +96,19 @@ class Task:
         """Each sample's label in words, or why there is none."""
         raise NotImplementedError
 
+    def balancing_weights(self, labels: np.ndarray, num_classes: int, beta: float | None) -> torch.Tensor:
+        """float64 per-class weights of the loss that balance the train split's ``labels`` (its
+        ``label_array``): ``beta`` None for ``--class-weights auto``, else ``effective:BETA``'s BETA."""
+        raise NotImplementedError
+
+    def weighting_text(self, how: str | None) -> str:
+        """What the loss's class weights are, in words: ``how`` they were made (None: ``auto``)."""
+        raise NotImplementedError
+
+    def sampler_refusal(self, sampler: str) -> str | None:
+        """Why ``--sampler sampler`` cannot draw this task's images (one line), or None."""
+        raise NotImplementedError
+
     def loss_text(self, label_smoothing: float, class_weights: str) -> str:
         """The training loss in words, for the start-up block: ``class_weights`` as ``--class-weights``
         came to ("none", or how they were made and what they are)."""

@@ -21,6 +21,21 @@ from visiontune.tasks.base import UNREADABLE, Loss, Task
 DEFAULT_THRESHOLD = 0.5
 
 
+def positive_weights(positives, images: int, beta: float | None) -> torch.Tensor:
+    """float64 ``pos_weight`` per class with ``positives`` of ``images`` train images carrying each label:
+    negatives / positives (``beta`` None), or the ratio of their effective numbers, ``(1 - beta^neg) /
+    (1 - beta^pos)``. 1 where a class has no positive or no negative (nothing to balance)."""
+    import math
+
+    pos = torch.as_tensor(np.asarray(positives, np.float64))
+    neg = images - pos
+    if beta is None:
+        ratio = neg / pos
+    else:
+        ratio = torch.expm1(neg * math.log(beta)) / torch.expm1(pos * math.log(beta)) if beta else torch.ones_like(pos)
+    return torch.where((pos > 0) & (neg > 0), ratio, 1.0)
+
+
 def per_sample_bce(label_smoothing: float, pos_weight: torch.Tensor | None = None) -> Loss:
     """Multi-label per-sample loss: ``binary_cross_entropy_with_logits`` (what ``BCEWithLogitsLoss`` computes)
     averaged over the classes, for multi-hot or mixed [B, K] targets; an unreadable row (UNREADABLE) gives 0.
@@ -151,6 +166,22 @@ class MultiLabel(Task):
             "unreadable" if row[0] < 0 else "+".join(c for c, y in zip(classes, row) if y > 0.5) or "(none)"
             for row in labels
         ]
+
+    def balancing_weights(self, labels: np.ndarray, num_classes: int, beta: float | None) -> torch.Tensor:
+        """Binary cross-entropy's ``pos_weight``: K two-way problems, each balanced on its own."""
+        labels = np.asarray(labels, np.int64)
+        return positive_weights(labels.sum(0), len(labels), beta)
+
+    def weighting_text(self, how: str | None) -> str:
+        return "positive weight negatives / positives" if how is None else f"positive weight, {how}"
+
+    def sampler_refusal(self, sampler: str) -> str | None:
+        if sampler != "balanced":
+            return None
+        return (
+            "--sampler balanced works on single-label data; this data is multi-label: leave it out"
+            " (--class-weights auto weighs each label's positives instead)"
+        )
 
     def loss_text(self, label_smoothing: float, class_weights: str) -> str:
         smoothing = f", label smoothing {label_smoothing:g} (targets towards 0.5)" if label_smoothing else ""

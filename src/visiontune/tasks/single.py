@@ -26,6 +26,22 @@ def per_sample_loss(label_smoothing: float) -> Loss:
     return loss
 
 
+def count_weights(counts, beta: float | None) -> torch.Tensor:
+    """float64 weights of the classes with ``counts`` images: inverse frequency (``beta`` None) or the
+    inverse effective number ``(1 - beta) / (1 - beta ** n)``, scaled so that ``sum(w * counts) ==
+    sum(counts)``; 0 where a count is 0 (``training.imbalance`` says why)."""
+    import math
+
+    n = torch.as_tensor(np.asarray(counts, np.float64))
+    if beta is None:
+        raw = 1 / n
+    else:
+        # (1 - beta) / (1 - beta ** n) as expm1 / expm1, which keeps its digits for beta near 1.
+        raw = math.expm1(math.log(beta)) / torch.expm1(n * math.log(beta)) if beta else torch.ones_like(n)
+    raw = torch.where(n > 0, raw, 0.0)
+    return raw * n.sum() / (raw * n).sum() if n.sum() else raw
+
+
 def positive_class(classes: list[str]) -> int:
     """Kaggle's ``label`` is P(dog); for other two-class models, P(the second class)."""
     lower = [c.lower() for c in classes]
@@ -99,6 +115,16 @@ class SingleLabel(Task):
 
     def label_text(self, labels: torch.Tensor, classes: list[str]) -> list[str]:
         return ["unreadable" if y == UNREADABLE else classes[y] for y in labels.tolist()]
+
+    def balancing_weights(self, labels: np.ndarray, num_classes: int, beta: float | None) -> torch.Tensor:
+        labels = np.asarray(labels, np.int64)  # negative: no class
+        return count_weights(np.bincount(labels[labels >= 0], minlength=num_classes), beta)
+
+    def weighting_text(self, how: str | None) -> str:
+        return "inverse frequency" if how is None else how
+
+    def sampler_refusal(self, sampler: str) -> str | None:
+        return None
 
     def loss_text(self, label_smoothing: float, class_weights: str) -> str:
         text = f"cross-entropy, label smoothing {label_smoothing:g}" if label_smoothing else "cross-entropy"

@@ -1,8 +1,8 @@
 """``--class-weights``: per-class weights of the training loss, from the train split's class counts
 or from a file.
 
-``weights_from_counts`` is a function of per-class counts only, so it serves any loss that weighs
-classes by how often they occur (a multi-label BCE's ``pos_weight`` from per-class positives too):
+How a task balances its loss is the task's (``Task.balancing_weights``); a single-label run weighs each
+class by its count of train images (``tasks.single.count_weights``):
 
 - ``auto``: inverse frequency, ``N / (K * n_c)`` -- scikit-learn's ``class_weight="balanced"``;
 - ``effective`` (or ``effective:BETA``, default BETA 0.999): the inverse effective number of samples
@@ -14,7 +14,7 @@ of the plain one, and the lr needs no change). A class without training images g
 has no image to weigh). ``FILE`` gives the weights by class name, used as they are.
 
 Multi-label data is K two-way problems, each imbalanced between an image with the label and one
-without: there the weights are binary cross-entropy's ``pos_weight`` (``positive_weights``), a
+without: there the weights are binary cross-entropy's ``pos_weight`` (``tasks.multi.positive_weights``), a
 positive's loss against a negative's per class -- ``auto`` negatives / positives, the field's usual
 choice, ``effective`` the ratio of their effective numbers -- and a FILE gives them by class name.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from visiontune import tasks
 from visiontune.errors import UserError
 
 DEFAULT_BETA = 0.999
@@ -49,22 +50,6 @@ def parse_beta(spec: str) -> float | None:
     if not 0 <= beta < 1:
         raise UserError(f"--class-weights effective:BETA needs 0 <= BETA < 1 (e.g. effective:0.999), got {text!r}")
     return beta
-
-
-def weights_from_counts(counts: Sequence[int], how: str = "auto") -> torch.Tensor:
-    """float64 weights of the classes with ``counts`` images: ``auto`` or ``effective[:BETA]`` (see the
-    module docstring), scaled so that ``sum(w * counts) == sum(counts)``; 0 where a count is 0."""
-    n = torch.as_tensor(np.asarray(counts, np.float64))
-    beta = parse_beta(how)
-    if how == "auto":
-        raw = 1 / n
-    elif beta is not None:
-        # (1 - beta) / (1 - beta ** n) as expm1 / expm1, which keeps its digits for beta near 1.
-        raw = math.expm1(math.log(beta)) / torch.expm1(n * math.log(beta)) if beta else torch.ones_like(n)
-    else:
-        raise ValueError(f"unknown weighting {how!r}")
-    raw = torch.where(n > 0, raw, 0.0)
-    return raw * n.sum() / (raw * n).sum() if n.sum() else raw
 
 
 class _Pairs(list):
@@ -117,54 +102,35 @@ def read_weight_file(path: str, classes: Sequence[str]) -> torch.Tensor:
     return weights
 
 
-def positive_weights(positives: Sequence[int], images: int, how: str = "auto") -> torch.Tensor:
-    """float64 ``pos_weight`` per class of multi-label data with ``positives`` of ``images`` train images
-    carrying each label: ``auto`` negatives / positives; ``effective[:BETA]`` the negatives' effective
-    number over the positives', ``(1 - BETA^neg) / (1 - BETA^pos)``. 1 where a class has no positive or
-    no negative (nothing to balance)."""
-    pos = torch.as_tensor(np.asarray(positives, np.float64))
-    neg = images - pos
-    beta = parse_beta(how)
-    if how == "auto":
-        ratio = neg / pos
-    elif beta is not None:
-        ratio = torch.expm1(neg * math.log(beta)) / torch.expm1(pos * math.log(beta)) if beta else torch.ones_like(pos)
-    else:
-        raise ValueError(f"unknown weighting {how!r}")
-    return torch.where((pos > 0) & (neg > 0), ratio, 1.0)
-
-
-def check_single_label(cfg, multi_label: bool) -> None:
-    """Refuse, in one line, --sampler balanced on multi-label data (an image there is of several classes)."""
-    if multi_label and cfg.sampler == "balanced":
-        raise UserError(
-            "--sampler balanced works on single-label data; this data is multi-label: leave it out"
-            " (--class-weights auto weighs each label's positives instead)"
-        )
+def check_sampler(cfg, task: tasks.Task) -> None:
+    """Refuse, in one line, a ``--sampler`` that cannot draw the task's images (balanced on multi-label data)."""
+    refusal = task.sampler_refusal(cfg.sampler)
+    if refusal:
+        raise UserError(refusal)
 
 
 def class_weights(spec: str, classes: Sequence[str], train_labels: np.ndarray) -> torch.Tensor | None:
     """The loss's class weights for ``--class-weights spec`` (None for ``none``), from the train split's
-    labels (negative ones: no class; a [N, K] multi-hot array: multi-label ``pos_weight``) or the file."""
+    labels, as their task balances them (``Task.balancing_weights``), or from the file."""
     if spec == "none":
         return None
     if spec == "auto" or parse_beta(spec) is not None:
-        labels = np.asarray(train_labels, np.int64)
-        if labels.ndim == 2:
-            return positive_weights(labels.sum(0), len(labels), spec)
-        return weights_from_counts(np.bincount(labels[labels >= 0], minlength=len(classes)), spec)
+        labels = np.asarray(train_labels)
+        return tasks.of(labels).balancing_weights(labels, len(classes), parse_beta(spec))
     return read_weight_file(spec, classes)
 
 
 def describe(
-    spec: str, weights: torch.Tensor | None, classes: Sequence[str], multi_label: bool = False, shown: int = 10
+    spec: str,
+    weights: torch.Tensor | None,
+    classes: Sequence[str],
+    task: tasks.Task = tasks.SINGLE_LABEL,
+    shown: int = 10,
 ) -> str:
     """The weights as the start lines and config.json say them: what made them, then class weight pairs."""
     if weights is None:
         return "none"
     beta = parse_beta(spec)
-    auto = "positive weight negatives / positives" if multi_label else "inverse frequency"
-    how = {"auto": auto}.get(spec) or (f"effective number, beta {beta:g}" if beta is not None else spec)
-    how = f"positive weight, {how}" if multi_label and spec != "auto" else how
+    how = None if spec == "auto" else f"effective number, beta {beta:g}" if beta is not None else spec
     pairs = ", ".join(f"{name} {w:.4g}" for name, w in zip(classes[:shown], weights.tolist()))
-    return f"{how}: {pairs}{', ...' if len(classes) > shown else ''}"
+    return f"{task.weighting_text(how)}: {pairs}{', ...' if len(classes) > shown else ''}"

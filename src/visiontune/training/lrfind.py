@@ -140,9 +140,9 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     split = split_for(data.images, cfg)[0]
     stats, loader, _ = loaders(cfg, data, split, out)
     cfg = plan.measured(resolved, stats).cfg
-    imbalance.check_single_label(cfg, images.multi_label)
-    weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.label_array[split.train])
     task = tasks.named(images.multi_label)
+    imbalance.check_sampler(cfg, task)
+    weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.label_array[split.train])
     criterion = optim.criterion(cfg, task, weights) or readable_cross_entropy  # the run's loss
     record = sweep(cfg, model, loader, accelerator.device, cfg.grad_accum, criterion, start=start, end=end, steps=steps)
     if accelerator.is_main_process:

@@ -300,7 +300,7 @@ def _train(
         split_rec = {**split_rec, "limit_images": limited}
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
-    imbalance.check_single_label(cfg, images.multi_label)
+    imbalance.check_sampler(cfg, resolved.task)
     weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train])
     stats, train_loader, val_loader = loaders(cfg, data, split, run_dir)
     resolved = plan.measured(resolved, stats)  # --normalize data's statistics
@@ -338,7 +338,7 @@ def _train(
         per_epoch_images,
         per_epoch,
         spec.source,
-        imbalance.describe(cfg.class_weights, weights, images.classes, images.multi_label),
+        imbalance.describe(cfg.class_weights, weights, images.classes, resolved.task),
         job.plan.asked,  # what the start-up block says each resize choice came from
         task=resolved.task,
     )
