@@ -87,10 +87,7 @@ def announce(
     )
     # Per-class recall (and the balanced accuracy, their mean) of a class with a handful of val images
     # jumps by large steps between epochs: say so before the numbers are read as differences.
-    if images.multi_label:  # an image counts for each of its classes
-        val_counts = images.targets[split.val].sum(0, dtype=np.int64)
-    else:
-        val_counts = np.bincount(images.labels[split.val], minlength=len(images.classes))
+    val_counts = np.asarray(list(images.class_counts(split.val).values()), np.int64)  # multi-label: each of its classes
     if len(split.val) and val_counts.min() < RARE_VAL_IMAGES:
         rarest = int(val_counts.argmin())
         count = int(val_counts[rarest])
