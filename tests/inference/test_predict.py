@@ -128,6 +128,15 @@ def test_unreadable_image_is_reported_and_the_rest_predicted_and_clipped(run, co
 
 
 @pytest.mark.slow
+def test_threshold_on_a_model_that_picks_one_class_is_one_line_and_writes_nothing(run, sample_data, tmp_path, capsys):
+    out = tmp_path / "p.csv"
+    assert main(["predict", *flags(run=run, data=sample_data / "test", out=out, threshold=0.5, no_progress=True)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["visiontune: error: --threshold is for multi-label models; this one picks the most probable class"]
+    assert not out.exists()
+
+
+@pytest.mark.slow
 def test_unreadable_image_is_named_on_stderr(run, corrupt_test, tmp_path, capsys):
     assert main(["predict", *flags(run=run, data=corrupt_test, out=tmp_path / "s.csv", no_progress=True)]) == 1
     assert f"{corrupt_test / '7.jpg'}: not an image" in capsys.readouterr().err

@@ -166,7 +166,7 @@ def _one_threshold(loaded, threshold: float):
     """``--threshold``: a multi-label model with that threshold for every class."""
     import dataclasses
 
-    if not loaded.info.multi_label:
+    if not loaded.info.task.thresholded:  # its decision is not one made at per-class thresholds
         raise UserError("--threshold is for multi-label models; this one picks the most probable class")
     if not 0.0 < threshold < 1.0:
         raise UserError(f"--threshold must be a probability between 0 and 1, got {threshold}")
