@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import optuna
+import psutil
 import pytest
 from optuna.trial import TrialState
 
@@ -233,6 +234,9 @@ def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(smal
         if together and TrialState.COMPLETE in states and TrialState.RUNNING in states:
             break
         time.sleep(0.1)
+    # On a CPU machine the two tuners are forks of the one started (its command line, not a new interpreter's).
+    tuners = psutil.Process(proc.pid).children()
+    assert len(tuners) == 2 and all(t.cmdline() == psutil.Process(proc.pid).cmdline() for t in tuners)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = {t.number: t for t in load(out).get_trials()}

@@ -288,6 +288,44 @@ def can_fork_workers() -> bool:
     return not torch.cuda.is_available()
 
 
+def _command_in_fork(argv: list[str], env: dict[str, str], log: str) -> None:
+    """A forked child's body: ``visiontune ARGV`` as ``python -m visiontune`` runs it, its output in ``log``."""
+    import runpy
+
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for std in (1, 2):
+        os.dup2(fd, std)
+    os.close(fd)
+    main_py = importlib.util.find_spec("visiontune.__main__").origin
+    sys.argv = [main_py, *argv]
+    runpy.run_path(main_py, run_name="__main__")  # exits non-zero by SystemExit, as the command does
+
+
+class ForkedCommand:
+    """``visiontune ARGV`` in a fork of this process (where ``can_fork_workers``), started holding its imports:
+    the ``subprocess.Popen`` methods a parent that waits for it and passes signals on uses."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], log: str):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._process = multiprocessing.get_context("fork").Process(
+            target=_command_in_fork, args=(argv, dict(env), log)
+        )
+        self._process.start()
+        self.pid = self._process.pid
+
+    def wait(self) -> int:
+        """The exit code (negative: the signal that ended it), once it has ended."""
+        self._process.join()
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+
 def here_or_relaunched(
     nproc: int | None, argv: list[str], command: str, skipped: Callable[[], object], run: Callable[[], object]
 ) -> int:
