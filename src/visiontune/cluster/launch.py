@@ -279,9 +279,11 @@ def started_by_command_line() -> None:
 def can_fork_workers() -> bool:
     """Whether the workers may be forks of this process: only the `visiontune` command's own process (not a
     notebook's or another program's that calls the CLI, whose threads and descriptors a fork would copy),
-    and not where CUDA is, which a forked child cannot use once its parent has touched it. Otherwise the
-    workers start as new interpreters."""
-    if not _COMMAND_LINE[0]:
+    and not where CUDA is, which a forked child cannot use once its parent has touched it, and only while
+    this process has one thread: a fork keeps just the calling thread, so a lock another one held (OpenMP's
+    team, started by any torch op run on several threads, is the usual one) would never be released in the
+    child, which then hangs at its first parallel op. Otherwise the workers start as new interpreters."""
+    if not _COMMAND_LINE[0] or _threads_now() > 1:
         return False
     import torch
 
@@ -326,6 +328,16 @@ class ForkedCommand:
             os.kill(self.pid, sig)
 
 
+def _threads_now() -> int:
+    """This process's threads (Linux: its /proc tasks; elsewhere what Python started)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
 def here_or_relaunched(
     nproc: int | None, argv: list[str], command: str, skipped: Callable[[], object], run: Callable[[], object]
 ) -> int:
@@ -339,6 +351,8 @@ def here_or_relaunched(
         code = relaunch(cfg, argv, command)
         return 1 if code == 0 and skipped() else code
     run()
+    if inside_launcher():
+        leave_process_group()  # left to the interpreter's exit, its threads can abort a finished worker
     return 1 if not inside_launcher() and skipped() else 0
 
 
