@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -25,8 +26,6 @@ def positive_weights(positives, images: int, beta: float | None) -> torch.Tensor
     """float64 ``pos_weight`` per class with ``positives`` of ``images`` train images carrying each label:
     negatives / positives (``beta`` None), or the ratio of their effective numbers, ``(1 - beta^neg) /
     (1 - beta^pos)``. 1 where a class has no positive or no negative (nothing to balance)."""
-    import math
-
     pos = torch.as_tensor(np.asarray(positives, np.float64))
     neg = images - pos
     if beta is None:

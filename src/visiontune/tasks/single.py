@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -30,8 +31,6 @@ def count_weights(counts, beta: float | None) -> torch.Tensor:
     """float64 weights of the classes with ``counts`` images: inverse frequency (``beta`` None) or the
     inverse effective number ``(1 - beta) / (1 - beta ** n)``, scaled so that ``sum(w * counts) ==
     sum(counts)``; 0 where a count is 0 (``training.imbalance`` says why)."""
-    import math
-
     n = torch.as_tensor(np.asarray(counts, np.float64))
     if beta is None:
         raw = 1 / n
