@@ -271,3 +271,42 @@ def test_a_bug_in_a_forked_worker_prints_its_traceback_and_the_job_names_the_wor
     assert "Traceback (most recent call last)" in done.stderr
     assert "ZeroDivisionError: a bug in rank 1" in done.stderr
     assert "visiontune: worker rank 1 failed with exit code 1 (its output is above)" in done.stderr
+
+
+# In a process of one thread (a fork of the tests' preloaded process), as the `visiontune` command: which
+# threads keep its workers from being forks. Prints the answers, one per line.
+_THREADS_AT_THE_FORK = """
+import os, threading
+import pyarrow as pa
+from tqdm import tqdm
+from visiontune.cluster import launch
+launch.started_by_command_line()
+def names():
+    return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+pa.array(list(range(100000)))  # pyarrow's allocator (what hf: data uses) has its background thread
+bar = tqdm(total=1, file=open(os.devnull, "w"))  # a progress bar starts tqdm's monitor thread
+print(sorted(t.name for t in threading.enumerate()), names())
+print(launch.can_fork_workers(), sorted(t.name for t in threading.enumerate()), names())
+stop = threading.Event()
+other = threading.Thread(target=stop.wait, name="other")
+other.start()
+print(launch.can_fork_workers())
+stop.set()
+other.join()
+print(launch.can_fork_workers())
+"""
+
+
+@pytest.mark.slow
+def test_workers_are_forks_after_hf_data_and_a_progress_bar_but_not_beside_another_thread(tmp_path, worker_env):
+    """jemalloc's background thread takes its locks around a fork, and tqdm's monitor (a bar's, which
+    ``datasets`` shows while it loads) is ended first; any other thread could hold a lock the child needs."""
+    import sys
+
+    from trainrun import run
+
+    done = run([sys.executable, "-c", _THREADS_AT_THE_FORK], env_for(worker_env, tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "'tqdm_monitor'" in lines[0] and "'jemalloc_bg_thd'" in lines[0]  # both threads were there
+    assert lines[1:] == ["True ['MainThread'] ['jemalloc_bg_thd', 'python']", "False", "True"]

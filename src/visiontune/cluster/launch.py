@@ -21,6 +21,8 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
@@ -283,7 +285,10 @@ def can_fork_workers() -> bool:
     this process has one thread: a fork keeps just the calling thread, so a lock another one held (OpenMP's
     team, started by any torch op run on several threads, is the usual one) would never be released in the
     child, which then hangs at its first parallel op. Otherwise the workers start as new interpreters."""
-    if not _COMMAND_LINE[0] or _threads_now() > 1:
+    if not _COMMAND_LINE[0]:
+        return False
+    _stop_tqdm_monitor()
+    if _threads_now() > 1:
         return False
     import torch
 
@@ -329,13 +334,41 @@ class ForkedCommand:
 
 
 def _threads_now() -> int:
-    """This process's threads (Linux: its /proc tasks; elsewhere what Python started)."""
+    """This process's threads that a fork could leave holding a lock (Linux: its /proc tasks; elsewhere what
+    Python started). jemalloc's background thread (pyarrow's allocator, there once ``hf:`` data was read) is
+    not counted: jemalloc takes its own locks around a fork, and the child allocates without that thread."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        tasks = os.listdir("/proc/self/task")
     except OSError:
-        import threading
-
         return threading.active_count()
+    return sum(_thread_name(t) not in _FORK_SAFE_THREADS for t in tasks)
+
+
+_FORK_SAFE_THREADS = {"jemalloc_bg_thd"}
+
+
+def _stop_tqdm_monitor() -> None:
+    """End tqdm's monitor thread, which a progress bar starts (``datasets`` shows one while it loads ``hf:``
+    data) and which only retunes a stalled bar's refresh: the workers can then be forks. A later bar starts
+    another."""
+    monitor = sys.modules.get("tqdm._monitor")
+    for thread in threading.enumerate() if monitor else ():
+        if isinstance(thread, monitor.TMonitor):
+            thread.exit()
+            thread.tqdm_cls.monitor = None  # the bar class that started it (a subclass of tqdm's)
+            # Joined, its Python side is done; the system thread ends a moment later (then it is not counted).
+            for _ in range(1000):
+                if not os.path.exists(f"/proc/self/task/{thread.native_id}"):
+                    break
+                time.sleep(0.001)
+
+
+def _thread_name(task: str) -> str:
+    try:
+        with open(f"/proc/self/task/{task}/comm") as f:
+            return f.read().strip()
+    except OSError:  # it ended meanwhile
+        return ""
 
 
 def here_or_relaunched(
