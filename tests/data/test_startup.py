@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from collections import Counter
 
 import pytest
 
 from conftest import PYTHON, _worker_env
-from trainrun import SQUEEZENET, flags
+from trainrun import SQUEEZENET, flags, run
 from visiontune.cli.commands import main
 from visiontune.data import check, decode, sources
 from visiontune.data.sample import make_sample_data
@@ -25,7 +24,7 @@ from visiontune.data.split import (
 
 TINY = [*SQUEEZENET, *flags(epochs=1, batch_size=4, num_workers=0)]
 
-# Loaded into every Python process of a subprocess job (the launcher and each worker) through PYTHONPATH:
+# Run in the job's launching process (a sitecustomize on PYTHONPATH; its workers are forks of it, or run it too):
 # counts discover() calls and decodes, and makes each decode slow.
 HOOKS = """
 import os, threading, time
@@ -77,14 +76,8 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
     )
     out = tmp_path / "run"
     argv = [PYTHON, "-m", "visiontune", "train", *flags(data=data), *TINY]
-    done = subprocess.run(  # --cache off: the scan, not the cache build that replaces it by default
-        [*argv, *flags(strategy="ddp", nproc=2, timeout=5, output_dir=out, cache="off")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    # --cache off: the scan, not the cache build that replaces it by default. Forked, the hook run first.
+    done = run([*argv, *flags(strategy="ddp", nproc=2, timeout=5, output_dir=out, cache="off")], env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     calls = Counter(line.split()[0] for line in log.read_text().splitlines())
     assert calls["discover"] == 1, calls  # the command listed the folder; neither worker did
