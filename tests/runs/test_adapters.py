@@ -3,7 +3,6 @@ with nothing that trains; what a checkpoint keeps is the trainable tensors and t
 
 from __future__ import annotations
 
-import peft  # noqa: F401  (imported at collection: peft imports transformers, about 2 s)
 import torch
 
 from visiontune.models import lora
