@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 import trainrun
 from visiontune.cli.commands import main
+from zygote import LAUNCH_LOG
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -314,8 +315,12 @@ def test_trials_that_are_ddp_jobs_report_from_their_main_process_and_all_stop_wh
     argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "2")]
     argv += ["--best-metric", "loss", "--strategy", "ddp", "--nproc", "2"]
     env = {**_env(tmp_path), **SLURM_NODE_0_OF_2}
+    # Every interpreter that starts logs itself (tests/launchlog): on a CPU the jobs are forks of the tuner.
+    launches = tmp_path / "launches.log"
+    env |= {"VISIONTUNE_TEST_LAUNCH_LOG": str(launches), "PYTHONPATH": f"{LAUNCH_LOG}{os.pathsep}{env['PYTHONPATH']}"}
     done = trainrun.run(argv, env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [x for x in (launches.read_text() if launches.exists() else "").splitlines() if x.startswith("start")] == []
     trials = load(out).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
     for t in trials:

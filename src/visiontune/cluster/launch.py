@@ -295,16 +295,18 @@ def can_fork_workers() -> bool:
     return not torch.cuda.is_available()
 
 
-def _command_in_fork(argv: list[str], env: dict[str, str], log: str) -> None:
-    """A forked child's body: ``visiontune ARGV`` as ``python -m visiontune`` runs it, its output in ``log``."""
+def _command_in_fork(argv: list[str], env: dict[str, str], log: str | None) -> None:
+    """A forked child's body: ``visiontune ARGV`` as ``python -m visiontune`` runs it, its output in ``log``
+    (None: this process's own)."""
     import runpy
 
     os.environ.clear()
     os.environ.update(env)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for std in (1, 2):
-        os.dup2(fd, std)
-    os.close(fd)
+    if log is not None:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for std in (1, 2):
+            os.dup2(fd, std)
+        os.close(fd)
     main_py = importlib.util.find_spec("visiontune.__main__").origin
     sys.argv = [main_py, *argv]
     runpy.run_path(main_py, run_name="__main__")  # exits non-zero by SystemExit, as the command does
@@ -314,7 +316,7 @@ class ForkedCommand:
     """``visiontune ARGV`` in a fork of this process (where ``can_fork_workers``), started holding its imports:
     the ``subprocess.Popen`` methods a parent that waits for it and passes signals on uses."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], log: str):
+    def __init__(self, argv: list[str], env: Mapping[str, str], log: str | None = None):
         sys.stdout.flush()
         sys.stderr.flush()
         self._process = multiprocessing.get_context("fork").Process(
@@ -328,9 +330,25 @@ class ForkedCommand:
         self._process.join()
         return self._process.exitcode
 
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
     def send_signal(self, sig: int) -> None:
         if self._process.exitcode is None:
             os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def ended(thread: threading.Thread) -> None:
+    """Join ``thread`` and wait for its system thread to go: joined, its Python side is done, and the system
+    thread ends a moment later; until then ``can_fork_workers`` counts it."""
+    thread.join()
+    for _ in range(1000):
+        if not os.path.exists(f"/proc/self/task/{thread.native_id}"):
+            return
+        time.sleep(0.001)
 
 
 def _threads_now() -> int:
@@ -356,11 +374,7 @@ def _stop_tqdm_monitor() -> None:
         if isinstance(thread, monitor.TMonitor):
             thread.exit()
             thread.tqdm_cls.monitor = None  # the bar class that started it (a subclass of tqdm's)
-            # Joined, its Python side is done; the system thread ends a moment later (then it is not counted).
-            for _ in range(1000):
-                if not os.path.exists(f"/proc/self/task/{thread.native_id}"):
-                    break
-                time.sleep(0.001)
+            ended(thread)
 
 
 def _thread_name(task: str) -> str:

@@ -20,6 +20,7 @@ every storage: Optuna's own heartbeat exists only for databases, not for the jou
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -225,14 +226,17 @@ class Heartbeat:
         owner["started"] = _started(os.getpid())
         storage.set_trial_system_attr(trial_id, OWNER, owner)
         storage.set_trial_system_attr(trial_id, BEAT, time.time())
-        self._thread = threading.Thread(target=self._beat, name="visiontune-heartbeat", daemon=True)
+        self._thread = self._beating()
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval):
+    def _beating(self) -> threading.Thread:
+        return threading.Thread(target=self._beat, args=(self._stop,), name="visiontune-heartbeat", daemon=True)
+
+    def _beat(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
             try:
                 self.storage.set_trial_system_attr(self.trial_id, BEAT, time.time())
             except Exception:  # the trial just finished (or the database hiccupped): the next beat or none
-                if self._stop.is_set():
+                if stop.is_set():
                     return
 
     def __enter__(self) -> Heartbeat:
@@ -242,6 +246,20 @@ class Heartbeat:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No beat for a moment: this process has no thread of its own then, and may fork a trial's job."""
+        from visiontune.cluster.launch import ended
+
+        self._stop.set()
+        ended(self._thread)
+        try:
+            yield
+        finally:
+            self._stop = threading.Event()
+            self._thread = self._beating()
+            self._thread.start()
 
 
 def fixed_record(cfg_dict: dict) -> dict:

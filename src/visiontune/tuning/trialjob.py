@@ -11,6 +11,7 @@ passed on (it checkpoints and stops), and a tuner killed outright takes the job 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -94,15 +95,25 @@ def die_with_tuner() -> None:
         os._exit(128 + signal.SIGKILL)  # the tuner died before the line above took effect
 
 
-def run_as_job(settings_toml: str, run_dir: str, out: str, number: int, spec: dict) -> int:
+def run_as_job(
+    settings_toml: str, run_dir: str, out: str, number: int, spec: dict, quiet=contextlib.nullcontext
+) -> int:
     """Train the trial as a job of its own; its exit code. ``settings_toml``: the trial's settings (best.toml's
-    form), written to ``OUT/.trial-NNNN.toml`` for the job's ``--config``."""
+    form), written to ``OUT/.trial-NNNN.toml`` for the job's ``--config``. ``quiet()``: the tuner's own thread
+    (the trial's heartbeat) paused while the job starts, so that on a CPU machine the job can be a fork of
+    the tuner (``launch.can_fork_workers``), started holding its imports; otherwise a new interpreter."""
     config = Path(out, f".trial-{number:04d}.toml")
     config.write_text(settings_toml)
-    cmd = [sys.executable, "-m", "visiontune", "train", "--config", str(config), "--output-dir", run_dir]
+    argv = ["train", "--config", str(config), "--output-dir", run_dir]
     # A job of this machine alone, whatever allocation the tuner runs in (``launch.this_machine_only``).
     env = {**launch.this_machine_only(os.environ), TRIAL_ENV: json.dumps({**spec, "tuner": os.getpid()})}
-    job = subprocess.Popen(cmd, env=env)
+    with quiet():
+        forked = launch.can_fork_workers()
+        job = (
+            launch.ForkedCommand(argv, env)
+            if forked
+            else subprocess.Popen([sys.executable, "-m", "visiontune", *argv], env=env)
+        )
     # Ctrl-C reaches the job itself (one process group); a signal sent to the tuner alone is passed on.
     forward = lambda signum, _frame: job.send_signal(signum)  # noqa: E731
     before = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}

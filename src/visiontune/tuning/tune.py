@@ -118,10 +118,10 @@ class Tuner:
                 time.sleep(min(5.0, self.opts.heartbeat))  # the last trials are other tuners': wait for them
                 continue
             with beat:
-                self.one_trial(trial)
+                self.one_trial(trial, beat)
             ran += 1
 
-    def one_trial(self, trial) -> None:
+    def one_trial(self, trial, beat: study.Heartbeat) -> None:
         from visiontune.cluster.signals import RunStopped
         from visiontune.training.engine import NonFiniteLoss
         from visiontune.training.trainer import train
@@ -134,7 +134,7 @@ class Tuner:
         print(f"visiontune: trial {trial.number}: {', '.join(f'{k}={v}' for k, v in values.items())} -> {run_dir}")
         try:
             if launch.needs_launcher(cfg, "tune"):  # several processes here: a job of its own, its main one reporting
-                summary = self._as_job(trial, run_dir, cfg.epochs)
+                summary = self._as_job(trial, run_dir, cfg.epochs, beat)
             else:
                 hook = trialjob.pruning(trial, self.metric, cfg.epochs, self.opts.pruner)
                 summary = train(cfg, self.images, on_epoch=hook)
@@ -167,13 +167,13 @@ class Tuner:
         else:
             self.study.tell(trial, summary_value(summary, self.metric))
 
-    def _as_job(self, trial, run_dir: str, epochs: int) -> dict:
+    def _as_job(self, trial, run_dir: str, epochs: int, beat: study.Heartbeat) -> dict:
         """The trial as ``visiontune train`` under its own launcher; its summary (its failures raised as the
         in-process run raises them)."""
         spec = {"storage": self.url, "study": self.study.study_name, "trial_id": trial._trial_id}
         spec |= {"metric": self.metric, "epochs": epochs, "pruner": self.opts.pruner}
         settings = results.config_toml(trial.user_attrs["config"], [f"visiontune tune: trial {trial.number}"])
-        code = trialjob.run_as_job(settings, run_dir, self.opts.out, trial.number, spec)
+        code = trialjob.run_as_job(settings, run_dir, self.opts.out, trial.number, spec, beat.paused)
         trialjob.outcome(code, trial.number)
         return json.loads(Path(run_dir, "summary.json").read_text())
 
