@@ -292,7 +292,7 @@ other = threading.Thread(target=stop.wait, name="other")
 other.start()
 print(launch.can_fork_workers())
 stop.set()
-other.join()
+launch.ended(other)  # joined, and its system thread gone
 print(launch.can_fork_workers())
 """
 

@@ -196,7 +196,9 @@ def _env(tmp: Path) -> dict:
 
 
 def _owners(trials) -> set[int]:
-    return {t.system_attrs["visiontune:owner"]["pid"] for t in trials}
+    """The tuner processes that recorded themselves as the trials' owners (a trial asked for by a tuner killed
+    before it recorded itself has none: ``study.fail_stale`` fails it after three heartbeats)."""
+    return {t.system_attrs["visiontune:owner"]["pid"] for t in trials if "visiontune:owner" in t.system_attrs}
 
 
 def _wait_gone(pids: set[int], limit: float = 60.0) -> None:

@@ -169,6 +169,32 @@ def test_a_stale_trial_is_failed_and_queued_again_once(tmp_path):
     assert [t.system_attrs["failed_trial"] for t in retries] == [trials[what].number for what in stale]
 
 
+def test_a_trial_asked_for_by_a_tuner_killed_before_it_recorded_itself_is_failed_after_three_beats(
+    tmp_path, monkeypatch
+):
+    """Optuna's ask makes the trial RUNNING; the tuner records itself as its owner a moment later. A kill -9
+    in between left a trial that counted as running for ever, so the same command waited for it without end."""
+    import time
+    import types
+
+    from visiontune.tuning import study
+
+    storage = study.open_storage(str(tmp_path / "journal.log"))
+    s = optuna.create_study(storage=storage, study_name="s")
+    s.set_user_attr(study.ATTR_DATA, {"images": 2})  # a study visiontune made
+    orphan = s.ask()
+    assert study.fail_stale(s, storage, 30.0) == []  # just asked for: its tuner may be recording itself now
+    later = time.time() + 3 * 30.0 + 5  # three heartbeats on
+    monkeypatch.setattr(study, "time", types.SimpleNamespace(time=lambda: later))
+    assert study.fail_stale(s, storage, 30.0) == [orphan.number]
+    assert study.fail_stale(s, storage, 30.0) == []  # once
+    now = s.get_trials()
+    assert now[orphan.number].state == TrialState.FAIL and now[orphan.number].system_attrs["visiontune:failed"]
+    assert [(t.state, t.system_attrs["failed_trial"]) for t in now[orphan.number + 1 :]] == [
+        (TrialState.WAITING, orphan.number)
+    ]
+
+
 def test_a_new_studys_first_trial_is_the_recipes_own_settings_those_the_space_can_hold():
     from visiontune.settings.config import TrainConfig
     from visiontune.settings.validation import validate

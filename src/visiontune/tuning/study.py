@@ -194,11 +194,18 @@ def fail_stale(study, storage, heartbeat: float) -> list[int]:
     """FAIL the RUNNING trials nobody runs any more and queue each again, once; their numbers."""
     failed = []
     now = time.time()
+    ours = ATTR_DATA in study.user_attrs  # a study visiontune made: every trial its tuners run has an owner
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.system_attrs.get(OWNER)
-        if not isinstance(owner, dict):
-            continue  # a trial started by another program: not ours to judge
-        alive = _owner_alive(owner)
+        if owner is None and ours:
+            # A tuner records itself a moment after Optuna's ask; a trial still without an owner after three
+            # heartbeats lost its tuner in between (kill -9), and would count as running for ever.
+            started = t.datetime_start.timestamp() if t.datetime_start else now
+            alive = now - started <= STALE_BEATS * heartbeat
+        elif not isinstance(owner, dict):
+            continue  # a trial started by another program (in a study visiontune did not make): not ours to judge
+        else:
+            alive = _owner_alive(owner)
         if alive is None:  # another host's (or an unreadable record): its heartbeat tells
             beat, every = t.system_attrs.get(BEAT, owner.get("since")), owner.get("heartbeat", heartbeat)
             if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (beat, every)):
