@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from visiontune.cluster import launch
+
 # What a run imports before its first step; reading them again is what every interpreter spends its seconds on.
 PRELOAD = ["visiontune.cli.commands", "visiontune.training.trainer", "torch.distributed.run"]
 # The modules a fork may run as ``python -m``: visiontune, and the launchers that start its workers (their
@@ -112,8 +114,8 @@ def _child(argv: list[str], env: dict[str, str], out: str, err: str, cwd: str | 
     sys.exit(code)
 
 
-class Forked:
-    """The few ``subprocess.Popen`` methods the tests use, for a forked command line."""
+class Forked(launch.ForkedProcess):
+    """The ``subprocess.Popen`` methods the tests use, for a command line forked from the preloaded process."""
 
     def __init__(
         self,
@@ -125,29 +127,17 @@ class Forked:
         cores: set[int] | None = None,
     ):
         self.args = argv
-        self._process = _context().Process(target=_child, args=(argv, env, out, err, cwd, cores))
-        self._process.start()
-        self.pid = self._process.pid
+        super().__init__(_context().Process(target=_child, args=(argv, env, out, err, cwd, cores)))
 
     @property
     def returncode(self) -> int | None:
-        return self._process.exitcode
-
-    def poll(self) -> int | None:
-        return self._process.exitcode
+        return self.poll()
 
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
         if self._process.exitcode is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self._process.exitcode
-
-    def send_signal(self, sig: int) -> None:
-        if self._process.exitcode is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

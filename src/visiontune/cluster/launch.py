@@ -312,16 +312,12 @@ def _command_in_fork(argv: list[str], env: dict[str, str], log: str | None) -> N
     runpy.run_path(main_py, run_name="__main__")  # exits non-zero by SystemExit, as the command does
 
 
-class ForkedCommand:
-    """``visiontune ARGV`` in a fork of this process (where ``can_fork_workers``), started holding its imports:
-    the ``subprocess.Popen`` methods a parent that waits for it and passes signals on uses."""
+class ForkedProcess:
+    """A ``multiprocessing`` child, started, with the ``subprocess.Popen`` methods a parent that waits for it and
+    passes signals on uses."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], log: str | None = None):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._process = multiprocessing.get_context("fork").Process(
-            target=_command_in_fork, args=(argv, dict(env), log)
-        )
+    def __init__(self, process: multiprocessing.process.BaseProcess):
+        self._process = process
         self._process.start()
         self.pid = self._process.pid
 
@@ -339,6 +335,17 @@ class ForkedCommand:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+class ForkedCommand(ForkedProcess):
+    """``visiontune ARGV`` in a fork of this process (where ``can_fork_workers``), started holding its imports."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], log: str | None = None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        super().__init__(
+            multiprocessing.get_context("fork").Process(target=_command_in_fork, args=(argv, dict(env), log))
+        )
 
 
 def ended(thread: threading.Thread) -> None:
