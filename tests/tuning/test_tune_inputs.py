@@ -169,6 +169,32 @@ def test_a_stale_trial_is_failed_and_queued_again_once(tmp_path):
     assert [t.system_attrs["failed_trial"] for t in retries] == [trials[what].number for what in stale]
 
 
+def test_a_tuner_that_lost_the_race_to_make_a_new_database_opens_it_again(tmp_path, monkeypatch):
+    """Two tuners on a new SQLite file: the one that lost the race saw the other's schema version row (a
+    ``tune --parallel 2`` under load ended with it) or its tables; it opens the database made meanwhile."""
+    from visiontune.tuning import study
+
+    real, lost = (
+        optuna.storages.RDBStorage,
+        [
+            "(sqlite3.IntegrityError) UNIQUE constraint failed: alembic_version.version_num",
+            "(sqlite3.OperationalError) table studies already exists",
+        ],
+    )
+
+    def racing(*args, **kwargs):
+        if lost:
+            raise RuntimeError(lost.pop(0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    assert isinstance(study.open_storage(url), real) and lost == []
+    lost.append("(sqlite3.OperationalError) unable to open database file")  # not the race: one line
+    with pytest.raises(UserError, match="cannot open the study storage .* unable to open database file"):
+        study.open_storage(url)
+
+
 def test_a_trial_asked_for_by_a_tuner_killed_before_it_recorded_itself_is_failed_after_three_beats(
     tmp_path, monkeypatch
 ):

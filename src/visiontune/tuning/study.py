@@ -64,14 +64,19 @@ def open_storage(url: str):
         raise UserError(f"cannot open the study storage {url}: {first[:300]}; check --storage") from None
 
 
+# What a tuner that lost the race to create a new database's tables sees: a table, or the schema version's
+# row (``alembic_version``), that another tuner made meanwhile.
+_LOST_THE_RACE = ("already exists", "UNIQUE constraint failed: alembic_version")
+
+
 def _rdb(url: str, attempts: int = 5):
     """Optuna's RDBStorage; tuners started together on a new database race to create its tables, and the
-    losers see "already exists": by then the tables are there, so they try again."""
+    losers see one of ``_LOST_THE_RACE``: by then the tables are there, so they try again."""
     for attempt in range(attempts):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
         except Exception as e:
-            if "already exists" not in str(e) or attempt == attempts - 1:
+            if not any(said in str(e) for said in _LOST_THE_RACE) or attempt == attempts - 1:
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
