@@ -102,7 +102,8 @@ def _fabricated_run(folder: Path, maps: list | None) -> Path:
     summary = {"best_val_accuracy": 0.8, "best_val_loss": 0.4, "best_epoch": 1, "epochs": 2}
     summary.update({"best_val_map": max(maps)} if maps else {})
     config = {"model": "resnet18", "multi_label": bool(maps), "output_dir": str(folder)}
-    (folder / "config.json").write_text(json.dumps({"config": config, "data": {"root": "/d"}}))
+    model = {"multi_label": True} if maps else {}  # a run's model record names its task as runinfo writes it
+    (folder / "config.json").write_text(json.dumps({"config": config, "data": {"root": "/d"}, "model": model}))
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "history.json").write_text(json.dumps(history))
     return folder

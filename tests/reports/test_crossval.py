@@ -21,7 +21,8 @@ def _fold_runs(tmp_path, folds: int, accuracies: list[float], held: list[int], m
         split = fold_split(labels, None, folds, fold, seed=1)[0]
         (run / "split.json").write_text(json.dumps(split_record(split, paths, "/d", 1, 0.2)))
         config = {"model": "resnet18", "folds": folds, "fold": fold, "output_dir": str(run)}
-        (run / "config.json").write_text(json.dumps({"config": config, "data": {"root": "/d"}}))
+        record = {"config": config, "data": {"root": "/d"}, **({"model": {"multi_label": True}} if maps else {})}
+        (run / "config.json").write_text(json.dumps(record))
         summary = {"best_val_accuracy": acc, "best_val_loss": 1 - acc, **({"best_val_map": m} if maps else {})}
         (run / "summary.json").write_text(json.dumps(summary))
         runs.append(compare.read_run(run))
@@ -51,7 +52,7 @@ def test_missing_or_repeated_folds_are_said_and_other_runs_are_no_cross_validati
     cv = crossval.summary(_fold_runs(tmp_path / "twice", 3, [0.5, 0.6], [1, 1]))
     assert cv["partition"] is False and "overlap" in crossval.lines(cv)[0]
     plain = _fold_runs(tmp_path / "plain", 2, [0.5, 0.6], [0, 1])
-    assert crossval.summary([compare.Run(r.name, {"model": "x"}, r.summary, []) for r in plain]) is None
+    assert crossval.summary([compare.Run(r.name, {"model": "x"}, r.summary, [], r.task) for r in plain]) is None
 
 
 def test_the_folds_of_a_multi_label_cross_validation_sum_up_their_map_too(tmp_path):

@@ -8,6 +8,7 @@ import random
 import pytest
 from matplotlib.text import Text
 
+from visiontune import tasks
 from visiontune.reports import benchtable, compare, figures
 
 
@@ -94,11 +95,11 @@ def top_losses(k: int, tmp_path):
 
 
 def curves(k: int, tmp_path):
-    return figures.history_figure(_history(multi_label=False))
+    return figures.history_figure(_history(multi_label=False), tasks.SINGLE_LABEL)
 
 
 def multi_label_curves(k: int, tmp_path):
-    return figures.history_figure(_history(multi_label=True), "map")
+    return figures.history_figure(_history(multi_label=True), tasks.MULTI_LABEL, "map")
 
 
 def bench(k: int, tmp_path):
@@ -125,7 +126,7 @@ def _run(name: str, maps=None) -> compare.Run:
     history = _history(multi_label=False)
     for row, m in zip(history, maps or ()):
         row["val"]["map"] = m
-    return compare.Run(name, {}, {"best_epoch": 2}, history)
+    return compare.Run(name, {}, {"best_epoch": 2}, history, tasks.MULTI_LABEL if maps else tasks.SINGLE_LABEL)
 
 
 def compared(k: int, tmp_path):
@@ -170,7 +171,7 @@ def test_no_text_overlaps_at_10_and_100_classes(draw, k, tmp_path):
 def test_a_constant_learning_rate_is_said_as_its_value_without_an_offset():
     import matplotlib.pyplot as plt
 
-    fig = figures.history_figure(_history(multi_label=False))
+    fig = figures.history_figure(_history(multi_label=False), tasks.SINGLE_LABEL)
     fig.canvas.draw()
     lr_ax = fig.axes[-1]
     assert lr_ax.yaxis.get_offset_text().get_text() == ""  # no "1e-3" over the axis

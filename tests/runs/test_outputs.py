@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from visiontune import files
+from visiontune import files, tasks
 from visiontune.reports import figures
 from visiontune.runs import records
 
@@ -25,7 +25,7 @@ def test_best_epoch_is_highest_val_accuracy_then_lowest_val_loss():
 
 def test_metrics_csv_has_a_row_per_epoch_and_phase(tmp_path):
     path = tmp_path / "metrics.csv"
-    records.write_metrics_csv(path, [_row(0, 0.5, 0.7), _row(1, 0.75, 0.5)])
+    records.write_metrics_csv(path, [_row(0, 0.5, 0.7), _row(1, 0.75, 0.5)], tasks.SINGLE_LABEL)
     rows = list(csv.DictReader(open(path)))
     assert [(r["epoch"], r["phase"], r["accuracy"]) for r in rows] == [
         ("0", "train", "0.500000"),
@@ -33,6 +33,28 @@ def test_metrics_csv_has_a_row_per_epoch_and_phase(tmp_path):
         ("1", "train", "0.750000"),
         ("1", "val", "0.750000"),
     ]
+    assert "map" not in rows[0]
+
+
+def test_a_multi_label_runs_metrics_csv_adds_its_val_map_and_leaves_train_rows_empty(tmp_path):
+    path = tmp_path / "metrics.csv"
+    history = [_row(0, 0.5, 0.7), _row(1, 0.75, 0.5)]
+    for row, m in zip(history, (0.25, None)):  # epoch 1's val split had no positive: no mAP
+        row["val"] = {**row["val"], "map": m, "thresholds": [0.5]}
+    records.write_metrics_csv(path, history, tasks.MULTI_LABEL)
+    rows = list(csv.DictReader(open(path)))
+    assert [(r["phase"], r["map"]) for r in rows] == [("train", ""), ("val", "0.250000"), ("train", ""), ("val", "")]
+
+
+def test_a_summary_adds_what_the_task_measures_of_the_best_epoch():
+    history = [_row(0, 0.5, 0.7), _row(1, 0.75, 0.5)]
+    for row in history:
+        row["train"] = {**row["train"], "steady_images": 10, "steady_seconds": 2.0, "data_wait_seconds": 0.0}
+    assert "best_val_map" not in records.results(history, "accuracy", tasks.SINGLE_LABEL)
+    for row, m, t in zip(history, (0.9, 0.6), ([0.3], [0.7])):
+        row["val"] = {**row["val"], "map": m, "thresholds": t}
+    got = records.results(history, "map", tasks.MULTI_LABEL)
+    assert (got["best_epoch"], got["best_val_map"], got["thresholds"]) == (0, 0.9, [0.3])
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
@@ -55,7 +77,7 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
         {**_row(e, acc, loss), "lr": lr}
         for e, acc, loss, lr in ((0, 0.6, 0.9, 0.01), (1, 0.9, 0.4, 0.008), (2, 0.8, 0.5, 0.002))
     ]
-    fig = figures.history_figure(history)
+    fig = figures.history_figure(history, tasks.SINGLE_LABEL)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     acc_ax, _, lr_ax = fig.axes
@@ -69,7 +91,7 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
     assert [t.get_text() for t in acc_ax.get_xticklabels()] == ["1", "2", "3"]
     assert [list(line.get_ydata()) for line in lr_ax.get_lines() if line.get_marker() == "o"] == [[0.01, 0.008, 0.002]]
     plt.close(fig)
-    figures.plot_history(tmp_path / "c.png", history)
+    figures.plot_history(tmp_path / "c.png", history, tasks.SINGLE_LABEL)
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -83,7 +105,7 @@ def test_a_multi_label_runs_curves_add_its_val_map_and_mark_the_epoch_its_best_m
     for row, m in zip(history, maps):
         row["val"] = {**row["val"], "map": m, "thresholds": [0.5, 0.5]}
     assert figures.best_epoch(history, "map")["epoch"] == 2 and figures.best_epoch(history)["epoch"] == 1
-    fig = figures.history_figure(history, "map")
+    fig = figures.history_figure(history, tasks.MULTI_LABEL, "map")
     acc_ax, _, map_ax, _ = fig.axes
     assert map_ax.get_title() == "Validation mAP (macro)"
     [curve] = [line for line in map_ax.get_lines() if line.get_marker() == "o"]  # val only: train has no mAP

@@ -270,10 +270,9 @@ def evaluate(
         raise UserError(f"--top-losses must be 0 or more, got {top_n}")
     task = loaded.info.task
     images, classes = discover(data, *columns, multi_label=task.multi_label), loaded.classes
-    if tasks.named(images.multi_label) is not task:
+    if (kind := tasks.named(images.multi_label)) is not task:
         raise UserError(
-            f"{data} has {'several labels' if images.multi_label else 'one label'} per image but the model is "
-            f"{task.name}; evaluate on data of its kind"
+            f"{data} has {kind.labels_per_image} per image but the model is {task.name}; evaluate on data of its kind"
         )
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
@@ -331,5 +330,6 @@ def _single_label(accelerator, loaded, outputs, paths, chosen, images, scored, t
     return report
 
 
-# The report of each task (``tasks``): its metrics reach above the task wing, into ``reports``.
+# The report of each task (``tasks``): its metrics reach above the task wing, into ``reports``, whose
+# ``report.SECTIONS`` shows each on the run's page.
 REPORTS = {tasks.SINGLE_LABEL.name: _single_label, tasks.MULTI_LABEL.name: _multilabel}

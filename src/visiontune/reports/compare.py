@@ -20,15 +20,15 @@ from pathlib import Path
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 from visiontune.reports import crossval
-from visiontune.reports.figures import multi_label
 from visiontune.reports.report import CSS
+from visiontune.tasks import Task, named
 
 # Differ by nature between any two runs, and say nothing about how they trained.
 NOT_SETTINGS = ("output_dir", "resume", "progress")
 METRICS = (
     ("best val accuracy", "best_val_accuracy"),
     ("best val loss", "best_val_loss"),
-    ("best val mAP", "best_val_map"),  # multi-label runs only: the row is left out when no run has it
+    # here, a row for each metric the runs' tasks add (multi-label: mAP)
     ("best epoch", "best_epoch"),  # shown from 1, as training prints it
     ("best epoch chosen by", "best_metric"),
     ("epochs run", "epochs"),
@@ -43,6 +43,7 @@ class Run:
     settings: dict
     summary: dict
     history: list
+    task: Task  # what the run learnt, as its config.json's model record says
 
 
 def _json(path: Path):
@@ -61,7 +62,8 @@ def read_run(folder: str | Path) -> Run:
     settings.update({k: v for k, v in (config.get("config") or {}).items() if k not in NOT_SETTINGS and k != "data"})
     settings.update({f"setup: {k}": v for k, v in (config.get("setup") or {}).items() if k in ("global_batch", "lr")})
     history = _json(path / "history.json")
-    return Run(str(folder).rstrip("/"), settings, _json(path / "summary.json") or {}, history or [])
+    task = named((config.get("model") or {}).get("multi_label") is True)
+    return Run(str(folder).rstrip("/"), settings, _json(path / "summary.json") or {}, history or [], task)
 
 
 def _text(v) -> str:
@@ -80,9 +82,9 @@ def settings_table(runs: list[Run]) -> tuple[list[tuple[str, list[str]]], int]:
     return differ + [row for row in rows if len(set(row[1])) == 1], len(differ)
 
 
-def _any_map(runs: list[Run]) -> bool:
-    """Whether any run is multi-label: its summary or its epochs carry a val mAP."""
-    return any("best_val_map" in r.summary or multi_label(r.history) for r in runs)
+def _curves(runs: list[Run]) -> dict[str, str]:
+    """The metrics the runs' tasks add to accuracy and loss (multi-label: mAP), key: name."""
+    return {key: name for r in runs for key, name in r.task.curves}
 
 
 def _shown(summary: dict, key: str):
@@ -92,17 +94,15 @@ def _shown(summary: dict, key: str):
 
 
 def metrics_table(runs: list[Run]) -> list[tuple[str, list[str]]]:
-    ranked = _any_map(runs)
-    rows = [
-        (label, [_text(_shown(r.summary, key)) for r in runs])
-        for label, key in METRICS
-        if key != "best_val_map" or ranked
-    ]
+    curves = _curves(runs)
+    shown = [*METRICS[:2], *((f"best val {name}", f"best_val_{key}") for key, name in curves.items()), *METRICS[2:]]
+    rows = [(label, [_text(_shown(r.summary, key)) for r in runs]) for label, key in shown]
     last = [r.history[-1] if r.history else {} for r in runs]
+    names = {"accuracy": "accuracy", "loss": "loss", **curves}
     rows += [
-        (f"last epoch {phase} {'mAP' if key == 'map' else key}", [_text((h.get(phase) or {}).get(key)) for h in last])
+        (f"last epoch {phase} {names[key]}", [_text((h.get(phase) or {}).get(key)) for h in last])
         for phase in ("val", "train")
-        for key in ("accuracy", "loss", *(("map",) if ranked and phase == "val" else ()))
+        for key in ("accuracy", "loss", *(curves if phase == "val" else ()))  # measured on val only
     ]
     return rows
 
@@ -115,21 +115,26 @@ def curves_figure(runs: list[Run]):
     from visiontune.reports.figures import pyplot
 
     plt = pyplot()
-    keys = ["accuracy", "loss", *(["map"] if _any_map(runs) else [])]
+    curves = _curves(runs)
+    keys = ["accuracy", "loss", *curves]
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.4), sharex=True)
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
         epochs = [row["epoch"] + 1 for row in run.history]  # as the terminal counts them
         for ax, key in zip(axes, keys):
-            if key == "map" and not multi_label(run.history):
+            if key in curves and key not in dict(run.task.curves):
                 continue  # a single-label run has no mAP: no line rather than a flat one
             val = [float("nan") if row["val"].get(key) is None else row["val"][key] for row in run.history]
             ax.plot(epochs, val, marker="o", color=color, label=run.name)
-            if key != "map":  # mAP is measured on the validation split only
+            if key not in curves:  # these are measured on the validation split only
                 ax.plot(epochs, [row["train"][key] for row in run.history], linestyle="--", color=color, alpha=0.6)
-    titles = {"accuracy": "Accuracy", "loss": "Loss"}
+    titles = {
+        "accuracy": "Accuracy (solid: validation, dashed: training)",
+        "loss": "Loss (solid: validation, dashed: training)",
+    }
+    titles.update({key: f"Validation {name}" for key, name in curves.items()})
     for ax, key in zip(axes, keys):
-        ax.set_title(f"{titles[key]} (solid: validation, dashed: training)" if key in titles else "Validation mAP")
+        ax.set_title(titles[key])
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles, labels = axes[0].get_legend_handles_labels()

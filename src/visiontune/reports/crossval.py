@@ -12,12 +12,11 @@ import json
 import statistics
 from pathlib import Path
 
-# A metric some fold lacks is left out: mAP is there when the runs are multi-label (and every fold's val
-# split has a positive).
+# Then the metrics the runs' task adds (multi-label: mAP). A metric some fold lacks is left out (a
+# multi-label fold's mAP when its val split has no positive).
 METRICS = (
     ("best val accuracy", "best_val_accuracy"),
     ("best val loss", "best_val_loss"),
-    ("best val mAP", "best_val_map"),
 )
 
 
@@ -43,7 +42,8 @@ def summary(runs: list) -> dict | None:
         whole = set(splits[0]["val"]) | set(splits[0]["train"])
         partition = len(every) == len(set(every)) and (not complete or set(every) == whole)
     metrics = {}
-    for label, key in METRICS:
+    added = {(f"best val {name}", f"best_val_{key}") for r in runs for key, name in r.task.curves}
+    for label, key in (*METRICS, *sorted(added)):
         values = [r.summary.get(key) for r in runs]
         if any(not isinstance(v, (int, float)) for v in values):
             continue

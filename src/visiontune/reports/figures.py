@@ -18,6 +18,7 @@ from pathlib import Path
 
 from visiontune.files import atomic_write
 from visiontune.reports.metrics import short
+from visiontune.tasks import Task
 
 # Beyond this many classes the panel (18 in at most) leaves under 0.15 in a name: unreadable, and laying out
 # 1,000 rotated labels per axis took matplotlib minutes. The class order is in the report and eval.json.
@@ -132,19 +133,14 @@ def pyplot():
     return plt
 
 
-def plot_history(path: str | os.PathLike, history: list[dict], metric: str = "accuracy") -> None:
+def plot_history(path: str | os.PathLike, history: list[dict], task: Task, metric: str = "accuracy") -> None:
     """``training_results.png``: the figure of ``history_figure``."""
-    save_figure(path, history_figure(history, metric))
+    save_figure(path, history_figure(history, task, metric))
 
 
-def multi_label(history: list[dict]) -> bool:
-    """Whether the epochs are a multi-label run's: their val rows carry its mAP."""
-    return any("map" in row["val"] for row in history)
-
-
-def history_figure(history: list[dict], metric: str = "accuracy"):
-    """Accuracy and loss, train against val, a multi-label run's val mAP, and the learning rate; the best
-    epoch (by ``metric``, the run's ``--best-metric``) marked.
+def history_figure(history: list[dict], task: Task, metric: str = "accuracy"):
+    """Accuracy and loss, train against val, the val metrics the run's ``task`` adds (multi-label: mAP),
+    and the learning rate; the best epoch (by ``metric``, the run's ``--best-metric``) marked.
 
     Epochs are counted from 1, as training prints them ("Epoch 1/3"); ``history.json`` keeps the 0-based
     index. The legend sits below the panels, never over a curve, and says which metric chose the best
@@ -156,12 +152,10 @@ def history_figure(history: list[dict], metric: str = "accuracy"):
     plt = pyplot()
     epochs = [row["epoch"] + 1 for row in history]
     best = best_epoch(history, metric)
-    panels = [("accuracy", "Training and Validation Accuracy"), ("loss", "Training and Validation Loss")]
-    if multi_label(history):  # mAP is measured on the validation split only
-        panels.append(("map", "Validation mAP (macro)"))
-        panels[0] = ("accuracy", "Accuracy (exact match)")
+    panels = [("accuracy", task.accuracy_title), ("loss", "Training and Validation Loss")]
+    panels += [(key, f"Validation {name} (macro)") for key, name in task.curves]  # measured on val only
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 4.4))
-    shown = "mAP" if metric == "map" else metric
+    shown = dict(task.curves).get(metric, metric)
     said = best["val"].get(metric)
     best_x = best["epoch"] + 1
     best_label = f"best epoch {best_x}, chosen by val {shown} ({'-' if said is None else f'{said:.4f}'})"

@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 import yaml
 
 from visiontune.data import sources
+from visiontune.tasks import Task, named
 
 # The announced setup lines that make the recipe (the rest -- image counts, cache paths -- are not the
 # recipe, or are local to the machine that trained).
@@ -83,7 +84,7 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
     """The README.md text; ``repo`` (ORG/NAME) names the Hub repository in the loading snippets."""
     model = config.get("model") or {}
     classes = summary.get("classes") or model.get("classes") or []
-    multi = bool(model.get("multi_label"))
+    task = named(model.get("multi_label") is True)
     data, _ = dataset_name(config)
     name = repo.split("/")[-1] if repo else f"{architecture}-{data}"
     where = f"hf-hub:{repo}" if repo else "local-dir:PATH/TO/THIS/FOLDER"
@@ -97,7 +98,7 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
         "",
         f"`{model.get('model', architecture)}` ({model.get('source', 'timm')}; timm architecture `{architecture}`) "
         f"trained with visiontune to "
-        f"{'tag images with any of' if multi else 'classify images into'} {len(classes)} classes: "
+        f"{task.card_verb} {len(classes)} classes: "
         f"{', '.join(classes)}.",
         "",
         "## Data",
@@ -124,7 +125,7 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
     ]
     if curves:
         lines += [f"![training curves]({curves})", ""]
-    lines += _usage(where, repo, multi)
+    lines += _usage(where, repo, task)
     return "\n".join(lines) + "\n"
 
 
@@ -133,8 +134,7 @@ def _cell(value) -> str:
     return " ".join(str(value).split()).replace("|", "\\|")
 
 
-def _usage(where: str, repo: str | None, multi: bool) -> list[str]:
-    activation = "logits.sigmoid()" if multi else "logits.softmax(-1)"
+def _usage(where: str, repo: str | None, task: Task) -> list[str]:
     weights = f'hf_hub_download("{repo}", "model.safetensors")' if repo else '"PATH/TO/THIS/FOLDER/model.safetensors"'
     lines = [
         "## How to use",
@@ -151,16 +151,12 @@ def _usage(where: str, repo: str | None, multi: bool) -> list[str]:
         "labels = model.pretrained_cfg['label_names']",
         "with torch.no_grad():",
         '    logits = model(transform(Image.open("image.jpg").convert("RGB")).unsqueeze(0))',
-        f"probabilities = dict(zip(labels, {activation}[0].tolist()))",
+        f"probabilities = dict(zip(labels, {task.activation_code}[0].tolist()))",
         "```",
         "",
     ]
-    if multi:
-        lines += [
-            "A multi-label model: one sigmoid per class; a label applies when its probability reaches its "
-            "threshold, tuned on the validation split (`config.json`, `visiontune.thresholds`, in label order).",
-            "",
-        ]
+    if task.card_note:
+        lines += [task.card_note, ""]
     folder = repo or "PATH/TO/THIS/FOLDER"
     lines += [
         "With transformers (its timm wrapper, with timm's transforms from the same config):",
@@ -174,7 +170,7 @@ def _usage(where: str, repo: str | None, multi: bool) -> list[str]:
         f'processor = AutoImageProcessor.from_pretrained("{folder}")',
         "with torch.no_grad():",
         '    logits = model(**processor(Image.open("image.jpg").convert("RGB"), return_tensors="pt")).logits',
-        f"probabilities = dict(zip(model.config.id2label.values(), {activation}[0].tolist()))",
+        f"probabilities = dict(zip(model.config.id2label.values(), {task.activation_code}[0].tolist()))",
         "```",
         "",
         "With visiontune (its own decode and resize, as in training; thresholds applied):",

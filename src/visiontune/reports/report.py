@@ -18,6 +18,7 @@ from pathlib import Path
 
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
+from visiontune.tasks import MULTI_LABEL, SINGLE_LABEL, named
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;margin-top:2em}table{border-collapse:collapse;margin:.5em 0}
@@ -115,7 +116,7 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
     return "".join(out)
 
 
-def _multilabel_evaluation(ev: dict) -> str:
+def _multilabel_evaluation(folder: Path, ev: dict) -> str:
     """A multi-label eval.json: mAP and the averages, per-class AP at the threshold used, the worst images."""
     overall = [
         ("images", ("images",)),
@@ -159,8 +160,13 @@ def _multilabel_evaluation(ev: dict) -> str:
 
 
 def _evaluation(folder: Path, ev: dict) -> str:
-    if ev.get("multi_label"):
-        return _multilabel_evaluation(ev)
+    """The section of an ``eval.json``, as its task's evaluation wrote it (``SECTIONS``)."""
+    return SECTIONS[named(ev.get("multi_label") is True).name](folder, ev)
+
+
+def _single_label_evaluation(folder: Path, ev: dict) -> str:
+    """A single-label eval.json: accuracy and the averages, per-class precision and recall, the confusion
+    matrix and the top losses."""
     top = f"top-{ev['top_k']} accuracy" if ev.get("top_k") else None
     overall = [
         ("images", "images"),
@@ -216,6 +222,10 @@ def _evaluation(folder: Path, ev: dict) -> str:
             )
         out.append("</table>")
     return "".join(out)
+
+
+# The evaluation section of each task (``tasks``), as ``inference/evaluate.py``'s ``REPORTS`` writes its eval.json.
+SECTIONS = {SINGLE_LABEL.name: _single_label_evaluation, MULTI_LABEL.name: _multilabel_evaluation}
 
 
 def _bench(bench: dict) -> str:

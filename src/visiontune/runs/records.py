@@ -30,10 +30,12 @@ from visiontune.files import atomic_write
 from visiontune.models import lora
 from visiontune.runs import runinfo
 from visiontune.settings.config import TrainConfig
+from visiontune.tasks import Task
 
 
-def results(history: list[dict], metric: str) -> dict:
-    """The summary's figures: the best epoch, and train images/s over the steady steps of every epoch."""
+def results(history: list[dict], metric: str, task: Task) -> dict:
+    """The summary's figures: the best epoch (with what its ``task`` adds, multi-label's mAP and thresholds),
+    and train images/s over the steady steps of every epoch."""
     best, which = best_of(history, metric)
     steady = {k: sum(r["train"][k] for r in history) for k in ("steady_images", "steady_seconds", "data_wait_seconds")}
     if not steady["steady_images"]:  # epochs shorter than the timing warm-up: use everything
@@ -43,15 +45,10 @@ def results(history: list[dict], metric: str) -> dict:
             "data_wait_seconds": 0.0,
         }
     seconds = steady["steady_seconds"]
-    ranking = (
-        {"best_val_map": best[which]["map"], "thresholds": best[which]["thresholds"]}
-        if "thresholds" in best[which]
-        else {}
-    )
     return {
         "best_val_accuracy": best[which]["accuracy"],
         "best_val_loss": best[which]["loss"],
-        **ranking,  # multi-label: the best epoch's mAP and its per-class thresholds
+        **task.best_figures(best[which]),
         "best_epoch": best["epoch"],  # 0-based, as history.json counts; people read it + 1 ("Epoch 3/3")
         "best_metric": metric,  # what chose it: --best-metric, resolved (mAP for multi-label by default)
         "best_weights": "ema" if which == "val_ema" else "raw",
@@ -193,6 +190,8 @@ def finish(
     metric: str,
     image_cache: dict | None = None,
     stopped: dict | None = None,
+    *,
+    task: Task,
 ) -> dict:
     """summary.json; ``stopped``: why the run ended before its epochs were done (--max-steps, or a reason
     the caller gave, such as a tuner pruning its trial)."""
@@ -200,7 +199,7 @@ def finish(
     summary = {
         "run_dir": run_dir,
         "total_seconds": round(elapsed, 3),
-        **results(history, metric),
+        **results(history, metric, task),
         "val_split_size": len(split.val),
         "train_split_size": len(split.train),
         "classes": images.classes,
@@ -212,8 +211,9 @@ def finish(
         accelerator.print(f"visiontune: stopped after {stopped['optimizer_steps']} optimizer steps (--max-steps)")
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
     accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
-    if summary.get("best_val_map") is not None:
-        accelerator.print(f"Best val mAP: {summary['best_val_map']:4f}")
+    for key, name in task.curves:
+        if summary.get(f"best_val_{key}") is not None:  # None: no val image had a positive
+            accelerator.print(f"Best val {name}: {summary[f'best_val_{key}']:4f}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         files.write_json(f"{run_dir}/summary.json", summary)
@@ -253,11 +253,12 @@ def save_model(
         atomic_write(Path(run_dir) / f"{stem}.pth", buf.getvalue())
 
 
-def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
+def write_metrics_csv(path: str | os.PathLike, history: list[dict], task: Task) -> None:
+    """One row an epoch and phase; a column for each metric the ``task`` adds (empty in train rows)."""
     out = io.StringIO()
     w = csv.writer(out)
-    ranked = any("map" in row["val"] for row in history)  # multi-label: a val mAP column
-    w.writerow(["epoch", "phase", "loss", "accuracy", "images", "seconds", "images_per_s", *(["map"] * ranked)])
+    extra = [key for key, _ in task.curves]
+    w.writerow(["epoch", "phase", "loss", "accuracy", "images", "seconds", "images_per_s", *extra])
     for row in history:
         for phase in PHASES:
             r = row[phase]
@@ -270,7 +271,7 @@ def write_metrics_csv(path: str | os.PathLike, history: list[dict]) -> None:
                     r["images"],
                     f"{r['seconds']:.3f}",
                     f"{r['images_per_s']:.2f}",
-                    *([] if not ranked else ["" if r.get("map") is None else f"{r['map']:.6f}"]),
+                    *("" if r.get(key) is None else f"{r[key]:.6f}" for key in extra),
                 ]
             )
     atomic_write(path, out.getvalue())

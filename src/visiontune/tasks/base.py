@@ -34,6 +34,17 @@ class Task:
     accuracy_name: str  # what its accuracy is called where an exported file is scored
     best_metric: str  # what picks a run's best epoch under --best-metric auto
     metrics: tuple[str, ...]  # the --best-metric values it measures
+    # -- what the records and the pages say of its runs and models --
+    curves: tuple[tuple[str, str], ...]  # (key, name) of the metrics its val rows add to accuracy and loss
+    accuracy_title: str  # the title of a run's accuracy curves
+    labels_per_image: str  # its data in words: "one label" (per image)
+    card_verb: str  # what its model does, as a model card says it: "<verb> N classes"
+    activation_code: str  # its activation of a tensor ``logits`` in Python, for a loading snippet
+    card_note: str  # a model card's line on how its model decides ("": nothing to add)
+
+    def best_figures(self, row: dict) -> dict:
+        """What a summary adds of the best epoch's val ``row`` to its accuracy and loss."""
+        raise NotImplementedError
 
     def label_array(self, labels) -> np.ndarray:
         """The labels as a dataset keeps them."""

@@ -99,6 +99,17 @@ class MultiLabel(Task):
     name, multi_label, ranks, thresholded, accuracy_name = "multi-label", True, True, True, "label_accuracy"
     # mAP: the exact-match ratio (its accuracy) says little until nearly every label set is right
     best_metric, metrics = "map", ("accuracy", "loss", "map")
+    curves, accuracy_title, labels_per_image = (("map", "mAP"),), "Accuracy (exact match)", "several labels"
+    card_verb, activation_code = "tag images with any of", "logits.sigmoid()"
+    card_note = (
+        "A multi-label model: one sigmoid per class; a label applies when its probability reaches its "
+        "threshold, tuned on the validation split (`config.json`, `visiontune.thresholds`, in label order)."
+    )
+
+    def best_figures(self, row: dict) -> dict:
+        if "thresholds" not in row:  # an epoch without a readable val image
+            return {}
+        return {"best_val_map": row["map"], "thresholds": row["thresholds"]}  # the thresholds the model keeps
 
     def label_array(self, labels) -> np.ndarray:
         return np.asarray(labels).astype(np.float32)

@@ -50,6 +50,11 @@ def positive_class(classes: list[str]) -> int:
 class SingleLabel(Task):
     name, multi_label, ranks, thresholded, accuracy_name = "single-label", False, False, False, "accuracy"
     best_metric, metrics = "accuracy", ("accuracy", "loss")
+    curves, accuracy_title, labels_per_image = (), "Training and Validation Accuracy", "one label"
+    card_verb, activation_code, card_note = "classify images into", "logits.softmax(-1)", ""
+
+    def best_figures(self, row: dict) -> dict:
+        return {}
 
     def label_array(self, labels) -> np.ndarray:
         return np.asarray(labels).astype(np.int64).reshape(-1)

@@ -32,6 +32,7 @@ from visiontune.cluster.strategy import effective
 from visiontune.reports import figures
 from visiontune.runs import checkpoint, records, runinfo
 from visiontune.settings.config import TrainConfig
+from visiontune.tasks import SINGLE_LABEL, Task
 from visiontune.training import engine
 from visiontune.training.ema import EMA, ShardedEMA
 from visiontune.training.meter import PhaseResult, Totals
@@ -122,6 +123,7 @@ class EpochOutputs:
     evaluate: Callable[[torch.nn.Module], PhaseResult] | None = None
     writes: records.BackgroundWrites = field(default_factory=records.BackgroundWrites)  # the main process's
     strategy: strategies.Strategy = field(default_factory=strategies.one_device)  # takes the model's full state
+    task: Task = SINGLE_LABEL  # what the run learns: the metrics its files and figures show
 
     def record(self, epoch: int, tr: PhaseResult, va: PhaseResult) -> int:
         """Record the epoch and save the best model; return the best epoch so far."""
@@ -183,7 +185,8 @@ class EpochOutputs:
     def _write(self, history: list[dict], best_from: str | None, state: dict[str, torch.Tensor] | None) -> None:
         """Snapshot now (the best weights' CPU copies given, the history copied), write in the background."""
         rows = copy.deepcopy(history)
-        run_dir, metadata, pth, metric = self.run_dir, self.model_metadata, self.save_pth, self.best_metric
+        run_dir, metadata, pth, task = self.run_dir, self.model_metadata, self.save_pth, self.task
+        metric = self.best_metric
         thresholds = history[-1][best_from].get("thresholds") if best_from is not None else None
         if thresholds is not None:  # multi-label: the best epoch's thresholds travel in the model file
             metadata = runinfo.metadata_with_thresholds(metadata, thresholds)
@@ -192,8 +195,8 @@ class EpochOutputs:
             if state is not None:
                 records.save_model(run_dir, state, metadata=metadata, pth=pth)
             files.write_json(f"{run_dir}/history.json", rows)
-            records.write_metrics_csv(f"{run_dir}/metrics.csv", rows)
-            figures.plot_history(f"{run_dir}/training_results.png", rows, metric)
+            records.write_metrics_csv(f"{run_dir}/metrics.csv", rows, task)
+            figures.plot_history(f"{run_dir}/training_results.png", rows, task, metric)
 
         self.writes.submit(write)
 

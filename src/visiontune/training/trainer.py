@@ -199,6 +199,7 @@ def _hooks(run: _Fit, stop: signals.StopSignals) -> RunHooks:
             ema=parts.scheduler.ema,
             evaluate=evaluate_ema,
             strategy=effective(cfg),
+            task=job.plan.task,
         ),
         stop,
         cfg.epochs,
@@ -364,7 +365,7 @@ def _train(
     history, asked = _fit(_Fit(job, parts, normalize, identity, resumed, info, on_epoch))
     stopped = asked or _stopped_at_max_steps(cfg, per_epoch, history)
     return records.finish(
-        accelerator, run_dir, since, history, split, images, setup, cfg.best_metric, cached, stopped=stopped
+        accelerator, run_dir, since, history, split, images, setup, cfg.best_metric, cached, stopped, task=resolved.task
     )
 
 
