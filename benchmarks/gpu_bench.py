@@ -55,7 +55,7 @@ def measure(args, mode: str) -> list[dict]:
     """In this process: one mode, every source."""
     import torch
 
-    from visiontune.cluster.strategy import ProcessSettings, decode_threads, loader_workers, make_accelerator, prepare
+    from visiontune.cluster.strategy import ProcessSettings, make_accelerator, prepare, resolve_threads
     from visiontune.data.sources import discover
     from visiontune.loading.cache import CachedDataset, open_or_build
     from visiontune.loading.devicedecode import DeviceDecodeDataset
@@ -80,14 +80,14 @@ def measure(args, mode: str) -> list[dict]:
     device = accelerator.device
     images = discover(args.data)
     cache = open_or_build(args.cache, images.paths, args.image_size)
-    workers = args.workers if args.workers >= 0 else loader_workers(cfg)
+    cores = resolve_threads(cfg, args.workers if args.workers >= 0 else None)
+    workers = cores.loader_workers
     datasets = {"cache": CachedDataset(cache, range(len(images)), images.labels)}
     if mode in args.file_modes.split(","):
         # The files as `train --cache off` reads them: --decode exact (the workers decode and resize),
         # --decode device (the workers read bytes; the training process decodes on the GPU).
         for source, kind in (("files-cpu", ImageDataset), ("files-device", DeviceDecodeDataset)):
-            threads = decode_threads(cfg.replace(num_workers=workers))
-            datasets[source] = kind(images.paths, images.labels, args.image_size, report=False, threads=threads)
+            datasets[source] = kind(images.paths, images.labels, args.image_size, report=False, threads=cores.decode)
     loaders = [
         make_loader(ds, args.batch, train=True, seed=0, num_workers=workers, pin_memory=device.type == "cuda")
         for ds in datasets.values()

@@ -82,3 +82,23 @@ def test_the_run_records_its_threads_and_what_chose_them(tmp_path, monkeypatch):
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["threads"], summary["threads_from"], summary["decode_threads"]) == (1, "--threads", 1)
     assert main([*argv, *SQUEEZENET, "--threads", "0"]) == 2
+
+
+def test_loader_workers_and_decoding_threads_share_the_process_s_budget(monkeypatch):
+    import torch
+
+    from visiontune.cluster.strategy import ProcessSettings, Threads, resolve_threads
+
+    monkeypatch.setattr(launch, "ENV", {})
+    monkeypatch.setattr(launch, "available_cores", lambda: 6)
+    monkeypatch.setattr(launch, "local_world_size", lambda: 1)
+    asked = ProcessSettings(threads=4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # On a CPU the model's threads decode the batch in this process: no workers to fight them for the cores.
+    assert resolve_threads(asked, None) == Threads(4, "--threads", 0, 4)
+    assert resolve_threads(asked, 2) == Threads(4, "--threads", 2, 1)  # each worker decodes with one thread
+    assert resolve_threads(ProcessSettings(), 0).intra_op == 6
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # With a GPU the cores decode while it computes: all but one, at most 8.
+    assert resolve_threads(asked, None) == Threads(4, "--threads", 3, 1)
+    assert resolve_threads(ProcessSettings(threads=32), None).loader_workers == 8

@@ -18,18 +18,20 @@ from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
-from visiontune.training.show import resolved
+from visiontune.settings.validation import validate
+from visiontune.training import plan
 
 FLAGS = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--batch-size", "8"]
 
 
 def _batch(data, **kw) -> tuple[torch.Tensor, torch.Tensor, TrainConfig]:
     """The first batch of epoch 0 as trainer's pieces make it, normalised as the model gets it."""
-    cfg = resolved(TrainConfig(data=str(data), model="resnet18", weights="none", image_size=32, batch_size=8, **kw))
-    cfg = cfg.replace(cache="off", num_workers=0)
+    asked = TrainConfig(data=str(data), model="resnet18", weights="none", image_size=32, batch_size=8, **kw)
+    shown = plan.view(validate(asked.replace(cache="off", num_workers=0)))
+    cfg = shown.cfg
     images = discover(str(data))
     split, _ = split_for(images, cfg)
-    stats, train_loader, _ = loaders(cfg, JobData(images, []), split, "/nonexistent")
+    stats, train_loader, _ = loaders(cfg, JobData(images, []), split, "/nonexistent", shown.threads)
     cfg = cfg.replace(mean=stats[0], std=stats[1]) if stats else cfg
     train_loader.sampler.set_epoch(0)
     u8, labels = next(iter(train_loader))

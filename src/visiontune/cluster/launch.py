@@ -484,7 +484,7 @@ def threads_choice(threads: int | None = None) -> tuple[int, str]:
     ``--threads N`` first, then ``OMP_NUM_THREADS`` (set by the user to share a machine, by
     visiontune's own launcher for its workers, or by torchrun, whose default is 1), then this
     process's share of the cores it may use (affinity and cgroup quota, over the processes on
-    this machine). Decoding shares the same budget (``strategy.decode_threads``).
+    this machine). Decoding shares the same budget (``strategy.resolve_threads``).
     """
     if threads:
         return threads, "--threads"

@@ -57,20 +57,27 @@ def effective(cfg: TrainConfig) -> strategies.Strategy:
     return named
 
 
-def loader_workers(cfg: TrainConfig) -> int:
-    """``--num-workers auto``: decoding workers out of this process's core budget."""
-    if cfg.num_workers is not None:
-        return cfg.num_workers
-    if torch.cuda.is_available():
-        return max(1, min(8, cpu_budget(cfg.threads) - 1))  # the GPU computes; the cores decode
-    # On a CPU the model needs the cores too: a worker process would fight the model's threads
-    # for them (measured: slower than either alone), so the batch is decoded in this process.
-    return 0
+@dataclass(frozen=True)
+class Threads:
+    """This process's cores as a run or a forward pass shares them, resolved once (``threads``)."""
+
+    intra_op: int  # the model's threads: --threads, OMP_NUM_THREADS, or cores / local processes
+    chosen_by: str  # what chose ``intra_op``
+    loader_workers: int  # decoding worker processes (--num-workers, or auto)
+    decode: int  # threads decoding each batch: in a loader worker, or here without workers
 
 
-def decode_threads(cfg: TrainConfig) -> int:
-    """Threads that decode a batch inside this process: the whole budget when there are no workers."""
-    return cpu_budget(cfg.threads) if loader_workers(cfg) == 0 else 1
+def resolve_threads(settings: TrainConfig | ProcessSettings, num_workers: int | None) -> Threads:
+    """``settings.threads`` (None: this process's share of the cores) and ``--num-workers`` (None: auto)
+    resolved: the cores the model computes on, the loader's workers out of the same budget, and the
+    threads that decode a batch."""
+    intra_op, chosen_by = threads_choice(settings.threads)
+    if num_workers is None:
+        # With a GPU the cores decode while it computes. On a CPU the model needs the cores too: a worker
+        # process would fight the model's threads for them (measured: slower than either alone), so the
+        # batch is decoded in this process, by every thread of the budget.
+        num_workers = max(1, min(8, intra_op - 1)) if torch.cuda.is_available() else 0
+    return Threads(intra_op, chosen_by, num_workers, intra_op if num_workers == 0 else 1)
 
 
 def enable_gpu_speedups() -> None:
@@ -162,13 +169,14 @@ class Setup:
     threads_from: str  # what chose ``threads``: --threads, OMP_NUM_THREADS, or the cores and quota
 
 
-def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
-    """Global batch, the learning rate actually used, and the devices in play (a collective)."""
+def describe(cfg: TrainConfig, accelerator: Accelerator, cores: Threads) -> Setup:
+    """This world's share of the job: the global batch, the learning rate it scales to (NaN for ``--lr
+    auto`` until the sweep chooses it), the devices in play, and the process's ``cores``."""
     strategy = effective(cfg)
     global_batch = cfg.batch_size * accelerator.num_processes * cfg.grad_accum
-    lr = cfg.lr * global_batch / cfg.reference_batch if cfg.scale_lr else cfg.lr
-    if lr == "auto":  # chosen by the sweep at the start of train, before anything reads it
-        lr = float("nan")
+    lr = float("nan") if cfg.lr == "auto" else cfg.lr
+    if cfg.scale_lr:
+        lr *= global_batch / cfg.reference_batch
     return Setup(
         strategy.name,
         accelerator.num_processes,
@@ -176,10 +184,10 @@ def describe(cfg: TrainConfig, accelerator: Accelerator) -> Setup:
         global_batch,
         lr,
         strategy.devices(accelerator),
-        torch.get_num_threads(),
-        loader_workers(cfg),
-        decode_threads(cfg),
-        threads_choice(cfg.threads)[1],
+        cores.intra_op,
+        cores.loader_workers,
+        cores.decode,
+        cores.chosen_by,
     )
 
 

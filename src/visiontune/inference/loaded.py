@@ -26,7 +26,7 @@ from torch import nn
 
 from visiontune import tasks
 from visiontune.cluster.strategies.base import no_datasets_import
-from visiontune.cluster.strategy import ProcessSettings, decode_threads, loader_workers, make_accelerator
+from visiontune.cluster.strategy import ProcessSettings, make_accelerator, resolve_threads
 from visiontune.data.decode import BadImage, read_source
 from visiontune.errors import UserError
 from visiontune.inference import formats
@@ -67,7 +67,7 @@ class InferenceConfig:
     batch_size: int  # per process
     mixed_precision: str = "no"
     progress: bool = True
-    num_workers: int | None = None  # None: strategy.loader_workers' choice
+    num_workers: int | None = None  # None: strategy.resolve_threads' choice
     timeout: float = 600.0  # seconds any collective may wait
     decode: str | None = None  # decode.DECODES; None: as the model was trained (its RunInfo)
     threads: int | None = None  # None: this process's share of the cores
@@ -174,12 +174,13 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and labels (``UNREADABLE`` for files that failed) of every path (or sample of ``reader``, whose
     names ``paths`` are), in order, on every process."""
+    cores = resolve_threads(icfg.process(), icfg.num_workers)
     dataset = ImageDataset(
         paths,
         labels,
         loaded.image_size,
         report=False,  # reported once, by the caller
-        threads=decode_threads(icfg),
+        threads=cores.decode,
         interpolation=loaded.info.interpolation,  # resized as the model was trained
         crop_pct=loaded.info.crop_pct,
         reader=reader,
@@ -190,7 +191,7 @@ def forward(
         icfg.batch_size,
         train=False,
         seed=0,
-        num_workers=loader_workers(icfg),
+        num_workers=cores.loader_workers,
         pin_memory=torch.cuda.is_available(),
     )
     # evaluation_mode: device placement and mixed precision, no DDP wrapper (nothing to synchronise).

@@ -11,7 +11,7 @@ import os
 import torch
 
 from visiontune import tasks
-from visiontune.cluster.strategy import decode_threads, loader_workers
+from visiontune.cluster.strategy import Threads
 from visiontune.data.split import Split
 from visiontune.loading.augment import sample_augment
 from visiontune.loading.cache import CachedDataset
@@ -24,10 +24,11 @@ from visiontune.settings.presets import stats_text
 LOAD_FAILURES = "load_failures.csv"  # path,problem rows for files that failed after the scan
 
 
-def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tuple:
+def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str, cores: Threads) -> tuple:
     """The train split's (mean, std) when ``--normalize data`` asks for them measured (else None), and the
     train and val loaders over the split: from the cache when asked for, else from the files. ``cfg``'s
-    input view is resolved (``training.plan``): the run's one resize, for val and train."""
+    input view is resolved (``training.plan``): the run's one resize, for val and train; ``cores`` its
+    loader workers and decoding threads."""
     images = data.images
     interpolation, crop_pct = cfg.interpolation, cfg.crop_pct
     if data.cache:
@@ -43,14 +44,14 @@ def loaders(cfg: TrainConfig, data: JobData, split: Split, run_dir: str) -> tupl
                 cfg.image_size,
                 augment,
                 failures_csv=os.path.join(run_dir, LOAD_FAILURES),
-                threads=decode_threads(cfg),
+                threads=cores.decode,
                 interpolation=interpolation,
                 crop_pct=crop_pct,
                 reader=None if images.reader is None else images.reader.take(idx),
                 decode=cfg.decode,
             )
 
-    workers, pin = loader_workers(cfg), torch.cuda.is_available()
+    workers, pin = cores.loader_workers, torch.cuda.is_available()
     augment = sample_augment(
         cfg.augment,
         cfg.image_size,

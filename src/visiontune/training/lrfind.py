@@ -138,7 +138,7 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
     data = prepare_data(accelerator, cfg, out, images)
     split = split_for(data.images, cfg)[0]
-    stats, loader, _ = loaders(cfg, data, split, out)
+    stats, loader, _ = loaders(cfg, data, split, out, resolved.threads)
     cfg = plan.measured(resolved, stats).cfg
     task = tasks.named(images.multi_label)
     imbalance.check_sampler(cfg, task)

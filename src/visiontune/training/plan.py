@@ -6,13 +6,17 @@ the same settings with what this process resolved put in, and is what every step
 ``config.json`` records. Each value is resolved once, as soon as what it depends on is known:
 
 1. the process (``for_process``, before the Accelerator): the model's input view -- size,
-   interpolation, crop -- and the accumulation that keeps an elastic job's global batch in this world;
-2. the data (``for_data``, once listed): the task's best metric, and the split method of the run this
-   one resumes;
-3. the measured (``measured``, when the loaders exist): ``--normalize data``'s statistics of the train
-   split. ``--lr auto``'s sweep needs the model and the loaders too; its lr is the Setup's.
+   interpolation, crop --, the process's threads, loader workers and decoding threads (``threads``), and
+   the accumulation that keeps an elastic job's global batch in this world;
+2. the world (``for_world``, once the Accelerator has joined the processes): ``setup``, the per-process
+   and global batch, the world size, the devices and the lr it scales to;
+3. the data (``for_data``, once listed): the task (``task``), its best metric, and the split method of
+   the run this one resumes; then what ``--cache`` came to on this machine (``cached``);
+4. the measured (``measured``, when the loaders exist): ``--normalize data``'s statistics of the train
+   split, and ``--lr auto``'s lr, chosen by a sweep over the model and the loaders (``chose_lr``).
 
-``lr-find`` and ``show`` resolve the input view here as ``train`` does, so the three see the same images.
+``lr-find`` and ``show`` resolve the input view and threads here as ``train`` does, so the three see the
+same images.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from visiontune.cluster.strategy import Setup, Threads, describe, resolve_threads
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
+from visiontune.loading.cache import CacheChoice
 from visiontune.models.build import get_spec, input_view
 from visiontune.settings.config import TrainConfig, choices
 from visiontune.settings.validation import recorded_split_method
@@ -35,7 +41,10 @@ from visiontune.training import elastic
 class Plan:
     asked: TrainConfig  # as validated, never changed
     cfg: TrainConfig  # the settings as resolved so far: what the steps read and config.json records
+    threads: Threads  # this process's cores: the model's threads, the loader's workers, decoding threads
+    setup: Setup | None = None  # this world's batch, lr and devices, known once the processes have joined
     task: Task | None = None  # what the run learns, known once the data is listed
+    cache: CacheChoice | None = None  # what --cache came to on this machine, and why (recorded)
 
     def _with(self, **resolved) -> Plan:
         return replace(self, cfg=self.cfg.replace(**resolved)) if resolved else self
@@ -43,10 +52,11 @@ class Plan:
 
 def view(asked: TrainConfig) -> Plan:
     """The model's input view resolved: ``--image-size`` or the model's size, ``--interpolation`` and
-    ``--crop-pct`` or its pretrained config's (``models.build.input_view``)."""
+    ``--crop-pct`` or its pretrained config's (``models.build.input_view``); and the process's threads."""
     interpolation, crop_pct = input_view(asked.model, asked.interpolation, asked.crop_pct)
     size = asked.image_size or get_spec(asked.model).preprocess.size
-    return Plan(asked, asked)._with(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
+    cores = resolve_threads(asked, asked.num_workers)
+    return Plan(asked, asked, cores)._with(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
 
 
 def for_process(asked: TrainConfig) -> Plan:
@@ -55,6 +65,11 @@ def for_process(asked: TrainConfig) -> Plan:
     plan = view(asked)
     accum = elastic.global_batch_accumulation(plan.cfg)
     return plan._with(grad_accum=accum) if accum != plan.cfg.grad_accum else plan
+
+
+def for_world(plan: Plan, accelerator) -> Plan:
+    """What the joined processes resolve: this world's batch, lr and devices (``strategy.describe``)."""
+    return replace(plan, setup=describe(plan.cfg, accelerator, plan.threads))
 
 
 def task_of(images: ImageSet) -> Task:
@@ -95,6 +110,17 @@ def _recorded_split_method(source: str | None, current: str) -> str:
     return recorded if recorded in choices()["split_method"] else current
 
 
+def cached(plan: Plan, choice: CacheChoice) -> Plan:
+    """What ``--cache`` came to on this machine, once the data was screened (``jobdata.prepare``)."""
+    return replace(plan, cache=choice)
+
+
 def measured(plan: Plan, stats: tuple | None) -> Plan:
     """``--normalize data``'s mean and std, measured on the train split by the loaders (None: not asked)."""
     return plan if stats is None else plan._with(mean=stats[0], std=stats[1])
+
+
+def chose_lr(plan: Plan, lr: float) -> Plan:
+    """``--lr auto``'s lr, as its sweep chose it (or the resumed run's choice): what the optimizer starts at.
+    ``config.json`` keeps ``auto``, what was asked; its setup records the number."""
+    return replace(plan, setup=replace(plan.setup, lr=lr))

@@ -25,11 +25,6 @@ from visiontune.settings.validation import validate
 from visiontune.training import plan
 
 
-def resolved(cfg: TrainConfig) -> TrainConfig:
-    """The config with the model's size, interpolation and crop filled in, as ``train`` resolves it."""
-    return plan.view(validate(cfg)).cfg
-
-
 def first_batch(cfg: TrainConfig, images: ImageSet | None = None) -> tuple[TrainConfig, torch.Tensor, torch.Tensor]:
     """(the config, the normalised float batch [N, 3, S, S], its labels) of epoch 0's first training batch.
     No cache is built (the images are decoded as the run without one would) and no file is screened first:
@@ -43,7 +38,7 @@ def first_batch(cfg: TrainConfig, images: ImageSet | None = None) -> tuple[Train
     if len(split.train) < cfg.batch_size:
         raise UserError(f"the train split has {len(split.train)} images, fewer than one batch of {cfg.batch_size}")
     with tempfile.TemporaryDirectory() as scratch:  # where a loader would record files that fail to load
-        stats, train_loader, _ = loaders(cfg, JobData(images, []), split, scratch)
+        stats, train_loader, _ = loaders(cfg, JobData(images, []), split, scratch, shown.threads)
         cfg = plan.measured(shown, stats).cfg  # --normalize data: as train measures it
         train_loader.sampler.set_epoch(0)
         batch, labels = next(iter(train_loader))

@@ -21,7 +21,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import files
 from visiontune.cluster import launch, signals
-from visiontune.cluster.strategy import ProcessSettings, Setup, describe, effective, make_accelerator, prepare
+from visiontune.cluster.strategy import ProcessSettings, Setup, effective, make_accelerator, prepare
 from visiontune.data.groups import split_for
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
@@ -76,12 +76,15 @@ class _Job:
 
     plan: Plan
     accelerator: Accelerator
-    setup: Setup
     run_dir: str
 
     @property
     def cfg(self) -> TrainConfig:
         return self.plan.cfg
+
+    @property
+    def setup(self) -> Setup:
+        return self.plan.setup
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def _open_job(resolved: Plan, run_folder: contextlib.ExitStack) -> _Job:
     runs = effective(cfg)
     runs.check(cfg)  # what this strategy cannot do with these settings, in every process of the job
     accelerator = make_accelerator(ProcessSettings.of(cfg), cfg.output_dir or "runs", **runs.accelerator_kwargs(cfg))
-    job = _Job(resolved, accelerator, describe(cfg, accelerator), _run_dir(accelerator, cfg))
+    job = _Job(plan.for_world(resolved, accelerator), accelerator, _run_dir(accelerator, cfg))
     run_folder.enter_context(runlock.hold_run(accelerator, job.run_dir))
     elastic.check_shared_folder(accelerator, job.run_dir)
     return job
@@ -276,7 +279,7 @@ def _train(
     since = time.time()
     spec = get_spec(cfg.model)
     job = _open_job(plan.for_process(cfg), run_folder)  # the input view, this world's accumulation
-    cfg, accelerator, setup, run_dir = job.cfg, job.accelerator, job.setup, job.run_dir
+    cfg, accelerator, run_dir = job.cfg, job.accelerator, job.run_dir
     # The job's one listing (handed over by the command or its launcher): the model and the input are
     # checked against it before the bad-file scan, which can take minutes on a large folder.
     if images is None:  # workers started by torchrun or srun: remote shards are downloaded once per machine
@@ -296,6 +299,7 @@ def _train(
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
     images, bad = data.images, data.bad
+    resolved = plan.cached(resolved, data.cache_choice)
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
     if limited:  # the subset is in the lists and their hash; this says how it was drawn
         split_rec = {**split_rec, "limit_images": limited}
@@ -303,7 +307,7 @@ def _train(
     _check_one_global_batch(job, split)
     imbalance.check_sampler(cfg, resolved.task)
     weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train])
-    stats, train_loader, val_loader = loaders(cfg, data, split, run_dir)
+    stats, train_loader, val_loader = loaders(cfg, data, split, run_dir, resolved.threads)
     resolved = plan.measured(resolved, stats)  # --normalize data's statistics
     cfg = resolved.cfg
     swept = None
@@ -312,8 +316,8 @@ def _train(
         # The sweep trains with the run's own loss (class weights included).
         loss = optim.criterion(cfg, resolved.task, weights) or engine.readable_cross_entropy
         lr, swept = lrfind.auto_lr(accelerator, cfg, model, train_loader, loss, source)
-        setup = dataclasses.replace(setup, lr=lr)
-    job = dataclasses.replace(job, plan=resolved, setup=setup)
+        resolved = plan.chose_lr(resolved, lr)
+    job, setup = dataclasses.replace(job, plan=resolved), resolved.setup
     mean, std = presets.mean_std(cfg)  # what the images are normalised with, recorded for every later command
     info = runinfo.describe(
         cfg.model,
@@ -343,7 +347,7 @@ def _train(
         job.plan.asked,  # what the start-up block says each resize choice came from
         task=resolved.task,
     )
-    rows.append(("image cache", data.cache_choice.text()))
+    rows.append(("image cache", resolved.cache.text()))
     rows.extend(adapted)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
     model, optimizer, (train_loader, val_loader) = prepare(accelerator, cfg, model, optimizer, train_loader, val_loader)
@@ -354,7 +358,7 @@ def _train(
         identity["lora"]["base"] = adapters.base_digest(accelerator.unwrap_model(model, keep_torch_compile=False))
     resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
     records.announce(accelerator, cfg, setup, images, split, run_dir, rows, overview.recipe_note(cfg, spec.source))
-    cached = data.cache_choice.to_dict()
+    cached = resolved.cache.to_dict()
     records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info, rows, cached)
     if swept is not None and accelerator.is_main_process:
         files.write_json(f"{run_dir}/{lrfind.RECORD}", swept)  # the sweep behind --lr auto's choice
