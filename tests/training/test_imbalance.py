@@ -145,7 +145,9 @@ def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images
         weights = imbalance.class_weights("auto", images.classes, images.labels[split.train])
         text = imbalance.describe("auto", weights, images.classes)
         rows = overview.rows(cfg, setup, len(split.train), len(split.val), images.classes, 40, 10, "torchvision", text)
-        records.announce(accelerator, cfg, setup, images, split, str(tmp_path), rows)
+        records.announce(
+            records.RunFacts(accelerator, str(tmp_path), cfg, setup, tasks.SINGLE_LABEL, images, split), rows
+        )
         assert said[0].startswith("visiontune: single on cpu")
         warning = "visiontune: warning: the rarest class, 'dog', has 9 validation images (fewer than 10)"
         assert (warning in said[1]) is warned and sum("fewer than 10" in s for s in said) == warned

@@ -15,7 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,18 +65,32 @@ def results(history: list[dict], metric: str, task: Task) -> dict:
 RARE_VAL_IMAGES = 10  # below this many val images of a class, the start lines warn
 
 
-def announce(
-    accelerator,
-    cfg: TrainConfig,
-    setup,
-    images: ImageSet,
-    split: Split,
-    run_dir: str,
-    overview: list[tuple[str, str]] = (),
-    note: str | None = None,
-) -> None:
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run's records say of it, resolved (``training.plan``): its processes and folder, the settings and
+    the world's setup, what it learns, its images and their split, and what ``--cache`` came to."""
+
+    accelerator: Any
+    run_dir: str
+    cfg: TrainConfig
+    setup: Any  # cluster.strategy.Setup: strategy, devices, batch, lr
+    task: Task
+    images: ImageSet
+    split: Split
+    image_cache: dict | None = None  # cache.CacheChoice.to_dict()
+
+
+def announce(run: RunFacts, overview: list[tuple[str, str]] = (), note: str | None = None) -> None:
     """The run's opening line (strategy, devices, split sizes, batch, lr and run folder) and a warning when
     a class has few val images, then the resolved setup, one row a line, and a note on the recipe if it has one."""
+    accelerator, cfg, setup, images, split, run_dir = (
+        run.accelerator,
+        run.cfg,
+        run.setup,
+        run.images,
+        run.split,
+        run.run_dir,
+    )
     accelerator.print(
         f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
         f"{len(split.train)} train / {len(split.val)} val images"
@@ -134,23 +150,20 @@ def _unseen_advice(cfg: TrainConfig, images: ImageSet) -> str:
 
 
 def write_records(
-    accelerator,
-    cfg: TrainConfig,
-    setup,
-    images: ImageSet,
-    split: Split,
-    split_rec: dict,
-    bad: list,
-    run_dir: str,
-    info: runinfo.RunInfo,
-    overview: list[tuple[str, str]] = (),
-    image_cache: dict | None = None,
+    run: RunFacts, split_rec: dict, bad: list, info: runinfo.RunInfo, overview: list[tuple[str, str]] = ()
 ) -> None:
-    """The run folder's records (main process), and the trackers, which write into it; ``image_cache``
-    is what ``--cache`` came to (``cache.CacheChoice.to_dict``)."""
+    """The run folder's records (main process), and the trackers, which write into it."""
+    accelerator, cfg, setup, images, split, run_dir = (
+        run.accelerator,
+        run.cfg,
+        run.setup,
+        run.images,
+        run.split,
+        run.run_dir,
+    )
     record = {
         "config": cfg.to_dict(),
-        "image_cache": image_cache,
+        "image_cache": run.image_cache,
         "setup": setup.__dict__,
         "overview": dict(overview),  # the resolved setup as announced, for the report
         "versions": host.versions(),
@@ -179,32 +192,20 @@ def write_records(
         )
 
 
-def finish(
-    accelerator,
-    run_dir: str,
-    since: float,
-    history: list[dict],
-    split: Split,
-    images: ImageSet,
-    setup,
-    metric: str,
-    image_cache: dict | None = None,
-    stopped: dict | None = None,
-    *,
-    task: Task,
-) -> dict:
+def finish(run: RunFacts, since: float, history: list[dict], stopped: dict | None = None) -> dict:
     """summary.json; ``stopped``: why the run ended before its epochs were done (--max-steps, or a reason
     the caller gave, such as a tuner pruning its trial)."""
+    accelerator, run_dir, task = run.accelerator, run.run_dir, run.task
     elapsed = time.time() - since
     summary = {
         "run_dir": run_dir,
         "total_seconds": round(elapsed, 3),
-        **results(history, metric, task),
-        "val_split_size": len(split.val),
-        "train_split_size": len(split.train),
-        "classes": images.classes,
-        **setup.__dict__,
-        "image_cache": image_cache,  # total_seconds depends on it: a cache built, read, or none
+        **results(history, run.cfg.best_metric, task),
+        "val_split_size": len(run.split.val),
+        "train_split_size": len(run.split.train),
+        "classes": run.images.classes,
+        **run.setup.__dict__,
+        "image_cache": run.image_cache,  # total_seconds depends on it: a cache built, read, or none
         **({"stopped": stopped} if stopped else {}),
     }
     if stopped and stopped["reason"] == "max-steps":

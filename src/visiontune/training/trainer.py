@@ -328,7 +328,7 @@ def _train(
         std,
         cfg.interpolation,
         cfg.crop_pct,
-        images.multi_label,
+        resolved.task.multi_label,
         decode=cfg.decode,
     )
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
@@ -357,9 +357,9 @@ def _train(
         adapters.adapters_only(accelerator)
         identity["lora"]["base"] = adapters.base_digest(accelerator.unwrap_model(model, keep_torch_compile=False))
     resumed = resume.restore(accelerator, cfg, run_dir, identity, scheduler)
-    records.announce(accelerator, cfg, setup, images, split, run_dir, rows, overview.recipe_note(cfg, spec.source))
-    cached = resolved.cache.to_dict()
-    records.write_records(accelerator, cfg, setup, images, split, split_rec, bad, run_dir, info, rows, cached)
+    facts = records.RunFacts(accelerator, run_dir, cfg, setup, resolved.task, images, split, resolved.cache.to_dict())
+    records.announce(facts, rows, overview.recipe_note(cfg, spec.source))
+    records.write_records(facts, split_rec, bad, info, rows)
     if swept is not None and accelerator.is_main_process:
         files.write_json(f"{run_dir}/{lrfind.RECORD}", swept)  # the sweep behind --lr auto's choice
     if accelerator.is_main_process:
@@ -368,9 +368,7 @@ def _train(
     parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader, weights)
     history, asked = _fit(_Fit(job, parts, normalize, identity, resumed, info, on_epoch))
     stopped = asked or _stopped_at_max_steps(cfg, per_epoch, history)
-    return records.finish(
-        accelerator, run_dir, since, history, split, images, setup, cfg.best_metric, cached, stopped, task=resolved.task
-    )
+    return records.finish(facts, since, history, stopped)
 
 
 def _stopped_at_max_steps(cfg: TrainConfig, per_epoch: int, history: list[dict]) -> dict | None:
