@@ -262,6 +262,9 @@ def test_a_killed_worker_ends_the_job_without_restarts_and_is_restarted_with_the
     rc = proc.wait(timeout=120)  # the agent stops the others (SIGTERM, then SIGKILL after 30 s)
     assert rc != 0 and "visiontune: worker rank 1 failed with exit code -9" in log.read_text()
     assert pids_alive(everyone) == [] and not _final(out).exists()
+    # The kill lands during some step after the one waited for: the job may have published a later checkpoint.
+    newest = checkpoints(out)[-1]
+    assert newest.name >= checkpoint.name(0, 2)
 
     resumed_log = tmp_path / "resumed.log"  # by hand, as after a job that failed; this time restartable
     proc = start([*argv, "--resume", "auto", "--max-restarts", "1"], env, resumed_log)
@@ -270,7 +273,7 @@ def test_a_killed_worker_ends_the_job_without_restarts_and_is_restarted_with_the
     assert proc.wait(timeout=600) == 0, resumed_log.read_text()[-3000:]
     said = resumed_log.read_text()
     assert said.count("resuming from") == 2, said[-3000:]  # the job, then its restarted workers
-    assert f"resuming from {out / 'checkpoints' / checkpoint.name(0, 2)}" in said
+    assert f"resuming from {newest}" in said  # the ended job's newest checkpoint, by hand
     got, want = _tensors(_final(out)), _tensors(uninterrupted(aug, strategy))
     assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
     assert _record(out) == _record(uninterrupted(aug, strategy).parents[1])
