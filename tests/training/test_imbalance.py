@@ -128,6 +128,7 @@ def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images
     from visiontune.settings.config import TrainConfig
     from visiontune.settings.validation import validate
     from visiontune.training import overview
+    from visiontune.training.plan import Plan
 
     said: list[str] = []
     accelerator = SimpleNamespace(print=lambda *a: said.append(" ".join(map(str, a))))
@@ -144,7 +145,8 @@ def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images
         )
         weights = imbalance.class_weights("auto", images.classes, images.labels[split.train])
         text = imbalance.describe("auto", weights, images.classes)
-        rows = overview.rows(cfg, setup, len(split.train), len(split.val), images.classes, 40, 10, "torchvision", text)
+        resolved = Plan(cfg, cfg, None, setup)
+        rows = overview.rows(resolved, len(split.train), len(split.val), images.classes, 40, 10, "torchvision", text)
         records.announce(
             records.RunFacts(accelerator, str(tmp_path), cfg, setup, tasks.SINGLE_LABEL, images, split), rows
         )

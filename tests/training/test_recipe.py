@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -17,8 +18,9 @@ from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
 from visiontune.tasks.single import per_sample_loss
-from visiontune.training import optim
+from visiontune.training import optim, plan
 from visiontune.training.ema import EMA, ShardedEMA
+from visiontune.training.plan import Plan
 from visiontune.training.schedule import warmup_steps
 
 
@@ -370,12 +372,13 @@ def test_the_start_lines_say_the_dropped_partial_batch_and_when_the_blog_recipe_
 
     setup = SimpleNamespace(world_size=1, per_process_batch=50, global_batch=50, lr=1e-3)
     cfg = _cfg(epochs=3, image_size=224)
-    rows = dict(overview.rows(cfg, setup, 1437, 360, ["cat", "dog"], 1400, 28, "torchvision"))
+    rows = dict(overview.rows(Plan(cfg, cfg, None, setup), 1437, 360, ["cat", "dog"], 1400, 28, "torchvision"))
     assert rows["train images"] == (
         "1,437 (1,400 of 1,437 per epoch, last partial batch dropped; every image is seen over epochs)"
     )
     assert rows["optimizer steps"] == "28 per epoch x 3 epochs = 84"
-    modern = dict(overview.rows(_cfg(recipe="modern"), setup, 1400, 360, ["cat", "dog"], 1400, 28, "timm"))
+    modern_cfg = _cfg(recipe="modern")
+    modern = dict(overview.rows(Plan(modern_cfg, modern_cfg, None, setup), 1400, 360, ["cat", "dog"], 1400, 28, "timm"))
     assert modern["train images"] == "1,400" and modern["lr schedule"] == "28 warm-up steps, then cosine"
     assert modern["optimizer"] == "AdamW, lr 0.001, weight decay 0.05 (none on norms and biases)"
     assert modern["loss"] == "cross-entropy, label smoothing 0.1" and modern["recipe"] == "modern"
@@ -386,14 +389,9 @@ def test_the_start_lines_say_the_dropped_partial_batch_and_when_the_blog_recipe_
     assert overview.recipe_note(_cfg(recipe="modern", weights="none"), "timm") is None
 
 
-def _resolved(**kw) -> tuple[TrainConfig, TrainConfig]:
+def _resolved(**kw) -> Plan:
     """A config as given, and as the trainer resolves it: the model's size, interpolation and crop filled in."""
-    from visiontune.models.build import get_spec, input_view
-
-    given = _cfg(**kw)
-    interpolation, crop_pct = input_view(given.model, given.interpolation, given.crop_pct)
-    size = given.image_size or get_spec(given.model).preprocess.size
-    return given, given.replace(image_size=size, interpolation=interpolation, crop_pct=crop_pct)
+    return plan.view(_cfg(**kw))
 
 
 def test_the_start_lines_say_the_resize_the_crop_and_where_each_came_from():
@@ -404,8 +402,8 @@ def test_the_start_lines_say_the_resize_the_crop_and_where_each_came_from():
     setup = SimpleNamespace(world_size=1, per_process_batch=50, global_batch=50, lr=1e-3)
 
     def resize(source: str, **kw) -> str:
-        given, cfg = _resolved(**kw)
-        return dict(overview.rows(cfg, setup, 100, 20, ["a", "b"], 100, 2, source, given=given))["resize"]
+        resolved = dataclasses.replace(_resolved(**kw), setup=setup)
+        return dict(overview.rows(resolved, 100, 20, ["a", "b"], 100, 2, source))["resize"]
 
     # A timm model brings its pretrained config's bicubic resize and 0.875 centre crop: said, with its origin.
     said = resize("timm", model="timm/resnet10t", weights="none", image_size=32)

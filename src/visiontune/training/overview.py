@@ -10,7 +10,8 @@ import math
 
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
-from visiontune.tasks import SINGLE_LABEL, Task
+from visiontune.tasks import SINGLE_LABEL
+from visiontune.training.plan import Plan
 from visiontune.training.schedule import frozen_steps, warmup_steps
 
 MAX_CLASS_NAMES = 10
@@ -117,8 +118,7 @@ def _resize(cfg: TrainConfig, given: TrainConfig, source: str) -> str:
 
 
 def rows(
-    cfg: TrainConfig,
-    setup,
+    resolved: Plan,
     train_images: int,
     val_images: int,
     classes: list[str],
@@ -126,12 +126,11 @@ def rows(
     steps_per_epoch: int,
     source: str,
     class_weights: str = "none",
-    given: TrainConfig | None = None,
-    task: Task = SINGLE_LABEL,
 ) -> list[tuple[str, str]]:
-    """The resolved setup as (label, text) rows; ``class_weights`` as ``imbalance.describe`` says them;
-    ``given``: the config as given, before the model's preprocessing defaults were filled in (default ``cfg``);
-    ``task``: what the run learns (its loss)."""
+    """The ``resolved`` plan as (label, text) rows: its settings and the world's setup, the resize said with
+    where each choice came from (what was asked, or the model's defaults), the task's loss; ``class_weights``
+    as ``imbalance.describe`` says them."""
+    cfg, setup, task = resolved.cfg, resolved.setup, resolved.task or SINGLE_LABEL
     train = _n(train_images)
     if images_per_epoch < train_images:  # the train loader keeps full batches only
         train += (
@@ -161,7 +160,7 @@ def rows(
         ("val images", val),
         ("classes", f"{len(classes)}: {names}"),
         ("model", f"{cfg.model} ({source}), weights {cfg.weights}, {cfg.image_size} px"),
-        ("resize", _resize(cfg, given or cfg, source)),
+        ("resize", _resize(cfg, resolved.asked, source)),
         ("batch", f"{batch} = global batch {setup.global_batch}"),
         ("optimizer steps", steps),
         ("optimizer", _optimizer(cfg, setup.lr)),

@@ -334,19 +334,9 @@ def _train(
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps
     # The train loader keeps full batches only: what an epoch trains on, of the train split.
     per_epoch_images = len(train_loader) // setup.world_size * setup.world_size * setup.per_process_batch
-    rows = overview.rows(
-        cfg,
-        setup,
-        len(split.train),
-        len(split.val),
-        images.classes,
-        per_epoch_images,
-        per_epoch,
-        spec.source,
-        imbalance.describe(cfg.class_weights, weights, images.classes, resolved.task),
-        job.plan.asked,  # what the start-up block says each resize choice came from
-        task=resolved.task,
-    )
+    weighting = imbalance.describe(cfg.class_weights, weights, images.classes, resolved.task)
+    counts = (len(split.train), len(split.val), images.classes, per_epoch_images, per_epoch)
+    rows = overview.rows(resolved, *counts, spec.source, weighting)
     rows.append(("image cache", resolved.cache.text()))
     rows.extend(adapted)
     optimizer, scheduler = optim.optimization(cfg, model, setup.lr, per_epoch)
