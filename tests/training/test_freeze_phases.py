@@ -12,6 +12,7 @@ import torch
 from visiontune.models.build import build_model, head_names
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
+from visiontune.tasks import SINGLE_LABEL
 from visiontune.training import optim, overview
 from visiontune.training.engine import _phase_mark
 from visiontune.training.plan import Plan
@@ -56,7 +57,9 @@ def test_the_frozen_epoch_trains_at_the_full_head_lr_and_the_warm_up_starts_at_t
 def test_the_start_lines_and_the_epoch_lines_show_the_phases():
     setup = SimpleNamespace(world_size=1, per_process_batch=50, global_batch=50, lr=1e-3)
     cfg = validate(TrainConfig(data="d", recipe="modern", epochs=3, freeze_epochs=1))
-    rows = dict(overview.rows(Plan(cfg, cfg, None, setup), 1400, 360, ["cat", "dog"], 1400, 28, "torchvision"))
+    rows = dict(
+        overview.rows(Plan(cfg, cfg, None, setup, SINGLE_LABEL), 1400, 360, ["cat", "dog"], 1400, 28, "torchvision")
+    )
     assert rows["phases"] == (
         "epoch 1: the new head only, the backbone frozen (its BatchNorm statistics too); "
         "epochs 2-3: everything (from step 29)"
@@ -65,7 +68,11 @@ def test_the_start_lines_and_the_epoch_lines_show_the_phases():
         rows["lr schedule"] == "28 head-only steps at the full lr, then 28 warm-up steps, then cosine from the unfreeze"
     )
     plain_cfg = validate(TrainConfig(data="d"))
-    plain = dict(overview.rows(Plan(plain_cfg, plain_cfg, None, setup), 1400, 360, ["a", "b"], 1400, 28, "torchvision"))
+    plain = dict(
+        overview.rows(
+            Plan(plain_cfg, plain_cfg, None, setup, SINGLE_LABEL), 1400, 360, ["a", "b"], 1400, 28, "torchvision"
+        )
+    )
     assert "phases" not in plain and plain["lr schedule"] == "constant"
     stepper = SimpleNamespace(freeze_steps=8)  # two epochs of 4 steps head-only
     marks = [_phase_mark(stepper, epoch, 4) for epoch in range(4)]

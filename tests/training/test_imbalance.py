@@ -17,7 +17,7 @@ from visiontune import tasks
 from visiontune.errors import UserError
 from visiontune.runs.checkpoint import Checkpoint
 from visiontune.runs.resume import compatible
-from visiontune.tasks import MULTI_LABEL, UNREADABLE
+from visiontune.tasks import MULTI_LABEL, SINGLE_LABEL, UNREADABLE
 from visiontune.training import imbalance, optim
 
 COUNTS = [950, 50, 7, 0]  # a class without training images too
@@ -145,7 +145,7 @@ def test_the_start_lines_warn_when_the_rarest_class_has_fewer_than_10_val_images
         )
         weights = imbalance.class_weights("auto", images.classes, images.labels[split.train])
         text = imbalance.describe("auto", weights, images.classes)
-        resolved = Plan(cfg, cfg, None, setup)
+        resolved = Plan(cfg, cfg, None, setup, SINGLE_LABEL)
         rows = overview.rows(resolved, len(split.train), len(split.val), images.classes, 40, 10, "torchvision", text)
         records.announce(
             records.RunFacts(accelerator, str(tmp_path), cfg, setup, tasks.SINGLE_LABEL, images, split), rows

@@ -17,6 +17,7 @@ from visiontune.runs import records
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
+from visiontune.tasks import SINGLE_LABEL
 from visiontune.tasks.single import per_sample_loss
 from visiontune.training import optim, plan
 from visiontune.training.ema import EMA, ShardedEMA
@@ -372,13 +373,19 @@ def test_the_start_lines_say_the_dropped_partial_batch_and_when_the_blog_recipe_
 
     setup = SimpleNamespace(world_size=1, per_process_batch=50, global_batch=50, lr=1e-3)
     cfg = _cfg(epochs=3, image_size=224)
-    rows = dict(overview.rows(Plan(cfg, cfg, None, setup), 1437, 360, ["cat", "dog"], 1400, 28, "torchvision"))
+    rows = dict(
+        overview.rows(Plan(cfg, cfg, None, setup, SINGLE_LABEL), 1437, 360, ["cat", "dog"], 1400, 28, "torchvision")
+    )
     assert rows["train images"] == (
         "1,437 (1,400 of 1,437 per epoch, last partial batch dropped; every image is seen over epochs)"
     )
     assert rows["optimizer steps"] == "28 per epoch x 3 epochs = 84"
     modern_cfg = _cfg(recipe="modern")
-    modern = dict(overview.rows(Plan(modern_cfg, modern_cfg, None, setup), 1400, 360, ["cat", "dog"], 1400, 28, "timm"))
+    modern = dict(
+        overview.rows(
+            Plan(modern_cfg, modern_cfg, None, setup, SINGLE_LABEL), 1400, 360, ["cat", "dog"], 1400, 28, "timm"
+        )
+    )
     assert modern["train images"] == "1,400" and modern["lr schedule"] == "28 warm-up steps, then cosine"
     assert modern["optimizer"] == "AdamW, lr 0.001, weight decay 0.05 (none on norms and biases)"
     assert modern["loss"] == "cross-entropy, label smoothing 0.1" and modern["recipe"] == "modern"
@@ -402,7 +409,7 @@ def test_the_start_lines_say_the_resize_the_crop_and_where_each_came_from():
     setup = SimpleNamespace(world_size=1, per_process_batch=50, global_batch=50, lr=1e-3)
 
     def resize(source: str, **kw) -> str:
-        resolved = dataclasses.replace(_resolved(**kw), setup=setup)
+        resolved = dataclasses.replace(_resolved(**kw), setup=setup, task=SINGLE_LABEL)
         return dict(overview.rows(resolved, 100, 20, ["a", "b"], 100, 2, source))["resize"]
 
     # A timm model brings its pretrained config's bicubic resize and 0.875 centre crop: said, with its origin.

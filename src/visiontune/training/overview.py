@@ -10,7 +10,6 @@ import math
 
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
-from visiontune.tasks import SINGLE_LABEL
 from visiontune.training.plan import Plan
 from visiontune.training.schedule import frozen_steps, warmup_steps
 
@@ -130,7 +129,7 @@ def rows(
     """The ``resolved`` plan as (label, text) rows: its settings and the world's setup, the resize said with
     where each choice came from (what was asked, or the model's defaults), the task's loss; ``class_weights``
     as ``imbalance.describe`` says them."""
-    cfg, setup, task = resolved.cfg, resolved.setup, resolved.task or SINGLE_LABEL
+    cfg, setup, task = resolved.cfg, resolved.setup, resolved.task
     train = _n(train_images)
     if images_per_epoch < train_images:  # the train loader keeps full batches only
         train += (
