@@ -24,6 +24,7 @@ import torch
 
 from visiontune import files
 from visiontune.cluster import host, strategies
+from visiontune.cluster.strategy import Setup
 from visiontune.data import sources
 from visiontune.data.check import write_report
 from visiontune.data.imageset import ImageSet
@@ -73,7 +74,7 @@ class RunFacts:
     accelerator: Any
     run_dir: str
     cfg: TrainConfig
-    setup: Any  # cluster.strategy.Setup: strategy, devices, batch, lr
+    setup: Setup  # the world's strategy, devices, batch and lr
     task: Task
     images: ImageSet
     split: Split
@@ -83,20 +84,13 @@ class RunFacts:
 def announce(run: RunFacts, overview: list[tuple[str, str]] = (), note: str | None = None) -> None:
     """The run's opening line (strategy, devices, split sizes, batch, lr and run folder) and a warning when
     a class has few val images, then the resolved setup, one row a line, and a note on the recipe if it has one."""
-    accelerator, cfg, setup, images, split, run_dir = (
-        run.accelerator,
-        run.cfg,
-        run.setup,
-        run.images,
-        run.split,
-        run.run_dir,
-    )
-    accelerator.print(
+    setup, images, split = run.setup, run.images, run.split
+    run.accelerator.print(
         f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
         f"{len(split.train)} train / {len(split.val)} val images"
         f"{f' ({images.split_note})' if images.split_note else ''}, {len(images.classes)} classes | "
         f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
-        f"lr {setup.lr:g} | run folder {run_dir}"
+        f"lr {setup.lr:g} | run folder {run.run_dir}"
     )
     # Per-class recall (and the balanced accuracy, their mean) of a class with a handful of val images
     # jumps by large steps between epochs: say so before the numbers are read as differences.
@@ -104,16 +98,18 @@ def announce(run: RunFacts, overview: list[tuple[str, str]] = (), note: str | No
     if len(split.val) and val_counts.min() < RARE_VAL_IMAGES:
         rarest = int(val_counts.argmin())
         count = int(val_counts[rarest])
-        accelerator.print(
+        run.accelerator.print(
             f"visiontune: warning: the rarest class, {images.classes[rarest]!r}, has {count} validation "
             f"image{'s' * (count != 1)} (fewer than {RARE_VAL_IMAGES}): its recall and the balanced "
-            f"accuracy are coarse; {_rare_advice(cfg, images, rarest)}"
+            f"accuracy are coarse; {_rare_advice(run.cfg, images, rarest)}"
         )
     if overview:
         width = max(len(label) for label, _ in overview)
-        accelerator.print("Running training\n" + "\n".join(f"  {label:<{width}}  {text}" for label, text in overview))
+        run.accelerator.print(
+            "Running training\n" + "\n".join(f"  {label:<{width}}  {text}" for label, text in overview)
+        )
     if note:
-        accelerator.print(f"visiontune: {note}")
+        run.accelerator.print(f"visiontune: {note}")
     # A class with no training image (in the data's own validation split only, one of a shuffle's draws, or
     # a class of one image) cannot be learnt: it scores 0. The run goes on (its other classes are worth
     # training); the user is told which, and what to do.
@@ -122,9 +118,9 @@ def announce(run: RunFacts, overview: list[tuple[str, str]] = (), note: str | No
         named = ", ".join(repr(images.classes[c]) for c in unseen[:5]) + (", ..." if len(unseen) > 5 else "")
         in_val = int(val_counts[unseen].sum())
         scored = f", and scores 0 on their {in_val} validation image{'s' * (in_val != 1)}" if in_val else ""
-        accelerator.print(
+        run.accelerator.print(
             f"visiontune: warning: {len(unseen)} of {len(images.classes)} classes have no training image "
-            f"({named}), so the model cannot learn them{scored}; {_unseen_advice(cfg, images)}"
+            f"({named}), so the model cannot learn them{scored}; {_unseen_advice(run.cfg, images)}"
         )
 
 
@@ -153,18 +149,11 @@ def write_records(
     run: RunFacts, split_rec: dict, bad: list, info: runinfo.RunInfo, overview: list[tuple[str, str]] = ()
 ) -> None:
     """The run folder's records (main process), and the trackers, which write into it."""
-    accelerator, cfg, setup, images, split, run_dir = (
-        run.accelerator,
-        run.cfg,
-        run.setup,
-        run.images,
-        run.split,
-        run.run_dir,
-    )
+    accelerator, cfg, images, run_dir = run.accelerator, run.cfg, run.images, run.run_dir
     record = {
         "config": cfg.to_dict(),
         "image_cache": run.image_cache,
-        "setup": setup.__dict__,
+        "setup": run.setup.__dict__,
         "overview": dict(overview),  # the resolved setup as announced, for the report
         "versions": host.versions(),
         # Absolute: evaluate recognises the run's own data by it from any working folder (hf: names and
@@ -181,7 +170,7 @@ def write_records(
     if accelerator.is_main_process:
         files.write_json(f"{run_dir}/config.json", record)
         files.write_json(f"{run_dir}/classes.json", images.classes)
-        write_split(f"{run_dir}/split.json", split_rec, split, images.paths, images.root)
+        write_split(f"{run_dir}/split.json", split_rec, run.split, images.paths, images.root)
         write_report(bad, f"{run_dir}/bad_files.csv")
     if cfg.log_with:
         # Trackers write into the run folder, known only now that the main process chose it.
