@@ -10,7 +10,8 @@ of the gradient reductions; ``--fsdp-offload`` keeps parameters and optimizer st
 only for GPU-like devices and on a CPU (gloo) would wrap the model in DDP instead. Accelerate still
 prepares the loaders and the optimizer (accumulation, the scaler) and saves the RNG and sampler states;
 the sharded model and optimizer are saved and loaded with ``torch.distributed.checkpoint`` through
-Accelerate's save/load hooks, so a checkpoint reshards to any world size, one process included.
+Accelerate's save/load hooks, so a checkpoint reshards to any world size, one process included; they are
+read back through ``dcpfiles``, which unpickles nothing.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class FSDP(Strategy):
         import os
 
         import torch
-        import torch.distributed.checkpoint as dcp
+
+        from visiontune.cluster import dcpfiles
 
         state = torch.load(path, map_location="cpu", weights_only=True)
         if state.get("ema") == _EMA:
@@ -108,7 +110,7 @@ class FSDP(Strategy):
                 state["ema"] = None
             else:
                 held = {"ema": scheduler.ema.state_dict()}  # DTensors over this EMA's own storage
-                dcp.load(held, checkpoint_id=os.path.join(os.path.dirname(path), _EMA))
+                dcpfiles.load(held, os.path.join(os.path.dirname(path), _EMA))
                 state["ema"] = held["ema"]
         scheduler.load_state_dict(state)
 
@@ -193,14 +195,14 @@ def _save(model, optimizer, folder: str) -> None:
 
 
 def _load(model, optimizer, folder: str) -> None:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+    from visiontune.cluster import dcpfiles
     from visiontune.models import lora
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": _kept(model, model_state), "optim": optim_state}
-    dcp.load(state, checkpoint_id=folder)  # resharded to this world size; a key it lacks is an error
+    dcpfiles.load(state, folder)  # resharded to this world size; a key it lacks is an error
     options = StateDictOptions(strict=not lora.has_adapters(model))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
 
