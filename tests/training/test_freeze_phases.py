@@ -106,3 +106,20 @@ def test_a_run_with_freeze_epochs_marks_its_epochs_and_records_the_phases(sample
     history = json.loads((run / "history.json").read_text())
     assert history[0]["lr"] == pytest.approx(1e-3 / 6)
     assert torch.isfinite(torch.tensor(history[1]["val"]["loss"]))
+
+
+@pytest.mark.parametrize("freeze,epochs", [(5, 1), (2, 2)])
+def test_freeze_epochs_that_cover_the_whole_run_are_refused_in_one_line(
+    tmp_path, small_data, capsys, no_scan, freeze, epochs
+):
+    from trainrun import one_line, tiny_train
+    from visiontune.cli.commands import main
+
+    argv = tiny_train(small_data, tmp_path / "run", "--freeze-epochs", str(freeze), "--epochs", str(epochs))
+    assert main(argv) == 2
+    one_line(capsys, f"--freeze-epochs {freeze}", f"--epochs {epochs}", "--freeze-backbone")
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_freeze_epochs_below_the_epochs_are_accepted():
+    assert validate(TrainConfig(data="d", epochs=3, freeze_epochs=2)).freeze_epochs == 2

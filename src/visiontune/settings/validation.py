@@ -181,6 +181,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 "a number of seconds" if name == "timeout" else "an integer" if name != "warmup_epochs" else "a number"
             )
             raise UserError(f"--{name.replace('_', '-')} must be {kind} from {low} to {high}, got {value}")
+    if cfg.freeze_epochs and cfg.freeze_epochs >= cfg.epochs:
+        # --epochs is the run's total, on a resume too: the head-only phase would be the whole run.
+        raise UserError(
+            f"--freeze-epochs {cfg.freeze_epochs} leaves no epoch of --epochs {cfg.epochs} in which the backbone "
+            "trains: give fewer --freeze-epochs than --epochs, or --freeze-backbone to train only the head"
+        )
     _check_lora(cfg)
     if cfg.max_steps is not None and cfg.max_steps < 1:  # the flag's type checks it; a config file or the API here
         raise UserError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
