@@ -93,3 +93,38 @@ def test_test_images_carry_the_signal_of_their_recorded_label(sample):
         for i, label in info["test_labels"].items()
     ]
     assert all(hits)
+
+
+def test_sample_data_per_class_is_bounded_in_one_line_before_anything_is_written(tmp_path, capsys):
+    from visiontune.cli.commands import main
+
+    assert main(["sample-data", str(tmp_path / "d"), "--per-class", "99999999999"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--per-class" in err[0] and "1 to 100,000" in err[0], err
+    assert not (tmp_path / "d").exists()
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()) as help_text, pytest.raises(SystemExit):
+        main(["sample-data", "--help"])
+    assert "1 to 100,000" in help_text.getvalue()
+
+
+def test_sample_data_hands_the_writers_one_chunk_at_a_time(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from visiontune.data import sample
+
+    seen = []
+    real_map = ThreadPoolExecutor.map
+
+    def recording_map(self, fn, jobs):
+        jobs = list(jobs)
+        seen.append(len(jobs))
+        return real_map(self, fn, jobs)
+
+    monkeypatch.setattr(sample, "_CHUNK", 4)
+    monkeypatch.setattr(ThreadPoolExecutor, "map", recording_map)
+    make_sample_data(tmp_path, per_class=5, test_count=3, seed=0)
+    assert max(seen) <= 4 and sum(seen) == 13  # never the whole list at once, and every image written
+    assert len(list((tmp_path / "train").iterdir())) == 10 and len(list((tmp_path / "test").iterdir())) == 3

@@ -34,6 +34,19 @@ def positive(text: str) -> int:
     return value
 
 
+# sample-data's bound: eight times Kaggle's 12,500 a class (about 7.5 GB with the unlabelled half), far past
+# a demo's needs, and short of filling a disk with a mistyped 99999999999.
+MAX_PER_CLASS = 100_000
+
+
+def _per_class(text: str) -> int:
+    """argparse type: sample-data's --per-class, 1 to ``MAX_PER_CLASS``."""
+    value = positive(text)
+    if value > MAX_PER_CLASS:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_PER_CLASS:,}, got {text!r}")
+    return value
+
+
 def finite(text: str) -> float:
     """argparse type: a float that is a number (float() also reads "nan" and "inf", which no setting can use)."""
     try:
@@ -473,7 +486,12 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.set_defaults(func=commands["prepare"])
     p = sub.add_parser("sample-data", help="write a small synthetic data set in the Kaggle layout")
     p.add_argument("dir", help="the folder to write (made if missing; see --force)")
-    p.add_argument("--per-class", type=positive, default=200, help="labelled images per class (default 200)")
+    p.add_argument(
+        "--per-class",
+        type=_per_class,
+        default=200,
+        help=f"labelled images per class, 1 to {MAX_PER_CLASS:,} (default 200; about 30 kB each)",
+    )
     p.add_argument("--seed", type=seed, default=0, help="seed of the drawn images (default 0): same seed, same files")
     p.add_argument("--force", action="store_true", help="replace the data set in a folder that is not empty")
     p.add_argument(

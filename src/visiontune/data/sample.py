@@ -15,6 +15,7 @@ for a seed and images can be built in parallel.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ CLASSES = ("cat", "dog")
 _TONES = {"cat": (200.0, 135.0, 80.0), "dog": (80.0, 135.0, 200.0)}  # warm vs cool mean RGB
 _MIN_SIDE, _MAX_SIDE = 300, 500
 _QUALITY = 85
+_CHUNK = 256  # images handed to the writing threads at a time
 
 
 def _picture(label: str, rng: np.random.Generator) -> np.ndarray:
@@ -104,15 +106,19 @@ def make_sample_data(
     # Test labels come from their own generator so the train images do not depend on test_count.
     test_rng = np.random.default_rng([seed, 2])
     test_labels = {i: CLASSES[int(test_rng.integers(2))] for i in range(1, test_count + 1)}
-    jobs = [
-        (train_dir / f"{label}.{n}.jpg", label, [seed, 0, c, n])
-        for c, label in enumerate(CLASSES)
-        for n in range(per_class)
-    ]
-    jobs += [(test_dir / f"{i}.jpg", label, [seed, 1, i]) for i, label in test_labels.items()]
-    # numpy and PIL's encoder release the GIL for the heavy parts, so threads use both cores.
+    jobs = itertools.chain(
+        (
+            (train_dir / f"{label}.{n}.jpg", label, [seed, 0, c, n])
+            for c, label in enumerate(CLASSES)
+            for n in range(per_class)
+        ),
+        ((test_dir / f"{i}.jpg", label, [seed, 1, i]) for i, label in test_labels.items()),
+    )
+    # numpy and PIL's encoder release the GIL for the heavy parts, so threads use both cores. The jobs go to
+    # the pool a chunk at a time (``Executor.map`` takes its whole input at once): memory stays one chunk's.
     with ThreadPoolExecutor(max_workers=min(4, available_cores())) as pool:
-        list(pool.map(lambda job: _write(*job), jobs))
+        while chunk := list(itertools.islice(jobs, _CHUNK)):
+            list(pool.map(lambda job: _write(*job), chunk))
     return {
         "train": per_class * len(CLASSES),
         "test": test_count,
