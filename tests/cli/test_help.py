@@ -113,3 +113,21 @@ def test_every_argument_of_every_subcommand_has_a_help_text():
     assert missing == []
     assert {a.dest for a in sub._choices_actions} == set(sub.choices)  # every subcommand has its line too
     assert all(a.help for a in sub._choices_actions)
+
+
+def test_the_top_level_help_lists_every_export_format_and_each_is_one_export_takes(tmp_path, capsys):
+    from visiontune.cli.commands import main
+    from visiontune.inference import EXPORT_FORMATS
+
+    top = build_parser().format_help().replace("\n", " ")
+    top = " ".join(top.split())
+    for what in ("ONNX", "OpenVINO IR", "torch.export .pt2", "timm Hub folder"):
+        assert what in top, top
+    fmt_help = _action(_subparser("export"), "--format").help
+    for name, what in EXPORT_FORMATS.items():
+        assert what in top and f"{name} ({what})" in fmt_help
+        # Each listed format is taken: the command goes on to read the run folder (absent here).
+        assert main(["export", "--run", str(tmp_path / "absent"), "--format", name]) == 2
+        assert "not a visiontune run folder" in capsys.readouterr().err
+    assert main(["export", "--run", str(tmp_path / "absent"), "--format", "tflite"]) == 2
+    assert f"one of {', '.join(EXPORT_FORMATS)}, got 'tflite'" in capsys.readouterr().err

@@ -462,7 +462,8 @@ def test_a_png_that_crashes_torchvision_is_one_bad_file_to_check_predict_and_tra
     env = env_for(_worker_env(), tmp_path)
 
     def visiontune(*argv: str) -> subprocess.CompletedProcess:
-        return trainrun.run([PYTHON, "-m", "visiontune", *argv], env)  # forked where it can be: a crash all the same
+        # forked where it can be: a crash all the same; in tmp_path, where check writes its report
+        return trainrun.run([PYTHON, "-m", "visiontune", *argv], env, cwd=tmp_path)
 
     check = visiontune("check", str(data))
     assert check.returncode == 1, check.stderr  # 1: bad files found

@@ -197,3 +197,25 @@ def test_write_report_with_nothing_bad_writes_just_the_header(tmp_path):
     out = tmp_path / "bad.csv"
     write_report([], str(out))
     assert out.read_text() == "path,problem\n"
+
+
+def test_check_writes_its_report_in_the_working_folder_never_into_the_data(tmp_path, monkeypatch, capsys):
+    from visiontune.cli.commands import main
+
+    data = tmp_path / "data"
+    for label in ("cat", "dog"):
+        (data / label).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(natural_ish(seed=i)).save(data / label / f"{i}.jpg")
+    (data / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["check", str(data)]) == 1
+    rows = list(csv.reader((work / "bad_files.csv").open()))
+    assert [r[0] for r in rows[1:]] == [str(data / "dog" / "broken.jpg")]
+    assert sorted(p.name for p in data.rglob("*") if p.is_file()) == ["0.jpg", "0.jpg", "1.jpg", "1.jpg", "broken.jpg"]
+    assert "report in bad_files.csv" in capsys.readouterr().out
+    assert main(["check", str(data), "--out", str(tmp_path / "elsewhere.csv")]) == 1  # --out, as elsewhere
+    assert (tmp_path / "elsewhere.csv").is_file()

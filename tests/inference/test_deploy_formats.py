@@ -229,3 +229,29 @@ def test_openvino_models_released_in_any_order_leave_signals_deliverable(worker_
         [sys.executable, "-c", SIGNAL_AFTER_TWO_MODELS], env=worker_env, capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout.strip() == "alive", (done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize(
+    "fp32,exported,says",
+    [
+        (0.90, 0.9028, "0.28 points gained; at most 1 may be lost"),  # it went up: not "-0.28 points lost"
+        (0.90, 0.8972, "0.28 points lost, at most 1"),
+        (0.90, 0.90, "no point lost, at most 1"),
+    ],
+)
+def test_the_export_lines_say_gained_when_the_accuracy_went_up(fp32, exported, says):
+    from visiontune.inference import openvino_ir, quantize
+
+    record = {
+        "metric": "accuracy",
+        "val_images": 500,
+        "val_accuracy_fp32": fp32,
+        "val_accuracy_int8": exported,
+        "val_accuracy_openvino_int8": exported,
+        "accuracy_drop_points": round((fp32 - exported) * 100, 6),
+        "max_accuracy_drop_points": 1.0,
+        "calibration_images": 64,
+        "precision": "int8",
+    }
+    for line in (quantize.described("m.onnx", record), openvino_ir.described("m.xml", record)):
+        assert f"({says})" in line and "-0.28" not in line, line

@@ -210,7 +210,7 @@ def test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninter
     assert [p.name for p in checkpoints(out)][-1] == checkpoint.name(1, 0)
     assert (
         err.strip() == f"visiontune: stopped by SIGTERM: checkpoint {out / 'checkpoints' / 'epoch0001-end'}; "
-        f"continue with --resume {out}"
+        f"continue with --resume auto --output-dir {out}"
     )
     # 3. SIGUSR1 (Slurm's warning) during the second step of epoch 1: that step is finished and saved.
     err = stopped_run(engine, "readable_cross_entropy", signal.SIGUSR1, 138, call=2)

@@ -124,3 +124,19 @@ def test_signal_to_the_launcher_stops_every_worker_at_the_same_step(tmp_path, sm
     meta = checkpoint.verify(str(newest))
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(meta["files"]) and meta["batch"] >= 3
     assert pids_alive(workers) == []
+
+
+@pytest.mark.parametrize(
+    "output_dir,resume,says",
+    [
+        ("runs/a", "auto", "continue with --resume auto --output-dir runs/a"),  # the README's way
+        (None, "runs/a", "continue with --resume runs/a"),  # no --output-dir: --resume auto would not find it
+    ],
+)
+def test_a_stopped_run_suggests_resume_auto_when_that_continues_it_else_its_folder(output_dir, resume, says):
+    from visiontune.settings.config import TrainConfig
+    from visiontune.training.hooks import Checkpointer
+
+    cfg = TrainConfig(data="d", output_dir=output_dir, resume=resume)
+    stop = Checkpointer(None, cfg, "runs/a", None, None, {}, []).stopped(signal.SIGINT, "runs/a/checkpoints/x")
+    assert str(stop) == f"stopped by SIGINT: checkpoint runs/a/checkpoints/x; {says}" and stop.exit_code == 130

@@ -17,6 +17,7 @@ from dataclasses import fields
 from visiontune.cluster import sbatch
 from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
+from visiontune.inference import EXPORT_FORMATS
 from visiontune.settings import presets
 from visiontune.settings.config import SEEDS, TrainConfig, choices
 from visiontune.settings.validation import load_config_file, validate
@@ -516,7 +517,9 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.set_defaults(func=commands["models"])
     p = sub.add_parser("check", help="decode every image of a data set and report the bad ones")
     data_sources_help(p.add_argument("data"), short=True, then=", as train's --data")
-    p.add_argument("--report", help="CSV report path (default DATA/bad_files.csv)")
+    p.add_argument(
+        "--out", "--report", dest="report", help="the CSV report to write (default bad_files.csv in the current folder)"
+    )
     p.add_argument("--workers", type=positive, default=available_cores(), help="decoding threads (default: cores)")
     add_pipe_flag(p)
     _add_column_flags(p)
@@ -589,13 +592,13 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--top-losses", type=int, default=16, help="misclassified images in top_losses.png/.csv")
     _add_inference_flags(p)
     p.set_defaults(func=commands["evaluate"])
-    p = sub.add_parser("export", help="export a run's best model to ONNX or a torch.export .pt2 archive")
+    formats = list(EXPORT_FORMATS.values())
+    p = sub.add_parser("export", help=f"export a run's best model: {', '.join(formats[:-1])} or {formats[-1]}")
     p.add_argument("--run", required=True, help="a training run folder")
     p.add_argument(
         "--format",
         required=True,
-        help="onnx, openvino (OpenVINO IR .xml/.bin), pt2 (torch.export; TorchScript's successor) or hub "
-        "(a timm Hub folder)",
+        help=", ".join(f"{name} ({what})" for name, what in EXPORT_FORMATS.items()),
     )
     p.add_argument(
         "--out", help="file to write (default RUN/best.onnx, RUN/best.xml, RUN/best.pt2 or the folder RUN/hub)"

@@ -242,13 +242,11 @@ def check_folder(data: str, report: str | None, workers: int | None, columns: tu
     """``visiontune check``: list ``data``, name every bad file and write the report; 1 if any, else 0."""
     images = discover(data, *columns)
     print(images.describe())
-    local = data[3:] if data.startswith("hf:") else data  # a Hub id or a shard pattern: the working folder
-    folder = (
-        local if os.path.isdir(local) else os.path.dirname(os.path.abspath(local)) if os.path.exists(local) else "."
-    )
-    report = report or os.path.join(folder, "bad_files.csv")
+    # The working folder, never the data's: a data set may be read-only, shared, or listed again by the next
+    # run, and a report is not one of its files.
+    report = report or "bad_files.csv"
     if not os.access(os.path.dirname(os.path.abspath(report)) or ".", os.W_OK):
-        raise UserError(f"cannot write the report to {report}; pass --report PATH")
+        raise UserError(f"cannot write the report to {report}; pass --out PATH")
     # Layout rejects (Thumbs.db in a Kaggle folder, ...) first, then every file that does not decode.
     bad = list(images.rejects) + scan(images.paths, workers=workers, reader=images.reader)
     write_report(bad, report)

@@ -32,6 +32,7 @@ from torch import nn
 
 from visiontune import files
 from visiontune.errors import UserError
+from visiontune.inference import EXPORT_FORMATS
 from visiontune.runs.runinfo import KEY, RunInfo
 
 FORMATS = ("onnx", "pt2")
@@ -181,8 +182,10 @@ def check_format(fmt: str) -> None:
             "TorchScript is deprecated in torch 2.14 (torch.jit); use --format pt2 "
             "(torch.export; load with torch.export.load(PATH).module()) or --format onnx"
         )
-    if fmt not in FORMATS:
-        raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt not in EXPORT_FORMATS:
+        raise UserError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
+    if fmt not in FORMATS:  # the others are written by their own modules (openvino_ir, hub)
+        raise ValueError(f"{fmt} is not written by export.export")
     if fmt == "onnx":
         require_onnx()
 

@@ -93,7 +93,7 @@ def described(out: str, record: dict) -> str:
     return (
         f"visiontune: wrote {out} and {Path(out).with_suffix('.bin').name}: OpenVINO IR, {how}; validation {metric} "
         f"{record[name]:.4f} against the fp32 ONNX model's {record['val_accuracy_fp32']:.4f} on {record['val_images']} "
-        f"images ({record['accuracy_drop_points']:.2f} points lost, at most {record['max_accuracy_drop_points']:g}); "
+        f"images ({quantize.change(record)}); "
         f"the run's description is in its rt_info under 'visiontune', the record under '{KEY}'"
     )
 

@@ -137,6 +137,16 @@ def checked(loaded: LoadedModel, run_dir: str, fp32, candidate, name: str, max_d
     return record
 
 
+def change(record: dict) -> str:
+    """The accuracy an exported file lost beside fp32, in words: a negative drop is a gain, and says so."""
+    drop, most = record["accuracy_drop_points"], record["max_accuracy_drop_points"]
+    if round(drop, 2) > 0:
+        return f"{drop:.2f} points lost, at most {most:g}"
+    if round(drop, 2) < 0:
+        return f"{-drop:.2f} points gained; at most {most:g} may be lost"
+    return f"no point lost, at most {most:g}"
+
+
 def check_options(max_drop: float, calibration: int) -> None:
     if not max_drop >= 0:
         raise UserError(f"--max-accuracy-drop must be 0 or more points, got {max_drop}")
@@ -188,8 +198,7 @@ def described(out: str, record: dict) -> str:
         f"visiontune: wrote {out}: int8 ONNX (static, calibrated on {record['calibration_images']} training "
         f"images); validation {record['metric'].replace('_', ' ')} {record['val_accuracy_int8']:.4f} against fp32's "
         f"{record['val_accuracy_fp32']:.4f} on {record['val_images']} images "
-        f"({record['accuracy_drop_points']:.2f} points lost, at most {record['max_accuracy_drop_points']:g}); "
-        f"the record is in the metadata key '{KEY}'"
+        f"({change(record)}); the record is in the metadata key '{KEY}'"
     )
 
 

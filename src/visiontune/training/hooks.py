@@ -20,6 +20,7 @@ agreement, ``save_state``) run everywhere, and only the main process writes.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -95,7 +96,12 @@ class Checkpointer:
         )
 
     def stopped(self, signum: int, path: str) -> signals.RunStopped:
-        return signals.stopped(signum, f"checkpoint {path}; continue with --resume {self.run_dir}")
+        # The README's way, --resume auto, continues the folder of --output-dir: offered when that is this run's
+        # folder; a folder the run chose itself (a timestamp), or --resume RUN without --output-dir, is named.
+        given = self.cfg.output_dir
+        auto = given is not None and os.path.abspath(given) == os.path.abspath(self.run_dir)
+        how = f"--resume auto --output-dir {self.run_dir}" if auto else f"--resume {self.run_dir}"
+        return signals.stopped(signum, f"checkpoint {path}; continue with {how}")
 
     def mid_epoch(self, epoch: int, batch: int, totals: Totals) -> str:
         """Save the partial epoch (its sums over every process); return the checkpoint's path."""
