@@ -222,3 +222,57 @@ def test_models_imports_neither_torch_nor_timm(tmp_path, worker_env):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "[]" and "timm/resnet18" in done.stdout.split()
+
+
+@pytest.mark.slow  # builds ViTs of 5.7M parameters
+def test_a_fixed_size_model_is_built_for_the_asked_size():
+    """A ViT asked at 32 px is built for 32 px (timm's img_size), as timm's train.py builds it; a model that
+    takes any size (a convnet, or timm's test_vit, built with dynamic_img_size) is built as before, its
+    weights in the shapes timm.create_model(arch) loads."""
+    model = build_model("timm/vit_tiny_patch16_224", 3, "none", image_size=32).eval()
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
+    assert model.pos_embed.shape[1] == (32 // 16) ** 2 + 1  # 16 px patches, one class token
+    assert build.resized_from("timm/vit_tiny_patch16_224", 32) == 224
+    assert build.resized_from("timm/vit_tiny_patch16_224", 224) is None
+    for name in ("timm/test_vit", "timm/test_convnext", "resnet18"):
+        assert build.resized_from(name, 32) is None
+    assert build_model("timm/test_vit", 3, "none", image_size=32).pos_embed.shape[1] == 101  # 10 x 10 + 1
+
+
+@pytest.mark.slow  # builds ViTs of 5.7M parameters
+def test_pretrained_position_embeddings_are_resampled_to_the_asked_size(tmp_path, monkeypatch):
+    """Pretrained weights (here a local file standing in for the download) reach a ViT built at another
+    size through timm's own loader, their position embeddings resampled; so do a --weights file's."""
+    from safetensors.torch import save_file
+    from timm.layers import resample_abs_pos_embed
+
+    native = timm.create_model("vit_tiny_patch16_224").eval()  # 224 px, 1000 classes: the published shapes
+    path = tmp_path / "pretrained.safetensors"
+    save_file({k: v.contiguous() for k, v in native.state_dict().items()}, str(path))
+    expected = resample_abs_pos_embed(native.pos_embed, (2, 2), num_prefix_tokens=1)
+    real = timm.create_model
+    monkeypatch.setattr(timm_models, "_weight_files", lambda arch: None)  # no Hub probe for a local file
+    monkeypatch.setattr(timm, "create_model", lambda *a, **k: real(*a, pretrained_cfg_overlay={"file": str(path)}, **k))
+    pretrained = build_model("timm/vit_tiny_patch16_224", 3, "DEFAULT", image_size=32)
+    assert torch.allclose(pretrained.pos_embed, expected)
+    assert torch.equal(pretrained.blocks[0].attn.qkv.weight, native.blocks[0].attn.qkv.weight)
+    monkeypatch.setattr(timm, "create_model", real)
+    said: list[str] = []
+    from_file = build_model("timm/vit_tiny_patch16_224", 3, str(path), image_size=32, say=said.append)
+    assert torch.allclose(from_file.pos_embed, expected) and "position embeddings resampled to 32 px" in said[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [[], ["--lora", "8"]])
+def test_vit_trains_and_predicts_at_another_size(tmp_path, sample_data, capsys, lora):
+    """`--model timm/vit... --image-size 32` (with or without --lora) trains, says the model was built for
+    32 px in the start-up block, and its run loads back at 32 px for predict."""
+    out = tmp_path / "run"
+    model = "timm/vit_tiny_patch16_224"  # timm asserts its 224 px input unless it is built for another size
+    argv = flags(data=sample_data, output_dir=out, model=model, weights="none", image_size=32)
+    argv += flags(epochs=1, batch_size=8, limit_images=40, cache="off", no_progress=True, num_workers=0)
+    assert main(["train", *argv, *lora]) == 0
+    said = capsys.readouterr().out
+    assert f"{model} (timm), weights none, 32 px (built for 32 px, not its pretrained 224 px)" in said
+    assert main(["predict", "--run", str(out), str(next((sample_data / "test").iterdir()))]) == 0
+    assert capsys.readouterr().out.splitlines()[1].count(",") == 3  # path, prediction, two probabilities

@@ -36,6 +36,7 @@ from torch import nn
 
 from visiontune.errors import UserError
 from visiontune.inference.loaded import LoadedModel, load_model
+from visiontune.models.build import resized_from
 from visiontune.reports import modelcard
 from visiontune.runs.runinfo import RunInfo
 
@@ -105,7 +106,10 @@ def _write_folder(loaded: LoadedModel, run_dir: str, folder: Path, repo: str | N
 
     info = loaded.info
     model = timm_model(loaded).float().eval().cpu()
-    save_config_for_hf(model, str(folder / "config.json"), {"label_names": list(info.classes)}, None, data_config(info))
+    # A model built for another size than its pretrained one (a ViT's position embeddings) is built so again.
+    sized = {"img_size": info.image_size} if resized_from(info.model, info.image_size) else None
+    labels = {"label_names": list(info.classes)}
+    save_config_for_hf(model, str(folder / "config.json"), labels, sized, data_config(info))
     config = json.loads((folder / "config.json").read_text())
     for key in NOT_OURS:
         config["pretrained_cfg"].pop(key, None)

@@ -139,7 +139,7 @@ def load_model(
         path, where = weights, weights
         info = runinfo.read_file(weights) or _describe(weights, model, classes, image_size)
     runinfo.reconcile(info, where, model=model, classes=tuple(classes) if classes else None, image_size=image_size)
-    net = build_model(info.model, len(info.classes), path, head_may_differ=False).eval()
+    net = build_model(info.model, len(info.classes), path, image_size=info.image_size, head_may_differ=False).eval()
     _check_size(net, info, where)
     return LoadedModel(net, info, batch)
 

@@ -144,20 +144,36 @@ def build_model(
     weights: str = "DEFAULT",
     freeze_backbone: bool = False,
     *,
+    image_size: int | None = None,
     head_may_differ: bool = True,
     say: Callable[[str], None] = print,
 ) -> nn.Module:
-    """``name`` with a fresh ``num_classes`` head; ``weights`` DEFAULT, none, a torchvision name or a file."""
+    """``name`` with a fresh ``num_classes`` head; ``weights`` DEFAULT, none, a torchvision name or a file.
+    A model made for one input size (a ViT) is built for ``image_size`` (``ModelSpec.resized_from``)."""
     spec = get_spec(name)
     named = "none" if is_weights_file(weights) else weights  # a file is loaded below, into any source's model
     from visiontune.models import timm_models  # timm itself is imported only when a timm model is built
 
-    model = (_build_torchvision if spec.source == "torchvision" else timm_models.build)(spec, num_classes, named)
+    if spec.source == "torchvision":
+        model = _build_torchvision(spec, num_classes, named)
+    else:
+        model = timm_models.build(spec, num_classes, named, image_size)
     if is_weights_file(weights):
-        load_fitting(model, load_state_file(weights), weights, head_names(model), head_may_differ, say)
+        state = load_state_file(weights)
+        if spec.preprocess.fixed_size:
+            fitted = timm_models.fit_positions(model, state)
+            if fitted is not state:
+                say(f"visiontune: {weights}: position embeddings resampled to {image_size} px")
+            state = fitted
+        load_fitting(model, state, weights, head_names(model), head_may_differ, say)
     if freeze_backbone:
         train_head_only(model)
     return model
+
+
+def resized_from(name: str, image_size: int) -> int | None:
+    """The pretrained input size that model ``name`` is rebuilt from for ``image_size``, or None."""
+    return get_spec(name).resized_from(image_size)
 
 
 def ensure_weights(name: str, weights: str) -> None:
@@ -192,7 +208,7 @@ def check_input(model: nn.Module, name: str, image_size: int, batch_size: int) -
     try:
         with torch.inference_mode():
             model.eval()(torch.zeros(1, 3, image_size, image_size))
-    except RuntimeError as e:
+    except (RuntimeError, AssertionError) as e:  # timm checks sizes with assertions
         raise UserError(
             f"--image-size {image_size} is too small for {name} ({str(e).splitlines()[0][:120]}); "
             "use a larger --image-size"

@@ -29,6 +29,9 @@ class Preprocess:
     std: tuple[float, float, float]
     interpolation: str  # torchvision InterpolationMode value: bilinear, bicubic, ...
     crop_pct: float
+    # The model is built for one input size (ViT, Swin: position embeddings over a fixed patch grid;
+    # timm's ``fixed_input_size``): another --image-size builds it for that size.
+    fixed_size: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,13 @@ class ModelSpec:
     source: str  # torchvision | timm | hf-hub
     arch: str  # the source's own name
     preprocess: Preprocess
+
+    def resized_from(self, image_size: int | None) -> int | None:
+        """The pretrained input size this model is rebuilt from for ``image_size`` (its position embeddings
+        resized), or None: a model that takes any size, or one asked at its own."""
+        if not self.preprocess.fixed_size or image_size in (None, self.preprocess.size):
+            return None
+        return self.preprocess.size
 
 
 def is_weights_file(weights: str) -> bool:

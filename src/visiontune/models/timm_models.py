@@ -8,6 +8,7 @@ while to import.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch import nn
@@ -108,7 +109,7 @@ def hub_quiet():
         hf_logging.set_verbosity(level)
 
 
-def _preprocess(cfg: dict) -> Preprocess:
+def _preprocess(cfg: dict, arch: str, model_args: dict | None = None) -> Preprocess:
     from timm.data import resolve_data_config
 
     data = resolve_data_config(pretrained_cfg=cfg)
@@ -118,7 +119,54 @@ def _preprocess(cfg: dict) -> Preprocess:
         tuple(data["std"]),
         str(data["interpolation"]),
         float(data["crop_pct"]),
+        bool(cfg.get("fixed_input_size", False)) and not _sizes_itself(arch, model_args or {}),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _sizes_itself_cached(arch: str, args: str) -> bool:
+    import json
+
+    import timm
+
+    try:
+        with torch.device("meta"):  # the architecture only: no memory, no weights, a fraction of a second
+            model = timm.create_model(arch, pretrained=False, **json.loads(args))
+    except Exception:  # noqa: BLE001  (an init that cannot run on meta: taken as fixed, built for the size asked)
+        return False
+    return bool(getattr(model, "dynamic_img_size", False))
+
+
+def _sizes_itself(arch: str, model_args: dict) -> bool:
+    """Whether ``arch`` is built to take any input size already (timm's ``dynamic_img_size``, as its test_vit
+    is): its weights then keep their pretrained shapes, loadable into ``timm.create_model(arch)`` as they are."""
+    import json
+
+    return _sizes_itself_cached(arch, json.dumps(model_args, sort_keys=True))
+
+
+def size_kwargs(spec: ModelSpec, image_size: int | None) -> dict:
+    """``create_model``'s arguments that build a fixed-size model (a ViT) for ``image_size`` rather than its
+    pretrained size, as timm's own train.py does with ``img_size``; pretrained weights then have their position
+    embeddings resampled by timm as they load."""
+    return {"img_size": image_size} if spec.resized_from(image_size) else {}
+
+
+def fit_positions(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with its position embeddings resampled to ``model``'s size where the two differ (a file saved
+    at another --image-size), by the filter timm itself loads that model family's pretrained weights with."""
+    import sys
+
+    own = model.state_dict()
+    if all(k not in own or v.shape == own[k].shape for k, v in state.items()):
+        return state
+    fit = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
+    if fit is None:
+        return state
+    try:
+        return fit(dict(state), model)
+    except Exception:  # noqa: BLE001  (a file that does not fit is named by load_fitting's own check)
+        return state
 
 
 def spec(name: str) -> ModelSpec:
@@ -129,10 +177,10 @@ def spec(name: str) -> ModelSpec:
         repo = name[len("hf-hub:") :]
         try:
             with hub_access(name, repo, ("config.json",)), hub_quiet():
-                cfg = _hub.load_model_config_from_hf(repo)[0]
+                cfg, arch, model_args = _hub.load_model_config_from_hf(repo)[:3]
         except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
             raise hub_error(name, e) from None
-        return ModelSpec(name, "hf-hub", name, _preprocess(cfg))
+        return ModelSpec(name, "hf-hub", name, _preprocess(cfg, arch, model_args))
     import timm
     from timm.models import get_pretrained_cfg
 
@@ -143,11 +191,12 @@ def spec(name: str) -> ModelSpec:
         cfg = get_pretrained_cfg(arch)
     except RuntimeError as e:  # an unknown pretrained tag
         raise UserError(f"{name}: {e}") from None
-    return ModelSpec(name, "timm", arch, _preprocess(cfg.to_dict() if cfg else {}))
+    return ModelSpec(name, "timm", arch, _preprocess(cfg.to_dict() if cfg else {}, arch))
 
 
-def build(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
-    """``spec``'s model with a ``num_classes`` head; ``weights`` DEFAULT (pretrained) or none."""
+def build(spec: ModelSpec, num_classes: int, weights: str, image_size: int | None = None) -> nn.Module:
+    """``spec``'s model with a ``num_classes`` head, for ``image_size`` where it has one fixed input size;
+    ``weights`` DEFAULT (pretrained) or none."""
     import timm
 
     if weights not in ("DEFAULT", "none") and not is_weights_file(weights):
@@ -164,6 +213,8 @@ def build(spec: ModelSpec, num_classes: int, weights: str) -> nn.Module:
         files = _weight_files(spec.arch)
     try:
         with hub_access(spec.name, *files) if files else contextlib.nullcontext(), hub_quiet():
-            return timm.create_model(spec.arch, pretrained=pretrained, num_classes=num_classes)
+            return timm.create_model(
+                spec.arch, pretrained=pretrained, num_classes=num_classes, **size_kwargs(spec, image_size)
+            )
     except OSError as e:  # timm fetches through huggingface_hub (or torch hub): all OSErrors
         raise hub_error(spec.name, e) from None

@@ -135,7 +135,7 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     accelerator = make_accelerator(ProcessSettings.of(cfg))
     images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
     set_seed(cfg.seed)  # the model's init, as train's main process draws it
-    model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone)
+    model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone, image_size=cfg.image_size)
     data = prepare_data(accelerator, cfg, out, images)
     split = split_for(data.images, cfg)[0]
     stats, loader, _ = loaders(cfg, data, split, out, resolved.threads)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from visiontune.models.build import resized_from
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.training.plan import Plan
@@ -98,6 +99,17 @@ def _decode(cfg: TrainConfig, setup) -> str:
     return f"device: JPEGs in batches on {device} in the training process; on a CPU the loader side is as fast"
 
 
+def _model(cfg: TrainConfig, source: str) -> str:
+    """The model row; a model made for one input size (a ViT) and built for another says so."""
+    text = f"{cfg.model} ({source}), weights {cfg.weights}, {cfg.image_size} px"
+    native = resized_from(cfg.model, cfg.image_size)
+    if native is None:
+        return text
+    if cfg.weights == "DEFAULT":
+        return text + f" (built for {cfg.image_size} px: position embeddings resized from the pretrained {native} px)"
+    return text + f" (built for {cfg.image_size} px, not its pretrained {native} px)"
+
+
 def _resize(cfg: TrainConfig, given: TrainConfig, source: str) -> str:
     """How every image is resized and cropped, and where each choice came from: ``given`` is the config
     before ``input_view`` filled in the model's defaults (a value given there came from a flag or --config)."""
@@ -158,7 +170,7 @@ def rows(
         ("train images", train),
         ("val images", val),
         ("classes", f"{len(classes)}: {names}"),
-        ("model", f"{cfg.model} ({source}), weights {cfg.weights}, {cfg.image_size} px"),
+        ("model", _model(cfg, source)),
         ("resize", _resize(cfg, resolved.asked, source)),
         ("batch", f"{batch} = global batch {setup.global_batch}"),
         ("optimizer steps", steps),

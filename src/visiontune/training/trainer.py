@@ -294,7 +294,14 @@ def _train(
     set_seed((cfg.seed + accelerator.process_index) % SEEDS)
     weights = runinfo.best_weights(cfg.init_from) if cfg.init_from else cfg.weights
     with accelerator.local_main_process_first():  # a weights download happens once per machine
-        model = build_model(cfg.model, len(images.classes), weights, cfg.freeze_backbone, say=accelerator.print)
+        model = build_model(
+            cfg.model,
+            len(images.classes),
+            weights,
+            cfg.freeze_backbone,
+            image_size=cfg.image_size,
+            say=accelerator.print,
+        )
     model, adapted = _adapt(cfg, model)
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
