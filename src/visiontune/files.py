@@ -12,12 +12,49 @@ import errno
 import json
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from visiontune.errors import NoSpaceError
+from visiontune.errors import NoSpaceError, UserError
+
+
+def _kind(mode: int) -> str | None:
+    """What a path that is not a regular file is, in words (None for a regular file)."""
+    kinds = (
+        (stat.S_ISREG, None),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISFIFO, "a FIFO"),
+    )
+    return next((kind for test, kind in kinds if test(mode)), "a socket")
+
+
+def check_replaceable(path: str | os.PathLike, what: str = "") -> None:
+    """Refuse, in one line, a target that is there and is not a regular file.
+
+    A write here is a rename over the target, which would turn a device node (``/dev/full``, as root), a FIFO
+    or a symbolic link into a plain file. A link is not written through either (``cp`` does): the link may
+    have been planted in a shared folder to aim the write at another file, so the user names the file itself.
+    ``what`` (``--out``) names the flag the path came from.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:  # absent (the usual case), or its folder is not: the write itself says so
+        return
+    kind = _kind(mode)
+    if kind is None:
+        return
+    named = f"{what} {path}" if what else str(path)
+    target = f" (to {os.path.realpath(path)})" if kind == "a symbolic link" else ""
+    raise UserError(
+        f"{named} is {kind}{target}; visiontune writes a new file whole and renames it into place, so it replaces "
+        "only regular files: give the path of a regular file or a new one"
+    )
 
 
 @contextmanager
@@ -25,9 +62,11 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file that becomes ``path`` whole or not at all: a unique temp file beside it, fsync, rename.
 
     Its mode is what the user's umask makes of 0666, as for any new file (and Accelerate's own). A full
-    disk (or quota) is a ``UserError`` saying that ``path`` is as it was.
+    disk (or quota) is a ``UserError`` saying that ``path`` is as it was; a ``path`` that is there and is
+    not a regular file (a device, a link) is refused before anything is written (``check_replaceable``).
     """
     path = Path(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not mkstemp: its files are mode 0600; 0666 here is narrowed by the user's umask, like any new file.
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"

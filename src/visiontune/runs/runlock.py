@@ -23,6 +23,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+from visiontune import files
 from visiontune.errors import UserError
 
 LOCK_FILE = ".visiontune.lock"
@@ -65,6 +66,7 @@ def writable_file(path: str, what: str = "--out") -> None:
     target = Path(path)
     if target.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file path")
+    files.check_replaceable(path, what)  # a device or a link: refused now, not after the work
     parent = target.parent
     while not parent.exists() and parent != parent.parent:  # the nearest existing ancestor decides
         parent = parent.parent
