@@ -20,6 +20,7 @@ from visiontune.cli.flags import config_from_args
 from visiontune.cluster import host, sbatch
 from visiontune.cluster.signals import RunStopped
 from visiontune.errors import UserError
+from visiontune.text import shown
 from visiontune.tuning import TRIAL_ENV
 
 
@@ -454,12 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell tool killed by the signal
     except UserError as e:
-        print(f"visiontune: error: {e}", file=sys.stderr)
+        print(f"visiontune: error: {shown(e)}", file=sys.stderr)  # one line, whatever a file or store put in it
         launch.leave_process_group()
         return 2
     except RunStopped as e:  # a signal or a non-finite loss: the checkpoint is written, say where
         if launch.rank() == 0:  # every worker stops alike; one line is enough
-            print(f"visiontune: {e}", file=sys.stderr)
+            print(f"visiontune: {shown(e)}", file=sys.stderr)
         launch.leave_process_group()
         return e.exit_code
     except KeyboardInterrupt:

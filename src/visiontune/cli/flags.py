@@ -89,6 +89,18 @@ def _workers(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
 
 
+def _or_none(kind: Callable) -> Callable:
+    """argparse type of an optional setting: ``none`` sets it back to unset (its default: the recipe's, the
+    model's or the data's), also over a value from ``--config``, as Hydra's ``null`` and LightningCLI's
+    ``None`` do; anything else is parsed by ``kind``."""
+
+    def parse(text: str):
+        return None if text == "none" else kind(text)
+
+    parse.__name__ = getattr(kind, "__name__", "value")  # argparse's "invalid int value" names the type
+    return parse
+
+
 # How a TrainConfig field's annotation is parsed from the command line (bool fields are --x/--no-x).
 _PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": finite, "float | None": finite}
 
@@ -214,7 +226,8 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
     start = parser.add_argument_group(
         "start here",
         f"the flags a first run needs; every other flag is in its section below ({', '.join(shown)}), "
-        "and docs/training.md explains them",
+        "and docs/training.md explains them. A setting that is unset by default takes `none` to unset it "
+        "again, over --config too (--limit-images none: all the images)",
     )
     groups = {title: parser.add_argument_group(shown) for title, shown in zip(FLAG_GROUPS, titles, strict=True)}
     group_of = {name: groups[title] for title, names in FLAG_GROUPS.items() for name in names}
@@ -246,7 +259,19 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
                 help="no augmentation",
             )
             continue
+        unsettable = f.default is None and f.type.endswith("| None")
         if f.name in allowed:
+            if unsettable and "none" not in allowed[f.name]:  # `none` is no choice of these: it unsets them
+                names = [*allowed[f.name], "none"]
+                p.add_argument(
+                    flag,
+                    type=_or_none(str),
+                    choices=[*allowed[f.name], None],
+                    metavar="{" + ",".join(names) + "}",
+                    default=argparse.SUPPRESS,
+                    help=help_text,
+                )
+                continue
             p.add_argument(flag, choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text)
             continue
         if f.name == "crop_scale":
@@ -257,7 +282,9 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
         kind = {"num_workers": _workers, "seed": seed, "lr": _lr, "max_steps": positive, "limit_images": positive}.get(
             f.name
         ) or _PARSERS[f.type]
-        action = p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+        action = p.add_argument(
+            flag, type=_or_none(kind) if unsettable else kind, default=argparse.SUPPRESS, help=help_text
+        )
         if f.name == "data":  # in the words of each data source, so that a new one is named by itself
             data_sources_help(action)
 

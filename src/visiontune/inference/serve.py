@@ -37,6 +37,7 @@ from visiontune.inference.batching import Batcher
 from visiontune.inference.decodepool import DecodePool
 from visiontune.inference.runtime import Runtime, load_runtime
 from visiontune.inference.servemetrics import Metrics
+from visiontune.text import printable
 
 MAX_FILES = 256  # images in one multipart request
 GRACE_S = 30.0  # the longest SIGTERM waits for requests in flight
@@ -87,12 +88,6 @@ class Refused(Exception):
 def _client(scope) -> str:
     host, port = scope.get("client") or ("?", 0)
     return f"{host}:{port}"
-
-
-def printable(text: str) -> str:
-    """``text`` for a log line: control and format characters (a newline, U+202E that turns the rest of the line
-    around) written as escapes, so a client-chosen name cannot forge or hide log lines."""
-    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode() for c in text)
 
 
 def _refusal(scope, status: int, reason: str):

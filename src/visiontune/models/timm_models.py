@@ -172,6 +172,7 @@ def fit_positions(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str,
 def spec(name: str) -> ModelSpec:
     """The spec of ``timm/NAME[.TAG]`` or ``hf-hub:ORG/NAME``, or a ``UserError`` saying what is wrong."""
     if name.startswith("hf-hub:"):
+        from huggingface_hub.errors import HFValidationError
         from timm.models import _hub
 
         repo = name[len("hf-hub:") :]
@@ -180,6 +181,9 @@ def spec(name: str) -> ModelSpec:
                 cfg, arch, model_args = _hub.load_model_config_from_hf(repo)[:3]
         except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
             raise hub_error(name, e) from None
+        except HFValidationError as e:  # no repository name at all (hf-hub:../../etc/passwd)
+            said = (str(e).strip().splitlines() or ["invalid"])[0][:200]
+            raise UserError(f"{name!r} is no Hugging Face Hub model name ({said}); write hf-hub:ORG/NAME") from None
         return ModelSpec(name, "hf-hub", name, _preprocess(cfg, arch, model_args))
     import timm
     from timm.models import get_pretrained_cfg

@@ -20,7 +20,7 @@ from pathlib import Path
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 from visiontune.reports import crossval
-from visiontune.reports.report import CSS
+from visiontune.reports.style import CSS
 from visiontune.tasks import Task, named
 
 # Differ by nature between any two runs, and say nothing about how they trained.
@@ -186,10 +186,9 @@ def build(runs: list[Run]) -> str:
         f"<h2>Settings</h2><p class='note'>{said}; they come first, highlighted.</p>",
         _html_table(runs, settings, differ),
     ]
-    css = CSS + "\ntr.differs th,tr.differs td{background:#fff6d5}"
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{css}</style></head><body>{''.join(body)}</body></html>\n"
+        f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
     )
 
 

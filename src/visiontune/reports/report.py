@@ -18,13 +18,8 @@ from pathlib import Path
 
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
+from visiontune.reports.style import CSS
 from visiontune.tasks import MULTI_LABEL, SINGLE_LABEL, named
-
-CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;margin-top:2em}table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}
-td.name{text-align:left;max-width:28em;overflow-wrap:anywhere}img{max-width:100%;height:auto;display:block}
-.note{color:#666}"""
 
 
 def _read(path: Path) -> dict | list | None:

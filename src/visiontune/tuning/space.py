@@ -30,9 +30,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from visiontune.cluster.host import user_cache_dir
 from visiontune.errors import UserError
+from visiontune.models.names import check_model
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import check_types, validate
+from visiontune.text import printable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -103,15 +106,19 @@ class Param:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high
 
     def extremes(self) -> list[Any]:
-        return list(self.choices) if self.kind == "categorical" else [self.low, self.high]
+        """The values to check a setting's rules with: every choice, or the range's ends (integers for an int)."""
+        if self.kind == "categorical":
+            return list(self.choices)
+        return [int(self.low), int(self.high)] if self.kind == "int" else [self.low, self.high]
 
     def describe(self) -> str:
         if self.kind == "categorical":
-            return f"{self.name} in {{{', '.join(map(str, self.choices))}}}"
+            return f"{self.name} in {{{', '.join(printable(c) for c in self.choices)}}}"
         return f"{self.name} in [{self.low:g}, {self.high:g}]{' log' if self.log else ''}"
 
 
 _TYPES = {f.name: f.type for f in fields(TrainConfig)}
+SEARCHABLE = frozenset(_TYPES) - NOT_SEARCHED
 
 
 def _param(name: str, table: Any, where: str) -> Param:
@@ -218,13 +225,23 @@ def resolve(cfg: TrainConfig, fixed: set[str], path: str | None, models: list[st
         raise UserError("the search space is empty: every setting it would search is fixed; pass --space FILE")
     for p in space:
         for value in p.extremes():
-            where = f"the search space's [{p.name}] value {value!r}"
+            where = f"the search space's [{p.name}] value {printable(repr(value))}"
             check_types({p.name: value}, where)
             try:
                 validate(cfg.replace(**{p.name: value}))
+                if p.name == "model":  # a name that exists: found now, not at the trial that draws it
+                    check_model(value, "none", user_cache_dir())  # (its weights are fetched by its trials)
             except UserError as e:
                 raise UserError(f"{where}: {e}") from None
     return space
+
+
+def check_values(space: list[Param], values: dict[str, Any], where: str) -> None:
+    """Refuse, in one line, a value outside ``space`` (a trial queued in the store by anyone can hold one)."""
+    for p in space:
+        if not p.holds(values.get(p.name)):
+            shown = printable(repr(values.get(p.name)))
+            raise UserError(f"{where}: {p.name} = {shown[:80]} is outside the search space ({p.describe()})")
 
 
 def recipe_values(space: list[Param], cfg: TrainConfig) -> dict[str, Any]:

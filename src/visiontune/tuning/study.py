@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import socket
 import threading
@@ -35,9 +34,10 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from visiontune.errors import UserError
+from visiontune.text import mask_urls
+from visiontune.tuning import store
+from visiontune.tuning.store import ATTR_DATA, ATTR_DIRECTION, ATTR_FIXED, BEAT, FAILED, OWNER
 
-ATTR_DATA, ATTR_FIXED, ATTR_DIRECTION = "visiontune:data", "visiontune:fixed", "visiontune:metric"
-OWNER, BEAT = "visiontune:owner", "visiontune:beat"
 STALE_BEATS = 3  # a heartbeat this many intervals old: the trial's tuner is gone
 
 
@@ -61,7 +61,7 @@ def open_storage(url: str):
         raise
     except Exception as e:  # the driver's own errors: sqlalchemy's, a missing driver module, an OS error
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"cannot open the study storage {url}: {first[:300]}; check --storage") from None
+        raise UserError(f"cannot open the study storage {mask_urls(url)}: {first[:300]}; check --storage") from None
 
 
 # What a tuner that lost the race to create a new database's tables sees: a table, or the schema version's
@@ -100,46 +100,43 @@ def data_identity(images) -> dict:
 
 def open_study(storage, url: str, name: str, direction: str, sampler, pruner, data: dict, fixed: dict):
     """Create the study ``name`` or load it; refuse one of other data, another metric or other fixed settings."""
+    shown = f"study {name!r} in {mask_urls(url)}"
     try:
         study = optuna.create_study(
             storage=storage, study_name=name, direction=direction, sampler=sampler, pruner=pruner, load_if_exists=True
         )
     except Exception as e:
-        raise UserError(f"cannot open study {name!r} in {url}: {str(e).splitlines()[0][:300]}") from None
-    attrs = study.user_attrs
-    if ATTR_DATA not in attrs:  # new, or made with Optuna's own API (a user's enqueued trials): claim it
+        raise UserError(f"cannot open {shown}: {str(e).splitlines()[0][:300]}") from None
+    record = store.study_record(study)
+    if record.data is None:  # new, or made with Optuna's own API (a user's enqueued trials): claim it
         study.set_user_attr(ATTR_DIRECTION, direction)
         study.set_user_attr(ATTR_FIXED, fixed)
         study.set_user_attr(ATTR_DATA, data)  # last: a study with its data recorded has the rest too
         return study
-    if attrs[ATTR_DATA].get("sha256") != data["sha256"]:
-        was = attrs[ATTR_DATA]
+    if record.data["sha256"] != data["sha256"]:
+        was = record.data
         raise UserError(
-            f"study {name!r} in {url} is of another data set ({was.get('images')} images, classes "
-            f"{', '.join(map(str, was.get('classes', [])))}; this one has {data['images']}): give another --study"
+            f"{shown} is of another data set ({was['images']} images, classes "
+            f"{', '.join(was['classes'])}; this one has {data['images']}): give another --study"
         )
-    if attrs.get(ATTR_DIRECTION, direction) != direction or study.direction.name.lower() != direction:
-        was = attrs.get(ATTR_DIRECTION)
-        raise UserError(f"study {name!r} in {url} {was}s its metric; this tuner would {direction} it (--best-metric)")
-    was = attrs.get(ATTR_FIXED, {})
-    if not isinstance(was, dict):
-        was = {}
+    if (record.direction or direction) != direction or study.direction.name.lower() != direction:
+        raise UserError(f"{shown} {record.direction}s its metric; this tuner would {direction} it (--best-metric)")
+    was = record.fixed
     # Settings both runs gave first (the likely slip), then the ones only one of them knows.
     differ = sorted((k for k in set(fixed) | set(was) if fixed.get(k) != was.get(k)), key=lambda k: (k not in was, k))
     if differ:
-        shown = ", ".join(f"{k} {was.get(k)!r} -> {fixed.get(k)!r}" for k in differ[:4])
+        said = ", ".join(f"{k} {was.get(k)!r} -> {fixed.get(k)!r}" for k in differ[:4])
         raise UserError(
-            f"study {name!r} in {url} was run with other fixed settings ({shown}): run the same command, "
-            "or give another --study"
+            f"{shown} was run with other fixed settings ({said}): run the same command, or give another --study"
         )
     return study
 
 
-def retry(study, trial, max_retry: int = 1) -> None:
+def retry(study, trial: store.Row, max_retry: int = 1) -> None:
     """Queue ``trial``'s parameters again as a WAITING trial, ``max_retry`` times at most, as Optuna's
     ``RetryHeartbeatStaleTrialCallback`` does (its ``failed_trial`` and ``retry_history`` attributes), but
     without the dead tuner's own attributes (owner, heartbeat, run folder): the retry is a trial of its own."""
-    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    history = [*trial.retry_history, trial.number]
     if len(history) > max_retry:
         return
     study.add_trial(
@@ -150,10 +147,6 @@ def retry(study, trial, max_retry: int = 1) -> None:
             system_attrs={"failed_trial": history[0], "retry_history": history},
         )
     )
-
-
-def count(trials, *states: TrialState) -> int:
-    return sum(t.state in states for t in trials)
 
 
 def _started(pid: int) -> int | None:
@@ -171,56 +164,61 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def _owner_alive(owner: dict) -> bool | None:
+def _owner_alive(owner: store.Owner) -> bool | None:
     """On this host: whether the owning process still runs (True/False); on another host, or for an owner
     record that names no process (the study's storage may be shared, and written by anyone): None."""
-    if owner.get("host") != socket.gethostname():
+    if owner.host != socket.gethostname() or owner.pid is None:
         return None
     try:
-        pid = int(owner["pid"])
-        if pid < 1:  # 0 and -N would signal process groups: no one process's
-            return None
-        os.kill(pid, 0)
+        os.kill(owner.pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # another user's live process
-    except (ValueError, KeyError, TypeError, OverflowError):
+    except OSError:
         return None
-    fields = _stat(pid)
+    fields = _stat(owner.pid)
     if fields is None:  # no /proc: the pid is all there is to go by
         return True
     if fields[0] in ("Z", "X"):  # killed, and not yet reaped (a container without an init that reaps)
         return False
-    return owner.get("started") in (None, int(fields[19]))
+    return owner.started in (None, int(fields[19]))
+
+
+# When this process first saw a running trial that carries no time it can be judged by (a shared store is
+# anyone's: a journal file may hold a trial without a start time): its heartbeat window starts then.
+_FIRST_SEEN: dict[tuple[str, int], float] = {}
+
+
+def _last_sign(t: store.Row, now: float, every: float, study_name: str) -> float:
+    """The latest time ``t``'s owner was known to be at work: its last beat, when it took the trial, or when
+    Optuna started it; a time in the future (beyond the window) is no sign."""
+    for when in (t.beat, t.owner.since if t.owner else None, t.started.timestamp() if t.started else None):
+        if when is not None and when <= now + STALE_BEATS * every:
+            return when
+    return _FIRST_SEEN.setdefault((study_name, t.trial_id), now)
 
 
 def fail_stale(study, storage, heartbeat: float) -> list[int]:
-    """FAIL the RUNNING trials nobody runs any more and queue each again, once; their numbers."""
+    """FAIL the RUNNING trials nobody runs any more and queue each again, once; their numbers. A trial is
+    judged by its owner's process on this host; else by its heartbeat, at the interval its owner recorded
+    (at most a day) or this tuner's; an owner record that names nothing usable (``"pid": "1; touch x"``, a
+    heartbeat of 1e309) counts as no owner, so such a trial too is failed once its window has passed."""
     failed = []
     now = time.time()
-    ours = ATTR_DATA in study.user_attrs  # a study visiontune made: every trial its tuners run has an owner
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = t.system_attrs.get(OWNER)
-        if owner is None and ours:
-            # A tuner records itself a moment after Optuna's ask; a trial still without an owner after three
-            # heartbeats lost its tuner in between (kill -9), and would count as running for ever.
-            started = t.datetime_start.timestamp() if t.datetime_start else now
-            alive = now - started <= STALE_BEATS * heartbeat
-        elif not isinstance(owner, dict):
+    ours = ATTR_DATA in study.user_attrs  # a study visiontune made (its record checked when it was opened)
+    for t in store.trials(study, states=(TrialState.RUNNING,)):
+        if not t.owner_recorded and not ours:
             continue  # a trial started by another program (in a study visiontune did not make): not ours to judge
-        else:
-            alive = _owner_alive(owner)
-        if alive is None:  # another host's (or an unreadable record): its heartbeat tells
-            beat, every = t.system_attrs.get(BEAT, owner.get("since")), owner.get("heartbeat", heartbeat)
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (beat, every)):
-                continue  # no time to judge it by: left as it is
-            alive = now - beat <= STALE_BEATS * every
+        alive = None if t.owner is None else _owner_alive(t.owner)
+        if alive is None:  # another host's, or no usable record: its heartbeat (or its start) tells
+            every = t.owner.heartbeat if t.owner and t.owner.heartbeat else heartbeat
+            alive = now - _last_sign(t, now, every, study.study_name) <= STALE_BEATS * every
         if alive:
             continue
         try:  # the reason first: a finished trial takes no attributes
-            storage.set_trial_system_attr(t._trial_id, "visiontune:failed", "its tuner stopped while running it")
-            storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            storage.set_trial_system_attr(t.trial_id, FAILED, "its tuner stopped while running it")
+            storage.set_trial_state_values(t.trial_id, state=TrialState.FAIL)
         except (UpdateFinishedTrialError, RuntimeError):
             continue  # another tuner failed it first (and queued it again)
         retry(study, t)

@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import fcntl
 import json
+import math
 import os
 import re
 import signal
@@ -37,7 +38,8 @@ from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.tuning import results, space, study, trialjob
+from visiontune.text import mask_urls, shown
+from visiontune.tuning import results, space, store, study, trialjob
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_DIVERGED = 5
@@ -102,15 +104,15 @@ class Tuner:
         while True:
             with _asking(self.opts.out):  # the count and the ask, one tuner at a time (of those sharing OUT)
                 study.fail_stale(self.study, self.storage, self.opts.heartbeat)
-                trials = self.study.get_trials(deepcopy=False)
+                trials = store.trials(self.study)
                 if not trials and (start := space.recipe_values(self.params, self.cfg)):
                     self.study.enqueue_trial(start)  # a new study's first trial: the recipe's own settings
-                    trials = self.study.get_trials(deepcopy=False)
-                done = study.count(trials, *FINISHED)
-                waiting = study.count(trials, TrialState.WAITING)
+                    trials = store.trials(self.study)
+                done = store.count(trials, *FINISHED)
+                waiting = store.count(trials, TrialState.WAITING)
                 if done >= self.opts.trials or (deadline is not None and time.time() >= deadline):
                     return ran
-                busy = done + study.count(trials, TrialState.RUNNING) + waiting >= self.opts.trials and not waiting
+                busy = done + store.count(trials, TrialState.RUNNING) + waiting >= self.opts.trials and not waiting
                 trial = None if busy else self.study.ask()
                 # Owned from the start: another tuner never takes a trial without an owner for a stale one.
                 beat = None if trial is None else study.Heartbeat(self.storage, trial._trial_id, self.opts.heartbeat)
@@ -118,64 +120,103 @@ class Tuner:
                 time.sleep(min(5.0, self.opts.heartbeat))  # the last trials are other tuners': wait for them
                 continue
             with beat:
-                self.one_trial(trial, beat)
+                self.one_trial(trial, beat, quiet=ran > 0)
             ran += 1
 
-    def one_trial(self, trial, beat: study.Heartbeat) -> None:
+    def one_trial(self, trial, beat: study.Heartbeat, quiet: bool = False) -> None:
+        """Run ``trial`` and tell the study how it ended. ``quiet``: the trial's own output (the start-up block
+        the first trial showed, its epochs) goes to ``OUT/trial-NNNN.log``, and the trial is one line here."""
         from visiontune.cluster.signals import RunStopped
         from visiontune.training.engine import NonFiniteLoss
         from visiontune.training.trainer import train
 
-        values = space.sample(self.params, trial)
+        where = f"trial {trial.number} (queued in the study store)"
+        try:  # a trial queued with Optuna's API (by anyone sharing the store) may hold values outside the space
+            values = space.sample(self.params, trial)
+            space.check_values(self.params, values, where)
+        except (ValueError, UserError) as e:  # Optuna's ValueError: a choice not in the space's choices
+            self.study.tell(trial, state=TrialState.FAIL)  # not left RUNNING for other tuners to wait on
+            said = str(e) if isinstance(e, UserError) else f"{where}: {e}"
+            raise UserError(f"{shown(said)}; it is marked failed: run the same command to go on") from None
         run_dir = str(Path(self.opts.out, f"trial-{trial.number:04d}").resolve())
         cfg = validate(self.cfg.replace(**values, output_dir=run_dir))  # each value was checked; now together
+        settings = results.settings_of(cfg)
         trial.set_user_attr("run_dir", run_dir)
-        trial.set_user_attr("config", results.settings_of(cfg))
-        print(f"visiontune: trial {trial.number}: {', '.join(f'{k}={v}' for k, v in values.items())} -> {run_dir}")
+        trial.set_user_attr("config", settings)
+        job = launch.needs_launcher(cfg, "tune")  # several processes here: a job of its own, its main one reporting
+        log = Path(self.opts.out, f"trial-{trial.number:04d}.log") if quiet and not job else None
+        said = f"visiontune: trial {trial.number}: {results.describe(values)}"
+        if log is None:
+            print(f"{said} -> {shown(run_dir)}", flush=True)
+        else:  # the line is ended by how the trial ends
+            print(f"{said} (output: {shown(log.name)}) ...", end=" ", flush=True)
+        ended = print if log is not None else lambda text: print(f"visiontune: trial {trial.number}: {text}")
         try:
-            if launch.needs_launcher(cfg, "tune"):  # several processes here: a job of its own, its main one reporting
-                summary = self._as_job(trial, run_dir, cfg.epochs, beat)
+            if job:
+                summary = self._as_job(trial, run_dir, cfg.epochs, beat, settings)
             else:
                 hook = trialjob.pruning(trial, self.metric, cfg.epochs, self.opts.pruner)
-                summary = train(cfg, self.images, on_epoch=hook)
+                with _output_to(log):
+                    summary = train(cfg, self.images, on_epoch=hook)
         except NonFiniteLoss as e:  # these settings diverge: the search goes on (a few times in a row at most)
-            trial.set_user_attr("error", str(e))
-            self.study.tell(trial, state=TrialState.FAIL)
-            print(f"visiontune: trial {trial.number} failed: {e}", file=sys.stderr)
-            self.diverged += 1
-            if self.diverged >= MAX_DIVERGED:
-                raise UserError(
-                    f"{self.diverged} trials in a row diverged (the last: {e}); narrow the space (a lower lr)"
-                ) from None
+            self._diverged(trial, str(e), ended)
             return
         except UserError as e:  # the space was checked before: this is about the data or the machine
             trial.set_user_attr("error", str(e))
             self.study.tell(trial, state=TrialState.FAIL)
+            if log is not None:
+                print("failed")
             raise
         except RunStopped:  # a signal: the tuner stops; the trial goes back in the queue
             self.storage.set_trial_system_attr(trial._trial_id, "visiontune:failed", "stopped by a signal")
             self.study.tell(trial, state=TrialState.FAIL)
-            study.retry(self.study, self.study.get_trials(deepcopy=False)[trial.number])
+            study.retry(self.study, store.trials(self.study)[trial.number])
             raise
         except Exception:  # a bug: the trial failed (not retried: it would fail again), the traceback follows
             self.study.tell(trial, state=TrialState.FAIL)
             raise
-        self.diverged = 0
         trial.set_user_attr("epochs_done", summary["epochs"])
         if trialjob.was_pruned(summary):
+            self.diverged = 0
             self.study.tell(trial, state=TrialState.PRUNED)
-        else:
-            self.study.tell(trial, summary_value(summary, self.metric))
+            ended(f"pruned after epoch {summary['epochs']}")
+            return
+        value = summary_value(summary, self.metric)
+        if not math.isfinite(value):  # never a best: a failed trial, and, as a diverged one, the search goes on
+            self._diverged(trial, f"its val {self.metric} is {value}", ended)
+            return
+        self.diverged = 0
+        self.study.tell(trial, value)
+        ended(f"val {self.metric} {value:.4g}")
 
-    def _as_job(self, trial, run_dir: str, epochs: int, beat: study.Heartbeat) -> dict:
+    def _diverged(self, trial, why: str, ended) -> None:
+        """A trial whose loss or value is not finite: failed; a few in a row end the search in one line."""
+        trial.set_user_attr("error", why)
+        self.study.tell(trial, state=TrialState.FAIL)
+        ended(f"failed: {why}")
+        self.diverged += 1
+        if self.diverged >= MAX_DIVERGED:
+            raise UserError(f"{self.diverged} trials in a row diverged (the last: {why}); narrow the space (lower lr)")
+
+    def _as_job(self, trial, run_dir: str, epochs: int, beat: study.Heartbeat, settings: dict) -> dict:
         """The trial as ``visiontune train`` under its own launcher; its summary (its failures raised as the
         in-process run raises them)."""
         spec = {"storage": self.url, "study": self.study.study_name, "trial_id": trial._trial_id}
         spec |= {"metric": self.metric, "epochs": epochs, "pruner": self.opts.pruner}
-        settings = results.config_toml(trial.user_attrs["config"], [f"visiontune tune: trial {trial.number}"])
-        code = trialjob.run_as_job(settings, run_dir, self.opts.out, trial.number, spec, beat.paused)
+        toml = results.config_toml(settings, [f"visiontune tune: trial {trial.number}"])
+        code = trialjob.run_as_job(toml, run_dir, self.opts.out, trial.number, spec, beat.paused)
         trialjob.outcome(code, trial.number)
         return json.loads(Path(run_dir, "summary.json").read_text())
+
+
+@contextlib.contextmanager
+def _output_to(log: Path | None):
+    """What a trial prints, into ``log`` (None: here). Its progress bars stay on stderr: they are one line."""
+    if log is None:
+        yield
+        return
+    with open(log, "a") as f, contextlib.redirect_stdout(f):
+        yield
 
 
 @contextlib.contextmanager
@@ -225,7 +266,8 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
             study.data_identity(images),
             study.fixed_record({k: v for k, v in cfg.to_dict().items() if k not in {p.name for p in params}}),
         )
-    say(f"visiontune: study {opts.study_name!r} in {url}: {len(the_study.trials)} trial(s) so far")
+    so_far = store.trials(the_study)  # every record read once through the schema before any trial
+    say(f"visiontune: study {shown(opts.study_name)!r} in {shown(mask_urls(url))}: {len(so_far)} trial(s) so far")
     say(f"visiontune: searching {'; '.join(p.describe() for p in params)} ({metric}, {_direction(metric)})")
     return Tuner(opts, cfg, params, images, metric, url, storage, the_study)
 
@@ -237,22 +279,43 @@ def tune(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, argv: list[str], 
         _die_with_parent()
     tuner = prepare(cfg, fixed, opts, models, say=(lambda *_: None) if worker else print)
     deadline = None if opts.timeout is None else time.time() + opts.timeout
-    if worker or opts.parallel == 1:
+    k = 1 if worker else _tuners(tuner)
+    if k == 1:
         tuner.run(deadline)
     else:
-        _run_workers(tuner, argv, deadline)
+        _run_workers(tuner, argv, deadline, k)
     if worker:
         return 0
-    table = results.write_all(tuner.study, tuner.opts.out, tuner.metric)
+    table = results.write_all(tuner.study, tuner.opts.out, tuner.metric, tuner.cfg)
     print(table)
     return 0
 
 
-def _run_workers(tuner: Tuner, argv: list[str], deadline: float | None) -> None:
+def _per_trial(cfg: TrainConfig) -> int:
+    """The devices a trial takes: N GPUs, or N shares of the cores, for a trial that is a job of N processes."""
+    return launch.plan(cfg, cluster=False).nproc if launch.needs_launcher(cfg, "tune") else 1
+
+
+def _tuners(tuner: Tuner) -> int:
+    """How many tuners ``--parallel K`` starts: no more than the trials left to run, nor than the machine runs
+    at once (a GPU, or a core, per process of a trial); said in one line when that is fewer than K."""
+    asked, per = tuner.opts.parallel, _per_trial(tuner.cfg)
+    left = max(0, tuner.opts.trials - store.count(store.trials(tuner.study), *FINISHED))
+    gpus = _gpu_count() if asked > 1 else 0
+    devices, kind = (gpus, "GPU") if gpus else (available_cores(), "core")
+    k = max(1, min(asked, left, devices // per))
+    if k < asked:
+        each = f" ({per} per trial)" if per > 1 else ""
+        print(
+            f"visiontune: --parallel {asked}: {k} tuner(s), for {left} trial(s) left to run on "
+            f"{devices} {kind}{'s' * (devices != 1)}{each}"
+        )
+    return k
+
+
+def _run_workers(tuner: Tuner, argv: list[str], deadline: float | None, k: int) -> None:
     """``--parallel K``: K tuner processes on this study, cores split between them (or one GPU each)."""
-    k = tuner.opts.parallel
-    # A trial that is a job of N processes takes N devices: N GPUs, or N shares of the cores.
-    per = launch.plan(tuner.cfg, cluster=False).nproc if launch.needs_launcher(tuner.cfg, "tune") else 1
+    per = _per_trial(tuner.cfg)
     threads = tuner.cfg.threads or max(1, available_cores() // (k * per))
     gpus = _gpu_count()
     procs = []
