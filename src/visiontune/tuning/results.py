@@ -190,7 +190,8 @@ def _figures(trials: list[store.Row], direction: str, metric: str) -> list[tuple
         ax.step(xs, ys, where="post", color="black", label="best so far")
     ax.set_xlabel("minutes since the first trial started")
     ax.set_ylabel(f"val {metric}")
-    ax.legend(loc="best", fontsize=8)
+    if ax.collections or ax.lines:
+        ax.legend(loc="best", fontsize=8)
     out.append(("trials over time", _png(fig)))
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 3.5))
