@@ -217,7 +217,11 @@ class OneLineParser(argparse.ArgumentParser):
 def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
     """One flag per ``TrainConfig`` field, --field-name, with the field's help and default, in the
     sections of ``FLAG_GROUPS``; the fields in ``leave_out`` get no flag (their defaults hold)."""
-    parser.add_argument("--config", help="TOML file or an earlier run's config.json; flags given here win")
+    parser.add_argument(
+        "--config",
+        help="TOML file or an earlier run's config.json; flags given here win, and `none` unsets an optional "
+        "setting again (--limit-images none: all the images)",
+    )
     allowed = choices()
     titles = [title.replace(" and resume", "") if "resume" in leave_out else title for title in FLAG_GROUPS]
     shown = [
@@ -226,8 +230,7 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
     start = parser.add_argument_group(
         "start here",
         f"the flags a first run needs; every other flag is in its section below ({', '.join(shown)}), "
-        "and docs/training.md explains them. A setting that is unset by default takes `none` to unset it "
-        "again, over --config too (--limit-images none: all the images)",
+        "and docs/training.md explains them",
     )
     groups = {title: parser.add_argument_group(shown) for title, shown in zip(FLAG_GROUPS, titles, strict=True)}
     group_of = {name: groups[title] for title, names in FLAG_GROUPS.items() for name in names}
