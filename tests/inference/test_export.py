@@ -142,3 +142,34 @@ def test_onnx_with_probabilities_gives_the_softmax_and_serves_the_runs_probabili
     assert (from_probs - expected).abs().max().item() <= 1e-5 and (from_logits - expected).abs().max().item() <= 1e-5
     # A second softmax would flatten the probabilities towards 1/2: these are far enough from it to show one.
     assert (expected - 0.5).abs().max().item() > 0.05
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--format", "onnx", "--int8", "--with-preprocessing"], "--int8 quantizes the network alone"),
+        (["--format", "pt2", "--with-preprocessing"], "--with-preprocessing is for --format onnx"),
+        (["--format", "hub", "--with-preprocessing"], "--with-preprocessing is for --format onnx"),
+        (["--format", "pt2", "--int8"], "--int8 is for --format onnx or openvino"),
+        (["--format", "onnx", "--int8", "--probabilities"], "--probabilities is for fp32 --format onnx or pt2"),
+        (["--format", "hub", "--probabilities"], "--probabilities is for fp32 --format onnx or pt2"),
+    ],
+)
+def test_refused_export_combinations_answer_before_any_model_code_is_imported(
+    tmp_path, capsys, monkeypatch, extra, said
+):
+    """A combination the flags alone rule out is refused before the run is read or the exporters imported
+    (a None in sys.modules makes any import of them fail): at once, whatever the model's size."""
+    for name in ("visiontune.inference.export", "visiontune.inference.loaded", "visiontune.inference.quantize", "onnx"):
+        monkeypatch.setitem(sys.modules, name, None)
+    out = tmp_path / "m.onnx"
+    assert main(["export", "--run", str(tmp_path / "no-run"), *extra, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and not out.exists()
+
+
+def test_export_help_says_int8_and_with_preprocessing_do_not_go_together(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(not with --int8)" in text and "(not with --with-preprocessing" in text

@@ -201,3 +201,23 @@ def test_the_multi_label_weighted_loss_is_bce_with_logits_pos_weight_over_the_re
     assert imbalance.describe("auto", weights, list("abcd"), tasks.MULTI_LABEL).startswith(
         "positive weight negatives / positives: a 0.3333, b 9"
     )
+
+
+def test_the_balanced_sampler_on_multi_label_data_is_refused_before_the_model_is_built(tmp_path, monkeypatch, capsys):
+    """The refusal needs the data's task, not the model: it comes before the model is built (which may mean
+    a download and minutes of loading), and before the files are screened."""
+    from visiontune.cli.commands import main
+    from visiontune.data.sample import make_multilabel_data
+    from visiontune.loading import jobdata
+    from visiontune.training import trainer
+
+    def never(*a, **k):
+        raise AssertionError("the model was built (or the files screened) before the refusal")
+
+    monkeypatch.setattr(trainer, "build_model", never)
+    monkeypatch.setattr(jobdata, "scan", never)
+    make_multilabel_data(tmp_path / "data", count=24, size=16, seed=0)
+    argv = ["train", "--data", str(tmp_path / "data"), "--sampler", "balanced", "--output-dir", str(tmp_path / "r")]
+    assert main([*argv, "--model", "resnet18", "--weights", "none", "--image-size", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sampler balanced works on single-label data" in err[0]

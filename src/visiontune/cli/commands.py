@@ -229,8 +229,27 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     )
 
 
+def _check_export_flags(args: argparse.Namespace) -> None:
+    """The flag combinations export refuses, said before anything is imported or loaded."""
+    fmt = args.format
+    if args.with_preprocessing and fmt != "onnx":
+        # hub: timm's own transforms feed the folder; openvino, pt2: the resized, normalised batch
+        raise UserError(f"--with-preprocessing is for --format onnx: --format {fmt} takes the normalised batch")
+    if args.int8 and fmt not in ("onnx", "openvino"):
+        raise UserError(f"--int8 is for --format onnx or openvino, not {fmt}")
+    if args.int8 and args.with_preprocessing:
+        raise UserError(
+            "--int8 quantizes the network alone, which takes the resized, normalised batch: drop "
+            "--with-preprocessing, or export fp32 with it"
+        )
+    if args.probabilities and (args.int8 or fmt not in ("onnx", "pt2")):
+        what = "--int8" if args.int8 else f"--format {fmt}"
+        raise UserError(f"--probabilities is for fp32 --format onnx or pt2; {what} gives logits: drop it")
+
+
 def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.inference.export import SUFFIX, check_format, described, export
+    _check_export_flags(args)
+    from visiontune.inference.export import SUFFIX, check_format, check_preprocessing, described, export
     from visiontune.inference.loaded import load_model
 
     if args.format == "hub":
@@ -240,6 +259,10 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     check_format(args.format)
     if args.int8:
         return _export_int8(args)
+    if args.with_preprocessing:  # the run's own resize decides, from its config.json: before the model loads
+        from visiontune.runs import runinfo
+
+        check_preprocessing(runinfo.read_run(args.run), args.format)
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
     diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing, args.probabilities)
@@ -251,8 +274,6 @@ def _export_hub(args: argparse.Namespace) -> int:
     from visiontune.inference import hub
     from visiontune.inference.loaded import load_model
 
-    if args.with_preprocessing:
-        raise UserError("--with-preprocessing is for --format onnx; timm's own transforms feed a hub folder")
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/hub"
     print(hub.described(out, loaded.info, hub.export_hub(loaded, args.run, out)))
@@ -263,8 +284,6 @@ def _export_int8(args: argparse.Namespace) -> int:
     from visiontune.inference import quantize
     from visiontune.inference.loaded import load_model
 
-    if args.format != "onnx" or args.with_preprocessing:
-        raise UserError("--int8 is for --format onnx without --with-preprocessing")
     quantize.check_options(args.max_accuracy_drop, args.calibration_images)
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/best.int8.onnx"
@@ -277,8 +296,6 @@ def _export_openvino(args: argparse.Namespace) -> int:
     from visiontune.inference import openvino_ir, quantize
     from visiontune.inference.loaded import load_model
 
-    if args.with_preprocessing or args.probabilities:
-        raise UserError("--format openvino takes the normalised batch and gives logits: drop --with-preprocessing")
     quantize.check_options(args.max_accuracy_drop, args.calibration_images)
     openvino_ir.require_openvino()
     loaded = load_model(args.run)

@@ -636,7 +636,8 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument(
         "--with-preprocessing",
         action="store_true",
-        help="onnx: take uint8 [N, H, W, 3] images of any size; resize and normalise inside the graph",
+        help="onnx, fp32 (not with --int8): take uint8 [N, H, W, 3] images of any size; resize and normalise "
+        "inside the graph",
     )
     p.add_argument(
         "--probabilities",
@@ -645,7 +646,10 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         "serve reads; a multi-label model's sigmoid always is)",
     )
     p.add_argument(
-        "--int8", action="store_true", help="onnx, openvino: int8 static quantization, calibrated on training images"
+        "--int8",
+        action="store_true",
+        help="onnx, openvino: int8 static quantization of the network, calibrated on training images (not with "
+        "--with-preprocessing or --probabilities: it takes the resized, normalised batch and gives logits)",
     )
     p.add_argument(
         "--max-accuracy-drop",

@@ -288,6 +288,7 @@ def _train(
     images, limited = limit(images, cfg.limit_images, cfg.seed)  # a smoke run's subset, before the bad-file screen
     resolved = plan.for_data(job.plan, images, resume.resumed_folder(cfg, run_dir), accelerator.print)
     cfg = resolved.cfg  # the best metric, a resumed run's split method
+    imbalance.check_sampler(cfg, resolved.task)  # what needs no model is refused before it is built
     # The new head's init and dropout repeat run to run (so resumes can be compared); processes
     # differ by their index, and DDP copies rank 0's weights to the others anyway. Accelerate's own
     # device_specific adds the index unwrapped, which numpy refuses for the last seeds below SEEDS.
@@ -312,7 +313,6 @@ def _train(
         split_rec = {**split_rec, "limit_images": limited}
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
-    imbalance.check_sampler(cfg, resolved.task)
     weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train])
     stats, train_loader, val_loader = loaders(cfg, data, split, run_dir, resolved.threads)
     resolved = plan.measured(resolved, stats)  # --normalize data's statistics
