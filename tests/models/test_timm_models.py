@@ -78,12 +78,12 @@ def test_unknown_hub_repository_names_it(monkeypatch):
     from huggingface_hub.errors import RepositoryNotFoundError
     from timm.models import _hub
 
-    def missing(model_id, cache_dir=None):
+    def missing(model_id, filename, cache_dir=None):
         err = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # its __init__ wants an HTTP response
         Exception.__init__(err, "404 Client Error: Repository Not Found")
         raise err
 
-    monkeypatch.setattr(_hub, "load_model_config_from_hf", missing)
+    monkeypatch.setattr(_hub, "download_from_hf", missing)
     monkeypatch.setattr(timm_models, "_probe", lambda *a: None)  # as if the Hub answered
     with pytest.raises(
         UserError,

@@ -36,8 +36,6 @@ from torchvision.transforms.v2 import InterpolationMode
 from visiontune.data import pngcheck
 
 MAX_PIXELS = 89_478_485  # PIL's own default decompression-bomb limit
-# The modes resize offers for uint8 tensors (PIL-only ones, lanczos/box/hamming, are not among them).
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")
 # exact: every pixel decoded, then resized (the reference pipeline's pixels, within a grey level);
 # fast: large JPEGs decoded at a DCT scale first (dct_scale); device: JPEGs decoded on the training
 # device in batches (loading.devicedecode), exact's pixels up to the decoder's rounding, and read

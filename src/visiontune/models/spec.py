@@ -15,6 +15,10 @@ UNKNOWN = "unknown model {!r}; see `visiontune models` (timm models: timm/NAME, 
 
 
 SOURCES = ("torchvision", "timm", "hf-hub")
+# The modes visiontune's resize offers for uint8 tensors (PIL-only ones, lanczos/box/hamming, are not among them).
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")
+# The largest image side a model is fed: the bound a model file's description and a Hub config are held to.
+MAX_IMAGE_SIZE = 4096
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")

@@ -3,18 +3,28 @@ model's ``config.json``), building them with a ``num_classes`` head (timm sizes 
 the one line a Hub failure gets (offline, not cached, no such repository). timm itself is imported
 inside the functions, only when a ``timm/NAME`` or ``hf-hub:ORG/NAME`` model is asked for: it takes a
 while to import.
+
+A Hub repository is someone else's: its ``config.json`` is read once here (``hub_config``), bounded and
+checked field by field (``check_hub_config``) before timm acts on it, and weights that do not load
+(``weights_only`` refusals, a damaged file) are one line naming the model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import math
+import pickle
+import re
+from typing import Any
 
 import torch
 from torch import nn
 
 from visiontune.errors import UserError
-from visiontune.models.spec import ModelSpec, Preprocess, is_weights_file
+from visiontune.models.spec import INTERPOLATIONS, MAX_IMAGE_SIZE, ModelSpec, Preprocess, is_weights_file
+from visiontune.models.statedict import load_error
 
 # One request with this timeout (seconds; $HF_HUB_ETAG_TIMEOUT if set) and no retries decides whether the
 # Hub can be reached, before the client's own download, which retries a dead network for a minute.
@@ -169,21 +179,125 @@ def fit_positions(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str,
         return state
 
 
+MAX_CONFIG_BYTES = 16 << 20  # a config.json: label names and descriptions of 21,000 classes fit
+_ARCH = re.compile(r"[A-Za-z0-9_]{1,200}(\.[A-Za-z0-9_]{1,100})?")  # a timm name, with its tag
+_CROP_MODES = ("center", "squash", "border")
+
+
+def _number(v: Any, lo: float, hi: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+
+
+def _three(lo: float, hi: float):
+    return lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and all(_number(x, lo, hi) for x in v)
+
+
+def _side(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_IMAGE_SIZE
+
+
+# The pretrained_cfg fields that decide how images are fed, each with its test and what it should be (the
+# bounds a model file's description is held to); absent ones take timm's defaults.
+HUB_PREPROCESS = {
+    "input_size": (
+        lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and v[0] == 3 and _side(v[1]) and _side(v[2]),
+        f"[3, H, W] with H and W from 1 to {MAX_IMAGE_SIZE}",
+    ),
+    "interpolation": (lambda v: v in INTERPOLATIONS, f"one of {', '.join(INTERPOLATIONS)}"),
+    "mean": (_three(0.0, 1.0), "three finite numbers in [0, 1]"),
+    "std": (_three(0.01, 1.0), "three finite numbers in [0.01, 1]"),
+    "crop_pct": (lambda v: _number(v, 1e-6, 2.0), "a number in (0, 2]"),
+    "crop_mode": (lambda v: v in _CROP_MODES, f"one of {', '.join(_CROP_MODES)}"),
+}
+
+
+def _arg(v: Any, inner: bool = False) -> bool:
+    """A value a model's constructor may take from a config.json: None, true/false, a name, a number of at most
+    a million (a depth or a width: what a model is built with is bounded), or a short list of those."""
+    if v is None or isinstance(v, bool) or (isinstance(v, str) and len(v) <= 100):
+        return True
+    if isinstance(v, (int, float)):
+        return _number(v, -(1 << 20), 1 << 20)
+    return not inner and isinstance(v, list) and len(v) <= 16 and all(_arg(x, inner=True) for x in v)
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bad(name: str, what: str) -> UserError:
+    return UserError(f"{name}: its config.json {what}; use a Hub model saved by timm (or remove it from the cache)")
+
+
+def check_hub_config(name: str, cfg: Any) -> tuple[dict, str, dict]:
+    """A Hub model's parsed ``config.json`` as timm reads it -- (pretrained_cfg, architecture, model_args) --
+    once every field timm acts on has passed its test; else one ``UserError`` naming the model and the field."""
+    import timm
+    from timm.models import _hub
+
+    if not isinstance(cfg, dict):
+        raise _bad(name, "is not a JSON object")
+    pretrained = cfg.get("pretrained_cfg", cfg)  # an old config.json is the pretrained_cfg itself
+    if not isinstance(pretrained, dict):
+        raise _bad(name, f"has pretrained_cfg {_shown(pretrained)}, expected an object")
+    arch = cfg.get("architecture", pretrained.get("architecture"))
+    if not (isinstance(arch, str) and _ARCH.fullmatch(arch) and timm.is_model(arch)):
+        raise _bad(name, f"has architecture {_shown(arch)}, expected the name of a timm model")
+    args = cfg.get("model_args", {})
+    if not (
+        isinstance(args, dict) and all(isinstance(k, str) and k.isidentifier() and _arg(v) for k, v in args.items())
+    ):
+        raise _bad(name, f"has model_args {_shown(args)}, expected keyword arguments of numbers, names or short lists")
+    if args.get("in_chans") not in (None, 3):
+        raise _bad(name, f"has model_args.in_chans {_shown(args['in_chans'])}, expected 3 (RGB)")
+    size = args.get("img_size")
+    if size is not None and not (_side(size) or (isinstance(size, list) and len(size) == 2 and all(map(_side, size)))):
+        raise _bad(
+            name, f"has model_args.img_size {_shown(size)}, expected a side or [H, W] from 1 to {MAX_IMAGE_SIZE}"
+        )
+    classes = cfg.get("num_classes")
+    if classes is not None and not (isinstance(classes, int) and not isinstance(classes, bool) and classes >= 0):
+        raise _bad(name, f"has num_classes {_shown(classes)}, expected a whole number")
+    try:
+        parsed, arch, args = _hub._parse_model_cfg(dict(cfg), {"hf_hub_id": name[len("hf-hub:") :], "source": "hf-hub"})
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise _bad(name, f"cannot be read as timm reads it ({e.__class__.__name__}: {str(e)[:80]})") from None
+    for field, (ok, wanted) in HUB_PREPROCESS.items():
+        if field in parsed and not ok(parsed[field]):
+            raise _bad(name, f"has pretrained_cfg.{field} {_shown(parsed[field])}, expected {wanted}")
+    return parsed, arch, args
+
+
+def hub_config(name: str) -> tuple[dict, str, dict]:
+    """The checked ``config.json`` of ``hf-hub:ORG/NAME`` (``check_hub_config``), from the cache or the Hub."""
+    from huggingface_hub.errors import HFValidationError
+    from timm.models import _hub
+
+    repo = name[len("hf-hub:") :]
+    try:
+        with hub_access(name, repo, ("config.json",)), hub_quiet():
+            path = _hub.download_from_hf(repo, "config.json")
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
+        raise hub_error(name, e) from None
+    except HFValidationError as e:  # no repository name at all (hf-hub:../../etc/passwd)
+        said = (str(e).strip().splitlines() or ["invalid"])[0][:200]
+        raise UserError(f"{name!r} is no Hugging Face Hub model name ({said}); write hf-hub:ORG/NAME") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise _bad(name, f"is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        cfg = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise _bad(name, f"is not JSON ({str(e)[:80]})") from None
+    return check_hub_config(name, cfg)
+
+
 def spec(name: str) -> ModelSpec:
     """The spec of ``timm/NAME[.TAG]`` or ``hf-hub:ORG/NAME``, or a ``UserError`` saying what is wrong."""
     if name.startswith("hf-hub:"):
-        from huggingface_hub.errors import HFValidationError
-        from timm.models import _hub
-
-        repo = name[len("hf-hub:") :]
-        try:
-            with hub_access(name, repo, ("config.json",)), hub_quiet():
-                cfg, arch, model_args = _hub.load_model_config_from_hf(repo)[:3]
-        except OSError as e:  # hub errors are OSErrors: offline, not cached, no such repository
-            raise hub_error(name, e) from None
-        except HFValidationError as e:  # no repository name at all (hf-hub:../../etc/passwd)
-            said = (str(e).strip().splitlines() or ["invalid"])[0][:200]
-            raise UserError(f"{name!r} is no Hugging Face Hub model name ({said}); write hf-hub:ORG/NAME") from None
+        cfg, arch, model_args = hub_config(name)
         return ModelSpec(name, "hf-hub", name, _preprocess(cfg, arch, model_args))
     import timm
     from timm.models import get_pretrained_cfg
@@ -215,6 +329,8 @@ def build(spec: ModelSpec, num_classes: int, weights: str, image_size: int | Non
         files = spec.arch[len("hf-hub:") :], ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors")
     else:
         files = _weight_files(spec.arch)
+    if spec.source == "hf-hub":
+        hub_config(spec.name)  # timm reads the same config.json again: checked first
     try:
         with hub_access(spec.name, *files) if files else contextlib.nullcontext(), hub_quiet():
             return timm.create_model(
@@ -222,3 +338,15 @@ def build(spec: ModelSpec, num_classes: int, weights: str, image_size: int | Non
             )
     except OSError as e:  # timm fetches through huggingface_hub (or torch hub): all OSErrors
         raise hub_error(spec.name, e) from None
+    except (RuntimeError, ValueError, TypeError, EOFError, KeyError, pickle.UnpicklingError) as e:
+        if spec.source != "hf-hub":
+            raise  # timm's own models: a bug
+        # Someone else's repository: weights_only refusals, damaged or mismatched weights, model_args the
+        # architecture does not take.
+        if "weights_only" in str(e):
+            why = "they hold Python objects other than tensors, which visiontune never unpickles"
+        elif isinstance(e, KeyError):  # timm's conversion of the weights looked for a tensor they lack
+            why = f"its weights do not fit its architecture (no {str(e)[:80]})"
+        else:
+            why = load_error(e)
+        raise UserError(f"cannot build {spec.name} from its Hub files: {why}; use a Hub model saved by timm") from None

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from visiontune.data.decode import DECODES, INTERPOLATIONS
+from visiontune.data.decode import DECODES
 from visiontune.errors import UserError
-from visiontune.models.spec import SOURCES
+from visiontune.models.spec import INTERPOLATIONS, MAX_IMAGE_SIZE, SOURCES
 from visiontune.settings.config import MEAN, STD
 from visiontune.tasks import Task, named
 
@@ -42,7 +42,6 @@ MULTI_LABEL: dict[str, Any] = {"multi_label": False, "thresholds": None}
 # bounds keep a hostile or damaged description from asking for exabytes, or from giving NaN for every image.
 MAX_DESCRIPTION = 1 << 20  # characters of JSON: 100,000 class names of ten characters fit
 MAX_CLASSES = 100_000
-MAX_IMAGE_SIZE = 4096
 MAX_RESIZE = 8192  # the side an image is resized to before its centre crop: image_size / crop_pct
 
 
