@@ -62,9 +62,9 @@ def hub(tmp_path, monkeypatch) -> Path:
 
 def _config(hub: Path, **pretrained) -> None:
     cfg = json.loads(json.dumps(CONFIG))
-    architecture = pretrained.pop("architecture", None)
-    if architecture is not None:
-        cfg["architecture"] = architecture
+    for top in ("architecture", "model_args"):
+        if top in pretrained:
+            cfg[top] = pretrained.pop(top)
     cfg["pretrained_cfg"].update(pretrained)
     (hub / "config.json").write_text(json.dumps(cfg))
 
@@ -87,6 +87,7 @@ def test_a_hub_config_within_bounds_gives_its_preprocessing_and_builds(hub):
             "has pretrained_cfg.input_size [3, 100000, 100000], expected [3, H, W] with H and W from 1 to "
             f"{MAX_IMAGE_SIZE}",
         ),
+        ({"model_args": {"depths": [10**9]}}, "has model_args {'depths': [1000000000]}, expected keyword arguments"),
         ({"mean": [0.5, float("nan"), 0.5]}, "has pretrained_cfg.mean [0.5, nan, 0.5], expected three finite numbers"),
     ],
 )
