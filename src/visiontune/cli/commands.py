@@ -316,7 +316,7 @@ def cmd_push(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.cluster.host import available_cores
+    from visiontune.cluster.launch import threads_choice
     from visiontune.inference.serve import ServeOptions, serve
 
     if args.max_wait_ms < 0 or args.max_body_mb <= 0:
@@ -331,7 +331,7 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
             classes=[c.strip() for c in args.classes.split(",")] if args.classes else None,
             image_size=args.image_size,
             compile=args.compile,
-            threads=args.threads or max(1, available_cores() // args.workers),
+            threads=threads_choice(args.threads, processes=args.workers)[0],
             host=args.host,
             port=args.port,
             max_batch=args.max_batch,

@@ -1,5 +1,5 @@
-"""What this machine offers a run: the cores this process may use, the user's cache folder, and the
-library versions a run records.
+"""What this machine offers a run: the cores this process may use, how many other tasks are running on
+it now, the user's cache folder, and the library versions a run records.
 
 One rule each, so the scan, the image cache, the loaders and ``check`` agree; ``check_environment``
 refuses the environment variables the docs name when they are unusable. No torch: the CLI reads
@@ -11,12 +11,16 @@ from __future__ import annotations
 import math
 import os
 import stat
+import statistics
 import sys
 import tempfile
+import time
 
 from visiontune.errors import UserError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
+LOADAVG = "/proc/loadavg"  # read at each call: tests point it at a file of their own
+OWN_TASKS = "/proc/self/task"
 
 
 def _quota(text: str) -> float | None:
@@ -77,6 +81,48 @@ def available_cores() -> int:
     if limits["cgroup_quota"] is not None:
         cores = min(cores, math.ceil(limits["cgroup_quota"]))
     return max(1, int(cores))
+
+
+def machine_cores() -> int:
+    """The machine's online cores, whatever this process may use: what the load on it is shared by."""
+    return os.cpu_count() or 1
+
+
+def running_elsewhere(samples: int = 3, interval: float = 0.01) -> int | None:
+    """Tasks outside this process that are running or waiting for a core now, or None where the system does
+    not say (no ``/proc/loadavg``).
+
+    ``/proc/loadavg``'s fourth field ("3/412": 3 runnable of 412) is the machine's runnable count at the
+    moment it is read; the load averages beside it trail by a minute and still count this process's own
+    last run. The median of a few reads ``interval`` seconds apart, less this process's own running
+    threads (the reader at least), is what a busy neighbour looks like now.
+    """
+    counts = []
+    for i in range(samples):
+        if i:
+            time.sleep(interval)
+        text = _read(LOADAVG)
+        fields = text.split() if text else []
+        running = fields[3].split("/")[0] if len(fields) > 3 else ""
+        if not running.isdigit():
+            return None
+        counts.append(int(running) - _own_running())
+    return max(0, round(statistics.median(counts)))
+
+
+def _own_running() -> int:
+    """This process's threads that are running now (state R in ``/proc/self/task/*/stat``), at least 1: the one
+    reading."""
+    try:
+        tasks = os.listdir(OWN_TASKS)
+    except OSError:
+        return 1
+    running = 0
+    for task in tasks:
+        text = _read(os.path.join(OWN_TASKS, task, "stat")) or ""
+        state = text[text.rfind(")") + 1 :].split()[:1]  # the name in parentheses may hold spaces
+        running += state == ["R"]
+    return max(1, running)
 
 
 def user_cache_dir() -> str:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
 from visiontune.cluster import jobplan, slurm, strategies
-from visiontune.cluster.host import available_cores, core_limits
+from visiontune.cluster.host import available_cores, core_limits, machine_cores, running_elsewhere
 from visiontune.cluster.jobplan import LaunchSettings, Plan
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
@@ -478,24 +478,50 @@ def _without_traceback(record: logging.LogRecord) -> bool:
     return True
 
 
-def threads_choice(threads: int | None = None) -> tuple[int, str]:
+def threads_choice(threads: int | None = None, processes: int | None = None) -> tuple[int, str]:
     """This process's intra-op threads and what chose them.
 
     ``--threads N`` first, then ``OMP_NUM_THREADS`` (set by the user to share a machine, by
     visiontune's own launcher for its workers, or by torchrun, whose default is 1), then this
-    process's share of the cores it may use (affinity and cgroup quota, over the processes on
-    this machine). Decoding shares the same budget (``strategy.resolve_threads``).
+    process's share of the cores it may use (affinity and cgroup quota, over the ``processes`` on
+    this machine: by default the launcher's local processes), cut to the cores no other task is running on
+    now (``host.running_elsewhere``). PyTorch's OpenMP threads spin at every parallel region until all have
+    arrived: one that another process has descheduled holds up the rest, and beside one busy process two
+    threads on two cores ran 2-10x slower than one (benchmarks/contention.py). Decoding shares the same
+    budget (``strategy.resolve_threads``).
     """
     if threads:
         return threads, "--threads"
     omp = ENV.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) > 0:
         return int(omp), "OMP_NUM_THREADS"
+    processes = processes or local_world_size()
     limits = core_limits()
     quota = "" if limits["cgroup_quota"] is None else f", cgroup quota {limits['cgroup_quota']:g}"
-    return max(1, available_cores() // local_world_size()), (
-        f"cores (affinity {limits['affinity']}{quota}) / {local_world_size()} local processes"
+    share = core_share(processes)
+    why = f"cores (affinity {limits['affinity']}{quota}) / {processes} local process{'es' * (processes != 1)}"
+    busy = running_elsewhere() if share > 1 else None
+    if busy is None:
+        return share, why
+    free = machine_cores() - busy
+    if free >= share or not busy:
+        return share, f"{why}; {busy} other task{'s' * (busy != 1)} running on the machine's {machine_cores()} cores"
+    chosen = max(1, free)
+    return chosen, (
+        f"{why} = {share}, cut to {chosen}: {busy} other task{'s' * (busy != 1)} running on the machine's "
+        f"{machine_cores()} cores (/proc/loadavg), and a thread that waits for a descheduled one spins"
     )
+
+
+def core_share(processes: int | None = None) -> int:
+    """This process's share of the cores it may use, among ``processes`` (default: the launcher's local ones)."""
+    return max(1, available_cores() // (processes or local_world_size()))
+
+
+def default_threads(threads: int | None) -> bool:
+    """Whether ``threads_choice(threads)`` is visiontune's own choice, which the machine's load may change."""
+    omp = ENV.get("OMP_NUM_THREADS", "").strip()
+    return not threads and not (omp.isdigit() and int(omp) > 0)
 
 
 def cpu_budget(threads: int | None = None) -> int:

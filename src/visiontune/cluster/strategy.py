@@ -21,7 +21,9 @@ from torch import nn
 from visiontune.cluster import strategies
 from visiontune.cluster.launch import (
     accelerate_cpu_single,
+    core_share,
     cpu_budget,
+    default_threads,
     inside_launcher,
     local_world_size,
     rank,
@@ -65,19 +67,51 @@ class Threads:
     chosen_by: str  # what chose ``intra_op``
     loader_workers: int  # decoding worker processes (--num-workers, or auto)
     decode: int  # threads decoding each batch: in a loader worker, or here without workers
+    adaptive: bool = False  # visiontune's own choice (no --threads, no OMP_NUM_THREADS): the load may change it
 
 
 def resolve_threads(settings: TrainConfig | ProcessSettings, num_workers: int | None) -> Threads:
-    """``settings.threads`` (None: this process's share of the cores) and ``--num-workers`` (None: auto)
-    resolved: the cores the model computes on, the loader's workers out of the same budget, and the
-    threads that decode a batch."""
+    """``settings.threads`` (None: this process's share of the cores, cut to those the machine's load leaves
+    free) and ``--num-workers`` (None: auto) resolved: the cores the model computes on, the loader's workers
+    out of the same budget, and the threads that decode a batch."""
     intra_op, chosen_by = threads_choice(settings.threads)
     if num_workers is None:
         # With a GPU the cores decode while it computes. On a CPU the model needs the cores too: a worker
         # process would fight the model's threads for them (measured: slower than either alone), so the
         # batch is decoded in this process, by every thread of the budget.
         num_workers = max(1, min(8, intra_op - 1)) if torch.cuda.is_available() else 0
-    return Threads(intra_op, chosen_by, num_workers, intra_op if num_workers == 0 else 1)
+    decode = intra_op if num_workers == 0 else 1
+    return Threads(intra_op, chosen_by, num_workers, decode, default_threads(settings.threads))
+
+
+FAR_SLOWER = 1.5  # an epoch this many times slower than the one before it: the machine got busier
+
+
+@dataclass
+class ThreadWatch:
+    """Visiontune's own thread choice, made again between epochs when the machine may have changed: after an
+    epoch ``FAR_SLOWER`` times slower than the one before it (a neighbour started: threads that wait for a
+    descheduled peer spin), and after each epoch while the load holds it below the cores' share (the
+    neighbour may have gone). A count the user chose (``--threads``, ``OMP_NUM_THREADS``) is never changed."""
+
+    threads: Threads
+    rate: float | None = None  # the last epoch's train images/s
+
+    def after_epoch(self, images_per_s: float) -> str | None:
+        """Set the threads for the next epoch; what changed and why, or None."""
+        previous, self.rate = self.rate, images_per_s
+        if not self.threads.adaptive:
+            return None
+        now = torch.get_num_threads()
+        slower = bool(previous) and 0 < images_per_s * FAR_SLOWER < previous
+        if not slower and now >= core_share():
+            return None
+        chosen, why = threads_choice()
+        if chosen == now:
+            return None
+        torch.set_num_threads(chosen)
+        cause = f"the epoch ran {previous / images_per_s:.1f}x slower than the one before; " if slower else ""
+        return f"{chosen} intra-op threads from the next epoch, not {now} ({cause}{why})"
 
 
 def enable_gpu_speedups() -> None:
@@ -166,7 +200,7 @@ class Setup:
     threads: int  # this process's intra-op threads (cores / processes on a machine)
     loader_workers: int
     decode_threads: int  # threads decoding each batch in a loader worker, or here without workers
-    threads_from: str  # what chose ``threads``: --threads, OMP_NUM_THREADS, or the cores and quota
+    threads_from: str  # what chose ``threads``: --threads, OMP_NUM_THREADS, or the cores, quota and load
 
 
 def describe(cfg: TrainConfig, accelerator: Accelerator, cores: Threads) -> Setup:

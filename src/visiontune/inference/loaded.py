@@ -17,7 +17,7 @@ the sharding and the order stay the same.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -174,7 +174,8 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and labels (``UNREADABLE`` for files that failed) of every path (or sample of ``reader``, whose
     names ``paths`` are), in order, on every process."""
-    cores = resolve_threads(icfg.process(), icfg.num_workers)
+    # The model's threads as ``start`` chose them (the machine's load observed once): decoding takes as many.
+    cores = resolve_threads(replace(icfg.process(), threads=torch.get_num_threads()), icfg.num_workers)
     dataset = ImageDataset(
         paths,
         labels,

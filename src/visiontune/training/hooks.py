@@ -29,7 +29,7 @@ from accelerate import Accelerator
 
 from visiontune import files
 from visiontune.cluster import signals, strategies
-from visiontune.cluster.strategy import effective
+from visiontune.cluster.strategy import ThreadWatch, effective
 from visiontune.reports import figures
 from visiontune.runs import checkpoint, records, runinfo
 from visiontune.settings.config import TrainConfig
@@ -135,6 +135,7 @@ class EpochOutputs:
         """Record the epoch and save the best model; return the best epoch so far."""
         acc, history = self.accelerator, self.history
         row = {"epoch": epoch, "lr": self.optimizer.param_groups[0]["lr"], "train": tr.as_dict(), "val": va.as_dict()}
+        row["threads"] = torch.get_num_threads()  # the model's, this epoch (visiontune's choice may change)
         if self.ema is not None:
             with self.ema.weights() as averaged:
                 ve = self.evaluate(averaged)
@@ -232,6 +233,7 @@ class RunHooks:
     steps: StepLog | None = None  # per-step loss and lr for the trackers (--log-with)
     early_stop: int = 0  # epochs without a better best metric before stopping (0: never)
     on_epoch: OnEpoch | None = None  # the caller's, asked in the main process: it answers for the whole run
+    threads: ThreadWatch | None = None  # visiontune's thread choice, made again when the machine changes
     history: list[dict] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -270,6 +272,9 @@ class RunHooks:
         if self.steps:
             self.steps.flush()
         best = self.outputs.record(epoch, tr, va)
+        changed = self.threads.after_epoch(tr.images_per_s) if self.threads else None
+        if changed:  # the next epoch's row records the count it ran with
+            self.outputs.accelerator.print(f"visiontune: {changed}")
         path = self.checkpointer.save(epoch + 1, 0)
         signum = self.stop.agreed()
         if signum and epoch + 1 < self.epochs:

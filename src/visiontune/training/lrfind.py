@@ -29,7 +29,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from visiontune import tasks
 from visiontune.cluster import strategies
 from visiontune.cluster.launch import default_output_dir
-from visiontune.cluster.strategy import ProcessSettings, make_accelerator
+from visiontune.cluster.strategy import make_accelerator
 from visiontune.data.groups import split_for
 from visiontune.data.sources import discover
 from visiontune.errors import UserError
@@ -132,7 +132,7 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
         raise UserError("lr-find needs 0 < --start-lr < --end-lr and --steps >= 2")
     out = cfg.output_dir or default_output_dir().replace("runs", "runs/lr-find", 1)
     os.makedirs(out, exist_ok=True)
-    accelerator = make_accelerator(ProcessSettings.of(cfg))
+    accelerator = make_accelerator(resolved.process())
     images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
     set_seed(cfg.seed)  # the model's init, as train's main process draws it
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone, image_size=cfg.image_size)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from visiontune.cluster.strategy import Threads
 from visiontune.models.build import resized_from
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
@@ -110,6 +111,16 @@ def _model(cfg: TrainConfig, source: str) -> str:
     return text + f" (built for {cfg.image_size} px, not its pretrained {native} px)"
 
 
+def _threads(cores: Threads) -> str:
+    """The model's threads, what chose them, and who decodes the batches."""
+    text = f"{cores.intra_op} for the model ({cores.chosen_by})"
+    if cores.adaptive:
+        text += "; chosen again after an epoch far slower than the one before (--threads N fixes the count)"
+    if cores.loader_workers:
+        return text + f"; {cores.loader_workers} loader worker process(es) decode, {cores.decode} thread each"
+    return text + f"; {cores.decode} thread(s) decode each batch in this process, between steps"
+
+
 def _resize(cfg: TrainConfig, given: TrainConfig, source: str) -> str:
     """How every image is resized and cropped, and where each choice came from: ``given`` is the config
     before ``input_view`` filled in the model's defaults (a value given there came from a flag or --config)."""
@@ -181,6 +192,7 @@ def rows(
         ("sampler", _sampler(cfg, len(classes), images_per_epoch)),
         ("augmentation", _augmentation(cfg)),
         ("decode", _decode(cfg, setup)),
+        *([("threads", _threads(resolved.threads))] if resolved.threads else []),
         ("EMA", f"decay {cfg.ema:g}" if cfg.ema else "off"),
         ("normalisation", f"{cfg.normalize}: mean {cfg.mean}, std {cfg.std}"),
         ("recipe", cfg.recipe),

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from visiontune.cluster.strategy import Setup, Threads, describe, resolve_threads
+from visiontune.cluster.strategy import ProcessSettings, Setup, Threads, describe, resolve_threads
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
 from visiontune.loading.cache import CacheChoice
@@ -45,6 +45,10 @@ class Plan:
     setup: Setup | None = None  # this world's batch, lr and devices, known once the processes have joined
     task: Task | None = None  # what the run learns, known once the data is listed
     cache: CacheChoice | None = None  # what --cache came to on this machine, and why (recorded)
+
+    def process(self) -> ProcessSettings:
+        """What the Accelerator and the thread count read: the threads as resolved here, observed once."""
+        return replace(ProcessSettings.of(self.cfg), threads=self.threads.intra_op)
 
     def _with(self, **resolved) -> Plan:
         return replace(self, cfg=self.cfg.replace(**resolved)) if resolved else self

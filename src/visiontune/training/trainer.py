@@ -21,7 +21,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
 from visiontune import files
 from visiontune.cluster import launch, signals
-from visiontune.cluster.strategy import ProcessSettings, Setup, effective, make_accelerator, prepare
+from visiontune.cluster.strategy import Setup, ThreadWatch, effective, make_accelerator, prepare
 from visiontune.data.groups import split_for
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
@@ -103,7 +103,7 @@ def _open_job(resolved: Plan, run_folder: contextlib.ExitStack) -> _Job:
     elastic.join_restarted_group(cfg.timeout)
     runs = effective(cfg)
     runs.check(cfg)  # what this strategy cannot do with these settings, in every process of the job
-    accelerator = make_accelerator(ProcessSettings.of(cfg), cfg.output_dir or "runs", **runs.accelerator_kwargs(cfg))
+    accelerator = make_accelerator(resolved.process(), cfg.output_dir or "runs", **runs.accelerator_kwargs(cfg))
     job = _Job(plan.for_world(resolved, accelerator), accelerator, _run_dir(accelerator, cfg))
     run_folder.enter_context(runlock.hold_run(accelerator, job.run_dir))
     elastic.check_shared_folder(accelerator, job.run_dir)
@@ -209,6 +209,7 @@ def _hooks(run: _Fit, stop: signals.StopSignals) -> RunHooks:
         steps,
         cfg.early_stop,
         run.on_epoch,
+        ThreadWatch(job.plan.threads),
     )
 
 
