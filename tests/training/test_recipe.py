@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 
 import pytest
@@ -429,3 +430,34 @@ def test_the_start_lines_say_the_resize_the_crop_and_where_each_came_from():
         "64 px (--image-size), bilinear interpolation (the torchvision weights' transforms), "
         "no crop: the whole image squashed to the input size (the default for torchvision models)"
     )
+
+
+def test_modern_s_missing_augmentation_is_said_with_what_to_add_for_photos(tmp_path):
+    """--recipe modern adds no augmentation (chosen on digits): the start-up row and --help say so and name
+    --augment light; a run with augmentation, or the blog recipe, gets no such words."""
+    from types import SimpleNamespace
+
+    from visiontune.cli.commands import build_parser
+    from visiontune.reports.report import build
+    from visiontune.training import overview
+
+    setup = SimpleNamespace(world_size=1, per_process_batch=50, global_batch=50, lr=1e-3)
+
+    def augmentation(**kw) -> str:
+        resolved = dataclasses.replace(_resolved(**kw), setup=setup, task=SINGLE_LABEL)
+        return dict(overview.rows(resolved, 100, 20, ["a", "b"], 100, 2, "torchvision"))["augmentation"]
+
+    said = augmentation(recipe="modern", weights="none")
+    assert said.startswith("none (--recipe modern adds no augmentation: it was chosen on 32 px digits")
+    assert said.endswith("for natural photos add --augment light)")
+    assert augmentation(recipe="modern", weights="none", augment="light") == "light"
+    assert augmentation(weights="none") == "none"
+    train = next(a for a in build_parser()._actions if a.dest == "command").choices["train"]
+    recipe_help = " ".join(next(a for a in train._actions if "--recipe" in a.option_strings).help.split())
+    assert "modern was chosen on digits: for photos add --augment light" in recipe_help
+    # The report explains a val loss below the train loss under label smoothing, in one line; not without it.
+    for smoothing, said in ((0.1, True), (0.0, False)):
+        (tmp_path / "config.json").write_text(json.dumps({"config": {"label_smoothing": smoothing}}))
+        page = build(tmp_path)
+        assert ("Label smoothing 0.1: the train loss is measured against softened targets" in page) is said
+        assert ("the val loss can sit below the train loss" in page) is said

@@ -273,6 +273,18 @@ def _bench_of(run: Path) -> tuple[Path | None, dict | None]:
     return (run.parent / "bench.json", parent) if mine else (None, None)
 
 
+def _smoothing_note(config: dict) -> str:
+    """Why the val loss can sit below the train loss: the one line a run with label smoothing needs."""
+    smoothing = (config.get("config") or {}).get("label_smoothing")
+    if not isinstance(smoothing, (int, float)) or isinstance(smoothing, bool) or not smoothing > 0:
+        return ""
+    return (
+        f'<p class="note">Label smoothing {smoothing:g}: the train loss is measured against softened targets, '
+        "which no prediction brings to 0, and the val loss against the true labels (plain cross-entropy), so "
+        "the val loss can sit below the train loss.</p>"
+    )
+
+
 def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
     """The page's HTML for ``run_dir`` (``eval_json`` defaults to ``RUN/eval.json``)."""
     run = Path(run_dir)
@@ -291,6 +303,7 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
             _setup(run, config, summary),
             "<h2>Training curves</h2>",
             _img(run / "training_results.png", "training curves") or '<p class="note">No epoch finished.</p>',
+            _smoothing_note(config),
             "<h2>Evaluation</h2>",
         ]
         body.append(

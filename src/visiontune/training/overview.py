@@ -71,12 +71,16 @@ def _view(cfg: TrainConfig) -> list[str]:
 
 
 def _augmentation(cfg: TrainConfig) -> str:
+    """The augmentation row; a modern run without any says why, and what photos want."""
     extra = _view(cfg) + [
         f"{name} {value:g}"
         for name, value in (("random erasing", cfg.random_erasing), ("mixup", cfg.mixup), ("cutmix", cfg.cutmix))
         if value
     ]
-    return ", ".join([cfg.augment, *extra])
+    text = ", ".join([cfg.augment, *extra])
+    if cfg.recipe == "modern" and text == "none":
+        text += f" ({presets.MODERN_NO_AUGMENT})"
+    return text
 
 
 def _sampler(cfg: TrainConfig, num_classes: int, images_per_epoch: int) -> str:
