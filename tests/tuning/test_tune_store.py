@@ -152,6 +152,15 @@ def test_a_storage_password_is_masked_in_the_error_line(sample_data, tmp_path, c
     assert "SeCrEtPw" not in line and "postgresql://u:***@127.0.0.1:1/db" in line
 
 
+def test_a_data_url_password_is_masked_in_every_line(tmp_path, capsys):
+    """The same helper masks a data URL's password: the download line and the error line alike."""
+    url = "https://u:SeCrEtPw@127.0.0.1:1/shards-{0..1}.tar"
+    assert main(["train", "--data", url, "--output-dir", str(tmp_path / "run")]) == 2
+    printed = capsys.readouterr()
+    assert "SeCrEtPw" not in printed.out + printed.err
+    assert "https://u:***@127.0.0.1:1/shards-{0..1}.tar" in printed.out and len(printed.err.splitlines()) == 1
+
+
 def test_masking_urls_and_escaping_control_characters():
     from visiontune.text import mask_urls, printable, shown
 

@@ -41,6 +41,7 @@ from typing import BinaryIO
 from visiontune.data.braces import MAX_NAMES, expand
 from visiontune.errors import UserError
 from visiontune.files import atomic_file, atomic_write
+from visiontune.text import shown
 from visiontune.version import __version__
 
 SCHEMES = ("http://", "https://", "hf://", "gs://", "pipe:")
@@ -165,7 +166,8 @@ def fetch(data: str) -> str:
         ) from None
     wanted = [n for n in urls if not _whole(os.path.join(folder, n), sizes.get(n))]
     if wanted:
-        print(f"visiontune: downloading {len(wanted)} of {len(urls)} shard(s) of {data} into {folder}", flush=True)
+        said = f"{len(wanted)} of {len(urls)} shard(s) of {shown(data)}"  # a password in the URL: masked
+        print(f"visiontune: downloading {said} into {folder}", flush=True)
     try:
         for name in wanted:
             _download(urls[name], os.path.join(folder, name), sizes.get(name))

@@ -1,6 +1,7 @@
 """Hyperparameter search over Optuna: ``visiontune tune``.
 
-``space`` (the searched settings: a TOML file or a recipe's default), ``study`` (storage, what a study is
+``space`` (the searched settings: a TOML file or a recipe's default), ``store`` (the study store's one
+reader: every value read back from a study goes through its schema), ``study`` (storage, what a study is
 of, heartbeats and stale trials), ``tune`` (the tuner's loop: each trial an ordinary run through
 ``training.trainer.train``; ``--parallel`` processes), ``trialjob`` (pruning at epoch boundaries, and a trial
 that is a job of several processes) and ``results``
