@@ -279,11 +279,16 @@ def test_a_running_trial_whose_owner_record_cannot_be_judged_is_failed_after_the
     later = time.time() + 3 * 30.0 + 5
     monkeypatch.setattr(study, "time", types.SimpleNamespace(time=lambda: later))
     assert study.fail_stale(s, storage, 30.0) == [t.number]
+    # A live process of this host named without its start time (pid 1) is no sign that the owner lives.
+    t1 = s.ask()
+    storage.set_trial_system_attr(t1._trial_id, study.OWNER, {"host": socket.gethostname(), "pid": 1})
+    monkeypatch.setattr(study, "time", types.SimpleNamespace(time=lambda: later + 3 * 30.0 + 5))
+    assert study.fail_stale(s, storage, 30.0) == [t1.number]
     # A heartbeat from far in the future (1e300 s) keeps nothing alive either.
     t2 = s.ask()
     storage.set_trial_system_attr(t2._trial_id, study.OWNER, {"host": "elsewhere", "pid": 5, "heartbeat": 30.0})
     storage.set_trial_system_attr(t2._trial_id, study.BEAT, 1e300)
-    monkeypatch.setattr(study, "time", types.SimpleNamespace(time=lambda: later + 3 * 30.0 + 5))
+    monkeypatch.setattr(study, "time", types.SimpleNamespace(time=lambda: later + 6 * 30.0 + 10))
     assert study.fail_stale(s, storage, 30.0) == [t2.number]
 
 

@@ -13,7 +13,10 @@ Every trial being run carries its owner (host, pid, the process's start time) an
 ``heartbeat`` seconds from a thread. A RUNNING trial is stale when its owner is gone: on this host, when no
 process of that pid and start time lives (exact, whatever the load: a busy machine that delays a heartbeat
 never fails a live trial); on another host, when its heartbeat is older than three beats, the only sign that
-reaches across machines. ``fail_stale`` marks it FAIL and queues its parameters again, once, as a
+reaches across machines. The store is shared and its records read through ``store``: an owner record without
+a usable pid and start time, a heartbeat that is no time or lies in the future, counts for nothing, and the
+trial is judged by its last sign of life (at worst its start), so no record keeps a tuner waiting for ever.
+``fail_stale`` marks it FAIL and queues its parameters again, once, as a
 new WAITING trial (``retry``, as Optuna's ``RetryHeartbeatStaleTrialCallback`` does). The same code serves
 every storage: Optuna's own heartbeat exists only for databases, not for the journal file.
 """
@@ -182,7 +185,9 @@ def _owner_alive(owner: store.Owner) -> bool | None:
         return True
     if fields[0] in ("Z", "X"):  # killed, and not yet reaped (a container without an init that reaps)
         return False
-    return owner.started in (None, int(fields[19]))
+    if owner.started is None:  # a live pid ("pid": 1), but nothing tells it is the owner: the heartbeat tells
+        return None
+    return owner.started == int(fields[19])
 
 
 # When this process first saw a running trial that carries no time it can be judged by (a shared store is
