@@ -101,6 +101,13 @@ def _or_none(kind: Callable) -> Callable:
     return parse
 
 
+class _UnsetOr(list):
+    """argparse choices listed with ``none``, which ``_or_none`` has made None by the time they are checked."""
+
+    def __contains__(self, value) -> bool:
+        return value is None or super().__contains__(value)
+
+
 # How a TrainConfig field's annotation is parsed from the command line (bool fields are --x/--no-x).
 _PARSERS = {"str": str, "str | None": str, "int": int, "int | None": int, "float": finite, "float | None": finite}
 
@@ -265,15 +272,8 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
         unsettable = f.default is None and f.type.endswith("| None")
         if f.name in allowed:
             if unsettable and "none" not in allowed[f.name]:  # `none` is no choice of these: it unsets them
-                names = [*allowed[f.name], "none"]
-                p.add_argument(
-                    flag,
-                    type=_or_none(str),
-                    choices=[*allowed[f.name], None],
-                    metavar="{" + ",".join(names) + "}",
-                    default=argparse.SUPPRESS,
-                    help=help_text,
-                )
+                listed = _UnsetOr([*allowed[f.name], "none"])
+                p.add_argument(flag, type=_or_none(str), choices=listed, default=argparse.SUPPRESS, help=help_text)
                 continue
             p.add_argument(flag, choices=allowed[f.name], default=argparse.SUPPRESS, help=help_text)
             continue
