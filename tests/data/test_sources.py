@@ -29,6 +29,8 @@ def test_each_data_string_is_told_apart_once_and_described_by_its_source(tmp_pat
         "hf://datasets/org/name/shards-{0..3}.tar": "url-shards",  # hf:// naming .tar: shards at a URL
         "https://host/s-{000..009}.tar": "url-shards",
         "gs://bucket/s.tar": "url-shards",
+        "s3://bucket/set/": "store",  # told by the scheme alone: listed when read
+        "az://container/s-{0..3}.tar": "store",
         str(tars): "shards",  # a folder of .tar files only
         str(tars / "a.tar"): "shards",
         str(tmp_path / "missing-{0..2}.tar"): "shards",  # a pattern: its shards are checked when read
@@ -39,6 +41,7 @@ def test_each_data_string_is_told_apart_once_and_described_by_its_source(tmp_pat
     # Names are recorded as given, paths made absolute; a path that is gone is said to be gone.
     assert sources.recorded("hf:org/name") == "hf:org/name"
     assert sources.recorded("https://host/s.tar") == "https://host/s.tar"
+    assert sources.recorded("s3://bucket/set/") == "s3://bucket/set/"
     assert sources.recorded("rel/data") == os.path.abspath("rel/data")
     assert [sources.exists(d) for d in ("hf:org/name", str(folder), str(tmp_path / "gone"))] == [True, True, False]
     assert sources.exists(str(tmp_path / "missing-{0..2}.tar"))
@@ -49,9 +52,12 @@ def test_each_data_string_is_told_apart_once_and_described_by_its_source(tmp_pat
     # --help in each source's own words, as the commands have always said it.
     assert sources.help_text() == (
         "data folder (Kaggle layout, train.csv manifest, or class subfolders), tar shards (a folder, pattern or "
-        "URL), or hf:PATH|ORG/NAME"
+        "URL), hf:PATH|ORG/NAME, or an object store's shards or folder (s3://bucket/prefix/, az://)"
     )
-    assert sources.help_text(short=True) == "a data folder, tar shards or hf:PATH|ORG/NAME"
+    assert (
+        sources.help_text(short=True)
+        == "a data folder, tar shards, hf:PATH|ORG/NAME or object-store data (s3://, az://)"
+    )
     with pytest.raises(UserError, match="pass the path itself"):
         sources.find("file:///data")
     with pytest.raises(UserError, match="tar shards carry one class per sample"):

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import FAST, _worker_env
+from s3server import CREDENTIALS, s3_server, upload
 from trainrun import PYTHON, SQUEEZENET, assert_same_weights, env_for, flags, run, start, wait_for
 from visiontune.cli.commands import main
 from visiontune.data.sample import make_sample_data
@@ -341,3 +342,51 @@ def test_ddp_on_hf_data_with_its_own_odd_validation_split_killed_mid_epoch_resum
     said, split = _killed_and_resumed(ddp_reference, data, tmp_path, names.__getitem__)
     assert "its own train/validation splits" in said
     assert split["counts"] == {"train": 16, "val": 5}
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server() as server:
+        yield server
+
+
+def _from_s3(ref: dict, server, folder: Path, url: str, tmp_path: Path) -> dict:
+    """``folder`` uploaded to ``url`` on the local S3 server, and the reference with an environment that reaches
+    it (its endpoint and credentials, as the store's own chain reads them) and a shard cache of this test's."""
+    upload(server, folder, url)
+    server.requests.clear()
+    env = {**ref["env"], **server.env(), "VISIONTUNE_SHARD_CACHE": str(tmp_path / "shard-cache")}
+    return {**ref, "env": env}
+
+
+def _fetched_once_and_no_credentials_recorded(server, folder: Path, url: str, run: Path) -> None:
+    """Each object GET once for both jobs and all their processes (the shard cache), and nothing of the
+    credentials anywhere in the run folder."""
+    prefix = url[len("s3:/") :].rstrip("/")
+    files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    assert {n: server.gets(f"{prefix}/{n}") for n in files} == dict.fromkeys(files, 1)
+    for p in run.rglob("*"):
+        if p.is_file():
+            assert not any(v.encode() in p.read_bytes() for v in CREDENTIALS.values()), p
+
+
+@pytest.mark.distributed
+def test_ddp_on_s3_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_each_shard_fetched_once(
+    tmp_path, ddp_reference, s3
+):
+    """ddp x2 on the folder's shards in a bucket of a real S3-protocol server, killed with kill -9 and resumed:
+    the local folder run's tensors, accuracy, reads and split record (``_killed_and_resumed``)."""
+    shards, url = tmp_path / "shards", "s3://train/shards/"
+    assert main(["shard", str(ddp_reference["data"]), "--out", str(shards), "--shard-size", "50KB"]) == 0
+    said, split = _killed_and_resumed(_from_s3(ddp_reference, s3, shards, url, tmp_path), url, tmp_path)
+    assert "the split recorded in index.json" in said and split["sha256"] == ddp_reference["split"]["sha256"]
+    _fetched_once_and_no_credentials_recorded(s3, shards, url, tmp_path / "run")
+
+
+@pytest.mark.distributed
+def test_ddp_on_a_folder_in_s3_killed_mid_epoch_resumes_to_the_local_folder_runs_tensors(tmp_path, ddp_reference, s3):
+    """The same, on the folder itself uploaded file by file: read in its layout, the local run to the tensor."""
+    url = "s3://train/folder"
+    said, split = _killed_and_resumed(_from_s3(ddp_reference, s3, ddp_reference["data"], url, tmp_path), url, tmp_path)
+    assert split["sha256"] == ddp_reference["split"]["sha256"]
+    _fetched_once_and_no_credentials_recorded(s3, ddp_reference["data"], url, tmp_path / "run")

@@ -45,7 +45,7 @@ from visiontune.text import shown
 from visiontune.version import __version__
 
 SCHEMES = ("http://", "https://", "hf://", "gs://", "pipe:")
-_ELSEWHERE = ("s3://", "htgs://", "ais://", "sftp://", "ftps://", "scp://")  # webdataset runs a command for these
+_ELSEWHERE = ("htgs://", "ais://", "sftp://", "ftps://", "scp://")  # webdataset runs a command for these
 INDEX = "index.json"
 NO_INDEX = ".no-index"  # the URL has no index.json: noted when its shards were fetched
 MAX_INDEX_BYTES = 256 << 20  # visiontune's own index of 1.28M samples is about 60 MB
@@ -121,8 +121,6 @@ def _trusted_root(make: bool = False) -> str:
 
 def _check_source(data: str) -> None:
     """One line for a URL this module does not open, or may not open here."""
-    if data.startswith("s3://"):
-        raise UserError(f"{data}: s3:// is read through a command: pass --data 'pipe:aws s3 cp {data} -' --allow-pipe")
     if data.startswith(_ELSEWHERE):
         scheme = data.split(":", 1)[0]
         raise UserError(

@@ -258,9 +258,9 @@ class ShardReader:
     shards' name and the cached index.
     """
 
-    def __init__(self, root: str, shards: list[str], shard, offset, size, fingerprint: str):
+    def __init__(self, root: str, shards: list[str], shard, offset, size, fingerprint: str, kind: str = "shards"):
         self.root, self.shards, self.shard, self.offset, self.size = root, shards, shard, offset, size
-        self.fingerprint, self.order = fingerprint, None
+        self.fingerprint, self.order, self.kind = fingerprint, None, kind
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
 
@@ -288,18 +288,22 @@ class ShardReader:
         return out
 
     def spec(self) -> dict:
-        return {"kind": "shards", "data": self.root, "order": None if self.order is None else self.order.tolist()}
+        return {"kind": self.kind, "data": self.root, "order": None if self.order is None else self.order.tolist()}
 
 
-def reopen(spec: dict) -> ShardReader:
-    reader = read(spec["data"]).reader
+def reopen(spec: dict, lister=None) -> ShardReader:
+    """The reader ``spec`` describes; ``lister`` lists its data (the ``store`` source's own, for its copies)."""
+    reader = (lister or read)(spec["data"]).reader
     return reader if spec["order"] is None else reader.take(np.asarray(spec["order"], np.int64))
 
 
-def read(data: str) -> ImageSet:
+def read(data: str, local: str | None = None, kind: str = "shards") -> ImageSet:
     """List shards as an ImageSet whose ``reader`` reads each sample's image by offset. Remote shards are
-    read from their local copies (``remote.fetch``) under their URL's name."""
-    if remote.is_remote(data):
+    read from their local copies (``remote.fetch``, or ``local`` made by the ``kind`` source that copied
+    them) under their URL's name."""
+    if local is not None:
+        root, shards, index = data, *_files(local)
+    elif remote.is_remote(data):
         root, shards, index = data, *_files(remote.fetch(data))
     else:
         root = os.path.abspath(os.path.expanduser(data))
@@ -328,7 +332,7 @@ def read(data: str) -> ImageSet:
     else:
         uniq = np.unique(labels[keep])
         classes, mapped = [str(c) for c in uniq.tolist()], np.searchsorted(uniq, labels[keep])
-    reader = ShardReader(root, shards, found["shard"], found["offset"], found["size"], str(found["fingerprint"]))
+    reader = ShardReader(root, shards, found["shard"], found["offset"], found["size"], str(found["fingerprint"]), kind)
     val = None
     if own.get("split"):
         val = np.isin(np.asarray(keys, str), np.asarray(own["split"]["val"], str))[keep]

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 
-from visiontune.data import hfdata, layouts, shards
+from visiontune.data import hfdata, layouts, shards, stores
 from visiontune.data.imageset import ImageSet, Reader, Source
 from visiontune.errors import UserError
 
-# hf: before the URLs (hf:// is both; hfdata claims it unless it names .tar shards), URLs before the
-# local checks (which look at the file system), folders last.
-SOURCES: tuple[Source, ...] = (hfdata.SOURCE, shards.URL_SOURCE, shards.SOURCE, layouts.SOURCE)
+# Object stores first (told by their scheme alone), hf: before the URLs (hf:// is both; hfdata claims it
+# unless it names .tar shards), URLs before the local checks (which look at the file system), folders last.
+SOURCES: tuple[Source, ...] = (stores.SOURCE, hfdata.SOURCE, shards.URL_SOURCE, shards.SOURCE, layouts.SOURCE)
 
 
 def find(data: str) -> Source:

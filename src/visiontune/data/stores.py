@@ -1,0 +1,238 @@
+"""Data in object storage -- ``s3://bucket/prefix/`` (and S3-compatible stores), ``az://``/``abfs://`` --
+through fsspec, copied into the shard cache and read from there.
+
+This is the ``store`` source. The prefix is listed through the store (one LIST, paged by the store's
+client), and what it holds decides how it is read: ``.tar`` objects alone (beside an optional
+``index.json``) are WebDataset shards, read by ``data/shards.py`` under the URL's name; anything else
+is a data folder in one of the three layouts (``data/layouts.py``), a manifest ``.csv`` naming
+files relative to it included. A brace pattern or one ``.tar`` names shards in its folder. Exact
+sampling, DDP sharding and resume need random access by offset, so, as for shards at an http(s) URL
+(``data/remote.py``), each object is copied once per machine into the cache -- a subfolder per URL
+-- by byte ranges of at most ``CHUNK`` bytes, several objects at once, each written under a
+temporary name and renamed when whole. The listing is kept beside the copies once every object is
+in, so later commands, a DDP job's other processes and a worker reopening the data make no request
+at all (delete the subfolder to fetch again).
+
+Credentials come from the store's own chain (s3fs/botocore: the environment, the profile, the
+instance role; an S3-compatible endpoint from ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` or the
+profile's ``endpoint_url``): visiontune never reads, prints or records them, and refuses a URL that
+carries any. What the store returns is untrusted (DESIGN.md, "The trust boundary"): at most
+``MAX_OBJECTS`` objects, each key a plain relative path (no ``.``/``..`` segment, nothing that could
+land outside the cache folder), at most the listed size read from each object, a time-out on each
+request, retries with backoff on 5xx, throttling and dropped connections (botocore's standard mode,
+s3fs's own), and one line naming the object when the last retry fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from visiontune.data import layouts, remote, shards
+from visiontune.data.braces import MAX_NAMES, expand
+from visiontune.data.imageset import ImageSet, Source
+from visiontune.errors import UserError
+from visiontune.files import atomic_file, atomic_write
+
+# scheme: (the fsspec package that reads it, the visiontune extra that installs it)
+SCHEMES = {"s3": ("s3fs", "s3"), "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
+MAX_OBJECTS = 5_000_000  # objects one folder may hold: ImageNet-1k is 1.28M; a bound on the listing's memory
+MAX_KEY = 1024  # S3's own longest key
+CHUNK = 16 << 20  # one ranged GET: the memory an object's copy holds at once
+PARALLEL = 16  # objects copied at once
+RETRIES = 5  # attempts at a request (5xx, throttling, a dropped connection), with exponential backoff
+_BAD_SEGMENT = re.compile(r"^\.{1,2}$|[\0\\]")
+
+
+def is_store(data: str) -> bool:
+    return data.split("://", 1)[0] in SCHEMES and "://" in data
+
+
+def _filesystem(data: str):
+    """The fsspec file system for ``data``'s scheme, with visiontune's bounds; one line when it is missing."""
+    scheme = data.split("://", 1)[0]
+    package, extra = SCHEMES[scheme]
+    try:
+        import fsspec
+
+        if scheme != "s3":  # (a new instance each time: the credentials are read when it is made)
+            return fsspec.filesystem(scheme, skip_instance_cache=True)
+        timeouts = {"connect_timeout": remote.TIMEOUT_S, "read_timeout": remote.TIMEOUT_S}
+        retries = {"total_max_attempts": RETRIES, "mode": "standard"}  # 5xx and throttling, backed off
+        config = {**timeouts, "retries": retries}
+        return fsspec.filesystem("s3", skip_instance_cache=True, config_kwargs=config)
+    except ImportError:
+        raise UserError(f"reading {scheme}:// needs {package}: pip install 'visiontune[{extra}]'") from None
+
+
+def _check(data: str) -> None:
+    bucket = data.split("://", 1)[1].split("/", 1)[0]
+    if "@" in bucket or ":" in bucket:  # s3://KEY:SECRET@bucket: a secret would be recorded with the data
+        raise UserError(
+            f"{data.split('://', 1)[0]}://...: credentials in the URL are not read; give them the store's own "
+            "way (environment, profile or role) and pass --data with the bucket and prefix alone"
+        )
+    if not bucket:
+        raise UserError(f"{data}: name a bucket, e.g. s3://bucket/prefix/")
+
+
+def _failed(url: str, e: BaseException) -> UserError:
+    """A failed request as one line naming the object (never the store's own words about credentials)."""
+    if isinstance(e, FileNotFoundError):
+        why = "not found"
+    elif isinstance(e, PermissionError):
+        why = "access denied: check the credentials the store's client finds (environment, profile or role)"
+    else:
+        why = remote._first_line(e) if str(e).strip() else type(e).__name__
+    return UserError(f"cannot read {url} ({why}); check the URL, the network and the store's endpoint")
+
+
+def _relative(key: str, base: str, url: str) -> str:
+    """``key``'s path below ``base``: plain segments only, so that its copy stays inside the cache folder."""
+    rel = key[len(base) :].lstrip("/")
+    if (
+        not key.startswith(base)
+        or len(rel) > MAX_KEY
+        or any(not s or _BAD_SEGMENT.search(s) for s in rel.split("/"))
+        or not rel.isprintable()
+    ):
+        raise UserError(f"{url} holds an object named {rel!r:.100}, which visiontune does not copy; rename it")
+    return rel
+
+
+def _list(fs, base: str, url: str) -> dict[str, int]:
+    """Each object below ``base``: its relative name and size. Top level first: shards need no deeper look."""
+    try:
+        top = fs.ls(base, detail=True)
+        if any(e["type"] == "directory" or not e["name"].endswith((".tar", shards.INDEX)) for e in top):
+            found = fs.find(base, detail=True)
+        else:
+            found = {e["name"]: e for e in top}
+    except Exception as e:  # the store's client raises its own kinds (botocore, aiohttp, ...): one line each
+        raise _failed(url, e) from None
+    if len(found) > MAX_OBJECTS:
+        raise UserError(f"{url} holds {len(found):,} objects, more than the {MAX_OBJECTS:,} visiontune reads")
+    objects = {}
+    for key, entry in sorted(found.items()):
+        if entry.get("type") == "directory" or key.endswith("/"):
+            continue
+        size = entry.get("size")
+        if type(size) is not int or size < 0:
+            raise UserError(f"{url}: the store gives no size for {key!r:.100}")
+        objects[_relative(key, base, url)] = size
+    if not objects:
+        raise UserError(f"{url}: no objects found (check the bucket and the prefix)")
+    return objects
+
+
+def _copy(fs, key: str, url: str, dest: str, size: int) -> None:
+    """The object ``key`` into ``dest``, by ranged reads of at most ``CHUNK`` bytes, whole or not at all."""
+    try:
+        with atomic_file(dest) as f:
+            while f.tell() < size:
+                got = fs.cat_file(key, start=f.tell(), end=min(size, f.tell() + CHUNK))
+                if not got:
+                    raise UserError(
+                        f"{url}: {f.tell()} bytes came where the store listed {size}; it changed, run again"
+                    )
+                f.write(got)
+    except UserError:  # (a full disk is atomic_file's one line)
+        raise
+    except Exception as e:
+        raise _failed(url, e) from None
+    if dest.endswith(".tar") and size:
+        with open(dest, "rb") as f:
+            if f.read(512)[257:262] != b"ustar":
+                os.unlink(dest)
+                raise UserError(f"{url} is not a tar file; check the URL")
+
+
+def _split(data: str) -> tuple[str, str | None]:
+    """(the folder URL, the last segment when it names shards or a manifest, else None)."""
+    head, _, last = data.rstrip("/").rpartition("/")
+    if "://" in head and ("{" in last or last.endswith((".tar", ".csv"))):
+        return head, last
+    return data.rstrip("/"), None
+
+
+def _kept(path: str, url: str) -> dict[str, int] | None:
+    """The listing kept beside the copies (the cache is the user's own: ``remote._trusted_root``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            kept = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is damaged ({e}); delete it to list {url} again") from None
+    objects = kept.get("objects") if isinstance(kept, dict) else None
+    if not isinstance(objects, dict) or kept.get("url") != url:
+        raise UserError(f"{path} is not the listing of {url}; delete it to list {url} again")
+    return {_relative(f"{url}/{k}", url, url): v for k, v in objects.items() if type(v) is int and v >= 0}
+
+
+def fetch(data: str) -> str:
+    """The local copy of what ``data`` names (a folder, a shard pattern, a ``.tar`` or a ``.csv`` in the
+    cache); what is missing is copied first (one line, exit 2, when that fails)."""
+    _check(data)
+    url, last = _split(data)
+    root = remote._trusted_root()
+    name = hashlib.sha256(f"store\0{url}/".encode()).hexdigest()[:16]
+    folder, listing = os.path.join(root, name), os.path.join(root, f"{name}.listing.json")
+    objects = _kept(listing, url)
+    fs = None
+    if objects is None:
+        fs = _filesystem(data)
+        objects = _list(fs, fs._strip_protocol(url).rstrip("/"), url)
+    wanted = objects
+    if last is not None and not last.endswith(".csv"):
+        names = expand(last)
+        missing = [n for n in names if n not in objects]
+        if missing:
+            raise UserError(f"cannot read {url}/{missing[0]} (not found; {len(missing)} of the {len(names)} named)")
+        wanted = {n: objects[n] for n in [*names, shards.INDEX] if n in objects}
+    elif all("/" not in n for n in objects) and any(n.endswith(".tar") for n in objects):
+        if sum(n.endswith(".tar") for n in objects) > MAX_NAMES:
+            raise UserError(f"{url} holds more than the {MAX_NAMES:,} shards visiontune reads")
+    todo = [n for n in wanted if not remote._whole(os.path.join(folder, n), wanted[n])]
+    if todo:
+        remote._trusted_root(make=True)
+        print(f"visiontune: copying {len(todo)} of {len(wanted)} object(s) of {url} into {folder}", flush=True)
+        fs = fs or _filesystem(data)
+        base = fs._strip_protocol(url).rstrip("/")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        with ThreadPoolExecutor(min(PARALLEL, len(todo))) as pool:
+            list(pool.map(lambda n: _copy(fs, f"{base}/{n}", f"{url}/{n}", os.path.join(folder, n), wanted[n]), todo))
+    if not os.path.exists(listing):
+        atomic_write(listing, json.dumps({"url": url, "objects": objects}))
+    return os.path.join(folder, last) if last is not None else folder
+
+
+def _read(
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, multi_label: bool
+) -> ImageSet:
+    local = fetch(data)
+    if shards.is_shards(local):
+        if multi_label:
+            raise UserError(f"{data}: tar shards carry one class per sample; give multi-label data as a manifest")
+        return shards.read(data.rstrip("/"), local=local, kind=SOURCE.name)  # (names are URL/NAME)
+    return layouts.read_folder(local, image_column, label_column, every_split=every_split, multi_label=multi_label)
+
+
+def _reopen(spec: dict) -> shards.ShardReader:
+    return shards.reopen(spec, lambda data: _read(data, None, None, every_split=False, multi_label=False))
+
+
+SOURCE = Source(
+    "store",
+    recognises=is_store,
+    read=_read,
+    reopen=_reopen,
+    help="an object store's shards or folder (s3://bucket/prefix/, az://)",
+    short="object-store data (s3://, az://)",
+    named=True,
+    container=True,
+    fetch=fetch,
+)

@@ -1,0 +1,202 @@
+"""Data in object storage (``data/stores.py``), against a real S3-protocol server on 127.0.0.1 (moto's server
+mode, ``tests/s3server.py``): shards and folders read as the same files on disk, each object fetched once,
+the server's failures retried and then one line, credentials kept to the store's own chain."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuzzing import fuzz_settings
+from s3server import CREDENTIALS, s3_server, upload
+from visiontune.cli.commands import main
+from visiontune.data import sources, stores
+from visiontune.data.sample import make_sample_data
+from visiontune.errors import UserError
+
+pytest.importorskip("webdataset")  # `visiontune shard` writes with its ShardWriter
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The server, with a folder of 6 images (Kaggle layout), its shards (one or two images each, with
+    visiontune's index.json) and a class-subfolder copy with a manifest, uploaded to bucket ``data``."""
+    tmp = tmp_path_factory.mktemp("stores")
+    make_sample_data(tmp / "folder", per_class=3, test_count=0, seed=2)
+    assert main(["shard", str(tmp / "folder"), "--out", str(tmp / "shards"), "--shard-size", "20KB"]) == 0
+    (tmp / "manifest").mkdir()
+    rows = ["filename,label"]
+    for p in sorted((tmp / "folder" / "train").iterdir()):
+        (tmp / "manifest" / p.name).write_bytes(p.read_bytes())
+        rows.append(f"{p.name},{p.name.split('.')[0]}")
+    (tmp / "manifest" / "labels.csv").write_text("\n".join(rows) + "\n")
+    with s3_server() as server:
+        for name in ("folder", "shards", "manifest"):
+            upload(server, tmp / name, f"s3://data/{name}")
+        server.local = tmp
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def store_env(tmp_path, monkeypatch, s3):
+    monkeypatch.setenv("VISIONTUNE_SHARD_CACHE", str(tmp_path / "shard-cache"))
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    s3.requests.clear()
+    s3.faults.clear()
+
+
+def _one_line(capsys) -> str:
+    said = capsys.readouterr()
+    lines = said.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in said.err, said.err
+    return lines[0]
+
+
+def _same(got, local) -> None:
+    assert (got.classes, got.labels.tolist(), len(got)) == (local.classes, local.labels.tolist(), len(local))
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://data/shards/", "s3://data/shards", "s3://data/shards/shards-{000000..000005}.tar"]
+)
+def test_shards_in_a_bucket_are_listed_through_the_store_copied_once_and_read_as_the_local_shards(s3, url):
+    local = sources.discover(str(s3.local / "shards"))
+    got = sources.discover(url)
+    _same(got, local)
+    assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
+    assert got.split_note == "the split recorded in index.json" and got.root == url.rstrip("/")
+    assert got.paths[0] == f"{url.rstrip('/')}/train/cat.0.jpg"  # the folder's names, below the URL
+    names = sorted(p.name for p in (s3.local / "shards").iterdir())
+    assert len(names) == 7 and all(s3.gets(f"/data/shards/{n}") == 1 for n in names), s3.requests
+    assert [r for r in s3.requests if r[1] == "/data"] == [("GET", "/data", "")]  # one LIST
+    s3.requests.clear()
+    again = sources.discover(url)  # a later command, another process: from the cache, no request at all
+    _same(again, local)
+    assert s3.requests == []
+    # A worker reopens the reader from its spec: the same bytes, no request.
+    spec = got.reader.take(np.asarray([2, 0])).spec()
+    assert spec["kind"] == "store" and spec["data"] == url.rstrip("/")
+    assert [sources.reopen(spec)[i] for i in range(2)] == [local.reader[2], local.reader[0]]
+    assert s3.requests == []
+
+
+def test_shards_without_an_index_are_found_by_listing_the_prefix(s3, tmp_path):
+    shards = sorted((s3.local / "shards").glob("*.tar"))
+    (tmp_path / "bare").mkdir()
+    for p in shards:
+        (tmp_path / "bare" / p.name).write_bytes(p.read_bytes())
+    upload(s3, tmp_path / "bare", "s3://data/bare")
+    got = sources.discover("s3://data/bare/")
+    assert len(got) == 6 and got.classes == ["0", "1"] and got.split_note == ""
+    assert all(s3.gets(f"/data/bare/{p.name}") == 1 for p in shards) and s3.gets("/data/bare/index.json") == 0
+
+
+@pytest.mark.parametrize("name, url", [("folder", "s3://data/folder"), ("manifest", "s3://data/manifest/labels.csv")])
+def test_a_folder_in_a_bucket_is_copied_once_and_read_in_its_layout(s3, name, url):
+    local = sources.discover(str(s3.local / name / ("labels.csv" if name == "manifest" else "")))
+    got = sources.discover(url)
+    _same(got, local)
+    assert got.layout == local.layout == ("manifest" if name == "manifest" else "kaggle")
+    assert [Path(p).read_bytes() for p in got.paths] == [Path(p).read_bytes() for p in local.paths]
+    files = [p for p in (s3.local / name).rglob("*") if p.is_file()]
+    assert all(s3.gets(f"/data/{name}/{p.relative_to(s3.local / name).as_posix()}") == 1 for p in files)
+    s3.requests.clear()
+    _same(sources.discover(url), local)
+    assert s3.requests == []
+    assert sources.find(url).name == "store" and sources.recorded(url) == url
+
+
+def test_503s_and_a_connection_dropped_mid_object_are_retried(s3):
+    s3.faults["/data/shards/shards-000001.tar"] = [503, "drop", 503]
+    local = sources.discover(str(s3.local / "shards"))
+    got = sources.discover("s3://data/shards/")
+    assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
+    assert s3.gets("/data/shards/shards-000001.tar") == 4 and s3.gets("/data/shards/shards-000002.tar") == 1
+
+
+@pytest.mark.slow  # botocore's backoff between tries
+def test_a_server_that_keeps_failing_is_one_line_naming_the_object_and_leaves_no_partial_copy(
+    s3, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(stores, "RETRIES", 2)
+    s3.faults["/data/shards/shards-000003.tar"] = [503] * 50
+    assert main(["check", "s3://data/shards/"]) == 2
+    line = _one_line(capsys)
+    assert "cannot read s3://data/shards/shards-000003.tar (" in line and "Please try again" in line, line
+    assert s3.gets("/data/shards/shards-000003.tar") == 2
+    copies = [p.name for p in (tmp_path / "shard-cache").rglob("*")]
+    assert "shards-000003.tar" not in copies and not [n for n in copies if n.endswith(".tmp")]
+    assert not [n for n in copies if n.endswith(".listing.json")]  # listed again next time
+    s3.faults.clear()
+    assert main(["check", "s3://data/shards/"]) == 0  # the rest were kept: only the missing one is fetched
+    assert s3.gets("/data/shards/shards-000003.tar") == 3 and s3.gets("/data/shards/shards-000001.tar") == 1
+
+
+@pytest.mark.parametrize(
+    "url, said",
+    [
+        ("s3://data/nowhere/", "cannot read s3://data/nowhere (not found)"),
+        ("s3://no-such-bucket/x/", "cannot read s3://no-such-bucket/x (not found)"),
+        ("s3://data/shards/shards-{000000..000009}.tar", "cannot read s3://data/shards/shards-000006.tar (not found;"),
+        ("s3://data/shards/shards-{0..99999999999}.tar", "more than the 100,000 visiontune reads"),
+        ("s3://KEY:SECRET@data/shards/", "credentials in the URL are not read"),
+    ],
+)
+def test_a_missing_object_or_bucket_is_one_line(url, said, capsys):
+    assert main(["check", url]) == 2
+    line = _one_line(capsys)
+    assert said in line and "SECRET" not in line, line
+
+
+@pytest.mark.slow  # s3fs tries the bucket's region first
+def test_wrong_credentials_are_one_line_that_shows_none_of_them(monkeypatch, capsys):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value")
+    assert main(["check", "s3://data/shards/"]) == 2
+    line = _one_line(capsys)
+    assert "cannot read s3://data/shards (access denied: check the credentials" in line, line
+    assert "AKIAWRONG" not in line and "wrong-secret" not in line and CREDENTIALS["AWS_SECRET_ACCESS_KEY"] not in line
+
+
+def test_an_object_key_that_would_leave_the_cache_folder_is_refused(s3, tmp_path, capsys):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1")
+    for key in ("odd/cat/a.jpg", "odd/../escape.jpg"):
+        client.put_object(Bucket="data", Key=key, Body=b"x")
+    assert main(["check", "s3://data/odd"]) == 2
+    assert "holds an object named '../escape.jpg', which visiontune does not copy" in _one_line(capsys)
+    assert not (tmp_path / "shard-cache" / "escape.jpg").exists() and s3.gets("/data/odd/cat/a.jpg") == 0
+
+
+def test_a_missing_store_package_is_one_line_naming_the_extra(monkeypatch, capsys):
+    import fsspec
+
+    registry = sys.modules[fsspec.get_filesystem_class.__module__]._registry
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # not installed (and not yet imported by fsspec)
+    monkeypatch.delitem(registry, "s3", raising=False)
+    assert main(["check", "s3://data/shards/"]) == 2
+    assert "reading s3:// needs s3fs: pip install 'visiontune[s3]'" in _one_line(capsys)
+    if "adlfs" not in sys.modules:
+        monkeypatch.setitem(sys.modules, "adlfs", None)
+    assert main(["check", "az://container/set/"]) == 2
+    assert "reading az:// needs adlfs: pip install 'visiontune[azure]'" in _one_line(capsys)
+
+
+@fuzz_settings(300)
+@given(st.text(st.sampled_from("ab./\\\0\n%~-_ "), max_size=24))
+def test_fuzz_an_object_key_is_copied_inside_the_cache_folder_or_refused(rel):
+    """Whatever a listing names, its copy lands inside the URL's cache folder, or the key is refused."""
+    try:
+        name = stores._relative(f"bucket/set/{rel}", "bucket/set", "s3://bucket/set")
+    except UserError:
+        return
+    folder = os.path.join(os.sep, "cache", "f")
+    assert os.path.normpath(os.path.join(folder, name)).startswith(folder + os.sep)
