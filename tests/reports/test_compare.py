@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from visiontune.cli.commands import main
+from visiontune.runs.runinfo import describe
 
 
 class Page(HTMLParser):
@@ -102,7 +103,11 @@ def _fabricated_run(folder: Path, maps: list | None) -> Path:
     summary = {"best_val_accuracy": 0.8, "best_val_loss": 0.4, "best_epoch": 1, "epochs": 2}
     summary.update({"best_val_map": max(maps)} if maps else {})
     config = {"model": "resnet18", "multi_label": bool(maps), "output_dir": str(folder)}
-    model = {"multi_label": True} if maps else {}  # a run's model record names its task as runinfo writes it
+    # A run's model record names its task as runinfo writes it (the whole description: it is checked on reading).
+    model = describe(
+        "resnet18", "torchvision", ["a", "b"], 32, (0.5,) * 3, (0.25,) * 3, "bilinear", multi_label=bool(maps)
+    )
+    model = model.to_dict()
     (folder / "config.json").write_text(json.dumps({"config": config, "data": {"root": "/d"}, "model": model}))
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "history.json").write_text(json.dumps(history))

@@ -9,6 +9,7 @@ import numpy as np
 from visiontune.data.groups import fold_split
 from visiontune.data.split import split_record
 from visiontune.reports import compare, crossval
+from visiontune.runs.runinfo import describe
 
 
 def _fold_runs(tmp_path, folds: int, accuracies: list[float], held: list[int], maps=None) -> list:
@@ -21,7 +22,10 @@ def _fold_runs(tmp_path, folds: int, accuracies: list[float], held: list[int], m
         split = fold_split(labels, None, folds, fold, seed=1)[0]
         (run / "split.json").write_text(json.dumps(split_record(split, paths, "/d", 1, 0.2)))
         config = {"model": "resnet18", "folds": folds, "fold": fold, "output_dir": str(run)}
-        record = {"config": config, "data": {"root": "/d"}, **({"model": {"multi_label": True}} if maps else {})}
+        model = describe(
+            "resnet18", "torchvision", ["0", "1", "2"], 32, (0.5,) * 3, (0.25,) * 3, "bilinear", multi_label=True
+        )
+        record = {"config": config, "data": {"root": "/d"}, **({"model": model.to_dict()} if maps else {})}
         (run / "config.json").write_text(json.dumps(record))
         summary = {"best_val_accuracy": acc, "best_val_loss": 1 - acc, **({"best_val_map": m} if maps else {})}
         (run / "summary.json").write_text(json.dumps(summary))

@@ -38,6 +38,7 @@ from visiontune.errors import UserError
 from visiontune.inference.loaded import LoadedModel, load_model
 from visiontune.models.build import resized_from
 from visiontune.reports import modelcard
+from visiontune.runs import runrecords
 from visiontune.runs.runinfo import RunInfo
 
 # torchvision models whose timm namesake has the same state-dict keys and shapes and computes the same
@@ -123,10 +124,16 @@ def _write_folder(loaded: LoadedModel, run_dir: str, folder: Path, repo: str | N
     curves = Path(run_dir) / CURVES
     if curves.is_file():
         shutil.copyfile(curves, folder / CURVES)
-    summary = _json(Path(run_dir) / "summary.json")
+    # The run folder's records, checked (``runs.runrecords``), as the report and compare read them.
+    run_config, summary = runrecords.read_config(run_dir), runrecords.read_summary(run_dir)
+    if run_config is None or summary is None:
+        missing = "summary.json" if run_config is not None else "config.json"
+        raise UserError(
+            f"{Path(run_dir) / missing} is missing: --format hub needs a finished run folder (its summary and config)"
+        )
     try:
         text = modelcard.card(
-            _json(Path(run_dir) / "config.json"),
+            run_config,
             summary,
             config["architecture"],
             repo,
@@ -139,18 +146,6 @@ def _write_folder(loaded: LoadedModel, run_dir: str, folder: Path, repo: str | N
         ) from None
     (folder / "README.md").write_text(text)
     return _check(loaded, folder)
-
-
-def _json(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"{path} is missing: --format hub needs a finished run folder (its summary and config)")
-    try:
-        record = json.loads(path.read_text())
-    except (ValueError, RecursionError) as e:
-        raise UserError(f"{path} is not JSON ({str(e)[:80]}); use a run folder visiontune finished") from None
-    if not isinstance(record, dict):
-        raise UserError(f"{path} is not a visiontune record; use a run folder visiontune finished")
-    return record
 
 
 def _check(loaded: LoadedModel, folder: Path) -> float:

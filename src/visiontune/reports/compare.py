@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from visiontune.errors import UserError
 from visiontune.files import atomic_write
 from visiontune.reports import crossval
 from visiontune.reports.style import CSS
+from visiontune.runs import runrecords
 from visiontune.tasks import Task, named
 
 # Differ by nature between any two runs, and say nothing about how they trained.
@@ -46,24 +46,17 @@ class Run:
     task: Task  # what the run learnt, as its config.json's model record says
 
 
-def _json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def read_run(folder: str | Path) -> Run:
-    path = Path(folder)
-    config = _json(path / "config.json")
-    if not isinstance(config, dict):
+    """The run's records, checked (``runs.runrecords``): one line naming the file and field that is damaged."""
+    config = runrecords.read_config(folder)
+    if config is None:
         raise UserError(f"{folder} is not a visiontune run folder (no config.json)")
-    settings = {"data": (config.get("data") or {}).get("root")}
-    settings.update({k: v for k, v in (config.get("config") or {}).items() if k not in NOT_SETTINGS and k != "data"})
-    settings.update({f"setup: {k}": v for k, v in (config.get("setup") or {}).items() if k in ("global_batch", "lr")})
-    history = _json(path / "history.json")
-    task = named((config.get("model") or {}).get("multi_label") is True)
-    return Run(str(folder).rstrip("/"), settings, _json(path / "summary.json") or {}, history or [], task)
+    settings = {"data": config["data"].get("root")}
+    settings.update({k: v for k, v in config["config"].items() if k not in NOT_SETTINGS and k != "data"})
+    settings.update({f"setup: {k}": v for k, v in config["setup"].items() if k in ("global_batch", "lr")})
+    task = named((config["model"] or {}).get("multi_label") is True)
+    summary = runrecords.read_summary(folder) or {}
+    return Run(str(folder).rstrip("/"), settings, summary, runrecords.read_history(folder), task)
 
 
 def _text(v) -> str:

@@ -8,9 +8,9 @@ lists disjoint, together every image.
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
+
+from visiontune.runs import runrecords
 
 # Then the metrics the runs' task adds (multi-label: mAP). A metric some fold lacks is left out (a
 # multi-label fold's mAP when its val split has no positive).
@@ -21,11 +21,7 @@ METRICS = (
 
 
 def _split(run) -> dict | None:
-    try:
-        record = json.loads((Path(run.name) / "split.json").read_text(encoding="utf-8", errors="surrogateescape"))
-        return {"val": list(record["val"]), "train": list(record["train"])}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return runrecords.read_split_lists(run.name)
 
 
 def summary(runs: list) -> dict | None:

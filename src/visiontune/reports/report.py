@@ -19,6 +19,7 @@ from pathlib import Path
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 from visiontune.reports.style import CSS
+from visiontune.runs import runrecords
 from visiontune.tasks import MULTI_LABEL, SINGLE_LABEL, named
 
 
@@ -63,14 +64,15 @@ def _rows(pairs: list[tuple[str, str]]) -> str:
 
 
 def _setup(run: Path, config: dict, summary: dict | None) -> str:
-    cfg, setup, view = config.get("config", {}), config.get("setup", {}), config.get("model") or {}
+    # ``config`` as runs.runrecords read it: each section, when there, of the type the schema says.
+    cfg, setup, view = config.get("config") or {}, config.get("setup") or {}, config.get("model") or {}
     resize = view.get("interpolation")
     if resize:  # as the run resized every image (runinfo's record)
         crop = view.get("crop_pct")
         resize += f", short side to size / {crop}, centre crop" if crop else ", whole image squashed to size"
     plain = [
-        ("data", config.get("data", {}).get("root")),
-        ("layout", config.get("data", {}).get("layout")),
+        ("data", (config.get("data") or {}).get("root")),
+        ("layout", (config.get("data") or {}).get("layout")),
         ("model", cfg.get("model")),
         ("weights", cfg.get("weights")),
         ("image size", cfg.get("image_size")),
@@ -82,7 +84,7 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
         ("global batch", setup.get("global_batch")),
         ("learning rate", setup.get("lr")),
         ("devices", ", ".join(sorted(set(setup.get("devices") or [])))),
-        ("versions", ", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items())),
+        ("versions", ", ".join(f"{k} {v}" for k, v in (config.get("versions") or {}).items())),
     ]
     # The resolved setup the run announced at its start (runs before it recorded none).
     shown = {k for k, _ in plain}
@@ -288,7 +290,7 @@ def _smoothing_note(config: dict) -> str:
 def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
     """The page's HTML for ``run_dir`` (``eval_json`` defaults to ``RUN/eval.json``)."""
     run = Path(run_dir)
-    config, summary = _read(run / "config.json"), _read(run / "summary.json")
+    config, summary = runrecords.read_config(run), runrecords.read_summary(run)
     bench_file, bench = _bench_of(run)
     if config is None and bench is None:
         raise UserError(f"{run} is not a visiontune run folder (no config.json) nor a bench folder (no bench.json)")

@@ -92,7 +92,8 @@ def check_types(values: dict[str, Any], where: str) -> None:
     for name, value in values.items():
         if name in hints and not _fits(value, hints[name]):
             kind = str(hints[name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
-            raise UserError(f"{where}: {name} = {value!r} is not of type {kind}")
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."  # a file's value: any size
+            raise UserError(f"{where}: {name} = {shown} is not of type {kind}")
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:

@@ -1,0 +1,238 @@
+"""A run folder's records read back: ``config.json``, ``summary.json`` and ``history.json``, checked first.
+
+A run folder may come from anyone (a colleague's, a download), so every page, table and card made from one
+(``report``, ``compare`` and its cross-validation, the Hub folder's model card) reads it here and nowhere
+else. Each record is a JSON object (history: a list) of at most ``MAX_RECORD`` bytes; each field it shows is
+checked against a schema -- the settings against ``TrainConfig``'s types, the model's description against
+the model file's own schema (``runinfo.check``), the figures as numbers, counts and texts -- and a field
+that fails is one line naming the file and the field. Fields no reader shows are dropped, and those an
+older visiontune did not write are simply absent. A missing file is ``None``: a run that did not finish.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from visiontune.errors import UserError
+from visiontune.runs.runinfo import RunInfo
+from visiontune.settings.validation import check_types
+
+MAX_RECORD = 64 << 20  # bytes: a million epochs of history fit; a record no run writes does not reach json
+MAX_SPLIT = 1 << 30  # bytes of split.json: every file name of the data, tens of millions of them
+MAX_TEXT = 100_000  # characters of one text field (a data path, an announced setup line)
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= MAX_TEXT
+
+
+def _optional_text(v: Any) -> bool:
+    return v is None or _text(v)
+
+
+def _real(v: Any) -> bool:
+    # NaN is a value a run writes (the lr of --lr auto before its sweep); a bool is no number.
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _optional_real(v: Any) -> bool:
+    return v is None or _real(v)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float)) or _text(v)
+
+
+def _table(value_ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A JSON object whose every value passes ``value_ok``."""
+    return lambda v: isinstance(v, dict) and all(value_ok(x) for x in v.values())
+
+
+def _texts(v: Any) -> bool:
+    return isinstance(v, list) and all(_text(x) for x in v)
+
+
+def _reals(v: Any) -> bool:
+    return v is None or isinstance(v, list) and all(_real(x) for x in v)
+
+
+def _object(v: Any) -> bool:
+    return v is None or isinstance(v, dict)
+
+
+# The world's setup (``cluster.strategy.Setup``), in config.json's "setup" and summary.json alike.
+SETUP: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "strategy": (_text, "a strategy name"),
+    "world_size": (_count, "a whole number"),
+    "per_process_batch": (_count, "a whole number"),
+    "global_batch": (_count, "a whole number"),
+    "lr": (_real, "a number"),
+    "devices": (_texts, "a list of device names"),
+    "threads": (_count, "a whole number"),
+    "loader_workers": (_count, "a whole number"),
+    "decode_threads": (_count, "a whole number"),
+    "threads_from": (_text, "a text"),
+}
+
+# config.json, section by section ("config" is TrainConfig's fields, "model" the run's self-description).
+CONFIG: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "config": (lambda v: isinstance(v, dict), "the run's settings, an object"),
+    "setup": (_table(lambda x: _scalar(x) or _texts(x)), "an object of values"),
+    "overview": (_table(_scalar), "an object of texts"),
+    "versions": (_table(_text), "an object of version texts"),
+    "data": (
+        lambda v: isinstance(v, dict) and all(_optional_text(v.get(k)) for k in ("root", "layout", "source")),
+        'an object with the texts "root", "layout" and "source"',
+    ),
+    "model": (lambda v: isinstance(v, dict), "a model description, an object"),
+    "image_cache": (_object, "an object or null"),
+}
+
+# summary.json (``records.finish``): the best epoch's figures, the split's sizes, the setup.
+SUMMARY: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "run_dir": (_text, "a folder name"),
+    "total_seconds": (_real, "a number"),
+    "best_val_accuracy": (_real, "a number"),
+    "best_val_loss": (_real, "a number"),
+    "best_val_map": (_optional_real, "a number or null"),
+    "thresholds": (_reals, "a list of numbers or null"),
+    "best_epoch": (_count, "a whole number"),
+    "best_metric": (_optional_text, "a metric name"),
+    "best_weights": (_text, "raw or ema"),
+    "epochs": (_count, "a whole number"),
+    "train_images_per_s": (_real, "a number"),
+    "data_wait_fraction": (_real, "a number"),
+    "steady_images": (_real, "a number"),
+    "steady_seconds": (_real, "a number"),
+    "data_wait_seconds": (_real, "a number"),
+    "val_images_counted": (_count, "a whole number"),
+    "val_split_size": (_count, "a whole number"),
+    "train_split_size": (_count, "a whole number"),
+    "classes": (_texts, "a list of class names"),
+    "image_cache": (_object, "an object or null"),
+    "stopped": (_object, "an object or null"),
+    **SETUP,
+}
+
+# One row of history.json: the epoch (0-based) and each phase's figures.
+PHASE = _table(lambda x: _optional_real(x) or _reals(x))
+ROW: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "epoch": (_count, "a whole number"),
+    "lr": (_optional_real, "a number"),
+    "train": (PHASE, "an object of numbers"),
+    "val": (PHASE, "an object of numbers"),
+    "val_ema": (PHASE, "an object of numbers"),
+}
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _load(path: Path, limit: int | None = None) -> Any | None:
+    """The JSON at ``path``, None when there is no file; one line when it is too large or not JSON."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    if not path.is_file():
+        raise UserError(f"{path} is not a file; use a run folder visiontune wrote")
+    limit = limit or MAX_RECORD
+    if size > limit:
+        raise UserError(f"{path} is {size:,} bytes, more than any run writes ({limit:,}); is it a run's record?")
+    try:
+        return json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+        raise UserError(f"{path} is not JSON ({str(e)[:80]}); use a run folder visiontune wrote") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _checked(record: Any, schema: dict, where: str, what: str) -> dict:
+    """The fields of ``record`` that ``schema`` knows, each checked; one line naming the first that fails."""
+    if not isinstance(record, dict):
+        raise UserError(
+            f"{where}: damaged run record: {what.rstrip('.: ') or 'the record'} is {_shown(record)}, expected a JSON object"
+        )
+    out = {}
+    for name, (ok, wanted) in schema.items():
+        if name in record:
+            if not ok(record[name]):
+                raise UserError(
+                    f"{where}: damaged run record: {what}{name} is {_shown(record[name])}, expected {wanted} "
+                    "(use a run folder visiontune wrote)"
+                )
+            out[name] = record[name]
+    return out
+
+
+def read_config(run_dir: str | Path) -> dict | None:
+    """``RUN/config.json`` checked, or None without one. Its sections are always there (empty when an older
+    run did not write them); ``"model"`` is the run's description as ``RunInfo.to_dict`` writes it, or None."""
+    path = Path(run_dir) / "config.json"
+    record = _load(path)
+    if record is None:
+        return None
+    where = str(path)
+    out = _checked(record, CONFIG, where, "")
+    settings = out.get("config", {})
+    # Runs from before the named augmentations recorded `augment = true/false`, which `validate` reads still.
+    check_types({k: v for k, v in settings.items() if not (k == "augment" and isinstance(v, bool))}, f"{where}: config")
+    if "model" in out:
+        out["model"] = RunInfo.from_dict(out["model"], where).to_dict()
+    for name in ("config", "setup", "overview", "versions", "data"):
+        out.setdefault(name, {})
+    out.setdefault("model", None)
+    _checked(out["setup"], SETUP, where, "setup.")
+    return out
+
+
+def read_summary(run_dir: str | Path) -> dict | None:
+    """``RUN/summary.json`` checked, or None: the training did not finish."""
+    path = Path(run_dir) / "summary.json"
+    record = _load(path)
+    return None if record is None else _checked(record, SUMMARY, str(path), "")
+
+
+def read_history(run_dir: str | Path) -> list[dict]:
+    """``RUN/history.json``'s epochs checked (empty without one), in order, each with its train and val."""
+    path = Path(run_dir) / "history.json"
+    record = _load(path)
+    if record is None:
+        return []
+    if not isinstance(record, list):
+        raise UserError(f"{path}: damaged run record: expected a list of epochs, got {_shown(record)}")
+    rows = [_checked(row, ROW, str(path), f"epoch {i}: ") for i, row in enumerate(record)]
+    for i, row in enumerate(rows):  # what every epoch has: its number, and the training accuracy and loss
+        if not {"epoch", "train", "val"} <= set(row) or not all(
+            _real(row["train"].get(k)) for k in ("accuracy", "loss")
+        ):
+            raise UserError(
+                f"{path}: damaged run record: epoch {i} lacks its number, its val figures or its train accuracy "
+                "and loss (use a run folder visiontune wrote)"
+            )
+    return rows
+
+
+def read_split_lists(run_dir: str | Path) -> dict[str, list[str]] | None:
+    """``RUN/split.json``'s validation and training file names (as the run wrote them), or None without one."""
+    path = Path(run_dir) / "split.json"
+    record = _load(path, MAX_SPLIT)
+    if record is None:
+        return None
+    lists = _checked(
+        record, {"val": (_texts, "a list of file names"), "train": (_texts, "a list of file names")}, str(path), ""
+    )
+    if set(lists) != {"val", "train"}:
+        raise UserError(f"{path}: damaged run record: no val and train lists of file names")
+    return lists
