@@ -12,6 +12,8 @@ data folder's name is shown, never its path: a card is published.
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import PurePosixPath
 
 import yaml
@@ -94,16 +96,16 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
         yaml.safe_dump(front_matter(config, summary, name), sort_keys=False).rstrip(),
         "---",
         "",
-        f"# {name}",
+        f"# {_md(name)}",
         "",
-        f"`{model.get('model', architecture)}` ({model.get('source', 'timm')}; timm architecture `{architecture}`) "
-        f"trained with visiontune to "
+        f"{_code(model.get('model', architecture))} ({_md(model.get('source', 'timm'))}; timm architecture "
+        f"{_code(architecture)}) trained with visiontune to "
         f"{task.card_verb} {len(classes)} classes: "
-        f"{', '.join(classes)}.",
+        f"{', '.join(_md(c) for c in classes)}.",
         "",
         "## Data",
         "",
-        f"- data set: {data} ({(config.get('data') or {}).get('layout', 'folder')} layout)",
+        f"- data set: {_md(data)} ({_md((config.get('data') or {}).get('layout') or 'folder')} layout)",
         f"- training split: {summary['train_split_size']} images",
         f"- validation split: {summary['val_split_size']} images",
         "",
@@ -111,12 +113,12 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
         "",
         "| setting | value |",
         "|---|---|",
-        *(f"| {k} | {_cell(overview[k])} |" for k in RECIPE if k in overview),
+        *(f"| {k} | {_md(overview[k])} |" for k in RECIPE if k in overview),  # a value cannot end the row
         "",
         "## Validation results",
         "",
         f"The best epoch ({summary['best_epoch']}, counting from 0, of {summary['epochs']}; "
-        f"{summary['best_weights']} weights), on {summary['val_images_counted']} validation images:",
+        f"{_md(summary['best_weights'])} weights), on {summary['val_images_counted']} validation images:",
         "",
         "| metric | value |",
         "|---|---|",
@@ -129,9 +131,27 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
     return "\n".join(lines) + "\n"
 
 
-def _cell(value) -> str:
-    """A table cell: one line, its bars escaped, so a value cannot end the row or the table."""
-    return " ".join(str(value).split()).replace("|", "\\|")
+# Markdown's inline marks (emphasis, code, links and images, table bars, strike-through, a heading's closing
+# hashes): backslash-escaped in text from a run folder, so a name shows as written and builds nothing.
+_MARKS = re.compile(r"([\\`*_\[\]|~#])")
+
+
+def _md(value) -> str:
+    """Text from a run folder (a class name, a data set's name, a recipe line) as inline markdown that shows
+    exactly that text: on one line (line breaks and other control characters become spaces, so it cannot
+    start a heading, a list or front matter), HTML's ``< > &`` as entities (no tag reaches the page), and
+    markdown's marks escaped."""
+    return _MARKS.sub(r"\\\1", html.escape(_one_line(value), quote=False))
+
+
+def _one_line(value) -> str:
+    return " ".join("".join(c if c.isprintable() else " " for c in str(value)).split())
+
+
+def _code(value) -> str:
+    """A name in a code span, where nothing is markup; one holding a backtick (which would end it) as text."""
+    text = _one_line(value)
+    return f"`{text}`" if text and "`" not in text else _md(text)
 
 
 def _usage(where: str, repo: str | None, task: Task) -> list[str]:
