@@ -176,7 +176,8 @@ CONFIG_PATHS = ["config", "config.epochs", "config.fold", "config.folds", "confi
                 "setup.lr", "overview", "versions", "data", "data.root", "model", "model.classes", "model.multi_label",
                 "image_cache"]  # fmt: skip
 SUMMARY_PATHS = ["best_val_accuracy", "best_val_loss", "best_val_map", "best_epoch", "best_metric", "epochs",
-                 "classes", "devices", "val_split_size", "best_weights", "val_images_counted", "thresholds"]  # fmt: skip
+                 "classes", "devices", "val_split_size", "best_weights", "val_images_counted",
+                 "thresholds"]  # fmt: skip
 
 
 def _pages(run: Path, other: Path) -> None:

@@ -162,7 +162,8 @@ def _checked(record: Any, schema: dict, where: str, what: str) -> dict:
     """The fields of ``record`` that ``schema`` knows, each checked; one line naming the first that fails."""
     if not isinstance(record, dict):
         raise UserError(
-            f"{where}: damaged run record: {what.rstrip('.: ') or 'the record'} is {_shown(record)}, expected a JSON object"
+            f"{where}: damaged run record: {what.rstrip('.: ') or 'the record'} is {_shown(record)}, "
+            "expected a JSON object"
         )
     out = {}
     for name, (ok, wanted) in schema.items():
