@@ -1,6 +1,6 @@
 """reports: the numbers and the pages that show them -- metrics, figures, report.html, bench and its table.
 
 Owns: classification metrics, matplotlib figures, the self-contained report page and the
-strategy benchmark. May import data (images for figures), cluster (bench starts jobs), settings,
-models and the foundation.
+strategy benchmark. May import runs (a run folder's records, read back through ``runs.runrecords``),
+data (images for figures), cluster (bench starts jobs), settings, models and the foundation.
 """

@@ -182,7 +182,7 @@ def write_records(
 
 
 def finish(run: RunFacts, since: float, history: list[dict], stopped: dict | None = None) -> dict:
-    """summary.json; ``stopped``: why the run ended before its epochs were done (--max-steps, or a reason
+    """summary.json (the caller writes the report from it); ``stopped``: why the run ended before its epochs were done (--max-steps, or a reason
     the caller gave, such as a tuner pruning its trial)."""
     accelerator, run_dir, task = run.accelerator, run.run_dir, run.task
     elapsed = time.time() - since
@@ -207,9 +207,6 @@ def finish(run: RunFacts, since: float, history: list[dict], stopped: dict | Non
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         files.write_json(f"{run_dir}/summary.json", summary)
-        from visiontune.reports import report
-
-        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
     accelerator.end_training()
     return summary
 

@@ -32,6 +32,7 @@ from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models import checkpointing, lora
 from visiontune.models.build import build_model, check_input, get_spec, head_names
+from visiontune.reports import report
 from visiontune.runs import adapters, records, resume, runinfo, runlock
 from visiontune.runs.checkpoint import Checkpoint
 from visiontune.settings import presets
@@ -366,7 +367,10 @@ def _train(
     parts = _Trainables(model, optimizer, scheduler, train_loader, val_loader, weights)
     history, asked = _fit(_Fit(job, parts, normalize, identity, resumed, info, on_epoch))
     stopped = asked or _stopped_at_max_steps(cfg, per_epoch, history)
-    return records.finish(facts, since, history, stopped)
+    summary = records.finish(facts, since, history, stopped)
+    if accelerator.is_main_process:  # the page, made from the run folder's records as `visiontune report` makes it
+        print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
+    return summary
 
 
 def _stopped_at_max_steps(cfg: TrainConfig, per_epoch: int, history: list[dict]) -> dict | None:
