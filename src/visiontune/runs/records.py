@@ -182,8 +182,8 @@ def write_records(
 
 
 def finish(run: RunFacts, since: float, history: list[dict], stopped: dict | None = None) -> dict:
-    """summary.json (the caller writes the report from it); ``stopped``: why the run ended before its epochs were done (--max-steps, or a reason
-    the caller gave, such as a tuner pruning its trial)."""
+    """summary.json (the caller writes the report from it); ``stopped``: why the run ended before its epochs
+    were done (--max-steps, or a reason the caller gave, such as a tuner pruning its trial)."""
     accelerator, run_dir, task = run.accelerator, run.run_dir, run.task
     elapsed = time.time() - since
     summary = {
