@@ -176,3 +176,37 @@ def test_the_checks_catch_a_misspelt_flag_a_bad_choice_and_dead_links(tmp_path):
         "docs/guide.md#no-such-heading",
         "docs/gone.md",
     ]
+
+
+def test_the_untrusted_inputs_table_names_readers_and_fuzz_targets_that_exist():
+    """docs/reliability.md's table of untrusted inputs: every `module:function` reader is importable, every
+    `tests/...py::test` fuzz target is a test in that file; a renamed reader or target fails here."""
+    import importlib
+
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    block = text.split("<!-- untrusted-inputs: one block, one row per kind -->", 1)[1].split(
+        "<!-- /untrusted-inputs -->"
+    )[0]
+    rows = [line.split(" | ") for line in block.strip().splitlines()[2:]]
+    assert len(rows) >= 15 and all(len(r) == 5 for r in rows)
+    readers = targets = 0
+    for _, reader, _, _, fuzz in rows:
+        module = None
+        wings = {p.name for p in (ROOT / "src" / "visiontune").iterdir() if p.is_dir()}
+        for name in re.findall(r"`([A-Za-z_.]+(?::[A-Za-z_]+)?)`", reader):
+            if ":" in name:
+                module, name = name.split(":")
+            elif "." in name:  # a module (`inference.decodepool`), or a file's name (`split.json`)
+                if name.split(".")[0] in wings:
+                    importlib.import_module(f"visiontune.{name}")
+                continue
+            if module is None or not name.islower() and not name.isupper():  # words, not names (`RunInfo`...)
+                continue
+            assert hasattr(importlib.import_module(f"visiontune.{module}"), name), f"{module}:{name}"
+            readers += 1
+        path = None
+        for found, test in re.findall(r"`(tests/[\w/]+\.py)?::(\w+)`", fuzz):
+            path = found or path
+            assert re.search(rf"^def {test}\(", (ROOT / path).read_text(), re.M), f"{path}::{test}"
+            targets += 1
+    assert readers >= 25 and targets >= 10
