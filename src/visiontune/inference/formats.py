@@ -6,7 +6,9 @@ description that ``export`` stored in the file (ONNX ``metadata_props``, the IR'
 ``visiontune``) and returns an ``Exported``: that description, a forward pass (normalised float32 NCHW
 batch -> the graph's output) and whether that output is probabilities already (a multi-label file ends
 in its sigmoid; ``--probabilities``, in its softmax). A file that cannot be opened, or that was not
-written by visiontune, is one line. ``as_module`` turns an ``Exported`` into the ``nn.Module`` that
+written by visiontune, is one line; so is one whose output is not one finite row per image of as many
+numbers as its description has classes (checked on one plain image when it is opened, and on every batch).
+``as_module`` turns an ``Exported`` into the ``nn.Module`` that
 ``loaded.forward`` runs, so the commands need no branch of their own.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -145,10 +147,39 @@ def is_exported(path: str | None) -> bool:
 
 
 def open_exported(path: str, threads: int = 1) -> Exported:
-    """The exported file at ``path``, opened for ``threads`` CPU threads."""
+    """The exported file at ``path``, opened for ``threads`` CPU threads, its output held to its description."""
     if not Path(path).is_file():
         raise UserError(f"not found: {path}")
-    return OPENERS[Path(path).suffix.lower()](path, threads)
+    return _held_to_description(path, OPENERS[Path(path).suffix.lower()](path, threads))
+
+
+def _held_to_description(path: str, exported: Exported) -> Exported:
+    """``exported`` whose forward pass gives, for every batch, one row of finite numbers per image and per class
+    its description names -- else one line naming the file. Checked now on one plain image, so a graph of another
+    width (5 outputs for 2 classes) or with NaN weights is refused before any image is read; a batch that
+    breaks the rule later (an output that overflows) stops predict and evaluate rather than writing NaN rows."""
+    classes = len(exported.info.classes)
+    redo = "export the model again with `visiontune export`"
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        out = exported.forward(x)
+        if not (isinstance(out, np.ndarray) and out.shape == (x.shape[0], classes)):
+            raise UserError(
+                f"{path} gives outputs of shape {tuple(np.shape(out))} for {x.shape[0]} image(s), but its "
+                f"description names {classes} classes; {redo}"
+            )
+        if not np.isfinite(out).all():
+            raise UserError(f"{path} gives non-finite outputs (NaN or infinity): its weights are damaged; {redo}")
+        return out
+
+    s = exported.info.image_size
+    try:
+        forward(np.ones((1, 3, s, s), np.float32))  # not zeros: a kernel may take 0 x NaN as 0
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (each runtime raises its own classes for a graph that cannot run)
+        raise UserError(f"{path} cannot run on an image of its size {s}: {_first_line(exc)}; {redo}") from None
+    return replace(exported, forward=forward)
 
 
 class AsLogits(nn.Module):
