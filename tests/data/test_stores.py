@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,27 @@ def test_a_missing_store_package_is_one_line_naming_the_extra(monkeypatch, capsy
         monkeypatch.setitem(sys.modules, "adlfs", None)
     assert main(["check", "az://container/set/"]) == 2
     assert "reading az:// needs adlfs: pip install 'visiontune[azure]'" in _one_line(capsys)
+
+
+def test_shard_out_to_a_bucket_writes_the_shards_then_their_index_and_they_read_back_as_local_ones(
+    s3, tmp_path, monkeypatch, capsys
+):
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    url = "s3://data/written/"
+    assert main(["shard", str(s3.local / "folder"), "--out", url, "--shard-size", "20KB"]) == 0
+    assert f"in 6 shard(s) to {url}" in capsys.readouterr().out
+    local = sources.discover(str(s3.local / "shards"))  # the same command, to a local folder
+    puts = [p for m, p, _ in s3.requests if m == "PUT"]
+    assert sorted(puts) == sorted(f"/data/written/{p.name}" for p in (s3.local / "shards").iterdir())
+    assert puts[-1] == "/data/written/index.json" and list(staging.iterdir()) == []  # the index last; none kept
+    got = sources.discover(url)
+    _same(got, local)
+    assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
+    assert got.split_note == "the split recorded in index.json"
+    assert main(["shard", str(s3.local / "folder"), "--out", url]) == 2
+    assert f"{url.rstrip('/')} already holds shards; choose an empty or new prefix" in _one_line(capsys)
 
 
 @fuzz_settings(300)

@@ -556,7 +556,11 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.set_defaults(func=commands["check"])
     p = sub.add_parser("shard", help="write any data visiontune reads as WebDataset tar shards with an index")
     data_sources_help(p.add_argument("data"), short=True)
-    p.add_argument("--out", required=True, help="folder for shards-NNNNNN.tar and index.json (new or empty)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="folder (or s3://bucket/prefix/) for shards-NNNNNN.tar and index.json (new or empty)",
+    )
     p.add_argument("--shard-size", default="1GB", help="bytes per shard, such as 1GB or 500MB (default 1GB)")
     p.add_argument("--seed", type=int, default=42, help="seed of the recorded split, as train's (default 42)")
     p.add_argument("--val-fraction", type=float, default=0.2, help="share recorded as validation (default 0.2)")

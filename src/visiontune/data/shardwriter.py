@@ -4,7 +4,9 @@ The writer lives apart from the reader (``data/shards.py``): it lists its source
 ``sources.discover`` and screens it with the bad-file scan, which the reader never needs.
 The shards hold the usable images, cut at ``--shard-size``, beside an ``index.json`` in
 webdataset's ``wids`` shard-index format with visiontune's own entry (class names, each
-sample's name in the source and its split), which ``data/shards.py`` reads back.
+sample's name in the source and its split), which ``data/shards.py`` reads back. ``--out`` may be an
+object store's prefix (``s3://bucket/prefix/``, ``data/stores.py``): each shard is uploaded as it is
+closed, and ``index.json`` last.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 
 import numpy as np
 
+from visiontune.data import stores
 from visiontune.data.check import scan, scan_cache_path
 from visiontune.data.shards import IMAGE_MEMBERS, INDEX
 from visiontune.data.sources import discover
@@ -64,7 +68,10 @@ def write(
     except ImportError:
         raise UserError("writing shards needs webdataset: pip install 'visiontune[formats]'") from None
     maxsize = parse_size(shard_size)
-    if os.path.isdir(out) and any(n.endswith(".tar") or n == INDEX for n in os.listdir(out)):
+    # An object store's prefix (s3://...): each shard is uploaded once written and deleted here, so the
+    # staging folder holds one shard at a time; index.json goes last, once every shard is there.
+    put = stores.uploader(out) if stores.is_store(out) else None
+    if put is None and os.path.isdir(out) and any(n.endswith(".tar") or n == INDEX for n in os.listdir(out)):
         raise UserError(f"{out} already holds shards; choose an empty or new folder")
     images = discover(data, *columns)
     if images.multi_label:  # a shard's .cls holds one class: the label sets would be lost
@@ -80,13 +87,24 @@ def write(
     split = split_of(images, val_fraction, seed)  # the split a run on ``data`` with this seed would make
     names = relative_paths(images.paths, range(len(images)), images.root)
     keys = [f"{i:09d}" for i in range(len(images))]
-    os.makedirs(out, exist_ok=True)
+    staging = tempfile.TemporaryDirectory(prefix="visiontune-shards-") if put else None
+    folder = staging.name if staging else out
+    os.makedirs(folder, exist_ok=True)
     counts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+
+    def written(path: str) -> None:
+        sizes[os.path.basename(path)] = os.path.getsize(path)
+        if put:
+            put(path)
+            os.unlink(path)
+
     # ShardWriter's maxsize counts the payload only (and closes a shard after it is passed), but each member
     # of its tars takes a 512-byte header, a pax header (1 KB) and padding to 512 bytes: 3.5 KB a sample,
     # twice a 3 KB thumbnail. So the shards are cut here, on the tar file's own offset plus what the next
     # sample takes at most, end blocks and record padding included.
-    with webdataset.ShardWriter(os.path.join(out, PATTERN), maxsize=float("inf"), maxcount=10**9, verbose=0) as w:
+    pattern = os.path.join(folder, PATTERN)
+    with webdataset.ShardWriter(pattern, maxsize=float("inf"), maxcount=10**9, verbose=0, post=written) as w:
         for i, key in enumerate(keys):
             source = images.source(i)
             if isinstance(source, str):
@@ -106,10 +124,7 @@ def write(
         "__kind__": "wids-shard-index-v1",
         "wids_version": 1,
         # filesize: what a copy of a remote shard is checked against (data/remote.py)
-        "shardlist": [
-            {"url": name, "nsamples": n, "filesize": os.path.getsize(os.path.join(out, name))}
-            for name, n in counts.items()
-        ],
+        "shardlist": [{"url": name, "nsamples": n, "filesize": sizes[name]} for name, n in counts.items()],
         "visiontune": {
             "source": images.root,
             "classes": images.classes,
@@ -122,7 +137,10 @@ def write(
             },
         },
     }
-    write_json(os.path.join(out, INDEX), index)
+    write_json(os.path.join(folder, INDEX), index)
+    if put:
+        put(os.path.join(folder, INDEX))
+        staging.cleanup()
     print(
         f"visiontune: wrote {len(keys)} images in {len(counts)} shard(s) to {out} ({len(split.train)} train / "
         f"{len(split.val)} val recorded in {INDEX}); {len(bad)} bad file(s) left out"

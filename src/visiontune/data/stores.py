@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from visiontune.data import layouts, remote, shards
@@ -79,7 +80,7 @@ def _check(data: str) -> None:
         raise UserError(f"{data}: name a bucket, e.g. s3://bucket/prefix/")
 
 
-def _failed(url: str, e: BaseException) -> UserError:
+def _failed(url: str, e: BaseException, doing: str = "read") -> UserError:
     """A failed request as one line naming the object (never the store's own words about credentials)."""
     if isinstance(e, FileNotFoundError):
         why = "not found"
@@ -87,7 +88,7 @@ def _failed(url: str, e: BaseException) -> UserError:
         why = "access denied: check the credentials the store's client finds (environment, profile or role)"
     else:
         why = remote._first_line(e) if str(e).strip() else type(e).__name__
-    return UserError(f"cannot read {url} ({why}); check the URL, the network and the store's endpoint")
+    return UserError(f"cannot {doing} {url} ({why}); check the URL, the network and the store's endpoint")
 
 
 def _relative(key: str, base: str, url: str) -> str:
@@ -208,6 +209,32 @@ def fetch(data: str) -> str:
     if not os.path.exists(listing):
         atomic_write(listing, json.dumps({"url": url, "objects": objects}))
     return os.path.join(folder, last) if last is not None else folder
+
+
+def uploader(url: str) -> Callable[[str], None]:
+    """``put(path)``: the local file ``path`` to ``url/NAME`` (``visiontune shard --out URL``), one line when
+    it fails; refused before anything is written when ``url`` holds shards already."""
+    _check(url)
+    url = url.rstrip("/")
+    fs = _filesystem(url)
+    base = fs._strip_protocol(url).rstrip("/")
+    try:
+        there = fs.ls(base, detail=False)
+    except FileNotFoundError:
+        there = []
+    except Exception as e:
+        raise _failed(url, e) from None
+    if any(n.endswith(".tar") or n.rpartition("/")[2] == shards.INDEX for n in there):
+        raise UserError(f"{url} already holds shards; choose an empty or new prefix")
+
+    def put(path: str) -> None:
+        name = os.path.basename(path)
+        try:
+            fs.put_file(path, f"{base}/{name}")
+        except Exception as e:
+            raise _failed(f"{url}/{name}", e, "write") from None
+
+    return put
 
 
 def _read(
