@@ -47,6 +47,7 @@ def s3(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def store_env(tmp_path, monkeypatch, s3):
     monkeypatch.setenv("VISIONTUNE_SHARD_CACHE", str(tmp_path / "shard-cache"))
+    monkeypatch.chdir(tmp_path)  # `check` writes its report here
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
     s3.requests.clear()
