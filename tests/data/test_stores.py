@@ -89,6 +89,26 @@ def test_shards_in_a_bucket_are_listed_through_the_store_copied_once_and_read_as
     assert s3.requests == []
 
 
+@pytest.mark.parametrize("how", ["AWS_ENDPOINT_URL_S3", "profile"])
+def test_the_endpoint_and_credentials_come_from_the_store_s_own_chain(s3, tmp_path, monkeypatch, how):
+    """The S3-only endpoint variable, or a profile (its endpoint_url and keys) in the AWS config file."""
+    for k in s3.env():
+        monkeypatch.delenv(k)
+    if how == "profile":
+        config = tmp_path / "aws-config"
+        keys = "".join(f"{k.lower()} = {v}\n" for k, v in CREDENTIALS.items())
+        config.write_text(f"[profile bench]\nregion = us-east-1\nendpoint_url = {s3.endpoint}\n{keys}")
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+        monkeypatch.setenv("AWS_PROFILE", "bench")
+    else:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        for k, v in CREDENTIALS.items():
+            monkeypatch.setenv(k, v)
+    got = sources.discover("s3://data/shards/")
+    assert len(got) == 6 and s3.gets("/data/shards/shards-000000.tar") == 1
+
+
 def test_shards_without_an_index_are_found_by_listing_the_prefix(s3, tmp_path):
     shards = sorted((s3.local / "shards").glob("*.tar"))
     (tmp_path / "bare").mkdir()
