@@ -54,7 +54,11 @@ def _store(out: Path, *trials, direction: str = "maximize") -> optuna.Study:
 
 
 def _done(value: float = 0.5, lr: float = 0.01, **attrs) -> optuna.trial.FrozenTrial:
-    return create_trial(value=value, params={"lr": lr}, distributions={"lr": LR}, user_attrs=attrs)
+    """A finished trial of ``lr``, with its settings recorded as a tuner records them (``config``) unless
+    ``attrs`` say otherwise (``config=None``: none recorded, as a trial added with Optuna's API)."""
+    attrs = {"config": {"lr": lr}, **attrs}
+    user_attrs = {k: v for k, v in attrs.items() if v is not None}
+    return create_trial(value=value, params={"lr": lr}, distributions={"lr": LR}, user_attrs=user_attrs)
 
 
 def _space(tmp_path: Path) -> str:
@@ -224,7 +228,7 @@ def test_a_store_value_of_the_wrong_type_is_one_line(sample_data, tmp_path, caps
 
 def test_a_best_trial_without_recorded_settings_gives_this_tuner_s_settings_with_its_values(sample_data, tmp_path):
     out = tmp_path / "t"
-    _store(out, _done(0.5, lr=0.002))  # a trial added with Optuna's API: no config, no run folder
+    _store(out, _done(0.5, lr=0.002, config=None))  # a trial added with Optuna's API: no config, no run folder
     assert main(_tune(sample_data, out, "--space", _space(tmp_path))) == 0
     written = load_config_file(str(out / "best.toml"))
     assert written["lr"] == 0.002 and written["data"] == str(sample_data)
