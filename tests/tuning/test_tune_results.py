@@ -35,6 +35,11 @@ def _study(*trials) -> optuna.Study:
 def test_trial_settings_are_shown_to_3_significant_digits():
     values = {"lr": 2.8523642713266232e-05, "weight_decay": 0.123456, "augment": "light", "epochs": 3, "ema": 0.0}
     assert results.describe(values) == "lr=2.85e-05, weight_decay=0.123, augment=light, epochs=3, ema=0"
+    (row,) = store.trials(
+        _study(create_trial(value=0.5, params={"lr": 2.8523642713266232e-05}, distributions={"lr": LR}))
+    )
+    line = results.table([row], row, "accuracy").splitlines()[1].split()
+    assert line[:4] == ["*", "0", "complete", "0.5"] and line[-1] == "2.85e-05"
 
 
 def test_every_optional_setting_takes_none_to_unset_it_over_the_config_file(tmp_path):

@@ -94,6 +94,11 @@ def _short(v) -> str:
     return f"{v:.3g}" if isinstance(v, float) else printable(v)
 
 
+def _setting(v) -> str:
+    """A sampled setting in the table and the page: as ``describe`` shows it, ``-`` where the trial has none."""
+    return "-" if v is None else _short(v)
+
+
 def _state(r: store.Row) -> str:
     if r.note:
         return f"failed ({r.note})"
@@ -143,7 +148,7 @@ def table(trials: list[store.Row], best: store.Row | None, metric: str) -> str:
             _fmt(r["value"]),
             str(r["epochs"]),
             _fmt(r["seconds"]),
-            *(_fmt(r["params"].get(n)) for n in names),
+            *(_setting(r["params"].get(n)) for n in names),
         ]
         for r in rows(trials)
     ]
@@ -287,7 +292,7 @@ def page(study, trials: list[store.Row], best: store.Row | None, metric: str, ou
         body.append(
             f'<tr class="{kind}" data-trial="{r["trial"]}"><td>{r["trial"]}</td><td>{esc(r["state"])}</td>'
             f"<td{value}>{_fmt(r['value'])}</td><td>{r['epochs']}</td><td>{_fmt(r['seconds'])}</td>"
-            + "".join(f"<td>{html.escape(_fmt(r['params'].get(n)))}</td>" for n in names)
+            + "".join(f"<td>{html.escape(_setting(r['params'].get(n)))}</td>" for n in names)
             + f"<td>{run_link(r['run_dir'], out)}</td></tr>"
         )
     body.append("</table></div>")
