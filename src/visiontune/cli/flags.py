@@ -225,9 +225,7 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
     """One flag per ``TrainConfig`` field, --field-name, with the field's help and default, in the
     sections of ``FLAG_GROUPS``; the fields in ``leave_out`` get no flag (their defaults hold)."""
     parser.add_argument(
-        "--config",
-        help="TOML file or an earlier run's config.json; flags given here win, and `none` unsets an optional "
-        "setting again (--limit-images none: all the images)",
+        "--config", help="TOML file or an earlier run's config.json; flags given here win (--FLAG none: back to unset)"
     )
     allowed = choices()
     titles = [title.replace(" and resume", "") if "resume" in leave_out else title for title in FLAG_GROUPS]
