@@ -125,7 +125,7 @@ def test_the_top_level_help_lists_every_export_format_and_each_is_one_export_tak
         assert what in top, top
     fmt_help = _action(_subparser("export"), "--format").help
     for name, what in EXPORT_FORMATS.items():
-        assert what in top and f"{name} ({what})" in fmt_help
+        assert what in top and f"{name}: {what}" in fmt_help
         # Each listed format is taken: the command goes on to read the run folder (absent here).
         assert main(["export", "--run", str(tmp_path / "absent"), "--format", name]) == 2
         assert "not a visiontune run folder" in capsys.readouterr().err

@@ -630,7 +630,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         required=True,
-        help=", ".join(f"{name} ({what})" for name, what in EXPORT_FORMATS.items()),
+        help="; ".join(f"{name}: {what}" for name, what in EXPORT_FORMATS.items()),
     )
     p.add_argument(
         "--out", help="file to write (default RUN/best.onnx, RUN/best.xml, RUN/best.pt2 or the folder RUN/hub)"

@@ -10,6 +10,6 @@ forward pass), runs, reports, data, cluster, settings, models and the foundation
 EXPORT_FORMATS = {
     "onnx": "ONNX",
     "openvino": "OpenVINO IR .xml/.bin",
-    "pt2": "a torch.export .pt2 archive, TorchScript's successor",
+    "pt2": "a torch.export .pt2 archive (TorchScript's successor)",
     "hub": "a timm Hub folder",
 }
