@@ -20,6 +20,7 @@ class S3Server:
 
     def __init__(self, app):
         self.app, self.requests, self.faults, self.endpoint = app, [], {}, ""
+        self.on_get = None  # called with each GET's path before it is answered
         self.lock = threading.Lock()
 
     def env(self) -> dict[str, str]:
@@ -43,6 +44,8 @@ class S3Server:
             self.requests.append((method, path, environ.get("HTTP_RANGE", "")))
             pending = self.faults.get(path) if method == "GET" else None
             fault = pending.pop(0) if pending else None
+        if method == "GET" and self.on_get is not None:
+            self.on_get(path)
         if fault == 503:
             start_response("503 Service Unavailable", [("Content-Type", "application/xml")])
             return [b"<Error><Code>ServiceUnavailable</Code><Message>Please try again.</Message></Error>"]

@@ -135,6 +135,35 @@ def test_a_folder_in_a_bucket_is_copied_once_and_read_in_its_layout(s3, name, ur
     assert sources.find(url).name == "store" and sources.recorded(url) == url
 
 
+def test_a_folder_s_copy_holds_whole_objects_only_at_every_moment_and_old_partial_copies_are_swept(
+    s3, tmp_path, monkeypatch
+):
+    """A command killed mid-copy leaves no partial image in the copied folder (where the next run would list
+    it as a bad file): each object is written beside it and renamed in when whole."""
+    sizes = {p.name: p.stat().st_size for p in (s3.local / "folder").rglob("*.jpg")}
+    monkeypatch.setattr(stores, "CHUNK", 1000)  # each image in several ranged GETs
+    cache, seen = tmp_path / "shard-cache", []
+
+    def look(path: str) -> None:  # the copies as they are while the server answers a GET
+        files = [p for p in cache.rglob("*") if p.is_file() and p.suffix != ".json"]
+        seen.extend((p.name, p.stat().st_size) for p in files if not p.parent.name.endswith(".partial"))
+
+    s3.on_get = look
+    try:
+        url = "s3://data/folder"
+        name = stores.hashlib.sha256(f"store\0{url}/".encode()).hexdigest()[:16]
+        stale = cache / f"{name}.partial" / "old.part"  # what a command killed long ago left
+        stale.parent.mkdir(parents=True)
+        stale.write_bytes(b"x")
+        os.utime(stale, (0, 0))
+        got = sources.discover(url)
+    finally:
+        s3.on_get = None
+    assert len(seen) > 6 and all(size == sizes.get(n) for n, size in seen), seen
+    assert len(got) == 6 and got.rejects == [] and not stale.exists()
+    assert list(stale.parent.iterdir()) == []
+
+
 def test_503s_and_a_connection_dropped_mid_object_are_retried(s3):
     s3.faults["/data/shards/shards-000001.tar"] = [503, "drop", 503]
     local = sources.discover(str(s3.local / "shards"))

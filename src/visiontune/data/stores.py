@@ -8,8 +8,8 @@ is a data folder in one of the three layouts (``data/layouts.py``), a manifest `
 files relative to it included. A brace pattern or one ``.tar`` names shards in its folder. Exact
 sampling, DDP sharding and resume need random access by offset, so, as for shards at an http(s) URL
 (``data/remote.py``), each object is copied once per machine into the cache -- a subfolder per URL
--- by byte ranges of at most ``CHUNK`` bytes, several objects at once, each written under a
-temporary name and renamed when whole. The listing is kept beside the copies once every object is
+-- by byte ranges of at most ``CHUNK`` bytes, several objects at once, each written in a staging
+folder beside it and renamed into place when whole. The listing is kept beside the copies once every object is
 in, so later commands, a DDP job's other processes and a worker reopening the data make no request
 at all (delete the subfolder to fetch again).
 
@@ -25,10 +25,14 @@ s3fs's own), and one line naming the object when the last retry fails.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
+import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,7 +40,7 @@ from visiontune.data import layouts, remote, shards
 from visiontune.data.braces import MAX_NAMES, expand
 from visiontune.data.imageset import ImageSet, Source
 from visiontune.errors import UserError
-from visiontune.files import atomic_file, atomic_write
+from visiontune.files import atomic_write
 
 # scheme: (the fsspec package that reads it, the visiontune extra that installs it)
 SCHEMES = {"s3": ("s3fs", "s3"), "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
@@ -129,26 +133,48 @@ def _list(fs, base: str, url: str) -> dict[str, int]:
     return objects
 
 
-def _copy(fs, key: str, url: str, dest: str, size: int) -> None:
-    """The object ``key`` into ``dest``, by ranged reads of at most ``CHUNK`` bytes, whole or not at all."""
+def _copy(fs, key: str, url: str, dest: str, size: int, staging: str) -> None:
+    """The object ``key`` into ``dest``, by ranged reads of at most ``CHUNK`` bytes, whole or not at all: it
+    is written in ``staging``, beside the copies, and renamed into place when whole (a folder's copy is
+    listed as a data folder, where a partial file of a killed command would be a bad image)."""
+    fd, tmp = tempfile.mkstemp(dir=staging, suffix=".part")
+    head = b""
     try:
-        with atomic_file(dest) as f:
+        with os.fdopen(fd, "wb") as f:
             while f.tell() < size:
                 got = fs.cat_file(key, start=f.tell(), end=min(size, f.tell() + CHUNK))
                 if not got:
                     raise UserError(
                         f"{url}: {f.tell()} bytes came where the store listed {size}; it changed, run again"
                     )
+                head = head or got[:512]
                 f.write(got)
-    except UserError:  # (a full disk is atomic_file's one line)
-        raise
-    except Exception as e:
+            f.flush()
+            os.fsync(f.fileno())
+        if dest.endswith(".tar") and size and head[257:262] != b"ustar":
+            raise UserError(f"{url} is not a tar file; check the URL")
+        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        os.replace(tmp, dest)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, UserError) or not isinstance(e, Exception):
+            raise
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(
+                f"no space left on the disk of {staging} while copying {url}; free some space, or set "
+                "VISIONTUNE_SHARD_CACHE to a folder on another disk"
+            ) from None
         raise _failed(url, e) from None
-    if dest.endswith(".tar") and size:
-        with open(dest, "rb") as f:
-            if f.read(512)[257:262] != b"ustar":
-                os.unlink(dest)
-                raise UserError(f"{url} is not a tar file; check the URL")
+
+
+def _sweep(staging: str) -> None:
+    """Partial copies a killed command left (a live copy writes at least every few seconds): gone after an hour."""
+    with contextlib.suppress(OSError), os.scandir(staging) as it:
+        for e in it:
+            with contextlib.suppress(OSError):
+                if e.name.endswith(".part") and time.time() - e.stat().st_mtime > 3600:
+                    os.unlink(e.path)
 
 
 def _split(data: str) -> tuple[str, str | None]:
@@ -203,9 +229,16 @@ def fetch(data: str) -> str:
         print(f"visiontune: copying {len(todo)} of {len(wanted)} object(s) of {url} into {folder}", flush=True)
         fs = fs or _filesystem(data)
         base = fs._strip_protocol(url).rstrip("/")
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        staging = f"{folder}.partial"
+        for made in (folder, staging):
+            os.makedirs(made, mode=0o700, exist_ok=True)
+        _sweep(staging)
+
+        def copy(n: str) -> None:
+            _copy(fs, f"{base}/{n}", f"{url}/{n}", os.path.join(folder, n), wanted[n], staging)
+
         with ThreadPoolExecutor(min(PARALLEL, len(todo))) as pool:
-            list(pool.map(lambda n: _copy(fs, f"{base}/{n}", f"{url}/{n}", os.path.join(folder, n), wanted[n]), todo))
+            list(pool.map(copy, todo))
     if not os.path.exists(listing):
         atomic_write(listing, json.dumps({"url": url, "objects": objects}))
     return os.path.join(folder, last) if last is not None else folder
