@@ -2,6 +2,12 @@
 
 Local shards (``data/shards.py``) and shards at a URL (``data/remote.py``) name their files
 with WebDataset's brace patterns; both expand them here, bounded before any name is made.
+
+Kept rather than ``braceexpand`` (webdataset's): the bound needs the count before any name is made,
+from the same grammar that expands. braceexpand's grammar is wider than this one -- steps
+(``{1..9..4}``), letter ranges, backslash escapes -- so a count taken here would not bound what it
+expands (``{0..9999999999..1}`` is one name here, ten billion there), and it raises on an unmatched
+brace, which the shell (and this module) keeps as a letter.
 """
 
 from __future__ import annotations

@@ -26,6 +26,14 @@ What a URL returns, and a URL read from a file (a run's ``config.json``, a confi
   together with ``--allow-pipe`` (``allow_command``); one read from any file never runs.
   Webdataset's other command-run schemes (sftp://, scp://, ais://, ...) are not opened:
   a trusted ``pipe:`` command reads them.
+
+Object stores (s3://, az://) are read through fsspec by ``data/stores.py``. http(s) and hf:// keep this
+client rather than fsspec's HTTP file system or huggingface_hub's ``HfFileSystem`` for what those do not
+promise: exactly one GET a file and nothing else (fsspec's HTTP file system asks for the size first,
+then reads by ranges; the Hub's file system lists through the Hub's API), at most 5 redirects and only
+to http(s), and the Hub token sent to the Hub's host alone, never along a redirect to its file store
+-- each pinned by the trust tests (``tests/data/test_remote_trust.py``), which read this client's
+request as it is.
 """
 
 from __future__ import annotations
