@@ -223,10 +223,14 @@ def _figures(trials: list[store.Row], direction: str, metric: str) -> list[tuple
 
 def importances(study) -> dict[str, float]:
     """Optuna's parameter importances (PED-ANOVA by default); empty when the study has too few trials."""
+    import warnings
+
     import optuna
 
     try:
-        return optuna.importance.get_param_importances(study)
+        with warnings.catch_warnings():  # "too few trials": the page says so itself, under the table
+            warnings.simplefilter("ignore", UserWarning)
+            return optuna.importance.get_param_importances(study)
     except (RuntimeError, ValueError, ZeroDivisionError):
         return {}
 
