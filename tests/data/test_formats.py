@@ -245,7 +245,7 @@ def test_hf_label_column_of_classlabel_lists_is_multi_label_and_gets_the_stratif
     rows = {"img": [{"bytes": _png(20 * i), "path": None} for i in range(len(sets))], "tags": sets}
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "hf"))
     found = discover(f"hf:{tmp_path / 'hf'}")
-    assert found.multi_label and found.classes == ["cloudy", "river", "road"]
+    assert found.task == "multilabel" and found.classes == ["cloudy", "river", "road"]
     assert found.targets.tolist() == [[int(k in s) for k in range(3)] for s in sets]  # [] is all-negative
     split = split_of(found, 0.3, seed=0)
     assert "iterative" in split.method and len(split.train) + len(split.val) == len(sets)

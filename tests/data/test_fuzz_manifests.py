@@ -86,11 +86,11 @@ def test_any_manifest_is_a_listing_or_one_user_error(root, manifest, multi_label
     with open(os.path.join(root, "train.csv"), "wb") as f:
         f.write(manifest)
     try:
-        found = sources.discover(root, multi_label=multi_label)
+        found = sources.discover(root, task="multilabel" if multi_label else "auto")
     except UserError as e:
         assert str(e) and "\n" not in str(e).strip()
         return
-    assert_valid(found, root, multi_label or found.multi_label)
+    assert_valid(found, root, multi_label or found.task == "multilabel")
 
 
 # Cases the fuzz found (or issue 35 reported), kept as plain tests.
@@ -110,5 +110,5 @@ def test_what_the_fuzz_found_is_one_user_error(root, manifest, multi_label, said
     with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
         f.write(manifest)
     with pytest.raises(UserError) as e:
-        sources.discover(root, multi_label=multi_label)
+        sources.discover(root, task="multilabel" if multi_label else "auto")
     assert said in str(e.value) and "\n" not in str(e.value), str(e.value)[:300]

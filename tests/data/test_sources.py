@@ -61,7 +61,7 @@ def test_each_data_string_is_told_apart_once_and_described_by_its_source(tmp_pat
     with pytest.raises(UserError, match="pass the path itself"):
         sources.find("file:///data")
     with pytest.raises(UserError, match="tar shards carry one class per sample"):
-        sources.discover(str(tars), multi_label=True)
+        sources.discover(str(tars), task="multilabel")
 
 
 def test_predict_lists_container_data_through_its_source_and_folders_itself(tmp_path):

@@ -129,7 +129,7 @@ def _said(images: ImageSet, split, **settings) -> list[str]:
         strategy="single", devices=["cpu"], world_size=1, per_process_batch=4, global_batch=4, lr=0.1
     )
     cfg = validate(TrainConfig(data="d", image_size=32, **settings))
-    records.announce(records.RunFacts(accelerator, "/run", cfg, setup, tasks.of(images.label_array), images, split))
+    records.announce(records.RunFacts(accelerator, "/run", cfg, setup, tasks.get(images.task), images, split))
     return [s for s in said if "warning" in s]
 
 

@@ -28,6 +28,7 @@ import visiontune
 from conftest import PYTHON, _worker_env
 from trained import one_thread  # noqa: F401  (autouse: in-process runs use one thread, as the server does)
 from visiontune.cli.commands import main
+from visiontune.tasks import MULTI_LABEL
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -387,7 +388,7 @@ def test_a_multi_label_model_answers_a_sigmoid_per_class_and_the_labels_at_its_t
         want = torch.sigmoid(model(preprocess(paths, 16)).double())
     # Thresholds between the images' probabilities, so that the label sets differ from image to image.
     thresholds = want.median(0).values.tolist()
-    info = describe("resnet18", "torchvision", classes, 16, MEAN, STD, "bilinear", None, True)
+    info = describe("resnet18", "torchvision", classes, 16, MEAN, STD, "bilinear", None, MULTI_LABEL)
     metadata = metadata_with_thresholds(info.metadata(), thresholds)
     records.save_model(tmp_path, records.plain_state_dict(model), metadata=metadata)
 
@@ -410,10 +411,15 @@ def test_a_multi_label_model_answers_a_sigmoid_per_class_and_the_labels_at_its_t
         assert {tuple(a["labels"]) for a in client.post("/predict", files=files).json()["predictions"]} != {()}
         bad = client.post("/predict?threshold=1.5", files=files)
         assert bad.status_code == 400 and "threshold" in bad.json()["error"]
-        assert client.get("/metadata").json()["multi_label"] is True
+        assert client.get("/metadata").json()["task"] == "multilabel"
     # A single-label model has no threshold to set.
     single = Runtime(
-        replace(info, multi_label=False), None, "m", "eager", torch.device("cpu"), lambda x: x.mean((2, 3))
+        replace(info, task_name="classify", thresholds=None),
+        None,
+        "m",
+        "eager",
+        torch.device("cpu"),
+        lambda x: x.mean((2, 3)),
     )
     with TestClient(build_app(single, ServeOptions(decoders=0))) as client:
         got = client.post(
@@ -490,7 +496,7 @@ def test_a_multi_label_onnx_file_is_served_with_its_probabilities_and_thresholds
     from visiontune.settings.config import MEAN, STD
 
     classes = ["cloud", "river", "road"]
-    info = describe("resnet18", "torchvision", classes, 24, MEAN, STD, "bilinear", None, True)
+    info = describe("resnet18", "torchvision", classes, 24, MEAN, STD, "bilinear", None, MULTI_LABEL)
     weight = torch.tensor([[1.0, -2.0, 0.5], [0.5, 3.0, -1.0], [-1.5, 0.25, 2.0]])
     graph = helper.make_graph(
         [
@@ -517,7 +523,7 @@ def test_a_multi_label_onnx_file_is_served_with_its_probabilities_and_thresholds
     served = load_runtime(weights=str(path))
     assert (
         served.backend == "onnx"
-        and served.info.multi_label
+        and served.info.task_name == "multilabel"
         and served.info.decision_thresholds == pytest.approx(thresholds)
     )
     with TestClient(build_app(served, ServeOptions(decoders=0))) as client:

@@ -19,6 +19,7 @@ from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
+from visiontune.tasks import SINGLE_LABEL
 from visiontune.training import plan
 
 FLAGS = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--batch-size", "8"]
@@ -31,7 +32,7 @@ def _batch(data, **kw) -> tuple[torch.Tensor, torch.Tensor, TrainConfig]:
     cfg = shown.cfg
     images = discover(str(data))
     split, _ = split_for(images, cfg)
-    stats, train_loader, _ = loaders(cfg, JobData(images, []), split, "/nonexistent", shown.threads)
+    stats, train_loader, _ = loaders(cfg, JobData(images, []), split, "/nonexistent", shown.threads, SINGLE_LABEL)
     cfg = cfg.replace(mean=stats[0], std=stats[1]) if stats else cfg
     train_loader.sampler.set_epoch(0)
     u8, labels = next(iter(train_loader))

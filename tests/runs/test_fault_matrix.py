@@ -33,6 +33,7 @@ from trainrun import PYTHON, SQUEEZENET, checkpoints, env_for, flags, pids_alive
 from visiontune import cli
 from visiontune.data.sample import make_sample_data
 from visiontune.runs import checkpoint, runlock
+from visiontune.tasks import SINGLE_LABEL
 
 STEPS_PER_EPOCH, EPOCHS = 4, 2
 RUN = [*SQUEEZENET, *flags(timeout=60, epochs=EPOCHS, save_every_steps=1)]
@@ -213,7 +214,7 @@ def test_signals_in_every_phase_stop_resumably_and_the_run_ends_with_the_uninter
         f"continue with --resume auto --output-dir {out}"
     )
     # 3. SIGUSR1 (Slurm's warning) during the second step of epoch 1: that step is finished and saved.
-    err = stopped_run(engine, "readable_cross_entropy", signal.SIGUSR1, 138, call=2)
+    err = stopped_run(SINGLE_LABEL, "mean_loss", signal.SIGUSR1, 138, call=2)  # the run's plain loss
     assert "stopped by SIGUSR1" in err and checkpoints(out)[-1].name == checkpoint.name(1, 2)
     # 4. SIGTERM while that run writes its next checkpoint: the run exits once that checkpoint is published.
     err = stopped_run(checkpoint, "_fsync_tree", signal.SIGTERM, 143)

@@ -32,7 +32,7 @@ def _batch(task, seed: int = 0):
 @pytest.mark.parametrize("task", [SINGLE_LABEL, MULTI_LABEL], ids=lambda t: t.name)
 def test_an_unreadable_sample_counts_nowhere(task):
     logits, labels = _batch(task)
-    assert tasks.of(labels) is task and tasks.named(task.multi_label) is task
+    assert tasks.get(task.name) is task
     assert task.readable(labels).tolist() == [True, True, False, True, True, True]
     assert (labels[2] == UNREADABLE).all()  # cross-entropy's ignore_index, or a row of it
     assert task.eval_loss(logits, labels)[2] == 0 and task.hits(logits, labels)[2] == 0

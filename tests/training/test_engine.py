@@ -12,9 +12,11 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
-from visiontune.tasks import UNREADABLE
-from visiontune.training.engine import LoopOptions, NonFiniteLoss, readable_cross_entropy, train_one_epoch
+from visiontune.tasks import SINGLE_LABEL, UNREADABLE
+from visiontune.training.engine import LoopOptions, NonFiniteLoss, train_one_epoch
 from visiontune.training.meter import StepClock, Totals
+
+readable_cross_entropy = SINGLE_LABEL.mean_loss  # the plain loss a classification run trains with
 
 LR = 0.1
 

@@ -15,7 +15,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import visiontune.training.engine as engine
 from trainrun import (
     assert_same_weights,
     checkpoints,
@@ -28,18 +27,19 @@ from trainrun import (
 )
 from visiontune import cli
 from visiontune.runs import checkpoint
+from visiontune.tasks import SINGLE_LABEL
 
 
 def _on_train_call(monkeypatch, n: int, action) -> None:
     """Run ``action(loss)`` on the n-th training loss (the run's default criterion, wrapped)."""
-    real, calls = engine.readable_cross_entropy, {"n": 0}
+    real, calls = SINGLE_LABEL.mean_loss, {"n": 0}
 
     def wrapped(logits, labels):
         loss = real(logits, labels)
         calls["n"] += 1
         return action(loss) if calls["n"] == n else loss
 
-    monkeypatch.setattr(engine, "readable_cross_entropy", wrapped)
+    monkeypatch.setattr(SINGLE_LABEL, "mean_loss", wrapped)
 
 
 def _args(small_data, out, *extra):

@@ -178,7 +178,7 @@ TARGETS[:30, 0], TARGETS[:4, 1], TARGETS[:, 3] = 1, 1, 1
 
 @pytest.mark.parametrize("spec", ["auto", "effective:0.99"])
 def test_multi_label_weights_are_each_labels_positive_weight(spec):
-    got = imbalance.class_weights(spec, list("abcd"), TARGETS).numpy()
+    got = imbalance.class_weights(spec, list("abcd"), TARGETS, MULTI_LABEL).numpy()
     pos, neg = TARGETS.sum(0).astype(np.float64), 40 - TARGETS.sum(0).astype(np.float64)
     if spec == "auto":
         want = neg[:2] / pos[:2]  # BCEWithLogitsLoss's pos_weight: as many negatives as positives, weighed
@@ -189,7 +189,7 @@ def test_multi_label_weights_are_each_labels_positive_weight(spec):
 
 
 def test_the_multi_label_weighted_loss_is_bce_with_logits_pos_weight_over_the_readable_count():
-    weights = imbalance.class_weights("auto", list("abcd"), TARGETS)
+    weights = imbalance.class_weights("auto", list("abcd"), TARGETS, MULTI_LABEL)
     cfg = SimpleNamespace(label_smoothing=0.0, mixup=0.0, cutmix=0.0)
     loss = optim.criterion(cfg, MULTI_LABEL, class_weights=weights)
     logits = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))

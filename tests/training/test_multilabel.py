@@ -58,11 +58,11 @@ def _manifest(folder: Path, rows: list[str], header: str = "filename,labels") ->
 def test_label_sets_are_read_from_semicolons_or_with_the_flag_from_spaces(tmp_path):
     semi = _manifest(tmp_path / "semi", ["a.png,cat;dog", "b.png,dog", "c.png,", "d.png,golden retriever;cat"])
     images = discover(str(semi))
-    assert images.multi_label and images.classes == ["cat", "dog", "golden retriever"]
+    assert images.task == "multilabel" and images.classes == ["cat", "dog", "golden retriever"]
     assert images.targets.tolist() == [[1, 1, 0], [0, 1, 0], [0, 0, 0], [1, 0, 1]]
     spaced = _manifest(tmp_path / "spaced", ["a.png,cloudy river", "b.png,road", "c.png,road road"])
-    assert not discover(str(spaced)).multi_label  # a space alone is a class name's (single-label)
-    images = discover(str(spaced), multi_label=True)
+    assert discover(str(spaced)).task == "classify"  # a space alone is a class name's (single-label)
+    images = discover(str(spaced), task="multilabel")
     assert images.classes == ["cloudy", "river", "road"]
     assert images.targets.tolist() == [[1, 1, 0], [0, 0, 1], [0, 0, 1]]
     # The listing the launcher hands to its workers carries the label sets.
@@ -72,8 +72,8 @@ def test_label_sets_are_read_from_semicolons_or_with_the_flag_from_spaces(tmp_pa
     for name in ("x", "y"):  # class subfolders hold one label per image
         (tmp_path / "folder" / name).mkdir(parents=True)
         (tmp_path / "folder" / name / "1.png").write_bytes(b"x")
-    with pytest.raises(UserError, match="--multi-label needs a manifest"):
-        discover(str(tmp_path / "folder"), multi_label=True)
+    with pytest.raises(UserError, match="--task multilabel needs a manifest"):
+        discover(str(tmp_path / "folder"), task="multilabel")
 
 
 def test_empty_label_cells_are_images_without_labels_and_a_manifest_of_only_those_is_one_line(tmp_path):
@@ -257,7 +257,7 @@ def test_predict_with_the_model_file_alone_writes_a_probability_per_class_and_th
     best = ml_run / "best.safetensors"
     with safe_open(str(best), "pt") as f:
         described = json.loads(f.metadata()["visiontune"])
-    assert described["multi_label"] is True and len(described["thresholds"]) == 4
+    assert described["task"] == "multilabel" and len(described["thresholds"]) == 4
     out = tmp_path / "pred.csv"
     data = ml_run.parent / "data" / "train"
     assert main(["predict", "--weights", str(best), "--data", str(data), "--out", str(out), "--no-progress"]) == 0
@@ -285,7 +285,7 @@ def test_onnx_export_returns_the_sigmoid_probabilities(ml_run, tmp_path):
         want = loaded.model(x).sigmoid().numpy()
     assert np.abs(got - want).max() < 1e-5
     meta = json.loads(session.get_modelmeta().custom_metadata_map["visiontune"])
-    assert meta["multi_label"] is True and meta["thresholds"] == pytest.approx(loaded.info.thresholds)
+    assert meta["task"] == "multilabel" and meta["thresholds"] == pytest.approx(loaded.info.thresholds)
 
 
 @pytest.mark.distributed

@@ -71,9 +71,19 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_sample_data(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.data.sample import clear_folder, make_multilabel_data, make_sample_data
+    from visiontune.data.sample import clear_folder, make_multilabel_data, make_regression_data, make_sample_data
 
+    if args.multi_label and args.regress:
+        raise UserError("--multi-label and --regress each write a data set of their own: pass one of them")
     clear_folder(args.dir, args.force)
+    if args.regress:
+        info = make_regression_data(args.dir, count=args.per_class, seed=args.seed)
+        print(
+            f"visiontune: wrote a SYNTHETIC regression data set to {args.dir}: {len(info['values'])} images in "
+            "train/ with train.csv (filename,value: the bright square's side over the image's); train it with "
+            "--task regress"
+        )
+        return 0
     if args.multi_label:
         info = make_multilabel_data(args.dir, count=4 * args.per_class, seed=args.seed)
         print(
@@ -121,7 +131,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.reports.bench import bench, train_flags
 
     cfg = config_from_args(args)
-    discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
+    discover(cfg.data, cfg.image_column, cfg.label_column, task=cfg.task)
     # Each strategy re-runs `visiontune train` with these flags.
     cfg, train_argv = train_flags(cfg, argv, "epochs" in vars(args))
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)

@@ -136,6 +136,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "limit_images",
         "image_column",
         "label_column",
+        "task",
         "multi_label",
     ),
     "model": (
@@ -164,6 +165,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "warmup_epochs",
         "warmup_steps",
         "label_smoothing",
+        "loss",
         "class_weights",
         "ema",
         "early_stop",
@@ -527,6 +529,12 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
         "--multi-label",
         action="store_true",
         help="instead: 4 x PER_CLASS 32 px images of coloured squares, any number each (train.csv: filename,labels)",
+    )
+    p.add_argument(
+        "--regress",
+        action="store_true",
+        help="instead: PER_CLASS 32 px images of a bright square whose side (a fraction of the image's) is the "
+        "value to predict, for --task regress (train.csv: filename,value)",
     )
     p.set_defaults(func=commands["sample-data"])
     p = sub.add_parser("models", help="list the model names --model accepts (Hub models: hf-hub:ORG/NAME)")

@@ -279,7 +279,12 @@ def _labels(root: str, parts, column: str | None, allow_missing: bool) -> tuple[
 
 
 def read(
-    data: str, image_column: str | None = None, label_column: str | None = None, *, every_split: bool = False
+    data: str,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    *,
+    every_split: bool = False,
+    task: str = "auto",
 ) -> ImageSet:
     """List ``hf:...`` as an ImageSet whose ``reader`` gives each row's image bytes."""
     root, loaded = load(data)
@@ -313,10 +318,10 @@ def read(
 
 
 def _read_source(
-    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, multi_label: bool
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: str
 ) -> ImageSet:
-    # A label column that is a sequence of ClassLabel is a label set whether or not --multi-label says so.
-    return read(data, image_column, label_column, every_split=every_split)
+    # A label column that is a sequence of ClassLabel is a label set whether or not --task multilabel says so.
+    return read(data, image_column, label_column, every_split=every_split, task=task)
 
 
 SOURCE = Source(

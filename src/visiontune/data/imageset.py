@@ -56,7 +56,8 @@ class Source:
 
     name: str  # a reader's spec()["kind"] names its source by this
     recognises: Callable[[str], bool]  # from the --data string (and, for paths, what is there)
-    # read(data, image_column, label_column, every_split=, multi_label=): the labelled images, unchecked
+    # read(data, image_column, label_column, every_split=, task=): the labelled images, unchecked (``task``:
+    # --task, the labels' kind the reader is asked for, or auto)
     read: Callable[..., ImageSet]
     reopen: Callable[[dict], Reader] | None = None  # a reader from its spec(), in this process
     help: str = ""  # how `train --help` names it ("" : told with another source)
@@ -84,6 +85,8 @@ class ImageSet:
     split_note: str = ""  # where the split comes from when the data brings one, for the start line and split.json
     # Multi-label data (data/multilabel.py): uint8 [N, K] multi-hot, and ``labels`` each image's first class.
     targets: np.ndarray | None = None
+    # Regression data (data/targets.py): float32 [N, T], one number per target; ``classes`` names the targets.
+    values: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", PathList.from_paths(self.paths, self.root))
@@ -92,15 +95,20 @@ class ImageSet:
             object.__setattr__(self, "val_mask", np.asarray(self.val_mask, bool).reshape(-1))
         if self.targets is not None:
             object.__setattr__(self, "targets", np.asarray(self.targets, np.uint8).reshape(len(self.labels), -1))
+        if self.values is not None:
+            object.__setattr__(self, "values", np.asarray(self.values, np.float32).reshape(len(self.labels), -1))
 
     @property
-    def multi_label(self) -> bool:
-        return self.targets is not None
+    def task(self) -> str:
+        """What its labels are, as ``--task`` names it: classify, multilabel (multi-hot ``targets``) or regress
+        (numeric ``values``)."""
+        return "regress" if self.values is not None else "classify" if self.targets is None else "multilabel"
 
     @property
     def label_array(self) -> np.ndarray:
-        """What a dataset hands out per image: the class index, or the multi-hot row of a multi-label set."""
-        return self.labels if self.targets is None else self.targets
+        """What a dataset hands out per image: the class index, the multi-hot row of a multi-label set, or the
+        numbers of a regression set."""
+        return self.values if self.values is not None else self.labels if self.targets is None else self.targets
 
     def source(self, i: int) -> str | bytes:
         """What ``decode.try_read`` reads for image i: its path, or its bytes from the reader."""
@@ -116,13 +124,17 @@ class ImageSet:
             reader=None if self.reader is None else self.reader.take(idx),
             val_mask=None if self.val_mask is None else self.val_mask[idx],
             targets=None if self.targets is None else self.targets[idx],
+            values=None if self.values is None else self.values[idx],
         )
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def class_counts(self, idx=None) -> dict[str, int]:
-        """Images of each class (of the images at ``idx``, or all); multi-label: images that have the class."""
+        """Images of each class (of the images at ``idx``, or all); multi-label: images that have the class;
+        regression: none (it has no classes)."""
+        if self.values is not None:
+            return {}
         if self.targets is not None:
             counts = (self.targets if idx is None else self.targets[idx]).sum(0, dtype=np.int64).tolist()
         else:
@@ -131,7 +143,12 @@ class ImageSet:
         return {name: counts[i] for i, name in enumerate(self.classes)}
 
     def describe(self) -> str:
-        """One line naming the classes found and how many images each has."""
+        """One line naming the classes found and how many images each has (regression: its targets' range)."""
+        if self.values is not None:
+            ranges = ", ".join(
+                f"{name} {lo:g} to {hi:g}" for name, lo, hi in zip(self.classes, self.values.min(0), self.values.max(0))
+            )
+            return f"visiontune: {len(self.paths)} images, regression ({self.layout}): {ranges}"
         counts = ", ".join(f"{name} {n}" for name, n in self.class_counts().items())
         if self.targets is not None:
             none = int((self.targets.sum(1) == 0).sum())

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from visiontune.data import multilabel
+from visiontune.data import multilabel, targets
 from visiontune.data.imageset import ImageSet, Source
 from visiontune.data.pathlist import PathList
 from visiontune.errors import UserError
@@ -179,29 +179,42 @@ def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
     return [(n, row) for n, row in rows if any(cell.strip() for cell in row)]
 
 
-def read_manifest(csv_path: Path, image_root: Path, multi_label: bool = False) -> ImageSet:
+def read_manifest(csv_path: Path, image_root: Path, task: str = "auto") -> ImageSet:
     """Read ``filename,label`` rows; every bad row is an error naming its row number.
 
-    A label cell holding ``;`` (or any, with ``multi_label``) is a label set (``data/multilabel.py``); an
-    empty one is then an image with no label.
+    A label cell holding ``;`` (or any, with ``task`` multilabel) is a label set (``data/multilabel.py``);
+    an empty one is then an image with no label. With ``task`` regress the cells after the file name are
+    numbers (``data/targets.py``): ``filename,value`` or several columns, named by a header.
     """
     rows = _read_rows(csv_path)
-    if rows and [c.strip().lower() for c in rows[0][1][:2]] in _HEADERS:
+    header = None
+    if task == "regress":
+        if rows and targets.is_header(rows[0][1][1:]):
+            header, rows = rows[0][1][1:], rows[1:]
+    elif rows and [c.strip().lower() for c in rows[0][1][:2]] in _HEADERS:
         rows = rows[1:]
     if not rows:
         raise UserError(f"{csv_path}: no rows; expected 'filename,label' lines")
-    multi_label = multi_label or multilabel.is_multi_label([row[1] for _, row in rows if len(row) > 1])
+    as_sets = task == "multilabel" or (
+        task == "auto" and multilabel.says_label_sets([row[1] for _, row in rows if len(row) > 1])
+    )
+    width = len(header) if header is not None else max(len(row) for _, row in rows) - 1
     root = str(image_root.resolve())
-    paths, names, seen = [], [], {}
+    paths, names, values, seen = [], [], [], {}
     for n, row in rows:
-        if len(row) < 2 and multi_label:
+        if len(row) < 2 and as_sets:
             row = [*row, ""]  # a file alone on its row: an image with no label
-        if len(row) < 2 or not row[0].strip() or not (row[1].strip() or multi_label):
+        if len(row) < 2 or not row[0].strip() or not (row[1].strip() or as_sets or task == "regress"):
             raise UserError(f"{csv_path} row {n}: expected 'filename,label', got {','.join(row)!r}")
         name, label = row[0].strip(), row[1].strip()
         # Reject escaping paths before touching the file system with them.
         if os.path.isabs(name) or ".." in Path(name).parts:
             raise UserError(f"{csv_path} row {n}: path {name!r} leaves the image root {root}; use paths relative to it")
+        if task == "regress":
+            cells = (row[1:] + [""] * width)[:width] if len(row) - 1 <= width else row[1:]
+            if len(cells) != width:
+                raise UserError(f"{csv_path} row {n} ({name}): {len(row) - 1} targets, expected {width}")
+            values.append(targets.parse(cells, f"{csv_path} row {n} ({name})"))
         norm = os.path.normpath(name)  # ./a.jpg and a//b.jpg name the same files as a.jpg and a/b.jpg
         if norm in seen:
             raise UserError(
@@ -214,32 +227,37 @@ def read_manifest(csv_path: Path, image_root: Path, multi_label: bool = False) -
             raise UserError(f"{csv_path} row {n}: file not found: {path if path.isprintable() else repr(path)}")
         paths.append(path)
         names.append(label)
+    test_dir = image_root.parent / "test"
+    test = sorted(_files(str(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
+    if task == "regress":
+        target_names = targets.target_names(header, width)
+        return ImageSet(
+            str(image_root), "manifest", paths, np.zeros(len(paths), np.int32), target_names, test, values=values
+        )
     spaces = not any(";" in c for c in names)  # a ';' anywhere: names are split on it alone
-    sets = multilabel.label_sets(names, spaces) if multi_label else [[x] for x in names]
+    sets = multilabel.label_sets(names, spaces) if as_sets else [[x] for x in names]
     every = [lab for labs in sets for lab in labs]
     if every and all(lab.lstrip("-").isdigit() for lab in every):
         sets = [[str(int(lab)) for lab in labs] for labs in sets]
         classes = [str(c) for c in sorted({int(lab) for labs in sets for lab in labs})]
     else:
         classes = sorted({lab for labs in sets for lab in labs})
-    test_dir = image_root.parent / "test"
-    test = sorted(_files(str(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
-    if multi_label:
-        targets = multilabel.multi_hot(sets, classes)
-        labels = multilabel.first_labels(targets)
-        return ImageSet(str(image_root), "manifest", paths, labels, classes, test, targets=targets)
+    if as_sets:
+        multi_hot = multilabel.multi_hot(sets, classes)
+        labels = multilabel.first_labels(multi_hot)
+        return ImageSet(str(image_root), "manifest", paths, labels, classes, test, targets=multi_hot)
     index = {c: i for i, c in enumerate(classes)}
     return ImageSet(str(image_root), "manifest", paths, [index[labs[0]] for labs in sets], classes, test)
 
 
-def _manifest(root: Path, multi_label: bool = False) -> ImageSet | None:
+def _manifest(root: Path, task: str = "auto") -> ImageSet | None:
     if root.is_file() and root.suffix.lower() == ".csv":
         image_root = root.parent / "train" if (root.parent / "train").is_dir() else root.parent
-        return read_manifest(root, image_root, multi_label)
+        return read_manifest(root, image_root, task)
     csv_path = root / "train.csv"
     if not csv_path.is_file():
         return None
-    return read_manifest(csv_path, root / "train" if (root / "train").is_dir() else root, multi_label)
+    return read_manifest(csv_path, root / "train" if (root / "train").is_dir() else root, task)
 
 
 def read_folder(
@@ -248,12 +266,12 @@ def read_folder(
     label_column: str | None = None,
     *,
     every_split: bool = False,
-    multi_label: bool = False,
+    task: str = "auto",
 ) -> ImageSet:
     """Detect the layout of the folder (or manifest) ``data`` and list its labelled images.
 
-    ``multi_label`` reads a manifest's label cells as label sets (a ``;`` in one says so by itself); the
-    columns and ``every_split`` are other sources' (``data/sources.py`` gives each source the same call).
+    ``task`` says what a manifest's label cells are (``read_manifest``); the folder layouts hold classes.
+    The columns and ``every_split`` are other sources' (``data/sources.py`` gives each source the same call).
     """
     root = Path(data).expanduser()
     if not root.exists():
@@ -263,7 +281,7 @@ def read_folder(
     for finder in (_manifest, _kaggle, _image_folder):
         try:
             if finder is _manifest:
-                found = _manifest(root, multi_label)
+                found = _manifest(root, task)
             else:
                 found = finder(root) if root.is_dir() else None
         except PermissionError as e:
@@ -271,10 +289,10 @@ def read_folder(
                 f"cannot read {e.filename} (permission denied): fix its permissions or move it out of {data}"
             ) from None
         if found is not None:
-            if multi_label and not found.multi_label:
+            if task != "auto" and found.task != task:
                 raise UserError(
-                    f"{data}: --multi-label needs a manifest (train.csv: filename,labels) or hf: data, "
-                    f"not the {found.layout} layout"
+                    f"{data}: --task {task} needs a manifest (train.csv: filename,labels or filename,value) or "
+                    f"hf: data, not the {found.layout} layout"
                 )
             return found
     raise UserError(

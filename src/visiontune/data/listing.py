@@ -28,8 +28,8 @@ LISTING_ENV = "VISIONTUNE_IMAGE_LIST"  # {"data": abs path, "file": listing} set
 def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None:
     """Write ``images`` (and a small JSON-able ``extra``) compactly: a JSON header line, then the
     paths' bytes, their int64 end offsets, the int32 labels, when the data has its own split one
-    byte per image for it and, multi-label, the uint8 multi-hot rows. A reader travels as its
-    ``spec()``, reopened on loading."""
+    byte per image for it and, multi-label, the uint8 multi-hot rows (regression: the float32 targets).
+    A reader travels as its ``spec()``, reopened on loading."""
     paths = images.paths.compact()
     head = {
         "root": images.root,
@@ -44,13 +44,15 @@ def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None
         "reader": None if images.reader is None else images.reader.spec(),
         "val_mask": images.val_mask is not None,
         "split_note": images.split_note,
-        "multi_label": images.targets is not None,
+        "task": images.task,
     }
     arrays = [paths.blob, paths.ends.astype("<i8"), images.labels.astype("<i4")]
     if images.val_mask is not None:
         arrays.append(images.val_mask.astype(np.uint8))
     if images.targets is not None:
         arrays.append(images.targets.astype(np.uint8))
+    if images.values is not None:
+        arrays.append(images.values.astype("<f4"))
     with atomic_file(path) as f:
         f.write(json.dumps(head).encode() + b"\n")
         for array in arrays:
@@ -63,15 +65,17 @@ def load_listing(path: str) -> tuple[ImageSet, dict]:
         head = json.loads(f.readline())
         raw = f.read()
     n, size, has_mask = head["count"], head["paths_bytes"], head.get("val_mask", False)
-    k = len(head["classes"]) if head.get("multi_label") else 0
+    k = len(head["classes"]) if head.get("task") == "multilabel" else 0
+    t = len(head["classes"]) if head.get("task") == "regress" else 0
     end = size + (13 if has_mask else 12) * n
-    if len(raw) != end + k * n:
+    if len(raw) != end + k * n + 4 * t * n:
         raise ValueError(f"{path}: truncated image list")
     blob = np.frombuffer(raw, np.uint8, size)
     ends = np.frombuffer(raw, "<i8", n, size).astype(np.int64, copy=False)
     labels = np.frombuffer(raw, "<i4", n, size + 8 * n).astype(np.int32, copy=False)
     mask = np.frombuffer(raw, np.uint8, n, size + 12 * n).astype(bool) if has_mask else None
     targets = np.frombuffer(raw, np.uint8, n * k, end).reshape(n, k).copy() if k else None
+    values = np.frombuffer(raw, "<f4", n * t, end).reshape(n, t).astype(np.float32) if t else None
     return ImageSet(
         head["root"],
         head["layout"],
@@ -84,6 +88,7 @@ def load_listing(path: str) -> tuple[ImageSet, dict]:
         val_mask=mask,
         split_note=head.get("split_note", ""),
         targets=targets,
+        values=values,
     ), head["extra"]
 
 
@@ -108,9 +113,7 @@ def shared_listing(images: ImageSet, data: str) -> Iterator[None]:
                 os.environ[LISTING_ENV] = before
 
 
-def listed(
-    data: str, image_column: str | None = None, label_column: str | None = None, multi_label: bool = False
-) -> ImageSet:
+def listed(data: str, image_column: str | None = None, label_column: str | None = None, task: str = "auto") -> ImageSet:
     """The listing the launching command shared, else ``discover(data, image_column, label_column, ...)``."""
     try:
         spec = json.loads(os.environ.get(LISTING_ENV) or "null")
@@ -118,4 +121,4 @@ def listed(
             return load_listing(spec["file"])[0]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # gone or damaged: list again
-    return sources.discover(data, image_column, label_column, multi_label=multi_label)
+    return sources.discover(data, image_column, label_column, task=task)

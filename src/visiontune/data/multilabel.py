@@ -48,7 +48,7 @@ def label_sets(cells: list[str], spaces: bool) -> list[list[str]]:
     return out
 
 
-def is_multi_label(cells: list[str]) -> bool:
+def says_label_sets(cells: list[str]) -> bool:
     """Whether a manifest's label cells are label sets without being told: some cell holds a ``;``."""
     return any(";" in cell for cell in cells)
 

@@ -170,3 +170,25 @@ def overlapping_classes(out: Path, counts: dict[str, int], seed: int) -> None:
             level = rng.normal({"cat": 100.0, "dog": 130.0}[name], 20.0)
             pixels = np.clip(level + rng.normal(0, 10, (16, 16, 3)), 0, 255).astype(np.uint8)
             Image.fromarray(pixels).save(out / name / f"{i}.png")
+
+
+def make_regression_data(out_dir: str | os.PathLike, *, count: int = 200, size: int = 32, seed: int = 0) -> dict:
+    """Write ``count`` PNG images of ``size`` px into ``out_dir/train`` and ``out_dir/train.csv``
+    (``filename,value``) for ``--task regress``: each image is a bright square on a dark noisy ground, and
+    its value is the square's side as a fraction of the image's (drawn from 0.2 to 0.8, rounded to 1/size):
+    a known function of the pixels, which a small CNN learns. Returns the values by file name."""
+    train = Path(out_dir) / "train"
+    train.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([seed, 5])
+    values, lines = {}, ["filename,value"]
+    for i in range(count):
+        side = int(rng.integers(round(0.2 * size), round(0.8 * size) + 1))
+        pixels = rng.normal(40, 12, (size, size, 3))
+        y, x = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+        pixels[y : y + side, x : x + side] = rng.normal(210, 12, (side, side, 3))
+        name = f"img{i:04d}.png"
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(train / name)
+        values[name] = side / size
+        lines.append(f"{name},{side / size!r}")
+    (Path(out_dir) / "train.csv").write_text("\n".join(lines) + "\n")
+    return {"values": values}

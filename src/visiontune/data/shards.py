@@ -350,10 +350,10 @@ def read(data: str, local: str | None = None, kind: str = "shards") -> ImageSet:
 
 
 def _read_source(
-    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, multi_label: bool
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: str
 ) -> ImageSet:
-    if multi_label:
-        raise UserError(f"{data}: tar shards carry one class per sample; give multi-label data as a manifest")
+    if task not in ("auto", "classify"):
+        raise UserError(f"{data}: tar shards carry one class per sample; give {task} data as a manifest")
     return read(data)
 
 

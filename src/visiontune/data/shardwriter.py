@@ -74,8 +74,8 @@ def write(
     if put is None and os.path.isdir(out) and any(n.endswith(".tar") or n == INDEX for n in os.listdir(out)):
         raise UserError(f"{out} already holds shards; choose an empty or new folder")
     images = discover(data, *columns)
-    if images.multi_label:  # a shard's .cls holds one class: the label sets would be lost
-        raise UserError(f"{data} is multi-label; tar shards carry one class per sample: train on it as it is")
+    if images.task != "classify":  # a shard's .cls holds one class: the label sets would be lost
+        raise UserError(f"{data} is {images.task} data; tar shards carry one class per sample: train on it as it is")
     print(images.describe())
     bad = list(images.rejects) + scan(
         images.paths, workers=workers, cache_path=scan_cache_path(images.root), reader=images.reader

@@ -38,17 +38,17 @@ def discover(
     label_column: str | None = None,
     *,
     every_split: bool = False,
-    multi_label: bool = False,
+    task: str = "auto",
 ) -> ImageSet:
     """List ``data``'s labelled images, from whichever source it names.
 
     ``image_column``/``label_column`` pick an ``hf:`` data set's columns when its features do not;
-    ``every_split`` lists its test rows too, for predict. ``multi_label`` reads a manifest's label cells
-    as label sets (a ``;`` in one says so by itself); a Hugging Face label column that is a sequence of
-    ``ClassLabel`` is a label set anyway.
+    ``every_split`` lists its test rows too, for predict. ``task`` (``--task``) says what the label cells
+    are; ``auto`` reads them as class names, or as label sets where they say so themselves (a ``;`` in a
+    manifest's cell, a Hugging Face column that is a sequence of ``ClassLabel``).
     """
     source = find(data)
-    found = source.read(data, image_column, label_column, every_split=every_split, multi_label=multi_label)
+    found = source.read(data, image_column, label_column, every_split=every_split, task=task)
     return _checked(found, data, every_split and source.lists_unlabelled)
 
 
@@ -57,7 +57,7 @@ def _checked(found: ImageSet, data: str, unlabelled_ok: bool = False) -> ImageSe
         raise UserError(f"no labelled images found in {data}")
     if not found.classes and not unlabelled_ok:  # a multi-label manifest whose label cells are all empty
         raise UserError(f"{data}: no image has a label; a classifier needs at least two classes")
-    if len(found.classes) < 2 and not unlabelled_ok:
+    if len(found.classes) < 2 and not unlabelled_ok and found.values is None:  # one target is regression's own
         raise UserError(f"{data}: found only one class ({found.classes[0]}); a classifier needs at least two")
     return found
 

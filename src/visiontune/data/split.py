@@ -24,12 +24,12 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from visiontune.data import multilabel
+from visiontune.data import multilabel, targets
 from visiontune.data.pathlist import PathList, root_prefixes
 from visiontune.errors import UserError
 
@@ -51,6 +51,7 @@ class Split:
 RANDOM = "random: a seeded shuffle of all the images (data/split.py)"
 STRATIFIED = "stratified by class: each class held out at --val-fraction in a seeded order (data/split.py)"
 ITERATIVE = "iterative stratification (Sechidis et al. 2011), data/multilabel.py"
+QUANTILES = "stratified by quantile bins of the target: each bin held out at --val-fraction (data/targets.py)"
 
 
 def method_of(record: dict) -> str:
@@ -134,6 +135,9 @@ def split_of(images, val_fraction: float, seed: int, method: str = "stratified")
     ``make_split`` (``random``)."""
     if images.val_mask is None and method == "random":
         return make_split(len(images), val_fraction, seed)
+    if images.val_mask is None and getattr(images, "values", None) is not None:
+        bins = targets.quantile_bins(images.values, val_fraction)
+        return replace(make_stratified_split(bins, val_fraction, seed), method=QUANTILES)
     if images.val_mask is None and getattr(images, "targets", None) is not None:
         return make_multilabel_split(images.targets, val_fraction, seed)
     if images.val_mask is None:

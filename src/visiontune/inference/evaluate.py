@@ -31,7 +31,7 @@ from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
-from visiontune.reports import figures, metrics, multilabel
+from visiontune.reports import figures, metrics, multilabel, regression
 from visiontune.tasks import UNREADABLE
 
 SPLITS = ("val", "train", "all")
@@ -187,7 +187,7 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
     """A multi-label model's ``eval.json`` (mAP, per-class AP and F1 at the model's thresholds, exact match),
     ``worst_per_class.csv`` and ``predictions.csv``, from the gathered outputs."""
     logits, got = outputs
-    skipped = unreadable_reasons(paths, got, chosen.reader)
+    skipped = unreadable_reasons(paths, got, chosen.reader, tasks.MULTI_LABEL)
     ok = tasks.MULTI_LABEL.readable(got)
     kept = [p for p, k in zip(paths, ok.tolist()) if k]
     probs, targets = tasks.MULTI_LABEL.probabilities(logits[ok]), got[ok]
@@ -199,7 +199,7 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         "scored": describe(scored, int(ok.sum()), len(images.paths)),
         "tta": tta_mode,
         "classes": loaded.classes,
-        "multi_label": True,
+        "task": tasks.MULTI_LABEL.name,
         "thresholds_from": loaded.thresholds_from if loaded.info.thresholds else "0.5 (none recorded)",
         **multilabel.multilabel_metrics(probs, targets, loaded.classes, thresholds),
         "world_size": accelerator.num_processes,
@@ -269,12 +269,14 @@ def evaluate(
     if top_n < 0:
         raise UserError(f"--top-losses must be 0 or more, got {top_n}")
     task = loaded.info.task
-    images, classes = discover(data, *columns, multi_label=task.multi_label), loaded.classes
-    if (kind := tasks.named(images.multi_label)) is not task:
+    images, classes = discover(data, *columns, task=task.name), loaded.classes
+    if images.task != task.name:
         raise UserError(
-            f"{data} has {kind.labels_per_image} per image but the model is {task.name}; evaluate on data of its kind"
+            f"{data} has {tasks.get(images.task).labels_per_image} per image but the model is {task.title}; "
+            "evaluate on data of its kind"
         )
-    # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names and their order must agree.
+    # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names (a regression's targets) and their order
+    # must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:
         raise UserError(
             f"{data} has classes {images.classes} but the model was trained on {classes}; "
@@ -286,7 +288,9 @@ def evaluate(
     paths = list(chosen.paths)
     accelerator = inference.start(icfg)
     model = tta.wrap_loaded(loaded, tta_mode)
-    logits, got = inference.forward(accelerator, model, icfg, paths, chosen.label_array, "evaluate", chosen.reader)
+    logits, got = inference.forward(
+        accelerator, model, icfg, paths, chosen.label_array, "evaluate", chosen.reader, task
+    )
     report = {}
     if accelerator.is_main_process:
         report = REPORTS[task.name](
@@ -315,6 +319,7 @@ def _single_label(accelerator, loaded, outputs, paths, chosen, images, scored, t
         "scored": describe(scored, int(ok.sum()), len(images.paths)),
         "tta": tta_mode,
         "classes": classes,
+        "task": tasks.SINGLE_LABEL.name,
         **metrics.classification_metrics(logits[ok], got[ok], classes),
         "world_size": accelerator.num_processes,
         "skipped": [{"path": p, "reason": r} for p, r in skipped],
@@ -330,6 +335,58 @@ def _single_label(accelerator, loaded, outputs, paths, chosen, images, scored, t
     return report
 
 
+RESIDUALS = "largest_residuals.csv"
+
+
+def _regression(accelerator, loaded, outputs, paths, chosen, images, scored, tta_mode, top_n, out) -> dict:
+    """A regression model's ``eval.json`` (MAE, RMSE and R² per target, in their units), ``predictions.csv``
+    (every scored image's true and predicted values), the largest residuals and ``scatter.png``."""
+    logits, got = outputs
+    task = loaded.info.task
+    skipped = unreadable_reasons(paths, got, chosen.reader, task)
+    ok = task.readable(got)
+    kept = [p for p, k in zip(paths, ok.tolist()) if k]
+    pred, true = task.values(logits[ok]).numpy(), got[ok].double().numpy()
+    names = list(loaded.classes)
+    report = {
+        "data": images.root,
+        "layout": images.layout,
+        **scored,
+        "scored": describe(scored, int(ok.sum()), len(images.paths)),
+        "tta": tta_mode,
+        "classes": names,
+        "task": task.name,
+        **regression.regression_metrics(pred, true, names),
+        "world_size": accelerator.num_processes,
+        "skipped": [{"path": p, "reason": r} for p, r in skipped],
+    }
+    worst = regression.largest_residuals(pred, true, top_n)
+    report["largest_residuals"] = [{**it, "path": kept[it["index"]]} for it in worst]
+    folder = Path(out).parent
+    # The scored outputs at full precision (repr): every figure of eval.json can be recomputed from them.
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["path", *(f"true_{n}" for n in names), *(f"predicted_{n}" for n in names)])
+    for path, t, p in zip(kept, true.tolist(), pred.tolist()):
+        w.writerow([path, *map(repr, t), *map(repr, p)])
+    files.atomic_write(folder / PREDICTIONS, buf.getvalue())
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["rank", "path", "error", *(f"true_{n}" for n in names), *(f"predicted_{n}" for n in names)])
+    for rank, it in enumerate(report["largest_residuals"], 1):
+        w.writerow([rank, it["path"], repr(it["error"]), *map(repr, it["true"]), *map(repr, it["predicted"])])
+    files.atomic_write(folder / RESIDUALS, buf.getvalue())
+    regression.plot_scatter(folder / "scatter.png", pred, true, names)
+    files.write_json(out, report)
+    print(
+        f"visiontune: scored {report['scored']}{'; TTA ' + tta_mode if tta_mode != 'none' else ''}\n"
+        f"visiontune: MAE {_num(report['mae'])}, RMSE {_num(report['rmse'])}, R² {_num(report['r2'])} "
+        f"(always the mean: MAE {_num(report['baseline_mae'])})"
+    )
+    print(f"visiontune: wrote {out}, {PREDICTIONS}, {RESIDUALS} and scatter.png in {folder}")
+    return report
+
+
 # The report of each task (``tasks``): its metrics reach above the task wing, into ``reports``, whose
 # ``report.SECTIONS`` shows each on the run's page.
-REPORTS = {tasks.SINGLE_LABEL.name: _single_label, tasks.MULTI_LABEL.name: _multilabel}
+REPORTS = {tasks.SINGLE_LABEL.name: _single_label, tasks.MULTI_LABEL.name: _multilabel, "regress": _regression}

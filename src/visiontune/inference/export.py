@@ -92,10 +92,14 @@ def check_preprocessing(info: RunInfo, fmt: str) -> None:
         )
 
 
+class WithActivation(nn.Sequential):
+    """A model followed by its task's activation (a softmax, a sigmoid, a regression's units)."""
+
+
 def _output(model: nn.Module) -> str:
-    """What the exported graph gives: a model that ends in its softmax or sigmoid gives probabilities."""
-    gives = isinstance(model, nn.Sequential) and isinstance(model[-1], (nn.Softmax, nn.Sigmoid))
-    return "probabilities" if gives else "logits"
+    """What the exported graph gives: a model that ends in its task's activation gives "probabilities" (what
+    ``Task.logits_of`` turns back into logits; a regression's values)."""
+    return "probabilities" if isinstance(model, WithActivation) else "logits"
 
 
 def _metadata(model: nn.Module, info: RunInfo) -> dict[str, str]:
@@ -198,7 +202,7 @@ def export(
     check_format(fmt)
     model = model.float().eval().cpu()
     if info.task.exports_probabilities(probabilities):
-        model = nn.Sequential(model, info.task.activation()).eval()
+        model = WithActivation(model, info.task.activation()).eval()
     size = info.image_size
     gen = torch.Generator().manual_seed(0)
     example = torch.randn(2, 3, size, size, generator=gen)

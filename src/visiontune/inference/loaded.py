@@ -24,7 +24,6 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from visiontune import tasks
 from visiontune.cluster.strategies.base import no_datasets_import
 from visiontune.cluster.strategy import ProcessSettings, make_accelerator, resolve_threads
 from visiontune.data.decode import BadImage, read_source
@@ -37,6 +36,7 @@ from visiontune.runs import runinfo
 from visiontune.runs.runinfo import RunInfo
 from visiontune.settings.config import MEAN, STD, TrainConfig
 from visiontune.settings.validation import load_config_file
+from visiontune.tasks import SINGLE_LABEL, Task
 from visiontune.training import engine
 
 
@@ -171,9 +171,11 @@ def forward(
     labels: list[int],
     desc: str,
     reader=None,
+    task: Task = SINGLE_LABEL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and labels (``UNREADABLE`` for files that failed) of every path (or sample of ``reader``, whose
-    names ``paths`` are), in order, on every process."""
+    """Logits and labels (the ``task``'s unreadable label for files that failed) of every path (or sample of
+    ``reader``, whose names ``paths`` are), in order, on every process. ``labels`` are as ``task`` keeps them:
+    the model's own task to evaluate, or placeholder class indices (the default) to predict."""
     # The model's threads as ``start`` chose them (the machine's load observed once): decoding takes as many.
     cores = resolve_threads(replace(icfg.process(), threads=torch.get_num_threads()), icfg.num_workers)
     dataset = ImageDataset(
@@ -186,6 +188,7 @@ def forward(
         crop_pct=loaded.info.crop_pct,
         reader=reader,
         decode=icfg.decode or loaded.info.decode,
+        task=task,
     )
     loader = make_loader(
         dataset,
@@ -208,14 +211,18 @@ def forward(
         progress=icfg.progress,
         desc=desc,
         keep=kept,
+        task=task,
     )
     return torch.cat([lg for lg, _ in kept]).cpu(), torch.cat([lb for _, lb in kept]).cpu()
 
 
-def unreadable_reasons(paths: list[str], labels: torch.Tensor, reader=None) -> list[tuple[str, str]]:
-    """(path, reason) for each file that came back ``UNREADABLE``, printed on stderr."""
+def unreadable_reasons(
+    paths: list[str], labels: torch.Tensor, reader=None, task: Task = SINGLE_LABEL
+) -> list[tuple[str, str]]:
+    """(path, reason) for each file that came back unreadable (``labels`` as ``task`` keeps them), printed on
+    stderr."""
     skipped = []
-    for i in (~tasks.of(labels).readable(labels)).nonzero().flatten().tolist():
+    for i in (~task.readable(labels)).nonzero().flatten().tolist():
         try:
             read_source(paths[i] if reader is None else reader[i])
             reason = "unreadable while predicting"  # it failed in the loader, not now

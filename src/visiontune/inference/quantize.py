@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from visiontune import files, tasks
+from visiontune import files
 from visiontune.data.sources import discover
 from visiontune.errors import UserError
 from visiontune.inference.evaluate import recorded_data, select
@@ -42,7 +42,7 @@ def batches(loaded: LoadedModel, run_dir: str, split: str, limit: int | None = N
     """(normalised float32 NCHW array, labels array) over ``split`` of the run's own data (``limit``: a
     seeded choice of that many), unreadable files left out."""
     data, columns = recorded_data(run_dir)
-    chosen, _ = select(discover(data, *columns), run_dir, split)
+    chosen, _ = select(discover(data, *columns, task=loaded.info.task.name), run_dir, split)
     if limit is not None and limit < len(chosen.paths):
         chosen = chosen.take(np.sort(np.random.default_rng(0).choice(len(chosen.paths), limit, replace=False)))
     info = loaded.info
@@ -55,10 +55,11 @@ def batches(loaded: LoadedModel, run_dir: str, split: str, limit: int | None = N
         crop_pct=info.crop_pct,
         reader=chosen.reader,
         decode=info.decode,
+        task=info.task,
     )
     normalize = DeviceNormalize(torch.device("cpu"), False, info.mean, info.std)
     for x, y in make_loader(dataset, BATCH, train=False, seed=0, num_workers=0, pin_memory=False):
-        keep = tasks.of(y).readable(y)
+        keep = info.task.readable(y)
         if keep.any():
             yield normalize(x[keep]).numpy(), y[keep].numpy()
 

@@ -164,6 +164,7 @@ class BatchMix:
         world_size: int = 1,
         task: tasks.Task = tasks.SINGLE_LABEL,
     ):
+        self.task = task  # how a pair's labels mix, and what an unreadable sample's target is
         mixed = task.mixed_classes(num_classes)
         kinds = ([v2.MixUp(alpha=mixup, num_classes=mixed)] if mixup > 0 else []) + (
             [v2.CutMix(alpha=cutmix, num_classes=mixed)] if cutmix > 0 else []
@@ -173,7 +174,7 @@ class BatchMix:
         self.num_classes, self.seed, self.rank, self.world = num_classes, seed, rank, world_size
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int):
-        task = tasks.of(labels)  # how a pair's labels mix, and what an unreadable sample's target is
+        task = self.task
         batch = images.shape[0]
         first = (step * self.world + self.rank) * batch  # this batch's first position in the epoch
         out_x, out_y = [], []

@@ -48,12 +48,12 @@ import torchvision
 import xxhash
 from torch.utils.data import Dataset
 
-from visiontune import tasks
 from visiontune.cluster.host import available_cores, untrusted, user_cache_dir
 from visiontune.data.check import bounded_map, file_keys, name_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
 from visiontune.errors import NoSpaceError, UserError
 from visiontune.files import atomic_file
+from visiontune.tasks import SINGLE_LABEL, Task
 
 CACHE_VERSION = 3  # 2: rows stored height x width x channel; 3: the header holds the array's digest
 DIGEST = "xxh3_128"  # ~12 GB/s of one core (benchmarks/cache_digest.py); hashlib's run at ~1
@@ -462,12 +462,14 @@ class CachedDataset(Dataset):
     array), and after each read the pages are unmapped from this process again.
     """
 
-    def __init__(self, cache: ImageCache, indices: Sequence[int], labels: Sequence[int], augment=None):
+    def __init__(
+        self, cache: ImageCache, indices: Sequence[int], labels: Sequence[int], augment=None, task: Task = SINGLE_LABEL
+    ):
         # augment: a data.augment.SampleAugment, called with (image, index) to seed its draws
         # int64 arrays, not lists: no Python object per image for loader workers to copy
         self.cache, self.indices = cache, np.asarray(indices, np.int64).reshape(-1)
-        self.task = tasks.of(np.asarray(labels))
-        self.labels = self.task.label_array(labels)  # class indices, or multi-hot rows
+        self.task = task
+        self.labels = self.task.label_array(labels)  # as the task keeps them: class indices, multi-hot rows...
         self.augment = augment
         self._map: mmap.mmap | None = None
 

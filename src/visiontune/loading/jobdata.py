@@ -35,7 +35,7 @@ from visiontune.data.check import (
     write_report,
 )
 from visiontune.data.imageset import ImageSet
-from visiontune.data.listing import listed, load_listing, save_listing
+from visiontune.data.listing import load_listing, save_listing
 from visiontune.errors import UserError
 from visiontune.loading.cache import CacheChoice, ImageCache, choose
 from visiontune.settings.config import TrainConfig
@@ -139,12 +139,12 @@ def fetch_per_machine(accelerator, data: str) -> None:
         _once_per_machine(accelerator, "fetch", lambda: source.fetch(data))
 
 
-def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
+def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet):
     """(listing, bad, cache, cache choice) in every process; the local main of each machine does the work."""
     screened = {}
 
     def screen() -> str:
-        listing = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
+        listing = images
         screened["bad"], screened["cache"], screened["choice"] = _screen(cfg, listing)
         screened["images"] = listing
         fd, path = tempfile.mkstemp(prefix="visiontune-data-", suffix=".bin")
@@ -170,12 +170,12 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet | None):
     return images, bad, cache, choice
 
 
-def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet | None = None) -> JobData:
-    """The job's usable images, the same in every process; stops the run when too many are bad."""
+def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet) -> JobData:
+    """The job's usable images of its one listing ``images``, the same in every process; stops the run when
+    too many are bad."""
     if accelerator.num_processes > 1:
         images, bad, cache, choice = _screen_per_machine(accelerator, cfg, images)
     else:
-        images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
         bad, cache, choice = _screen(cfg, images)
     accelerator.print(images.describe())
     report = os.path.join(run_dir, "bad_files.csv")

@@ -17,16 +17,15 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from visiontune import tasks
 from visiontune.data.decode import try_read
 from visiontune.data.pathlist import PathList
 from visiontune.loading.augment import EpochIndex, SampleAugment
 from visiontune.loading.balanced import BalancedSampler
 from visiontune.settings.config import MEAN, STD
+from visiontune.tasks import SINGLE_LABEL, Task
 
 
 class ImageDataset(Dataset):
@@ -57,13 +56,14 @@ class ImageDataset(Dataset):
         crop_pct: float | None = None,
         reader=None,
         decode: str = "exact",
+        task: Task = SINGLE_LABEL,
     ):
         # ``reader`` (an ImageSet's): then paths are names and the bytes of sample i are reader[i].
         self.reader = reader
         # A PathList and an int64 array stay as they are: no Python object per file to copy into workers.
         self.paths = paths if isinstance(paths, PathList) else list(paths)
-        # The task of the labels: how they are kept (class indices, or multi-hot rows) and collated.
-        self.task = tasks.of(np.asarray(labels))
+        # The run's task: how the labels are kept (class indices, multi-hot rows, numbers) and collated.
+        self.task = task
         self.labels, self.size, self.report = self.task.label_array(labels), image_size, report
         self.interpolation, self.crop_pct = interpolation, crop_pct  # how resize_uint8 brings files to size
         self.decode = decode

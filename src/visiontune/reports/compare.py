@@ -21,7 +21,7 @@ from visiontune.files import atomic_write
 from visiontune.reports import crossval
 from visiontune.reports.style import CSS
 from visiontune.runs import runrecords
-from visiontune.tasks import Task, named
+from visiontune.tasks import SINGLE_LABEL, Task, recorded
 
 # Differ by nature between any two runs, and say nothing about how they trained.
 NOT_SETTINGS = ("output_dir", "resume", "progress")
@@ -54,7 +54,7 @@ def read_run(folder: str | Path) -> Run:
     settings = {"data": config["data"].get("root")}
     settings.update({k: v for k, v in config["config"].items() if k not in NOT_SETTINGS and k != "data"})
     settings.update({f"setup: {k}": v for k, v in config["setup"].items() if k in ("global_batch", "lr")})
-    task = named((config["model"] or {}).get("multi_label") is True)
+    task = recorded(config["model"]) or SINGLE_LABEL
     summary = runrecords.read_summary(folder) or {}
     return Run(str(folder).rstrip("/"), settings, summary, runrecords.read_history(folder), task)
 

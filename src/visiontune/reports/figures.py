@@ -13,12 +13,13 @@ are written atomically.
 from __future__ import annotations
 
 import io
+import math
 import os
 from pathlib import Path
 
 from visiontune.files import atomic_write
 from visiontune.reports.metrics import short
-from visiontune.tasks import Task
+from visiontune.tasks import RANKED, Task
 
 # Beyond this many classes the panel (18 in at most) leaves under 0.15 in a name: unreadable, and laying out
 # 1,000 rotated labels per axis took matplotlib minutes. The class order is in the report and eval.json.
@@ -219,8 +220,9 @@ def best_epoch(history: list[dict], metric: str = "accuracy") -> dict:
 
     def key(r):
         v = r["val"]
-        if metric == "map":
-            return (-1.0 if v.get("map") is None else v["map"]), -v["loss"], -r["epoch"]
+        if metric in RANKED:
+            m = v.get(metric)
+            return (-math.inf if m is None else RANKED[metric] * m), -v["loss"], -r["epoch"]
         if metric == "loss":
             return -v["loss"], v["accuracy"], -r["epoch"]
         return v["accuracy"], -v["loss"], -r["epoch"]

@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 import yaml
 
 from visiontune.data import sources
-from visiontune.tasks import Task, named
+from visiontune.tasks import SINGLE_LABEL, Task, recorded
 
 # The announced setup lines that make the recipe (the rest -- image counts, cache paths -- are not the
 # recipe, or are local to the machine that trained).
@@ -86,7 +86,7 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
     """The README.md text; ``repo`` (ORG/NAME) names the Hub repository in the loading snippets."""
     model = config.get("model") or {}
     classes = summary.get("classes") or model.get("classes") or []
-    task = named(model.get("multi_label") is True)
+    task = recorded(model) or SINGLE_LABEL
     data, _ = dataset_name(config)
     name = repo.split("/")[-1] if repo else f"{architecture}-{data}"
     where = f"hf-hub:{repo}" if repo else "local-dir:PATH/TO/THIS/FOLDER"

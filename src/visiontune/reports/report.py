@@ -18,9 +18,10 @@ from pathlib import Path
 
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
+from visiontune.reports import regression
 from visiontune.reports.style import CSS
 from visiontune.runs import runrecords
-from visiontune.tasks import MULTI_LABEL, SINGLE_LABEL, named
+from visiontune.tasks import MULTI_LABEL, REGRESSION, SINGLE_LABEL, recorded
 
 
 def _read(path: Path) -> dict | list | None:
@@ -95,6 +96,9 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
             ("best val accuracy", "best_val_accuracy"),
             ("best val loss", "best_val_loss"),
             ("best val mAP", "best_val_map"),
+            ("best val MAE", "best_val_mae"),
+            ("best val RMSE", "best_val_rmse"),
+            ("best val R²", "best_val_r2"),
             ("epochs run", "epochs"),
             ("train images", "train_split_size"),
             ("val images", "val_split_size"),
@@ -158,7 +162,7 @@ def _multilabel_evaluation(folder: Path, ev: dict) -> str:
 
 def _evaluation(folder: Path, ev: dict) -> str:
     """The section of an ``eval.json``, as its task's evaluation wrote it (``SECTIONS``)."""
-    return SECTIONS[named(ev.get("multi_label") is True).name](folder, ev)
+    return SECTIONS[(recorded(ev) or SINGLE_LABEL).name](folder, ev)
 
 
 def _single_label_evaluation(folder: Path, ev: dict) -> str:
@@ -222,7 +226,24 @@ def _single_label_evaluation(folder: Path, ev: dict) -> str:
 
 
 # The evaluation section of each task (``tasks``), as ``inference/evaluate.py``'s ``REPORTS`` writes its eval.json.
-SECTIONS = {SINGLE_LABEL.name: _single_label_evaluation, MULTI_LABEL.name: _multilabel_evaluation}
+def _regression_evaluation(folder: Path, ev: dict) -> str:
+    """A regression eval.json: MAE, RMSE and R² against the mean's MAE, per target, the largest residuals and
+    the predicted-vs-true scatter."""
+    overall = [("images", ("count",)), ("MAE", ("mae",)), ("RMSE", ("rmse",)), ("R²", ("r2",))]
+    overall.append(("MAE of always the mean", ("baseline_mae",)))
+    return (
+        f"<p>Regression. Scored: {html.escape(str(ev.get('scored')))}; data {html.escape(str(ev.get('data')))}.</p>"
+        + _rows([(label, _num("eval", ev, *path)) for label, path in overall])
+        + regression.section(ev, _num)
+        + _img(folder / "scatter.png", "predicted against true")
+    )
+
+
+SECTIONS = {
+    SINGLE_LABEL.name: _single_label_evaluation,
+    MULTI_LABEL.name: _multilabel_evaluation,
+    REGRESSION.name: _regression_evaluation,
+}
 
 
 def _bench(bench: dict) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import threading
 import time
@@ -33,7 +34,7 @@ from visiontune.files import atomic_write
 from visiontune.models import lora
 from visiontune.runs import runinfo
 from visiontune.settings.config import TrainConfig
-from visiontune.tasks import Task
+from visiontune.tasks import RANKED, Task
 
 
 def results(history: list[dict], metric: str, task: Task) -> dict:
@@ -49,7 +50,7 @@ def results(history: list[dict], metric: str, task: Task) -> dict:
         }
     seconds = steady["steady_seconds"]
     return {
-        "best_val_accuracy": best[which]["accuracy"],
+        f"best_val_{task.score_key}": best[which]["accuracy"],
         "best_val_loss": best[which]["loss"],
         **task.best_figures(best[which]),
         "best_epoch": best["epoch"],  # 0-based, as history.json counts; people read it + 1 ("Epoch 3/3")
@@ -88,14 +89,14 @@ def announce(run: RunFacts, overview: list[tuple[str, str]] = (), note: str | No
     run.accelerator.print(
         f"visiontune: {setup.strategy} on {', '.join(sorted(set(setup.devices)))} x{setup.world_size} | "
         f"{len(split.train)} train / {len(split.val)} val images"
-        f"{f' ({images.split_note})' if images.split_note else ''}, {len(images.classes)} classes | "
+        f"{f' ({images.split_note})' if images.split_note else ''}, {len(images.classes)} {run.task.classes_word} | "
         f"batch {setup.per_process_batch} per process, global batch {setup.global_batch}, "
         f"lr {setup.lr:g} | run folder {run.run_dir}"
     )
     # Per-class recall (and the balanced accuracy, their mean) of a class with a handful of val images
     # jumps by large steps between epochs: say so before the numbers are read as differences.
     val_counts = np.asarray(list(images.class_counts(split.val).values()), np.int64)  # multi-label: each of its classes
-    if len(split.val) and val_counts.min() < RARE_VAL_IMAGES:
+    if len(split.val) and len(val_counts) and val_counts.min() < RARE_VAL_IMAGES:
         rarest = int(val_counts.argmin())
         count = int(val_counts[rarest])
         run.accelerator.print(
@@ -190,6 +191,7 @@ def finish(run: RunFacts, since: float, history: list[dict], stopped: dict | Non
         "run_dir": run_dir,
         "total_seconds": round(elapsed, 3),
         **results(history, run.cfg.best_metric, task),
+        "task": task.name,
         "val_split_size": len(run.split.val),
         "train_split_size": len(run.split.train),
         "classes": run.images.classes,
@@ -200,7 +202,7 @@ def finish(run: RunFacts, since: float, history: list[dict], stopped: dict | Non
     if stopped and stopped["reason"] == "max-steps":
         accelerator.print(f"visiontune: stopped after {stopped['optimizer_steps']} optimizer steps (--max-steps)")
     accelerator.print(f"Training complete in {elapsed // 60:.0f}m {elapsed % 60:.0f}s")
-    accelerator.print(f"Best val Acc: {summary['best_val_accuracy']:4f}")
+    accelerator.print(f"Best val {task.score_name}: {summary[f'best_val_{task.score_key}']:4f}")
     for key, name in task.curves:
         if summary.get(f"best_val_{key}") is not None:  # None: no val image had a positive
             accelerator.print(f"Best val {name}: {summary[f'best_val_{key}']:4f}")
@@ -245,7 +247,7 @@ def write_metrics_csv(path: str | os.PathLike, history: list[dict], task: Task) 
     out = io.StringIO()
     w = csv.writer(out)
     extra = [key for key, _ in task.curves]
-    w.writerow(["epoch", "phase", "loss", "accuracy", "images", "seconds", "images_per_s", *extra])
+    w.writerow(["epoch", "phase", "loss", task.score_key, "images", "seconds", "images_per_s", *extra])
     for row in history:
         for phase in PHASES:
             r = row[phase]
@@ -270,9 +272,9 @@ def best_of(history: list[dict], metric: str = "accuracy") -> tuple[dict, str]:
 
     def key(item):
         r = item[0][item[1]]
-        if metric == "map":  # a val set without any positive has no mAP: it ranks last
-            m = r.get("map")
-            return (-1.0 if m is None else m), -r["loss"], -item[0]["epoch"], item[1] == "val"
+        if metric in RANKED:  # a val set without any positive has no mAP (nor a constant one an R²): it ranks last
+            m, sign = r.get(metric), RANKED[metric]
+            return (-math.inf if m is None else sign * m), -r["loss"], -item[0]["epoch"], item[1] == "val"
         main = r["accuracy"] if metric == "accuracy" else -r["loss"]
         other = -r["loss"] if metric == "accuracy" else r["accuracy"]
         return main, other, -item[0]["epoch"], item[1] == "val"

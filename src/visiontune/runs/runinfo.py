@@ -5,8 +5,9 @@ source, the class names in label order, the image size, the mean/std the
 images were normalised with, the resize (interpolation, and timm's centre
 crop ``crop_pct`` or None for a plain squash to size), the decode
 (``--decode``: exact, fast with its DCT-scaled JPEGs, or device, read as exact), the visiontune
-version, and for a multi-label model ``multi_label`` and the per-class
-``thresholds`` of its best epoch (``EpochOutputs`` adds them to the file) --
+version, the task by name (``task``: ``tasks.TASKS``), for a multi-label model the per-class
+``thresholds`` of its best epoch (``EpochOutputs`` adds them to the file), and what a
+fitted task keeps of its train split (``task_state``: a regression's target scale) --
 and written into the run's ``config.json`` (its ``"model"`` section). The same
 record travels inside every model file the run produces:
 ``best.safetensors`` metadata, ONNX ``metadata_props``, the ``.pt2`` archive's
@@ -25,18 +26,20 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from visiontune import tasks
 from visiontune.data.decode import DECODES
 from visiontune.errors import UserError
 from visiontune.models.spec import INTERPOLATIONS, MAX_IMAGE_SIZE, SOURCES
 from visiontune.settings.config import MEAN, STD
-from visiontune.tasks import Task, named
+from visiontune.tasks import Task
 
 KEY = "visiontune"
 # Fields added after descriptions were first written, with what older files mean by leaving them out.
 LATER: dict[str, Any] = {"interpolation": "bilinear", "crop_pct": None, "decode": "exact"}
-# Written only for multi-label models (a single-label description stays as it was): one sigmoid per class,
-# and the per-class thresholds tuned on the validation split of the best epoch (None until one is known).
-MULTI_LABEL: dict[str, Any] = {"multi_label": False, "thresholds": None}
+# Written only where they say something (a single-label description stays as it was but for its task's
+# name): the per-class thresholds a multi-label model's best epoch tuned on the validation split (None until
+# one is known), and what a fitted task keeps (``Task.state``; its ``restored`` checks it).
+BY_TASK: dict[str, Any] = {"thresholds": None, "task_state": None}
 
 # A model file may come from anyone, and every field below sizes an allocation or shapes an output: the
 # bounds keep a hostile or damaged description from asking for exabytes, or from giving NaN for every image.
@@ -56,8 +59,9 @@ def _three(lo: float, hi: float) -> Callable[[Any], bool]:
 
 
 def _classes(v: Any) -> bool:
-    # A string is a sequence too: "abc" must not become the classes a, b and c.
-    if not isinstance(v, (list, tuple)) or not 2 <= len(v) <= MAX_CLASSES:
+    # A string is a sequence too: "abc" must not become the classes a, b and c. (A regression's one target
+    # is a "class" too: the task checks the count it needs, ``Task.min_classes``.)
+    if not isinstance(v, (list, tuple)) or not 1 <= len(v) <= MAX_CLASSES:
         return False
     return all(isinstance(c, str) and 0 < len(c) <= 1000 for c in v) and len(set(v)) == len(v)
 
@@ -66,7 +70,7 @@ def _classes(v: Any) -> bool:
 SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model": (lambda v: isinstance(v, str) and 0 < len(v) <= 300 and v.isprintable(), "a model name"),
     "source": (lambda v: v in SOURCES, f"one of {', '.join(SOURCES)}"),
-    "classes": (_classes, f"a list of 2 to {MAX_CLASSES} distinct, non-empty class names"),
+    "classes": (_classes, f"a list of 1 to {MAX_CLASSES} distinct, non-empty class names"),
     "image_size": (
         lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_IMAGE_SIZE,
         f"an integer from 1 to {MAX_IMAGE_SIZE}",
@@ -77,7 +81,8 @@ SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
     "version": (lambda v: isinstance(v, str) and len(v) <= 100 and v.isprintable(), "a version string"),
     "crop_pct": (lambda v: v is None or _number(v, 1e-6, 2.0), "null or a number in (0, 2]"),
     "decode": (lambda v: v in DECODES, f"one of {', '.join(DECODES)}"),
-    "multi_label": (lambda v: isinstance(v, bool), "true or false"),
+    "task": (lambda v: v in tasks.TASKS, f"one of {', '.join(tasks.TASKS)}"),
+    "task_state": (lambda v: v is None or isinstance(v, dict), "null or an object"),
     "thresholds": (
         lambda v: v is None or (isinstance(v, (list, tuple)) and all(_number(x, 0.0, 1.0) for x in v)),
         "null or a list of numbers in [0, 1], one per class",
@@ -98,6 +103,11 @@ def check(d: dict[str, Any], where: str) -> None:
                 f"{where}: damaged model description: {name} is {_shown(d[name])}, expected {wanted} "
                 "(use a model file written by visiontune)"
             )
+    if len(d["classes"]) < tasks.get(d["task"]).min_classes:
+        raise UserError(
+            f"{where}: damaged model description: {len(d['classes'])} class for a {d['task']} model "
+            "(use a model file written by visiontune)"
+        )
     if d["thresholds"] is not None and len(d["thresholds"]) != len(d["classes"]):
         raise UserError(
             f"{where}: damaged model description: {len(d['thresholds'])} thresholds for {len(d['classes'])} "
@@ -121,21 +131,23 @@ class RunInfo:
     interpolation: str
     version: str
     crop_pct: float | None = None  # None: the whole image squashed to size (decode.resize_uint8)
-    multi_label: bool = False  # one sigmoid per class (data/multilabel.py)
+    task_name: str = "classify"  # recorded as "task": its name in tasks.TASKS
     thresholds: tuple[float, ...] | None = None  # multi-label: per class, tuned on the validation split
     decode: str = "exact"  # decode.DECODES: how files were decoded before the resize (--decode)
+    task_state: dict | None = None  # Task.state() of the fitted task (a regression's target scale)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        if not self.multi_label:
-            for k in MULTI_LABEL:
+        d["task"] = d.pop("task_name")
+        for k in BY_TASK:
+            if d[k] is None:
                 del d[k]
         return d
 
     @property
     def task(self) -> Task:
-        """What the model predicts (``tasks``): what its output means, its answers and its CSV rows."""
-        return named(self.multi_label)
+        """What the model predicts (``tasks``), as fitted: what its output means, its answers and its CSV rows."""
+        return tasks.get(self.task_name).restored(self.task_state or {})
 
     @property
     def decision_thresholds(self) -> list[float] | None:
@@ -151,15 +163,27 @@ class RunInfo:
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> RunInfo:
-        names = [f.name for f in fields(cls) if f.name not in LATER and f.name not in MULTI_LABEL]
+        names = [f.name for f in fields(cls) if f.name not in LATER and f.name not in BY_TASK and f.name != "task_name"]
         if not isinstance(d, dict) or set(names) - set(d):
             raise UserError(f"{where}: not a visiontune model description (expected fields {', '.join(names)})")
         # Files written before the crop was recorded were all resized bilinearly, whatever interpolation
         # they name: they load as they were made.
         d = {**d, **LATER} if "crop_pct" not in d else {**LATER, **d}
-        d = {**MULTI_LABEL, **d}
+        d = {**BY_TASK, **d}
+        if "task" not in d:  # written before the task had a name: a multi-label model said so, the rest classify
+            d["task"] = "multilabel" if d.get("multi_label") is True else "classify"
         check(d, where)
-        return cls(**{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in d.items() if k in SCHEMA})
+        info = cls(
+            **{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in d.items() if k in SCHEMA and k != "task"},
+            task_name=d["task"],
+        )
+        try:
+            _ = info.task  # the task checks its own state
+        except ValueError as e:
+            raise UserError(
+                f"{where}: damaged model description: {e} (use a model file written by visiontune)"
+            ) from None
+        return info
 
 
 def metadata_with_thresholds(metadata: dict[str, str], thresholds) -> dict[str, str]:
@@ -178,7 +202,7 @@ def describe(
     std,
     interpolation: str,
     crop_pct: float | None = None,
-    multi_label: bool = False,
+    task: Task = tasks.SINGLE_LABEL,
     decode: str = "exact",
 ) -> RunInfo:
     from visiontune.version import __version__
@@ -193,8 +217,9 @@ def describe(
         interpolation,
         __version__,
         crop_pct,
-        multi_label,
+        task.name,
         decode=decode,
+        task_state=task.state() or None,
     )
 
 

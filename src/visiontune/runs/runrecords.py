@@ -102,6 +102,11 @@ SUMMARY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_val_accuracy": (_real, "a number"),
     "best_val_loss": (_real, "a number"),
     "best_val_map": (_optional_real, "a number or null"),
+    # a regression's: its epochs' score is the MAE (in the targets' units), not an accuracy
+    "best_val_mae": (_optional_real, "a number or null"),
+    "best_val_rmse": (_optional_real, "a number or null"),
+    "best_val_r2": (_optional_real, "a number or null"),
+    "task": (_optional_text, "a task's name"),
     "thresholds": (_reals, "a list of numbers or null"),
     "best_epoch": (_count, "a whole number"),
     "best_metric": (_optional_text, "a metric name"),

@@ -133,11 +133,14 @@ class TrainConfig:
     )
     image_column: str | None = _setting(None, "hf: data: the image column (default: the one with the Image feature)")
     label_column: str | None = _setting(None, "hf: data: the label column (default: the ClassLabel one)")
-    multi_label: bool = _setting(
-        False,
-        "each image has any number of labels (a manifest's labels split on ';' or spaces; a ';' says so "
-        "by itself): one sigmoid per class, see docs/data.md",
+    task: Literal["auto", "classify", "multilabel", "regress"] = _setting(
+        "auto",
+        "what the model learns: classify (one class an image), multilabel (any number of labels: a manifest's "
+        "labels split on ';' or spaces, one sigmoid per class), regress (one or more numbers an image: a "
+        "manifest's value columns, an hf: numeric column) or auto (classify, or multilabel where the labels "
+        "say so: a ';' in a manifest's cell, an hf: label sequence); see docs/data.md",
     )
+    multi_label: bool = _setting(False, "the same as --task multilabel")
     # optimisation (settings left None come from --recipe; see recipe.py)
     recipe: Literal["blog", "modern"] = _setting(
         "blog",
@@ -170,6 +173,9 @@ class TrainConfig:
     warmup_epochs: float | None = _setting(None, "linear lr warm-up, in epochs (fractions allowed)")
     warmup_steps: int = _setting(0, "linear lr warm-up in optimizer steps (wins over --warmup-epochs)")
     label_smoothing: float | None = _setting(None, "label smoothing of the training loss")
+    loss: Literal["mse", "l1", "huber"] | None = _setting(
+        None, "regression's training loss, on the standardised targets: mse (default), l1 or huber"
+    )
     class_weights: str = _setting(
         "none",
         "weigh the training loss by class: none, auto (inverse frequency), effective[:BETA] (effective number "
@@ -179,11 +185,11 @@ class TrainConfig:
     freeze_epochs: int = _setting(0, "train only the head for this many epochs, then everything")
     backbone_lr_mult: float = _setting(1.0, "lr multiplier for everything but the head")
     early_stop: int = _setting(0, "stop after this many epochs without a better --best-metric (0: off)")
-    best_metric: Literal["auto", "accuracy", "loss", "map"] = _setting(
+    best_metric: Literal["auto", "accuracy", "loss", "map", "mae", "rmse", "r2"] = _setting(
         "auto",
-        "auto, accuracy, loss or map (multi-label: mean average precision): what picks the best epoch (and EMA "
-        "or raw weights); auto is the task's own: map for multi-label data (whose accuracy is the exact-match "
-        "ratio), accuracy otherwise",
+        "auto, accuracy, loss, map (multi-label: mean average precision), mae, rmse or r2 (regression): what picks "
+        "the best epoch (and EMA or raw weights); auto is the task's own: map for multi-label data (whose "
+        "accuracy is the exact-match ratio), mae for regression, accuracy otherwise",
     )
     grad_accum: int = _setting(1, "gradient accumulation steps")
     scale_lr: bool = _setting(False, "scale lr by global batch / --reference-batch")

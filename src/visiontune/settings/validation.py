@@ -66,7 +66,8 @@ LIMITS = {
 }
 
 
-FROM_MODEL = ("interpolation",)  # None: the model's pretrained config's, known once the model is
+# None: the model's pretrained config's, known once the model is; or, for --loss, the task's own
+FROM_MODEL = ("interpolation", "loss")
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
 
 
@@ -103,6 +104,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if isinstance(cfg.augment, bool):  # `augment = true` from before the named augmentations: flip-crop
         cfg = cfg.replace(augment="flip-crop" if cfg.augment else "none")
     check_types(cfg.to_dict(), "settings")
+    if cfg.multi_label:  # the synonym of --task multilabel, folded into the one setting the run reads
+        if cfg.task not in ("auto", "multilabel"):
+            raise UserError(f"--multi-label contradicts --task {cfg.task}: drop one of them")
+        cfg = cfg.replace(task="multilabel", multi_label=False)
     for name, kind in get_type_hints(TrainConfig).items():
         # nan passes every `x < low` test and inf every `x > 0` one; a config file can hold both (TOML's nan/inf,
         # JSON's NaN/Infinity), so no float is let through unless it is finite.
@@ -235,7 +240,8 @@ def recorded_split_method(record: dict) -> str:
     config, model = record.get("config"), record.get("model")
     if isinstance(config, dict) and "split_method" in config:
         return config["split_method"]
-    return "stratified" if isinstance(model, dict) and model.get("multi_label") is True else "random"
+    multilabel = isinstance(model, dict) and (model.get("task") == "multilabel" or model.get("multi_label") is True)
+    return "stratified" if multilabel else "random"
 
 
 def load_config_file(path: str) -> dict[str, Any]:

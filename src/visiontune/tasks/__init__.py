@@ -1,24 +1,54 @@
-"""What a run learns to predict, one object per task behind ``base.Task``: ``single`` (one class an image)
-and ``multi`` (a set of classes an image, multi-hot rows).
+"""What a run learns to predict, one object per task behind ``base.Task``, chosen by name from ``TASKS``:
+``classify`` (``single``: one class an image), ``multilabel`` (``multi``: a set of classes an image,
+multi-hot rows), ``regress`` (``regress``: one or more numbers an image).
 
-The labels say which task they are: class indices [N] or multi-hot rows [N, K] (``data`` reads them so).
-``of`` is the one place that looks; everything else asks the task it returns.
+A run's task is resolved once (``training.plan``: ``--task``, or for ``auto`` the one its data was read as)
+and handed to everything downstream; a run's records name it (``recorded`` also reads the records of
+runs from before the name, which said ``multi_label``). A new task is one module here and one line below.
 """
 
 from __future__ import annotations
 
-from visiontune.tasks.base import UNREADABLE, Task
+from visiontune.tasks.base import RANKED, UNREADABLE, Task
 from visiontune.tasks.multi import MULTI_LABEL
+from visiontune.tasks.regress import REGRESSION
 from visiontune.tasks.single import SINGLE_LABEL
 
-__all__ = ["MULTI_LABEL", "SINGLE_LABEL", "UNREADABLE", "Task", "named", "of"]
+__all__ = [
+    "MULTI_LABEL",
+    "RANKED",
+    "REGRESSION",
+    "SINGLE_LABEL",
+    "TASKS",
+    "UNREADABLE",
+    "Task",
+    "get",
+    "recorded",
+    "register",
+]
+
+TASKS: dict[str, Task] = {}
 
 
-def of(labels) -> Task:
-    """The task of ``labels``: an array or tensor of class indices, or of multi-hot rows."""
-    return MULTI_LABEL if labels.ndim == 2 else SINGLE_LABEL
+def register(task: Task) -> Task:
+    """Add ``task`` to the registry under its name (a test may register its own)."""
+    TASKS[task.name] = task
+    return task
 
 
-def named(multi_label: bool) -> Task:
-    """The task a run's records name (``multi_label`` in its config and model file)."""
-    return MULTI_LABEL if multi_label else SINGLE_LABEL
+for _task in (SINGLE_LABEL, MULTI_LABEL, REGRESSION):
+    register(_task)
+
+
+def get(name: str) -> Task:
+    """The task called ``name`` (``--task``, a run's records)."""
+    return TASKS[name]
+
+
+def recorded(model: dict | None) -> Task | None:
+    """The task a run's model description names: ``task``, or ``multi_label`` in records written before the
+    task had a name; None when it names one this visiontune does not know."""
+    model = model if isinstance(model, dict) else {}
+    if "task" in model:
+        return TASKS.get(model["task"]) if isinstance(model["task"], str) else None
+    return MULTI_LABEL if model.get("multi_label") is True else SINGLE_LABEL

@@ -23,12 +23,23 @@ UNREADABLE = -100
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
+# The metrics a task ranks a phase by beyond accuracy and loss (``ranking``), and which way is better: 1
+# higher, -1 lower. ``--best-metric`` picks a run's best epoch by one of them.
+RANKED = {"map": 1, "r2": 1, "mae": -1, "rmse": -1}
+
 
 class Task:
     """One task: its subclasses override every method."""
 
-    name: str
-    multi_label: bool
+    name: str  # its name in ``tasks.TASKS``, ``--task`` and the run's records
+    title: str  # its data in words: "single-label"
+    min_classes: int = 2  # the classes (a regression: the targets) its model has at least
+    classes_word: str = "classes"  # what its model's outputs are, in words
+    # What the "accuracy" of its epochs (the mean of ``hits``) is: its key in the summary and metrics.csv,
+    # its name on the epoch lines, and whether less is better (a regression's mean absolute error).
+    score_key: str = "accuracy"
+    score_name: str = "Acc"
+    lower_is_better: bool = False
     ranks: bool  # evaluation gathers every output, for metrics that rank them (``ranking``)
     thresholded: bool  # its decisions are per class, at thresholds a run tunes (``thresholds``)
     accuracy_name: str  # what its accuracy is called where an exported file is scored
@@ -41,6 +52,31 @@ class Task:
     card_verb: str  # what its model does, as a model card says it: "<verb> N classes"
     activation_code: str  # its activation of a tensor ``logits`` in Python, for a loading snippet
     card_note: str  # a model card's line on how its model decides ("": nothing to add)
+
+    def refusal(self, cfg) -> str | None:
+        """Why this task cannot run with these settings (``TrainConfig``), in one line; None when it can."""
+        if getattr(cfg, "loss", None) is not None:
+            return (
+                f"--loss {cfg.loss} is a regression loss (--task regress); {self.title} data has its own: drop --loss"
+            )
+        return None
+
+    def configured(self, cfg) -> Task:
+        """The task with what the run's settings choose of it (a regression's ``--loss``)."""
+        return self
+
+    def fitted(self, labels) -> Task:
+        """The task as a run on these train-split ``labels`` (its ``label_array``) trains it: itself, or with
+        what it learns of them (a regression's target scale)."""
+        return self
+
+    def state(self) -> dict:
+        """What a fitted task adds to its run's model description (``restored`` reads it back)."""
+        return {}
+
+    def restored(self, state: dict) -> Task:
+        """The task as a model description's ``state`` says it was fitted."""
+        return self
 
     def best_figures(self, row: dict) -> dict:
         """What a summary adds of the best epoch's val ``row`` to its accuracy and loss."""

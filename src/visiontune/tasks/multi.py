@@ -96,7 +96,7 @@ def tune_thresholds(probs: torch.Tensor, targets: torch.Tensor) -> list[float]:
 
 
 class MultiLabel(Task):
-    name, multi_label, ranks, thresholded, accuracy_name = "multi-label", True, True, True, "label_accuracy"
+    name, title, ranks, thresholded, accuracy_name = "multilabel", "multi-label", True, True, "label_accuracy"
     # mAP: the exact-match ratio (its accuracy) says little until nearly every label set is right
     best_metric, metrics = "map", ("accuracy", "loss", "map")
     curves, accuracy_title, labels_per_image = (("map", "mAP"),), "Accuracy (exact match)", "several labels"

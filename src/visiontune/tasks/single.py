@@ -48,7 +48,7 @@ def positive_class(classes: list[str]) -> int:
 
 
 class SingleLabel(Task):
-    name, multi_label, ranks, thresholded, accuracy_name = "single-label", False, False, False, "accuracy"
+    name, title, ranks, thresholded, accuracy_name = "classify", "single-label", False, False, "accuracy"
     best_metric, metrics = "accuracy", ("accuracy", "loss")
     curves, accuracy_title, labels_per_image = (), "Training and Validation Accuracy", "one label"
     card_verb, activation_code, card_note = "classify images into", "logits.softmax(-1)", ""

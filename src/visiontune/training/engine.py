@@ -19,25 +19,17 @@ from dataclasses import dataclass
 import torch
 from accelerate import Accelerator
 
-from visiontune import tasks
 from visiontune.cluster.signals import RunStopped
 from visiontune.loading.devicedecode import on_device
+from visiontune.tasks import SINGLE_LABEL, Task
 from visiontune.training.meter import PhaseResult, StepClock, Totals, progress_bar, run_progress
 
 # criterion(logits, labels) -> the MEAN loss over the batch's readable samples, a scalar that
-# ``backward`` is called on (0, not NaN, for a batch without any). ``labels`` holds class indices,
-# ``UNREADABLE`` for samples the loader could not decode; the epoch's loss is this mean weighted by
-# the readable count. Label smoothing or soft targets keep the same contract. Multi-label data
-# (data/multilabel.py) brings float multi-hot rows [B, K] instead (a row of UNREADABLE: not read);
-# its loss is the binary cross-entropy of one sigmoid per class, and its "accuracy" the exact-match
-# ratio (every class on the right side of probability 0.5).
+# ``backward`` is called on (0, not NaN, for a batch without any). ``labels`` are as the run's task
+# collates them (``tasks``: class indices, multi-hot rows, numbers), with the task's unreadable label for
+# samples the loader could not decode; the epoch's loss is this mean weighted by the readable count.
+# Label smoothing or soft targets keep the same contract. What counts as a hit is the task's too.
 Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def readable_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The default criterion: the task's plain loss averaged over the readable samples (cross-entropy, or
-    multi-label binary cross-entropy)."""
-    return tasks.of(labels).mean_loss(logits, labels)
 
 
 class NonFiniteLoss(RunStopped):
@@ -65,7 +57,8 @@ class LoopOptions:
     on_nan: str = "stop"  # stop: raise NonFiniteLoss at the epoch end; skip: skip steps with non-finite grads
     progress: bool = True
     timing_warmup: int = 5
-    criterion: Criterion | None = None  # None: ``readable_cross_entropy``
+    task: Task = SINGLE_LABEL  # what the run learns: its labels, its plain loss, its hits
+    criterion: Criterion | None = None  # None: the task's plain loss (``Task.mean_loss``)
     # mix(inputs, labels, epoch, step) -> (inputs, soft targets [B, classes]): mixup/cutmix. The
     # criterion then gets the soft targets (all-zero rows: unreadable samples), and the accuracy
     # counts a prediction as right when it names the class with the largest share of the target.
@@ -117,14 +110,14 @@ def train_one_epoch(
     skips; ``opts.on_step(epoch, batches_done, totals)`` runs after every batch.
     """
     model.train()
-    criterion = opts.criterion or readable_cross_entropy
+    task = opts.task
+    criterion = opts.criterion or task.mean_loss
     totals = Totals(totals.values if totals is not None else None, accelerator.device)
     clock = StepClock(opts.timing_warmup)
     bar = progress_bar(accelerator, loader, "train", opts.progress)
     for step, (images, labels) in enumerate(bar, start=start_step):
         # --decode device: the batch's JPEGs are decoded here, and that is input time (data_stall), not the step's.
         images, labels = on_device(images, labels)
-        task = tasks.of(labels)
         steady = clock.batch_ready()
         with accelerator.accumulate(model):
             inputs, targets = prepare_input(images), labels
@@ -184,6 +177,7 @@ def evaluate(
     progress: bool = True,
     desc: str = "val",
     keep: list | None = None,
+    task: Task = SINGLE_LABEL,
 ) -> PhaseResult:
     """Loss and accuracy over every sample of ``loader`` exactly once.
 
@@ -197,10 +191,8 @@ def evaluate(
     totals = torch.zeros(3, device=accelerator.device, dtype=torch.float64)  # loss sum, correct, images
     start = time.perf_counter()
     gathered: list = []
-    task = None
     for images, labels in progress_bar(accelerator, loader, desc, progress):
         images, labels = on_device(images, labels)
-        task = tasks.of(labels)
         logits = model(prepare_input(images))
         loss = task.eval_loss(logits, labels)
         per_sample = torch.stack([loss, task.hits(logits, labels), task.readable(labels).float()], dim=1)
@@ -217,6 +209,12 @@ def evaluate(
         for name, value in task.ranking(logits, torch.cat([lb for _, lb in gathered]).cpu()).items():
             setattr(result, name, value)
     return result
+
+
+def phase_line(r: PhaseResult, task: Task) -> str:
+    """A phase's figures on its epoch line: loss, the task's score and the metrics it ranks by."""
+    ranked = "".join(f" {name}: {getattr(r, key):.4f}" for key, name in task.curves if getattr(r, key) is not None)
+    return f"Loss: {r.loss:.4f} {task.score_name}: {r.accuracy:.4f}{ranked}"
 
 
 def fit(
@@ -279,10 +277,9 @@ def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, 
             run_bar=run_bar,
             stop_at=stop_at,
         )
-        va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress)
+        va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress, task=opts.task)
         for phase, r in (("train", tr), ("val", va)):
-            ranking = f" mAP: {r.map:.4f}" if r.map is not None else ""
-            accelerator.print(f"{phase} Loss: {r.loss:.4f} Acc: {r.accuracy:.4f}{ranking}")
+            accelerator.print(f"{phase} {phase_line(r, opts.task)}")
         if tr.skipped:
             accelerator.print(f"train skipped {tr.skipped} optimizer step(s) (non-finite gradients or fp16 overflow)")
         accelerator.print()

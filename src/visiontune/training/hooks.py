@@ -139,7 +139,7 @@ class EpochOutputs:
         if self.ema is not None:
             with self.ema.weights() as averaged:
                 ve = self.evaluate(averaged)
-            acc.print(f"val (EMA) Loss: {ve.loss:.4f} Acc: {ve.accuracy:.4f}\n")
+            acc.print(f"val (EMA) {engine.phase_line(ve, self.task)}\n")
             row["val_ema"] = ve.as_dict()
         history.append(row)
         # At the epoch's last step, so that per-step (StepLog) and per-epoch values share one rising axis.

@@ -109,14 +109,16 @@ def check_sampler(cfg, task: tasks.Task) -> None:
         raise UserError(refusal)
 
 
-def class_weights(spec: str, classes: Sequence[str], train_labels: np.ndarray) -> torch.Tensor | None:
+def class_weights(
+    spec: str, classes: Sequence[str], train_labels: np.ndarray, task: tasks.Task = tasks.SINGLE_LABEL
+) -> torch.Tensor | None:
     """The loss's class weights for ``--class-weights spec`` (None for ``none``), from the train split's
     labels, as their task balances them (``Task.balancing_weights``), or from the file."""
     if spec == "none":
         return None
     if spec == "auto" or parse_beta(spec) is not None:
         labels = np.asarray(train_labels)
-        return tasks.of(labels).balancing_weights(labels, len(classes), parse_beta(spec))
+        return task.balancing_weights(labels, len(classes), parse_beta(spec))
     return read_weight_file(spec, classes)
 
 

@@ -44,7 +44,7 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended
     # The listing is the job's only one: the run in this process or the workers take it over (a worker
     # lists nothing here).
     columns = (cfg.image_column, cfg.label_column)
-    images = None if launch.is_worker() else discover(cfg.data, *columns, multi_label=cfg.multi_label)
+    images = None if launch.is_worker() else discover(cfg.data, *columns, task=cfg.task)
     strategy.check(cfg)
     if not launch.needs_launcher(cfg):
         from visiontune.models import build

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list, set_seed
 
-from visiontune import tasks
 from visiontune.cluster import strategies
 from visiontune.cluster.launch import default_output_dir
 from visiontune.cluster.strategy import make_accelerator
@@ -41,7 +40,6 @@ from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
 from visiontune.training import imbalance, optim, plan
-from visiontune.training.engine import readable_cross_entropy
 
 START, END, STEPS = 1e-7, 10.0, 100  # fastai's lr_find range and length; --lr auto sweeps the same
 RECORD = "lr_find.json"
@@ -133,17 +131,18 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     out = cfg.output_dir or default_output_dir().replace("runs", "runs/lr-find", 1)
     os.makedirs(out, exist_ok=True)
     accelerator = make_accelerator(resolved.process())
-    images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
+    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=cfg.task)
     set_seed(cfg.seed)  # the model's init, as train's main process draws it
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone, image_size=cfg.image_size)
     data = prepare_data(accelerator, cfg, out, images)
     split = split_for(data.images, cfg)[0]
-    stats, loader, _ = loaders(cfg, data, split, out, resolved.threads)
+    train_labels = data.images.label_array[split.train]
+    task = plan.task_of(cfg, images).fitted(train_labels)
+    stats, loader, _ = loaders(cfg, data, split, out, resolved.threads, task)
     cfg = plan.measured(resolved, stats).cfg
-    task = tasks.named(images.multi_label)
     imbalance.check_sampler(cfg, task)
-    weights = imbalance.class_weights(cfg.class_weights, data.images.classes, data.images.label_array[split.train])
-    criterion = optim.criterion(cfg, task, weights) or readable_cross_entropy  # the run's loss
+    weights = imbalance.class_weights(cfg.class_weights, data.images.classes, train_labels, task)
+    criterion = optim.criterion(cfg, task, weights) or task.mean_loss  # the run's loss
     record = sweep(cfg, model, loader, accelerator.device, cfg.grad_accum, criterion, start=start, end=end, steps=steps)
     if accelerator.is_main_process:
         from visiontune import files

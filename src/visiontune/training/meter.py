@@ -114,6 +114,10 @@ class PhaseResult:
     # Multi-label validation only (left out of the record otherwise): mAP and the F1-tuned per-class thresholds.
     map: float | None = None
     thresholds: list[float] | None = None
+    # Regression validation only (left out otherwise): in the targets' units, from every gathered output.
+    mae: float | None = None
+    rmse: float | None = None
+    r2: float | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -123,6 +127,8 @@ class PhaseResult:
         out = {**asdict(self), "images_per_s": self.images_per_s}
         if self.thresholds is None:
             del out["map"], out["thresholds"]
+        if self.mae is None:
+            del out["mae"], out["rmse"], out["r2"]
         return out
 
 

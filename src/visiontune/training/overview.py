@@ -184,7 +184,7 @@ def rows(
     return [
         ("train images", train),
         ("val images", val),
-        ("classes", f"{len(classes)}: {names}"),
+        (task.classes_word, f"{len(classes)}: {names}"),
         ("model", _model(cfg, source)),
         ("resize", _resize(cfg, resolved.asked, source)),
         ("batch", f"{batch} = global batch {setup.global_batch}"),

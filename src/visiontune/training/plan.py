@@ -11,7 +11,8 @@ the same settings with what this process resolved put in, and is what every step
 2. the world (``for_world``, once the Accelerator has joined the processes): ``setup``, the per-process
    and global batch, the world size, the devices and the lr it scales to;
 3. the data (``for_data``, once listed): the task (``task``), its best metric, and the split method of
-   the run this one resumes; then what ``--cache`` came to on this machine (``cached``);
+   the run this one resumes; then what ``--cache`` came to on this machine (``cached``) and what the task
+   learns of the train split (``fitted``: a regression's target scale);
 4. the measured (``measured``, when the loaders exist): ``--normalize data``'s statistics of the train
    split, and ``--lr auto``'s lr, chosen by a sweep over the model and the loaders (``chose_lr``).
 
@@ -33,7 +34,7 @@ from visiontune.loading.cache import CacheChoice
 from visiontune.models.build import get_spec, input_view
 from visiontune.settings.config import TrainConfig, choices
 from visiontune.settings.validation import recorded_split_method
-from visiontune.tasks import Task, named
+from visiontune.tasks import Task, get
 from visiontune.training import elastic
 
 
@@ -76,9 +77,18 @@ def for_world(plan: Plan, accelerator) -> Plan:
     return replace(plan, setup=describe(plan.cfg, accelerator, plan.threads))
 
 
-def task_of(images: ImageSet) -> Task:
-    """What a run on ``images`` learns to predict."""
-    return named(images.multi_label)
+def task_of(cfg: TrainConfig, images: ImageSet) -> Task:
+    """What a run on ``images`` learns to predict: ``--task``, or for ``auto`` what the data was read as (its
+    sources read the labels as ``--task`` asks, so the two agree unless a source cannot read them so)."""
+    if cfg.task not in ("auto", images.task):
+        raise UserError(
+            f"--task {cfg.task}: {cfg.data} holds {get(images.task).title} data; drop --task or fix the data"
+        )
+    task = get(images.task).configured(cfg)
+    problem = task.refusal(cfg)
+    if problem:
+        raise UserError(problem)
+    return task
 
 
 def best_metric(cfg: TrainConfig, task: Task) -> str:
@@ -87,7 +97,7 @@ def best_metric(cfg: TrainConfig, task: Task) -> str:
         return task.best_metric
     if cfg.best_metric not in task.metrics:
         raise UserError(
-            f"--best-metric {cfg.best_metric} is not measured on {task.name} data ({cfg.data}): "
+            f"--best-metric {cfg.best_metric} is not measured on {task.title} data ({cfg.data}): "
             f"choose one of {', '.join(task.metrics)} or auto"
         )
     return cfg.best_metric
@@ -96,7 +106,7 @@ def best_metric(cfg: TrainConfig, task: Task) -> str:
 def for_data(plan: Plan, images: ImageSet, resumed_from: str | None, say: Callable[[str], None]) -> Plan:
     """What the listed data resolves: its task, the best metric (``auto``: the task's own), and a resumed
     run's split method (its checkpoint was trained on that split, whatever the default is now)."""
-    cfg, task = plan.cfg, task_of(images)
+    cfg, task = plan.cfg, task_of(plan.cfg, images)
     resolved = {"best_metric": best_metric(cfg, task)}
     recorded = _recorded_split_method(resumed_from, cfg.split_method)
     if recorded != cfg.split_method:
@@ -112,6 +122,11 @@ def _recorded_split_method(source: str | None, current: str) -> str:
         return current  # no record to go by: the checkpoint's split hash still refuses another split
     recorded = recorded_split_method(record) if isinstance(record, dict) else current
     return recorded if recorded in choices()["split_method"] else current
+
+
+def fitted(plan: Plan, train_labels) -> Plan:
+    """The task as the train split fits it (``Task.fitted``: a regression's target scale), once it is split."""
+    return replace(plan, task=plan.task.fitted(train_labels))
 
 
 def cached(plan: Plan, choice: CacheChoice) -> Plan:

@@ -24,9 +24,10 @@ from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import Setup, ThreadWatch, effective, make_accelerator, prepare
 from visiontune.data.groups import split_for
 from visiontune.data.imageset import ImageSet
+from visiontune.data.listing import listed
 from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix
-from visiontune.loading.jobdata import fetch_per_machine, limit, listed
+from visiontune.loading.jobdata import fetch_per_machine, limit
 from visiontune.loading.jobdata import prepare as prepare_data
 from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize
@@ -185,7 +186,13 @@ def _hooks(run: _Fit, stop: signals.StopSignals) -> RunHooks:
     def evaluate_ema(ema_model):  # evaluated as the raw model is (its forward carries no autocast)
         with accelerator.autocast():
             return engine.evaluate(
-                accelerator, ema_model, parts.val_loader, run.normalize, progress=cfg.progress, desc="val ema"
+                accelerator,
+                ema_model,
+                parts.val_loader,
+                run.normalize,
+                progress=cfg.progress,
+                desc="val ema",
+                task=job.plan.task,
             )
 
     return RunHooks(
@@ -243,6 +250,7 @@ def _fit(run: _Fit) -> tuple[list[dict], dict | None]:
             cfg.on_nan,
             cfg.progress,
             cfg.timing_warmup,
+            task=job.plan.task,
             criterion=optim.criterion(cfg, job.plan.task, parts.class_weights),
             mix=mix,
             on_step=hooks.on_step,
@@ -286,7 +294,7 @@ def _train(
     # checked against it before the bad-file scan, which can take minutes on a large folder.
     if images is None:  # workers started by torchrun or srun: remote shards are downloaded once per machine
         fetch_per_machine(accelerator, cfg.data)
-    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.multi_label)
+    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.task)
     images, limited = limit(images, cfg.limit_images, cfg.seed)  # a smoke run's subset, before the bad-file screen
     resolved = plan.for_data(job.plan, images, resume.resumed_folder(cfg, run_dir), accelerator.print)
     cfg = resolved.cfg  # the best metric, a resumed run's split method
@@ -315,15 +323,16 @@ def _train(
         split_rec = {**split_rec, "limit_images": limited}
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
-    weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train])
-    stats, train_loader, val_loader = loaders(cfg, data, split, run_dir, resolved.threads)
+    resolved = plan.fitted(resolved, images.label_array[split.train])  # a regression's target scale
+    weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train], resolved.task)
+    stats, train_loader, val_loader = loaders(cfg, data, split, run_dir, resolved.threads, resolved.task)
     resolved = plan.measured(resolved, stats)  # --normalize data's statistics
     cfg = resolved.cfg
     swept = None
     if cfg.lr == "auto":  # before the optimizer is built: lr-find's suggestion, or the resumed run's choice
         source = resume.resumed_folder(cfg, run_dir)
         # The sweep trains with the run's own loss (class weights included).
-        loss = optim.criterion(cfg, resolved.task, weights) or engine.readable_cross_entropy
+        loss = optim.criterion(cfg, resolved.task, weights) or resolved.task.mean_loss
         lr, swept = lrfind.auto_lr(accelerator, cfg, model, train_loader, loss, source)
         resolved = plan.chose_lr(resolved, lr)
     job, setup = dataclasses.replace(job, plan=resolved), resolved.setup
@@ -337,7 +346,7 @@ def _train(
         std,
         cfg.interpolation,
         cfg.crop_pct,
-        resolved.task.multi_label,
+        resolved.task,
         decode=cfg.decode,
     )
     per_epoch = max(1, len(train_loader) // (setup.world_size * cfg.grad_accum))  # optimizer steps

@@ -69,6 +69,7 @@ NOT_SEARCHED = frozenset(
         "save_pth",
         "image_column",
         "label_column",
+        "task",
         "multi_label",
         "folds",
         "fold",

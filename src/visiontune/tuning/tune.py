@@ -38,6 +38,7 @@ from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
+from visiontune.tasks import RANKED
 from visiontune.text import mask_urls, shown
 from visiontune.tuning import results, space, store, study, trialjob
 
@@ -70,7 +71,7 @@ def duration(text: str) -> float:
 
 
 def _direction(metric: str) -> str:
-    return "minimize" if metric == "loss" else "maximize"
+    return "minimize" if metric == "loss" or RANKED.get(metric) == -1 else "maximize"
 
 
 def _sampler(name: str, seed: int):
@@ -248,8 +249,8 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
         raise UserError("each trial of `visiontune tune` runs on this machine: drop --nnodes (one tuner per machine)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner says what happens, one line a trial
     params = space.resolve(cfg, fixed, opts.space_file, models)
-    images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
-    metric = plan.best_metric(cfg, plan.task_of(images))
+    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=cfg.task)
+    metric = plan.best_metric(cfg, plan.task_of(cfg, images))
     cfg = cfg.replace(best_metric=metric)
     Path(opts.out).mkdir(parents=True, exist_ok=True)
     url = study.storage_url(opts.storage, opts.out)
