@@ -88,7 +88,12 @@ def _shown(summary: dict, key: str):
 
 def metrics_table(runs: list[Run]) -> list[tuple[str, list[str]]]:
     curves = _curves(runs)
-    shown = [*METRICS[:2], *((f"best val {name}", f"best_val_{key}") for key, name in curves.items()), *METRICS[2:]]
+    # a task whose epochs score something else than accuracy (a regression's MAE) shows it beside
+    scores = {
+        f"best val {r.task.score_name}": f"best_val_{r.task.score_key}" for r in runs if r.task.score_key != "accuracy"
+    }
+    added = [*scores.items(), *((f"best val {name}", f"best_val_{key}") for key, name in curves.items())]
+    shown = [*METRICS[:2], *added, *METRICS[2:]]
     rows = [(label, [_text(_shown(r.summary, key)) for r in runs]) for label, key in shown]
     last = [r.history[-1] if r.history else {} for r in runs]
     names = {"accuracy": "accuracy", "loss": "loss", **curves}

@@ -50,9 +50,10 @@ def dataset_name(config: dict) -> tuple[str, str | None]:
 
 def metrics(summary: dict) -> list[tuple[str, str, float]]:
     """(model-index type, name, value) of the best epoch's validation metrics."""
-    rows = [("accuracy", "validation accuracy", summary["best_val_accuracy"])]
-    if summary.get("best_val_map") is not None:
-        rows.append(("map", "validation mAP", summary["best_val_map"]))
+    named = (("accuracy", "accuracy"), ("map", "mAP"), ("mae", "MAE"), ("rmse", "RMSE"), ("r2", "R²"))
+    rows = [
+        (k, f"validation {n}", summary[f"best_val_{k}"]) for k, n in named if summary.get(f"best_val_{k}") is not None
+    ]
     rows.append(("loss", "validation loss", summary["best_val_loss"]))
     return rows
 
@@ -100,7 +101,7 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
         "",
         f"{_code(model.get('model', architecture))} ({_md(model.get('source', 'timm'))}; timm architecture "
         f"{_code(architecture)}) trained with visiontune to "
-        f"{task.card_verb} {len(classes)} classes: "
+        f"{task.card_verb} {len(classes)} {task.classes_word}: "
         f"{', '.join(_md(c) for c in classes)}.",
         "",
         "## Data",
