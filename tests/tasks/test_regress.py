@@ -9,8 +9,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
 
+from fuzzing import fuzz_settings
 from visiontune import tasks
 from visiontune.data import sources
 from visiontune.data.split import split_of
@@ -123,3 +126,28 @@ def test_settings_a_regression_has_no_use_for_are_refused_in_one_line():
     assert "--label-smoothing" in task.refusal(TrainConfig(data="d", label_smoothing=0.1))
     assert task.refusal(TrainConfig(data="d", mixup=0.2)) is None  # mixup mixes the targets
     assert "--loss l1 is a regression loss" in tasks.SINGLE_LABEL.refusal(TrainConfig(data="d", loss="l1"))
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@fuzz_settings(200)
+@given(
+    st.dictionaries(st.sampled_from(["mean", "std", "loss", "x"]), JSON, max_size=4),
+    st.sampled_from(["regress", "classify", ["regress"], None, 3]),
+)
+def test_fuzz_any_task_and_task_state_give_a_described_model_or_one_line(state, task):
+    """A model file's ``task`` and ``task_state`` are untrusted: a description whose task answers in
+    finite numbers of the right count, or one line naming the file."""
+    info = runinfo.describe("resnet18", "torchvision", ["a", "b"], 32, (0.5,) * 3, (0.25,) * 3, "bilinear")
+    try:
+        back = runinfo.RunInfo.from_dict({**info.to_dict(), "task": task, "task_state": state}, "m.safetensors")
+    except UserError as e:
+        assert str(e).startswith("m.safetensors: ") and "\n" not in str(e)
+        return
+    values = back.task.probabilities(torch.zeros(1, 2))
+    assert values.shape == (1, 2) and torch.isfinite(values).all()

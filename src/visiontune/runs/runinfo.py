@@ -81,7 +81,7 @@ SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
     "version": (lambda v: isinstance(v, str) and len(v) <= 100 and v.isprintable(), "a version string"),
     "crop_pct": (lambda v: v is None or _number(v, 1e-6, 2.0), "null or a number in (0, 2]"),
     "decode": (lambda v: v in DECODES, f"one of {', '.join(DECODES)}"),
-    "task": (lambda v: v in tasks.TASKS, f"one of {', '.join(tasks.TASKS)}"),
+    "task": (lambda v: isinstance(v, str) and v in tasks.TASKS, f"one of {', '.join(tasks.TASKS)}"),
     "task_state": (lambda v: v is None or isinstance(v, dict), "null or an object"),
     "thresholds": (
         lambda v: v is None or (isinstance(v, (list, tuple)) and all(_number(x, 0.0, 1.0) for x in v)),
@@ -105,8 +105,8 @@ def check(d: dict[str, Any], where: str) -> None:
             )
     if len(d["classes"]) < tasks.get(d["task"]).min_classes:
         raise UserError(
-            f"{where}: damaged model description: {len(d['classes'])} class for a {d['task']} model "
-            "(use a model file written by visiontune)"
+            f"{where}: damaged model description: classes has {len(d['classes'])}, a {d['task']} model has at "
+            f"least {tasks.get(d['task']).min_classes} (use a model file written by visiontune)"
         )
     if d["thresholds"] is not None and len(d["thresholds"]) != len(d["classes"]):
         raise UserError(
@@ -147,7 +147,7 @@ class RunInfo:
     @property
     def task(self) -> Task:
         """What the model predicts (``tasks``), as fitted: what its output means, its answers and its CSV rows."""
-        return tasks.get(self.task_name).restored(self.task_state or {})
+        return tasks.get(self.task_name).restored(self.task_state or {}, len(self.classes))
 
     @property
     def decision_thresholds(self) -> list[float] | None:

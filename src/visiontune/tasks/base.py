@@ -74,8 +74,9 @@ class Task:
         """What a fitted task adds to its run's model description (``restored`` reads it back)."""
         return {}
 
-    def restored(self, state: dict) -> Task:
-        """The task as a model description's ``state`` says it was fitted."""
+    def restored(self, state: dict, outputs: int) -> Task:
+        """The task as a model description's ``state`` says it was fitted, for a model of ``outputs`` outputs
+        (its classes); a ``ValueError`` saying what is wrong when the state is not one it wrote."""
         return self
 
     def best_figures(self, row: dict) -> dict:

@@ -86,11 +86,11 @@ class Regression(Task):
     def state(self) -> dict:
         return {} if self.mean is None else {"mean": list(self.mean), "std": list(self.std), "loss": self.loss}
 
-    def restored(self, state: dict) -> Regression:
+    def restored(self, state: dict, outputs: int) -> Regression:
         mean, std, loss = state.get("mean"), state.get("std"), state.get("loss", "mse")
-        if not (_finite_list(mean, None) and _finite_list(std, len(mean)) and all(s > 0 for s in std)):
+        if not (_finite_list(mean, outputs) and _finite_list(std, outputs) and all(s > 0 for s in std)):
             raise ValueError("task_state needs mean and std, one finite number each per target (std above 0)")
-        if loss not in LOSSES:
+        if not isinstance(loss, str) or loss not in LOSSES:
             raise ValueError(f"task_state's loss must be one of {', '.join(LOSSES)}")
         return Regression(loss, mean, std)
 
