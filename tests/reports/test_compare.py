@@ -13,6 +13,7 @@ import pytest
 
 from visiontune.cli.commands import main
 from visiontune.runs.runinfo import describe
+from visiontune.tasks import MULTI_LABEL, SINGLE_LABEL
 
 
 class Page(HTMLParser):
@@ -105,7 +106,14 @@ def _fabricated_run(folder: Path, maps: list | None) -> Path:
     config = {"model": "resnet18", "multi_label": bool(maps), "output_dir": str(folder)}
     # A run's model record names its task as runinfo writes it (the whole description: it is checked on reading).
     model = describe(
-        "resnet18", "torchvision", ["a", "b"], 32, (0.5,) * 3, (0.25,) * 3, "bilinear", multi_label=bool(maps)
+        "resnet18",
+        "torchvision",
+        ["a", "b"],
+        32,
+        (0.5,) * 3,
+        (0.25,) * 3,
+        "bilinear",
+        task=MULTI_LABEL if maps else SINGLE_LABEL,
     )
     model = model.to_dict()
     (folder / "config.json").write_text(json.dumps({"config": config, "data": {"root": "/d"}, "model": model}))

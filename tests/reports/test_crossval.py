@@ -10,6 +10,7 @@ from visiontune.data.groups import fold_split
 from visiontune.data.split import split_record
 from visiontune.reports import compare, crossval
 from visiontune.runs.runinfo import describe
+from visiontune.tasks import MULTI_LABEL
 
 
 def _fold_runs(tmp_path, folds: int, accuracies: list[float], held: list[int], maps=None) -> list:
@@ -23,7 +24,7 @@ def _fold_runs(tmp_path, folds: int, accuracies: list[float], held: list[int], m
         (run / "split.json").write_text(json.dumps(split_record(split, paths, "/d", 1, 0.2)))
         config = {"model": "resnet18", "folds": folds, "fold": fold, "output_dir": str(run)}
         model = describe(
-            "resnet18", "torchvision", ["0", "1", "2"], 32, (0.5,) * 3, (0.25,) * 3, "bilinear", multi_label=True
+            "resnet18", "torchvision", ["0", "1", "2"], 32, (0.5,) * 3, (0.25,) * 3, "bilinear", task=MULTI_LABEL
         )
         record = {"config": config, "data": {"root": "/d"}, **({"model": model.to_dict()} if maps else {})}
         (run / "config.json").write_text(json.dumps(record))

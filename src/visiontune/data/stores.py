@@ -271,18 +271,18 @@ def uploader(url: str) -> Callable[[str], None]:
 
 
 def _read(
-    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, multi_label: bool
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: str
 ) -> ImageSet:
     local = fetch(data)
     if shards.is_shards(local):
-        if multi_label:
-            raise UserError(f"{data}: tar shards carry one class per sample; give multi-label data as a manifest")
+        if task not in ("auto", "classify"):
+            raise UserError(f"{data}: tar shards carry one class per sample; give {task} data as a manifest")
         return shards.read(data.rstrip("/"), local=local, kind=SOURCE.name)  # (names are URL/NAME)
-    return layouts.read_folder(local, image_column, label_column, every_split=every_split, multi_label=multi_label)
+    return layouts.read_folder(local, image_column, label_column, every_split=every_split, task=task)
 
 
 def _reopen(spec: dict) -> shards.ShardReader:
-    return shards.reopen(spec, lambda data: _read(data, None, None, every_split=False, multi_label=False))
+    return shards.reopen(spec, lambda data: _read(data, None, None, every_split=False, task="auto"))
 
 
 SOURCE = Source(
