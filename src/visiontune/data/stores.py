@@ -270,9 +270,7 @@ def uploader(url: str) -> Callable[[str], None]:
     return put
 
 
-def _read(
-    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: str
-) -> ImageSet:
+def _read(data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: str) -> ImageSet:
     local = fetch(data)
     if shards.is_shards(local):
         if task not in ("auto", "classify"):
