@@ -206,6 +206,11 @@ def test_a_missing_object_or_bucket_is_one_line(url, said, capsys):
     assert said in line and "SECRET" not in line, line
 
 
+def test_a_failure_s_line_masks_a_password_in_the_endpoint():
+    line = str(stores._failed("s3://b/p", OSError('Could not connect to "http://user:hunter2@127.0.0.1:9/b"')))
+    assert "hunter2" not in line and "http://user:***@127.0.0.1:9/b" in line
+
+
 @pytest.mark.slow  # s3fs tries the bucket's region first
 def test_wrong_credentials_are_one_line_that_shows_none_of_them(monkeypatch, capsys):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG")

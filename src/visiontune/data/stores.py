@@ -41,6 +41,7 @@ from visiontune.data.braces import MAX_NAMES, expand
 from visiontune.data.imageset import ImageSet, Source
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
+from visiontune.text import mask_urls
 
 # scheme: (the fsspec package that reads it, the visiontune extra that installs it)
 SCHEMES = {"s3": ("s3fs", "s3"), "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
@@ -91,7 +92,7 @@ def _failed(url: str, e: BaseException, doing: str = "read") -> UserError:
     elif isinstance(e, PermissionError):
         why = "access denied: check the credentials the store's client finds (environment, profile or role)"
     else:
-        why = remote._first_line(e) if str(e).strip() else type(e).__name__
+        why = mask_urls(remote._first_line(e)) if str(e).strip() else type(e).__name__  # (an endpoint's password)
     return UserError(f"cannot {doing} {url} ({why}); check the URL, the network and the store's endpoint")
 
 
