@@ -257,3 +257,17 @@ def test_the_start_up_block_says_the_threads_and_why(monkeypatch, tmp_path):
         )
     )
     assert rows["threads"].startswith("2 for the model (--threads); 2 thread(s) decode")
+
+
+def test_the_python_api_chooses_its_threads_once_when_the_model_is_loaded(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from visiontune.inference.api import Predictor
+
+    _machine(monkeypatch, tmp_path, 2, running=1)  # quiet when the model is loaded
+    predictor = Predictor(SimpleNamespace(batch_size=8))
+    _machine(monkeypatch, tmp_path, 2, running=3)  # a call need not look again: each would pay for the look
+    assert predictor._config(None).threads == 2
+    assert Predictor(SimpleNamespace(batch_size=8))._config(None).threads == 1  # loaded beside two busy processes
+    launch.ENV["OMP_NUM_THREADS"] = "2"
+    assert Predictor(SimpleNamespace(batch_size=8))._config(None).threads == 2
