@@ -193,7 +193,7 @@ def test_a_server_that_keeps_failing_is_one_line_naming_the_object_and_leaves_no
 @pytest.mark.parametrize(
     "url, said",
     [
-        ("s3://data/nowhere/", "cannot read s3://data/nowhere (not found)"),
+        ("s3://data/nowhere/", "cannot read s3://data/nowhere (not found: no object below it)"),
         ("s3://no-such-bucket/x/", "cannot read s3://no-such-bucket/x (not found)"),
         ("s3://data/shards/shards-{000000..000009}.tar", "cannot read s3://data/shards/shards-000006.tar (not found;"),
         ("s3://data/shards/shards-{0..99999999999}.tar", "more than the 100,000 visiontune reads"),
@@ -230,6 +230,14 @@ def test_an_object_key_that_would_leave_the_cache_folder_is_refused(s3, tmp_path
     assert main(["check", "s3://data/odd"]) == 2
     assert "holds an object named '../escape.jpg', which visiontune does not copy" in _one_line(capsys)
     assert not (tmp_path / "shard-cache" / "escape.jpg").exists() and s3.gets("/data/odd/cat/a.jpg") == 0
+
+
+def test_a_listing_longer_than_the_bound_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(stores, "MAX_OBJECTS", 5)
+    assert main(["check", "s3://data/folder"]) == 2  # 6 objects
+    assert "s3://data/folder holds more than the 5 objects visiontune reads" in _one_line(capsys)
+    monkeypatch.setattr(stores, "MAX_OBJECTS", 6)
+    assert main(["check", "s3://data/folder"]) == 0
 
 
 def test_a_missing_store_package_is_one_line_naming_the_extra(monkeypatch, capsys):

@@ -109,20 +109,40 @@ def _relative(key: str, base: str, url: str) -> str:
     return rel
 
 
+def _entries(fs, base: str, deep: bool) -> list[dict]:
+    """The entries below ``base`` (one level, or ``deep`` all), at most ``MAX_OBJECTS + 1``. s3fs's pages are
+    read one at a time and the walk stops there, so a listing of any length costs bounded memory; the
+    other stores' listings are taken whole."""
+    if "s3" not in fs.protocol:
+        return list(fs.find(base, detail=True).values()) if deep else fs.ls(base, detail=True)
+    from fsspec.asyn import sync
+
+    bucket, _, key = base.partition("/")
+
+    async def walk() -> list[dict]:
+        out = []
+        async for entry in fs._iterdir(bucket, delimiter="" if deep else "/", prefix=f"{key}/" if key else ""):
+            out.append(entry)
+            if len(out) > MAX_OBJECTS:
+                break
+        return out
+
+    return sync(fs.loop, walk)
+
+
 def _list(fs, base: str, url: str) -> dict[str, int]:
     """Each object below ``base``: its relative name and size. Top level first: shards need no deeper look."""
     try:
-        top = fs.ls(base, detail=True)
-        if any(e["type"] == "directory" or not e["name"].endswith((".tar", shards.INDEX)) for e in top):
-            found = fs.find(base, detail=True)
-        else:
-            found = {e["name"]: e for e in top}
+        found = _entries(fs, base, deep=False)
+        if any(e["type"] == "directory" or not e["name"].endswith((".tar", shards.INDEX)) for e in found):
+            found = _entries(fs, base, deep=True)
     except Exception as e:  # the store's client raises its own kinds (botocore, aiohttp, ...): one line each
         raise _failed(url, e) from None
     if len(found) > MAX_OBJECTS:
-        raise UserError(f"{url} holds {len(found):,} objects, more than the {MAX_OBJECTS:,} visiontune reads")
+        raise UserError(f"{url} holds more than the {MAX_OBJECTS:,} objects visiontune reads")
     objects = {}
-    for key, entry in sorted(found.items()):
+    for entry in sorted(found, key=lambda e: e["name"]):
+        key = entry["name"]
         if entry.get("type") == "directory" or key.endswith("/"):
             continue
         size = entry.get("size")
@@ -130,7 +150,7 @@ def _list(fs, base: str, url: str) -> dict[str, int]:
             raise UserError(f"{url}: the store gives no size for {key!r:.100}")
         objects[_relative(key, base, url)] = size
     if not objects:
-        raise UserError(f"{url}: no objects found (check the bucket and the prefix)")
+        raise UserError(f"cannot read {url} (not found: no object below it); check the bucket and the prefix")
     return objects
 
 
