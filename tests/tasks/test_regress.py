@@ -151,3 +151,26 @@ def test_fuzz_any_task_and_task_state_give_a_described_model_or_one_line(state, 
         return
     values = back.task.probabilities(torch.zeros(1, 2))
     assert values.shape == (1, 2) and torch.isfinite(values).all()
+
+
+def test_an_hf_numeric_column_is_a_regression_target_and_a_missing_value_is_one_line(tmp_path):
+    import io
+
+    import datasets
+    from PIL import Image as PILImage
+
+    def png(v: int) -> bytes:
+        buf = io.BytesIO()
+        PILImage.fromarray(np.full((8, 8, 3), v, np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    features = datasets.Features({"img": datasets.Image(), "age": datasets.Value("float32")})
+    rows = {"img": [{"bytes": png(i), "path": None} for i in range(4)], "age": [1.5, 2.0, None, 4.0]}
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "bad"))
+    with pytest.raises(UserError) as e:
+        sources.discover(f"hf:{tmp_path / 'bad'}", label_column="age", task="regress")
+    assert "row 2: column 'age' holds 'None', not a finite number" in str(e.value) and "\n" not in str(e.value)
+    rows["age"][2] = 3.0
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "ok"))
+    found = sources.discover(f"hf:{tmp_path / 'ok'}", label_column="age", task="regress")
+    assert found.task == "regress" and found.classes == ["age"] and found.values[:, 0].tolist() == [1.5, 2, 3, 4]

@@ -129,9 +129,10 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import jobplan, launch
     from visiontune.data.sources import discover
     from visiontune.reports.bench import bench, train_flags
+    from visiontune.tasks import read_as
 
     cfg = config_from_args(args)
-    discover(cfg.data, cfg.image_column, cfg.label_column, task=cfg.task)
+    discover(cfg.data, cfg.image_column, cfg.label_column, task=read_as(cfg.task))
     # Each strategy re-runs `visiontune train` with these flags.
     cfg, train_argv = train_flags(cfg, argv, "epochs" in vars(args))
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)

@@ -291,7 +291,11 @@ def read(
     parts, val, note = _parts(root, loaded, every_split)
     image_column, label_column = _columns(root, parts[0][1].features, image_column, label_column)
     sets = _label_sets(parts[0][1].features[label_column]) if label_column is not None else None
-    if sets is not None:  # multi-label: a list of ClassLabel per row
+    values = None
+    if task == "regress":  # a numeric column: each row's number (data/targets.py)
+        values, classes, targets = _numbers(root, parts, label_column), [label_column], None
+        labels = np.zeros(len(values), np.int32)
+    elif sets is not None:  # multi-label: a list of ClassLabel per row
         from visiontune.data.multilabel import first_labels
 
         classes, targets = list(sets.names), _multi_hot(parts, label_column, list(sets.names))
@@ -314,7 +318,30 @@ def read(
         val_mask=(part == len(parts) - 1) if val else None,
         split_note=note,
         targets=targets,
+        values=values,
     )
+
+
+def _numbers(root: str, parts, column: str | None) -> np.ndarray:
+    """float32 [N, 1] of a numeric column (``--task regress``); a missing or non-numeric value is one line
+    naming the split and row."""
+    from visiontune.data.targets import checked
+
+    if column is None:
+        raise UserError(f"{root}: regression needs a numeric column; pass --label-column NAME")
+    flat = [v for _, p in parts for v in p.with_format("arrow")[column].to_pylist()]
+    numbers = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan") for v in flat]
+    bad = next((i for i, v in enumerate(numbers) if not np.isfinite(v)), None)
+    if bad is not None:
+        where, offset = 0, bad
+        while offset >= len(parts[where][1]):
+            offset -= len(parts[where][1])
+            where += 1
+        raise UserError(
+            f"{root}/{parts[where][0]} row {offset}: column {column!r} holds {str(flat[bad])[:40]!r}, not a finite "
+            "number; give every row a number (regression data)"
+        )
+    return checked(numbers, root)
 
 
 def _read_source(

@@ -199,7 +199,8 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         "scored": describe(scored, int(ok.sum()), len(images.paths)),
         "tta": tta_mode,
         "classes": loaded.classes,
-        "task": tasks.MULTI_LABEL.name,
+        "task": loaded.info.task.name,
+        "report": loaded.info.task.report,
         "thresholds_from": loaded.thresholds_from if loaded.info.thresholds else "0.5 (none recorded)",
         **multilabel.multilabel_metrics(probs, targets, loaded.classes, thresholds),
         "world_size": accelerator.num_processes,
@@ -269,8 +270,8 @@ def evaluate(
     if top_n < 0:
         raise UserError(f"--top-losses must be 0 or more, got {top_n}")
     task = loaded.info.task
-    images, classes = discover(data, *columns, task=task.name), loaded.classes
-    if images.task != task.name:
+    images, classes = discover(data, *columns, task=task.reads), loaded.classes
+    if images.task != task.reads:
         raise UserError(
             f"{data} has {tasks.get(images.task).labels_per_image} per image but the model is {task.title}; "
             "evaluate on data of its kind"
@@ -293,7 +294,7 @@ def evaluate(
     )
     report = {}
     if accelerator.is_main_process:
-        report = REPORTS[task.name](
+        report = REPORTS[task.report](
             accelerator, loaded, (logits, got), paths, chosen, images, scored, tta_mode, top_n, out
         )
         if run_dir:
@@ -319,7 +320,8 @@ def _single_label(accelerator, loaded, outputs, paths, chosen, images, scored, t
         "scored": describe(scored, int(ok.sum()), len(images.paths)),
         "tta": tta_mode,
         "classes": classes,
-        "task": tasks.SINGLE_LABEL.name,
+        "task": loaded.info.task.name,
+        "report": loaded.info.task.report,
         **metrics.classification_metrics(logits[ok], got[ok], classes),
         "world_size": accelerator.num_processes,
         "skipped": [{"path": p, "reason": r} for p, r in skipped],
@@ -356,10 +358,13 @@ def _regression(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         "tta": tta_mode,
         "classes": names,
         "task": task.name,
+        "report": task.report,
         **regression.regression_metrics(pred, true, names),
         "world_size": accelerator.num_processes,
         "skipped": [{"path": p, "reason": r} for p, r in skipped],
     }
+    # what the task ranks by beyond these (its own metrics), from the same outputs
+    report.update({k: v for k, v in task.ranking(logits, got).items() if k not in report})
     worst = regression.largest_residuals(pred, true, top_n)
     report["largest_residuals"] = [{**it, "path": kept[it["index"]]} for it in worst]
     folder = Path(out).parent

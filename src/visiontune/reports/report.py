@@ -162,7 +162,9 @@ def _multilabel_evaluation(folder: Path, ev: dict) -> str:
 
 def _evaluation(folder: Path, ev: dict) -> str:
     """The section of an ``eval.json``, as its task's evaluation wrote it (``SECTIONS``)."""
-    return SECTIONS[(recorded(ev) or SINGLE_LABEL).name](folder, ev)
+    if ev.get("report") in SECTIONS:  # a task built on another one's evaluation names it
+        return SECTIONS[ev["report"]](folder, ev)
+    return SECTIONS[(recorded(ev) or SINGLE_LABEL).report](folder, ev)
 
 
 def _single_label_evaluation(folder: Path, ev: dict) -> str:

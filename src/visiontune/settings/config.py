@@ -133,12 +133,13 @@ class TrainConfig:
     )
     image_column: str | None = _setting(None, "hf: data: the image column (default: the one with the Image feature)")
     label_column: str | None = _setting(None, "hf: data: the label column (default: the ClassLabel one)")
-    task: Literal["auto", "classify", "multilabel", "regress"] = _setting(
+    task: str = _setting(
         "auto",
         "what the model learns: classify (one class an image), multilabel (any number of labels: a manifest's "
         "labels split on ';' or spaces, one sigmoid per class), regress (one or more numbers an image: a "
         "manifest's value columns, an hf: numeric column) or auto (classify, or multilabel where the labels "
-        "say so: a ';' in a manifest's cell, an hf: label sequence); see docs/data.md",
+        "say so: a ';' in a manifest's cell, an hf: label sequence), or the name of a task registered in "
+        "visiontune.tasks; see docs/data.md",
     )
     multi_label: bool = _setting(False, "the same as --task multilabel")
     # optimisation (settings left None come from --recipe; see recipe.py)

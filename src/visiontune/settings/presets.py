@@ -111,8 +111,8 @@ def resolve(cfg):
     if cfg.recipe not in PRESETS:
         raise UserError(f"--recipe must be one of {', '.join(PRESETS)}, got {cfg.recipe!r}")
     changes = {k: v for k, v in PRESETS[cfg.recipe].items() if getattr(cfg, k) is None}
-    if getattr(cfg, "task", None) == "regress" and "label_smoothing" in changes:
-        changes["label_smoothing"] = 0.0  # a recipe's smoothing is of classes, which a regression has none of
+    if getattr(cfg, "task", "auto") not in ("auto", "classify", "multilabel") and "label_smoothing" in changes:
+        changes["label_smoothing"] = 0.0  # a recipe's smoothing is of classes: the classifiers' alone
     if "normalize" in changes and changes["normalize"] is None:
         changes["normalize"] = _normalize(cfg)
     augment = changes.get("augment", cfg.augment)

@@ -9,6 +9,7 @@ runs from before the name, which said ``multi_label``). A new task is one module
 
 from __future__ import annotations
 
+from visiontune.errors import UserError
 from visiontune.tasks.base import RANKED, UNREADABLE, Task
 from visiontune.tasks.multi import MULTI_LABEL
 from visiontune.tasks.regress import REGRESSION
@@ -23,6 +24,7 @@ __all__ = [
     "UNREADABLE",
     "Task",
     "get",
+    "read_as",
     "recorded",
     "register",
 ]
@@ -41,8 +43,15 @@ for _task in (SINGLE_LABEL, MULTI_LABEL, REGRESSION):
 
 
 def get(name: str) -> Task:
-    """The task called ``name`` (``--task``, a run's records)."""
+    """The task called ``name`` (``--task``, a run's records); one line naming the tasks there are when none is."""
+    if name not in TASKS:
+        raise UserError(f"--task {name}: no such task; choose auto or one of {', '.join(TASKS)}")
     return TASKS[name]
+
+
+def read_as(name: str) -> str:
+    """What ``--task name``'s data sources read the label cells as (``auto``: as they say themselves)."""
+    return name if name == "auto" else get(name).reads
 
 
 def recorded(model: dict | None) -> Task | None:

@@ -48,6 +48,7 @@ def _finite_list(v, n: int | None) -> bool:
 
 class Regression(Task):
     name, title, min_classes, classes_word = "regress", "regression", 1, "targets"
+    reads = report = "regress"
     ranks, thresholded, accuracy_name = True, False, "mae"
     best_metric, metrics = "mae", ("mae", "rmse", "r2", "loss")
     score_key, score_name, lower_is_better = "mae", "MAE", True
@@ -73,7 +74,7 @@ class Regression(Task):
         return None
 
     def configured(self, cfg) -> Regression:
-        return Regression(cfg.loss or "mse", self.mean, self.std)
+        return type(self)(cfg.loss or "mse", self.mean, self.std)
 
     def fitted(self, labels) -> Regression:
         y = np.asarray(labels, np.float64).reshape(len(labels), -1)
@@ -81,7 +82,7 @@ class Regression(Task):
         mean = y.mean(0) if len(y) else np.zeros(y.shape[1])
         std = y.std(0) if len(y) else np.ones(y.shape[1])
         std = np.where(std > 1e-12, std, 1.0)  # a constant target: learnt as its offset alone
-        return Regression(self.loss, mean.tolist(), std.tolist())
+        return type(self)(self.loss, mean.tolist(), std.tolist())
 
     def state(self) -> dict:
         return {} if self.mean is None else {"mean": list(self.mean), "std": list(self.std), "loss": self.loss}
@@ -92,7 +93,7 @@ class Regression(Task):
             raise ValueError("task_state needs mean and std, one finite number each per target (std above 0)")
         if not isinstance(loss, str) or loss not in LOSSES:
             raise ValueError(f"task_state's loss must be one of {', '.join(LOSSES)}")
-        return Regression(loss, mean, std)
+        return type(self)(loss, mean, std)
 
     def _scale(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mean is None:

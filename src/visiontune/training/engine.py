@@ -203,17 +203,17 @@ def evaluate(
     if keep is not None:
         keep.extend(gathered)
     loss_sum, correct, count = totals.tolist()
-    result = PhaseResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), time.perf_counter() - start)
+    ranked = {}
     if gathered and task.ranks:
         logits = torch.cat([lg for lg, _ in gathered]).cpu()
-        for name, value in task.ranking(logits, torch.cat([lb for _, lb in gathered]).cpu()).items():
-            setattr(result, name, value)
-    return result
+        ranked = task.ranking(logits, torch.cat([lb for _, lb in gathered]).cpu())
+    elapsed = time.perf_counter() - start
+    return PhaseResult(loss_sum / max(count, 1), correct / max(count, 1), int(count), elapsed, ranked=ranked)
 
 
 def phase_line(r: PhaseResult, task: Task) -> str:
     """A phase's figures on its epoch line: loss, the task's score and the metrics it ranks by."""
-    ranked = "".join(f" {name}: {getattr(r, key):.4f}" for key, name in task.curves if getattr(r, key) is not None)
+    ranked = "".join(f" {name}: {r.ranked[key]:.4f}" for key, name in task.curves if r.ranked.get(key) is not None)
     return f"Loss: {r.loss:.4f} {task.score_name}: {r.accuracy:.4f}{ranked}"
 
 

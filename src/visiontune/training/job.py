@@ -39,12 +39,13 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended
     from visiontune.cluster import host, jobplan, launch, strategy
     from visiontune.data.sources import discover
     from visiontune.runs import runlock
+    from visiontune.tasks import read_as
 
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     # The listing is the job's only one: the run in this process or the workers take it over (a worker
     # lists nothing here).
     columns = (cfg.image_column, cfg.label_column)
-    images = None if launch.is_worker() else discover(cfg.data, *columns, task=cfg.task)
+    images = None if launch.is_worker() else discover(cfg.data, *columns, task=read_as(cfg.task))
     strategy.check(cfg)
     if not launch.needs_launcher(cfg):
         from visiontune.models import build

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from accelerate import Accelerator
@@ -111,13 +111,9 @@ class PhaseResult:
     steady_images: int = 0
     steady_seconds: float = 0.0
     data_wait_seconds: float = 0.0  # of the steady seconds, spent waiting for the loader
-    # Multi-label validation only (left out of the record otherwise): mAP and the F1-tuned per-class thresholds.
-    map: float | None = None
-    thresholds: list[float] | None = None
-    # Regression validation only (left out otherwise): in the targets' units, from every gathered output.
-    mae: float | None = None
-    rmse: float | None = None
-    r2: float | None = None
+    # Validation only: what the task ranks from every gathered output (``Task.ranking``: multi-label's mAP and
+    # F1-tuned thresholds, a regression's MAE, RMSE and R²), recorded beside the rest; nothing for other tasks.
+    ranked: dict = field(default_factory=dict)
 
     @property
     def images_per_s(self) -> float:
@@ -125,11 +121,7 @@ class PhaseResult:
 
     def as_dict(self) -> dict:
         out = {**asdict(self), "images_per_s": self.images_per_s}
-        if self.thresholds is None:
-            del out["map"], out["thresholds"]
-        if self.mae is None:
-            del out["mae"], out["rmse"], out["r2"]
-        return out
+        return {**out, **out.pop("ranked")}
 
 
 class _LogLines(tqdm):

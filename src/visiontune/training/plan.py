@@ -80,11 +80,12 @@ def for_world(plan: Plan, accelerator) -> Plan:
 def task_of(cfg: TrainConfig, images: ImageSet) -> Task:
     """What a run on ``images`` learns to predict: ``--task``, or for ``auto`` what the data was read as (its
     sources read the labels as ``--task`` asks, so the two agree unless a source cannot read them so)."""
-    if cfg.task not in ("auto", images.task):
+    task = get(images.task if cfg.task == "auto" else cfg.task)
+    if task.reads != images.task:
         raise UserError(
             f"--task {cfg.task}: {cfg.data} holds {get(images.task).title} data; drop --task or fix the data"
         )
-    task = get(images.task).configured(cfg)
+    task = task.configured(cfg)
     problem = task.refusal(cfg)
     if problem:
         raise UserError(problem)

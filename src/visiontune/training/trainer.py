@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 
-from visiontune import files
+from visiontune import files, tasks
 from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import Setup, ThreadWatch, effective, make_accelerator, prepare
 from visiontune.data.groups import split_for
@@ -294,7 +294,7 @@ def _train(
     # checked against it before the bad-file scan, which can take minutes on a large folder.
     if images is None:  # workers started by torchrun or srun: remote shards are downloaded once per machine
         fetch_per_machine(accelerator, cfg.data)
-    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, cfg.task)
+    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, tasks.read_as(cfg.task))
     images, limited = limit(images, cfg.limit_images, cfg.seed)  # a smoke run's subset, before the bad-file screen
     resolved = plan.for_data(job.plan, images, resume.resumed_folder(cfg, run_dir), accelerator.print)
     cfg = resolved.cfg  # the best metric, a resumed run's split method

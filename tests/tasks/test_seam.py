@@ -1,0 +1,94 @@
+"""The task seam: a task defined entirely in this module -- counting the bright blobs of an image, a
+regression with a metric of its own (the share of images whose count, rounded, is right) -- registered by
+name, then trained, predicted and evaluated through the command line with no other file knowing of it."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from visiontune import tasks
+from visiontune.cli.commands import main
+from visiontune.tasks.regress import Regression
+
+
+class BlobCount(Regression):
+    """How many bright blobs an image holds: a regression whose own metric counts exact answers."""
+
+    name, title = "blobs", "blob count"
+    curves = (*Regression.curves, ("count_accuracy", "count accuracy"))
+
+    def ranking(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
+        out = super().ranking(logits, labels)
+        ok = self.readable(labels)
+        right = self.values(logits[ok]).round() == labels[ok].double()
+        out["count_accuracy"] = float(right.double().mean()) if ok.any() else None
+        return out
+
+
+@pytest.fixture
+def blobs():
+    task = tasks.register(BlobCount())
+    yield task
+    del tasks.TASKS[task.name]
+
+
+def write_blobs(out: Path, count: int, size: int = 32, seed: int = 0) -> dict[str, int]:
+    """Images of 0 to 3 bright 6 px squares on a dark ground, apart; train.csv ``filename,blobs``."""
+    rng = np.random.default_rng(seed)
+    (out / "train").mkdir(parents=True)
+    counts, lines = {}, ["filename,blobs"]
+    for i in range(count):
+        n = int(rng.integers(0, 4))
+        pixels = rng.normal(30, 8, (size, size, 3))
+        for k in range(n):  # one blob in each of the first n quadrants, at a random place in it
+            y, x = (k // 2) * 16 + int(rng.integers(0, 10)), (k % 2) * 16 + int(rng.integers(0, 10))
+            pixels[y : y + 6, x : x + 6] = 230
+        name = f"{i:04d}.png"
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(out / "train" / name)
+        counts[name] = n
+        lines.append(f"{name},{n}")
+    (out / "train.csv").write_text("\n".join(lines) + "\n")
+    return counts
+
+
+def _csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_a_task_defined_in_a_test_module_trains_predicts_and_evaluates(blobs, tmp_path, monkeypatch):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    data, run = tmp_path / "data", tmp_path / "run"
+    counts = write_blobs(data, 60)
+    argv = ["train", "--data", str(data), "--task", "blobs", "--output-dir", str(run), "--model", "timm/test_vit"]
+    argv += ["--weights", "none", "--image-size", "32", "--no-progress", "--num-workers", "0", "--epochs", "2"]
+    assert main([*argv, "--batch-size", "8", "--recipe", "modern"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    history = json.loads((run / "history.json").read_text())
+    assert summary["task"] == json.loads((run / "config.json").read_text())["model"]["task"] == "blobs"
+    assert all(0 <= row["val"]["count_accuracy"] <= 1 for row in history)  # its own metric, recorded each epoch
+    assert "count_accuracy" in (run / "metrics.csv").read_text().splitlines()[0]
+
+    assert main(["predict", "--run", str(run), "--data", str(data / "train"), "--out", str(tmp_path / "p.csv")]) == 0
+    rows = _csv(tmp_path / "p.csv")
+    assert sorted(Path(r["path"]).name for r in rows) == sorted(counts) and list(rows[0]) == ["path", "blobs"]
+
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0
+    ev = json.loads((run / "eval.json").read_text())
+    scored = _csv(run / "predictions.csv")
+    pred = {Path(r["path"]).name: float(r["predicted_blobs"]) for r in scored}
+    right = np.mean([round(v) == counts[n] for n, v in pred.items()])
+    assert ev["task"] == "blobs" and ev["count_accuracy"] == pytest.approx(right)
+    assert ev["mae"] == pytest.approx(np.mean([abs(v - counts[n]) for n, v in pred.items()]), rel=1e-9)
+    for r in rows:  # predict and evaluate answer alike
+        name = Path(r["path"]).name
+        if name in pred:
+            assert float(r["blobs"]) == pytest.approx(pred[name], abs=1e-5)
