@@ -197,7 +197,7 @@ def test_the_card_has_hub_front_matter_and_summary_numbers(trained_run, sample_d
     data = [float(n) for n in re.findall(r"\d+(?:\.\d+)?", _section(body, "Data"))]
     assert data == [summary["train_split_size"], summary["val_split_size"]]
     results = [float(n) for n in re.findall(r"\d+(?:\.\d+)?", _section(body, "Validation results"))]
-    want = [summary["best_epoch"], 0, summary["epochs"], summary["val_images_counted"]]  # "counting from 0"
+    want = [summary["best_epoch"], 1, summary["epochs"], summary["val_images_counted"]]  # "counting from 1"
     assert results == [*want, round(summary["best_val_accuracy"], 4), round(summary["best_val_loss"], 4)]
     recipe = _section(body, "Recipe")
     for k in ("optimizer", "batch", "lr schedule", "normalisation"):

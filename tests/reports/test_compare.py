@@ -95,7 +95,8 @@ def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs,
 
 
 def _fabricated_run(folder: Path, maps: list | None) -> Path:
-    """A run folder as training leaves it, written by hand: multi-label when ``maps`` gives its val mAPs."""
+    """A run folder as an older training left it (epochs counted from 0 in history.json and summary.json),
+    written by hand: multi-label when ``maps`` gives its val mAPs."""
     folder.mkdir()
     history = []
     for epoch, m in enumerate(maps or [None, None]):
@@ -134,7 +135,7 @@ def test_multi_label_runs_are_compared_by_their_map_too(tmp_path, capsys):
     page = Page()
     page.feed(out.read_text())
     metrics = page.tables[0]
-    assert ["best epoch", "2", "2"] in metrics  # summary.json's best_epoch 1, counted from 1 as training prints it
+    assert ["best epoch", "2", "2"] in metrics  # an older summary.json's 0-based best_epoch 1, shown from 1
     assert ["best val mAP", "0.75", "-"] in metrics and ["last epoch val mAP", "0.75", "-"] in metrics
     assert "best val mAP" in capsys.readouterr().out
     runs = [compare.read_run(ml), compare.read_run(single)]
@@ -189,3 +190,21 @@ def test_the_page_in_a_headless_browser(runs, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'data-images="1"' in done.stdout and 'data-broken="0"' in done.stdout
+
+
+@pytest.mark.parametrize("counted_from", [0, 1])
+def test_runs_of_either_epoch_count_are_read_counting_from_1(tmp_path, counted_from):
+    """Files written counting epochs from 1 and an older run's, counting from 0, read the same: the best
+    epoch (the second) is 2 on the report and in compare, and the curves' epochs are 1 and 2."""
+    from visiontune.reports import compare, report
+
+    run = _fabricated_run(tmp_path / "run", None)  # the older files: epochs 0 and 1, best_epoch 1
+    if counted_from == 1:  # as visiontune writes them now
+        history = json.loads((run / "history.json").read_text())
+        (run / "history.json").write_text(json.dumps([{**row, "epoch": row["epoch"] + 1} for row in history]))
+        summary = {**json.loads((run / "summary.json").read_text()), "best_epoch": 2, "epochs_counted_from": 1}
+        (run / "summary.json").write_text(json.dumps(summary))
+    read = compare.read_run(run)
+    assert [row["epoch"] for row in read.history] == [1, 2]
+    assert ["best epoch", ["2"]] in [[label, cells] for label, cells in compare.metrics_table([read])]
+    assert '<th class="l">best epoch</th><td class="l">2</td>' in report.build(run)

@@ -68,7 +68,9 @@ def _history(multi_label: bool) -> list[dict]:
     rows = []
     for e in range(3):
         val = {"accuracy": 0.6 + 0.1 * e, "loss": 0.9 - 0.2 * e, **({"map": 0.7 + 0.05 * e} if multi_label else {})}
-        rows.append({"epoch": e, "lr": 1e-3, "train": {"accuracy": 0.5 + 0.1 * e, "loss": 1.0 - 0.2 * e}, "val": val})
+        rows.append(
+            {"epoch": e + 1, "lr": 1e-3, "train": {"accuracy": 0.5 + 0.1 * e, "loss": 1.0 - 0.2 * e}, "val": val}
+        )
     return rows
 
 

@@ -54,7 +54,8 @@ def test_a_summary_adds_what_the_task_measures_of_the_best_epoch():
     for row, m, t in zip(history, (0.9, 0.6), ([0.3], [0.7])):
         row["val"] = {**row["val"], "map": m, "thresholds": t}
     got = records.results(history, "map", tasks.MULTI_LABEL)
-    assert (got["best_epoch"], got["best_val_map"], got["thresholds"]) == (0, 0.9, [0.3])
+    # The trainer's rows count from 0; the summary, as the console and every file, from 1.
+    assert (got["best_epoch"], got["epochs_counted_from"], got["best_val_map"], got["thresholds"]) == (1, 1, 0.9, [0.3])
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
@@ -75,7 +76,7 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
 
     history = [
         {**_row(e, acc, loss), "lr": lr}
-        for e, acc, loss, lr in ((0, 0.6, 0.9, 0.01), (1, 0.9, 0.4, 0.008), (2, 0.8, 0.5, 0.002))
+        for e, acc, loss, lr in ((1, 0.6, 0.9, 0.01), (2, 0.9, 0.4, 0.008), (3, 0.8, 0.5, 0.002))
     ]
     fig = figures.history_figure(history, tasks.SINGLE_LABEL)
     fig.canvas.draw()
@@ -84,7 +85,7 @@ def test_curves_mark_the_best_epoch_show_the_lr_and_keep_the_legend_off_the_data
     [legend] = fig.legends
     box = legend.get_window_extent(renderer)
     assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
-    # history.json's epoch 1 is the second epoch, "Epoch 2/3" on the console: the figure counts from 1 too.
+    # history.json counts from 1, as the console's "Epoch 2/3": the figure too.
     assert "best epoch 2, chosen by val accuracy (0.9000)" in [t.get_text() for t in legend.get_texts()]
     star = next(line for line in acc_ax.get_lines() if line.get_marker() == "*")
     assert (list(star.get_xdata()), list(star.get_ydata())) == ([2], [0.9])
@@ -100,11 +101,11 @@ def test_a_multi_label_runs_curves_add_its_val_map_and_mark_the_epoch_its_best_m
 
     import matplotlib.pyplot as plt
 
-    maps = (0.5, None, 0.8, 0.7)  # epoch 1's val split had no positive: no mAP, a gap in the curve
-    history = [{**_row(e, acc, 0.5), "lr": 0.01} for e, acc in enumerate((0.9, 0.95, 0.85, 0.8))]
+    maps = (0.5, None, 0.8, 0.7)  # epoch 2's val split had no positive: no mAP, a gap in the curve
+    history = [{**_row(e, acc, 0.5), "lr": 0.01} for e, acc in enumerate((0.9, 0.95, 0.85, 0.8), start=1)]
     for row, m in zip(history, maps):
         row["val"] = {**row["val"], "map": m, "thresholds": [0.5, 0.5]}
-    assert figures.best_epoch(history, "map")["epoch"] == 2 and figures.best_epoch(history)["epoch"] == 1
+    assert figures.best_epoch(history, "map")["epoch"] == 3 and figures.best_epoch(history)["epoch"] == 2
     fig = figures.history_figure(history, tasks.MULTI_LABEL, "map")
     acc_ax, _, map_ax, _ = fig.axes
     assert map_ax.get_title() == "Validation mAP (macro)"

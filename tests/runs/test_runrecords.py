@@ -44,7 +44,8 @@ def summary_record() -> dict:
         "total_seconds": 3.5,
         "best_val_accuracy": 0.75,
         "best_val_loss": 0.5,
-        "best_epoch": 1,
+        "best_epoch": 2,
+        "epochs_counted_from": 1,
         "best_metric": "accuracy",
         "best_weights": "raw",
         "epochs": 2,
@@ -61,7 +62,7 @@ def summary_record() -> dict:
 
 def history_record() -> list:
     phase = {"loss": 0.5, "accuracy": 0.75, "images": 4}
-    return [{"epoch": e, "lr": 0.001, "train": dict(phase), "val": dict(phase)} for e in range(2)]
+    return [{"epoch": e, "lr": 0.001, "train": dict(phase), "val": dict(phase)} for e in (1, 2)]
 
 
 def write_run(folder: Path, config=None, summary=None, history=None) -> Path:
@@ -90,6 +91,16 @@ def test_a_run_folder_written_as_visiontune_writes_it_reads_back_whole(tmp_path)
     assert runrecords.read_summary(run) == summary_record()
     assert runrecords.read_history(run) == history_record()
     assert runrecords.read_summary(tmp_path / "absent") is None and runrecords.read_history(tmp_path / "absent") == []
+
+
+def test_an_older_run_s_epochs_counted_from_0_read_counted_from_1(tmp_path):
+    """Runs written before the files counted epochs from 1 (history.json from 0, a summary.json without
+    epochs_counted_from and a 0-based best_epoch) read as today's: every reader counts from 1."""
+    summary = {k: v for k, v in summary_record().items() if k != "epochs_counted_from"} | {"best_epoch": 1}
+    history = [{**row, "epoch": row["epoch"] - 1} for row in history_record()]
+    run = write_run(tmp_path / "old", config_record(), summary, history)
+    assert runrecords.read_summary(run) == summary_record()
+    assert runrecords.read_history(run) == history_record()
 
 
 BAD_CONFIGS = [

@@ -127,7 +127,7 @@ def test_fsdp_killed_mid_epoch_resumes_to_the_uninterrupted_tensors_and_on_one_p
     assert (world["world_size"], world["checkpoint_world_size"], world["global_batch"]) == (1, 2, 4)
     history = json.loads((one / "history.json").read_text())
     reference = json.loads((runs / "fsdp" / "history.json").read_text())
-    assert [h["epoch"] for h in history] == [0, 1] and history[1]["train"]["images"] == reference[1]["train"]["images"]
+    assert [h["epoch"] for h in history] == [1, 2] and history[1]["train"]["images"] == reference[1]["train"]["images"]
     assert history[0] == reference[0]  # the epoch before the checkpoint is the reference's, carried over
     # Its BatchNorm sees batches of 4 where each reference process saw 2, so its epoch 1 is its own, and so is its
     # best epoch: the one its history ranks first (accuracy, then loss, then the earlier; raw or EMA).
@@ -135,9 +135,9 @@ def test_fsdp_killed_mid_epoch_resumes_to_the_uninterrupted_tensors_and_on_one_p
     best_epoch = max(ranked)[-1]
     summary = json.loads((one / "summary.json").read_text())
     assert summary["best_epoch"] == best_epoch
-    if best_epoch == 1:  # a full file written by one process, which scores what the summary says
+    if best_epoch == 2:  # a full file written by one process, which scores what the summary says
         loss, acc, _ = independent_eval(one, runs / "data")
         assert summary["best_val_accuracy"] == pytest.approx(acc, abs=1e-9)
         assert summary["best_val_loss"] == pytest.approx(loss, rel=1e-4)
-    else:  # epoch 0's model is the reference's, in its folder: none is written in this one
+    else:  # epoch 1's model is the reference's, in its folder: none is written in this one
         assert not (one / "best.safetensors").exists()

@@ -294,9 +294,9 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
         == 0
     )
     history = json.loads((out / "history.json").read_text())
-    assert [h["epoch"] for h in history] == [0, 1, 2, 3]
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]  # counted from 1, as the console counts
     summary = json.loads((out / "summary.json").read_text())
-    assert (summary["best_epoch"], summary["best_weights"], summary["best_val_accuracy"]) == (1, "ema", 0.7)
+    assert (summary["best_epoch"], summary["best_weights"], summary["best_val_accuracy"]) == (2, "ema", 0.7)
     ema = torch.load(out / "checkpoints" / "epoch0002-end" / "lr_scheduler.pt", weights_only=True)["ema"]
     best = load_file(str(out / "best.safetensors"))
     assert best.keys() and all(torch.equal(best[k], ema["module." + k]) for k in best)

@@ -52,7 +52,8 @@ def test_every_output_exists_and_loads(run):
     with Image.open(run / "training_results.png") as im:
         assert im.format == "PNG" and im.size[0] > 400
     rows = list(csv.DictReader(open(run / "metrics.csv")))
-    assert [(r["epoch"], r["phase"]) for r in rows] == [("0", "train"), ("0", "val"), ("1", "train"), ("1", "val")]
+    # Counted from 1, as the console's "Epoch 1/2" and every other file count.
+    assert [(r["epoch"], r["phase"]) for r in rows] == [("1", "train"), ("1", "val"), ("2", "train"), ("2", "val")]
     for r in rows:
         # seconds are written to the millisecond: the rate lies between the images over its bounds
         seconds, rate = float(r["seconds"]), float(r["images_per_s"])
@@ -64,7 +65,7 @@ def test_best_model_reproduces_recorded_val_accuracy_and_learns(run, sample_data
     summary = json.loads((run / "summary.json").read_text())
     history = json.loads((run / "history.json").read_text())
     loss, acc, n = independent_eval(run, sample_data)
-    best = history[summary["best_epoch"]]["val"]
+    [best] = [row["val"] for row in history if row["epoch"] == summary["best_epoch"]]  # both counted from 1
     assert n == summary["val_images_counted"] == summary["val_split_size"] == 24
     assert acc == pytest.approx(best["accuracy"], abs=1e-9)
     assert loss == pytest.approx(best["loss"], rel=1e-3, abs=1e-4)
@@ -133,7 +134,7 @@ def test_save_pth_writes_the_same_tensors_for_torch_load(logged):
 def test_epoch_lines_in_the_reference_format(logged):
     out = logged.out
     assert "Epoch 1/1\n----------\n" in out and "global batch 16" in out  # counted from 1
-    assert [h["epoch"] for h in json.loads((logged.run_dir / "history.json").read_text())] == [0]  # records: from 0
+    assert [h["epoch"] for h in json.loads((logged.run_dir / "history.json").read_text())] == [1]  # files: from 1
     assert re.search(r"^train Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^val Loss: \d+\.\d{4} Acc: \d\.\d{4}$", out, re.M)
     assert re.search(r"^Training complete in \d+m \d+s$", out, re.M)

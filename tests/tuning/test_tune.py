@@ -91,7 +91,7 @@ def test_a_study_in_sqlite_with_a_trial_pruned_at_an_epoch_boundary(tuned, capsy
         assert run_dir == out / f"trial-{t.number:04d}"
         history, summary = _history(run_dir), json.loads((run_dir / "summary.json").read_text())
         # What Optuna was told after each epoch is the run's own record of that epoch.
-        assert t.intermediate_values == {r["epoch"]: r["val"]["loss"] for r in history}
+        assert t.intermediate_values == {r["epoch"] - 1: r["val"]["loss"] for r in history}  # Optuna's steps: from 0
         if t.state == TrialState.PRUNED:
             assert len(history) == 1 and summary["epochs"] == 1
             assert summary["stopped"]["reason"].startswith("pruned by the tuner (median pruner) after epoch 1")
@@ -329,7 +329,8 @@ def test_trials_that_are_ddp_jobs_report_from_their_main_process_and_all_stop_wh
         run_dir = Path(t.user_attrs["run_dir"])
         summary, history = json.loads((run_dir / "summary.json").read_text()), _history(run_dir)
         assert summary["world_size"] == 2  # a job of two processes
-        assert t.intermediate_values == {r["epoch"]: r["val"]["loss"] for r in history}  # reported once an epoch
+        # reported once an epoch, Optuna's steps counted from 0 (history.json's epochs from 1)
+        assert t.intermediate_values == {r["epoch"] - 1: r["val"]["loss"] for r in history}
         if t.state == TrialState.PRUNED:
             assert len(history) == 1 and summary["stopped"]["reason"].startswith("pruned by the tuner (median")
             assert not (run_dir / "checkpoints" / "epoch0002-end").exists()  # no process trained on

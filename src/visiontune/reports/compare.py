@@ -4,7 +4,7 @@ Built from each run folder's own files (``config.json``, ``summary.json``, ``his
 runs' validation (and training) curves come first, drawn on shared axes in one embedded figure, then
 the final metrics (and, for the folds of one cross-validation, their spread); the settings close the
 page, those that differ between the runs first, then the ones they share. Epochs are counted from 1,
-as training prints them (``history.json`` and ``summary.json`` keep the 0-based index). Like
+as training prints them and the files hold them (an older run's 0-based files too: ``runs.epochs``). Like
 ``report.html``, the page has no script and no external reference.
 """
 
@@ -81,9 +81,8 @@ def _curves(runs: list[Run]) -> dict[str, str]:
 
 
 def _shown(summary: dict, key: str):
-    """A summary value as a person reads it: the best epoch counted from 1 (the file keeps the 0-based index)."""
-    v = summary.get(key)
-    return v + 1 if key == "best_epoch" and isinstance(v, int) else v
+    """A summary value as a person reads it (``runrecords`` counts the best epoch from 1, an older run's too)."""
+    return summary.get(key)
 
 
 def metrics_table(runs: list[Run]) -> list[tuple[str, list[str]]]:
@@ -118,7 +117,7 @@ def curves_figure(runs: list[Run]):
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.4), sharex=True)
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
-        epochs = [row["epoch"] + 1 for row in run.history]  # as the terminal counts them
+        epochs = [row["epoch"] for row in run.history]  # from 1, as the terminal counts them (runrecords)
         for ax, key in zip(axes, keys):
             if key in curves and key not in dict(run.task.curves):
                 continue  # a single-label run has no mAP: no line rather than a flat one

@@ -143,22 +143,22 @@ def history_figure(history: list[dict], task: Task, metric: str = "accuracy"):
     """Accuracy and loss, train against val, the val metrics the run's ``task`` adds (multi-label: mAP),
     and the learning rate; the best epoch (by ``metric``, the run's ``--best-metric``) marked.
 
-    Epochs are counted from 1, as training prints them ("Epoch 1/3"); ``history.json`` keeps the 0-based
-    index. The legend sits below the panels, never over a curve, and says which metric chose the best
+    ``history`` is counted from 1, as training prints epochs ("Epoch 1/3") and ``history.json`` holds them
+    (``reports.epochs``). The legend sits below the panels, never over a curve, and says which metric chose the best
     epoch (``best_epoch``), a dotted line with its val points starred, so the curve and the saved model
     can be matched.
     """
     import matplotlib.ticker
 
     plt = pyplot()
-    epochs = [row["epoch"] + 1 for row in history]
+    epochs = [row["epoch"] for row in history]
     best = best_epoch(history, metric)
     panels = [("accuracy", task.accuracy_title), ("loss", "Training and Validation Loss")]
     panels += [(key, f"Validation {name} (macro)") for key, name in task.curves]  # measured on val only
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 4.4))
     shown = dict(task.curves).get(metric, metric)
     said = best["val"].get(metric)
-    best_x = best["epoch"] + 1
+    best_x = best["epoch"]
     best_label = f"best epoch {best_x}, chosen by val {shown} ({'-' if said is None else f'{said:.4f}'})"
     for ax, (key, title) in zip(axes, panels):
         for phase, label in (("train", "Training"), ("val", "Validation")):
@@ -175,7 +175,7 @@ def history_figure(history: list[dict], task: Task, metric: str = "accuracy"):
             label=best_label,
         )
         ax.set_title(title)
-    _lr_panel(axes[-1], [(row["epoch"] + 1, row["lr"]) for row in history if "lr" in row])
+    _lr_panel(axes[-1], [(row["epoch"], row["lr"]) for row in history if "lr" in row])
     for ax in axes:
         ax.axvline(best_x, color="tab:red", linestyle=":", linewidth=1)
         ax.set_xlabel("epoch")

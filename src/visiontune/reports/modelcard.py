@@ -118,7 +118,7 @@ def card(config: dict, summary: dict, architecture: str, repo: str | None, curve
         "",
         "## Validation results",
         "",
-        f"The best epoch ({summary['best_epoch']}, counting from 0, of {summary['epochs']}; "
+        f"The best epoch ({summary['best_epoch']}, counting from 1, of {summary['epochs']}; "
         f"{_md(summary['best_weights'])} weights), on {summary['val_images_counted']} validation images:",
         "",
         "| metric | value |",

@@ -107,9 +107,10 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
             ("total seconds", "total_seconds"),
         ]
         rows = [(label, _num("summary", summary, k)) for label, k in keys if k in summary]
-        if isinstance(summary.get("best_epoch"), int):  # counted from 1, as the console and the curves count
+        best = summary.get("best_epoch")  # counted from 1, as the console and the curves (runrecords)
+        if isinstance(best, int):
             metric = {"map": "mAP"}.get(summary.get("best_metric"), summary.get("best_metric"))
-            chosen = f"{summary['best_epoch'] + 1}" + (f", chosen by val {metric}" if metric else "")
+            chosen = f"{best}" + (f", chosen by val {metric}" if metric else "")
             rows.insert(0, ("best epoch", f'<td class="l">{html.escape(chosen)}</td>'))
         out += ["<h3>Results</h3>", _rows(rows)]
     else:

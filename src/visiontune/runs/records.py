@@ -32,7 +32,7 @@ from visiontune.data.imageset import ImageSet
 from visiontune.data.split import Split, write_split
 from visiontune.files import atomic_write
 from visiontune.models import lora
-from visiontune.runs import runinfo
+from visiontune.runs import epochs, runinfo
 from visiontune.settings.config import TrainConfig
 from visiontune.tasks import RANKED, Task
 
@@ -53,7 +53,8 @@ def results(history: list[dict], metric: str, task: Task) -> dict:
         f"best_val_{task.score_key}": best[which]["accuracy"],
         "best_val_loss": best[which]["loss"],
         **task.best_figures(best[which]),
-        "best_epoch": best["epoch"],  # 0-based, as history.json counts; people read it + 1 ("Epoch 3/3")
+        "best_epoch": best["epoch"] + 1,  # counted from 1, as the console ("Epoch 3/3") and history.json count
+        epochs.COUNTED_FROM: 1,
         "best_metric": metric,  # what chose it: --best-metric, resolved (mAP for multi-label by default)
         "best_weights": "ema" if which == "val_ema" else "raw",
         "epochs": len(history),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from visiontune.errors import UserError
+from visiontune.runs import epochs
 from visiontune.runs.runinfo import RunInfo
 from visiontune.settings.validation import check_types
 
@@ -109,6 +110,7 @@ SUMMARY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "task": (_optional_text, "a task's name"),
     "thresholds": (_reals, "a list of numbers or null"),
     "best_epoch": (_count, "a whole number"),
+    epochs.COUNTED_FROM: (_count, "1"),
     "best_metric": (_optional_text, "a metric name"),
     "best_weights": (_text, "raw or ema"),
     "epochs": (_count, "a whole number"),
@@ -126,7 +128,7 @@ SUMMARY: dict[str, tuple[Callable[[Any], bool], str]] = {
     **SETUP,
 }
 
-# One row of history.json: the epoch (0-based) and each phase's figures.
+# One row of history.json: the epoch (from 1; an older run's from 0, read as from 1) and each phase's figures.
 PHASE = _table(lambda x: _optional_real(x) or _reals(x))
 ROW: dict[str, tuple[Callable[[Any], bool], str]] = {
     "epoch": (_count, "a whole number"),
@@ -207,7 +209,12 @@ def read_summary(run_dir: str | Path) -> dict | None:
     """``RUN/summary.json`` checked, or None: the training did not finish."""
     path = Path(run_dir) / "summary.json"
     record = _load(path)
-    return None if record is None else _checked(record, SUMMARY, str(path), "")
+    if record is None:
+        return None
+    summary = _checked(record, SUMMARY, str(path), "")
+    if "best_epoch" in summary:  # counted from 1 for every reader, an older run's 0-based one too
+        summary.update(best_epoch=epochs.best_epoch(summary), **{epochs.COUNTED_FROM: 1})
+    return summary
 
 
 def read_history(run_dir: str | Path) -> list[dict]:
@@ -227,7 +234,7 @@ def read_history(run_dir: str | Path) -> list[dict]:
                 f"{path}: damaged run record: epoch {i} lacks its number, its val figures or its train accuracy "
                 "and loss (use a run folder visiontune wrote)"
             )
-    return rows
+    return epochs.rows(rows)  # counted from 1, an older run's 0-based file too
 
 
 def read_split_lists(run_dir: str | Path) -> dict[str, list[str]] | None:

@@ -31,7 +31,7 @@ from visiontune import files
 from visiontune.cluster import signals, strategies
 from visiontune.cluster.strategy import ThreadWatch, effective
 from visiontune.reports import figures
-from visiontune.runs import checkpoint, records, runinfo
+from visiontune.runs import checkpoint, epochs, records, runinfo
 from visiontune.settings.config import TrainConfig
 from visiontune.tasks import SINGLE_LABEL, Task
 from visiontune.training import engine
@@ -145,7 +145,7 @@ class EpochOutputs:
         # At the epoch's last step, so that per-step (StepLog) and per-epoch values share one rising axis.
         acc.log(
             {
-                "epoch": epoch,
+                "epoch": epoch + 1,  # as the console and the files count
                 # Numbers only: a multi-label row's thresholds are a list (and its mAP None without positives).
                 **{
                     f"{p}/{k}": v
@@ -191,7 +191,7 @@ class EpochOutputs:
 
     def _write(self, history: list[dict], best_from: str | None, state: dict[str, torch.Tensor] | None) -> None:
         """Snapshot now (the best weights' CPU copies given, the history copied), write in the background."""
-        rows = copy.deepcopy(history)
+        rows = epochs.for_files(copy.deepcopy(history))  # the files count epochs from 1
         run_dir, metadata, pth, task = self.run_dir, self.model_metadata, self.save_pth, self.task
         metric = self.best_metric
         thresholds = history[-1][best_from].get("thresholds") if best_from is not None else None
