@@ -73,11 +73,15 @@ def test_the_page_lists_the_differing_settings_first_and_embeds_one_figure(runs,
     text = out.read_text()
     page = Page()
     page.feed(text)
-    metrics, settings = page.tables
-    names = [row[0] for row in settings[1:]]
-    assert names[:2] == ["recipe", "lr"] and page.differs == ["recipe", "lr"]  # the two that differ, first
-    assert settings[1][1:] == ["blog", "modern"] and settings[2][1:] == ["0.005", "0.5"]
-    assert "model" in names[2:] and ["model", "resnet18", "resnet18"] in settings
+    metrics, differing, shared = page.tables
+    names = [row[0] for row in differing[1:]]
+    assert names == ["recipe", "lr"] and page.differs == ["recipe", "lr"]  # the two that differ, first
+    assert differing[1][1:] == ["blog", "modern"] and differing[2][1:] == ["0.005", "0.5"]
+    # The settings the runs share are folded away below them, said as the report says them.
+    assert ["model", "resnet18", "resnet18"] in shared and ["lr_schedule", "constant", "constant"] in shared
+    folded = text[text.index("<details>") : text.index("</details>")]
+    assert f"<summary>{len(shared) - 1} setting(s) the runs share</summary>" in folded and "resnet18" in folded
+    assert "<details>" not in text[: text.index("<h2>Settings")]
     assert len(page.images) == 1 and page.images[0].startswith("data:image/png;base64,")
     assert not re.search(r"(?<![\w-])(src|href)\s*=\s*[\"'](?!data:)", text) and "<script" not in text
     summary = json.loads((runs[0] / "summary.json").read_text())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -32,9 +33,19 @@ def run(tmp_path_factory, sample_data, trained_run) -> Path:
     return out
 
 
-def shown(v) -> str:
-    """How the page must show a JSON value: 4 decimals for floats."""
-    return "-" if v is None else str(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else f"{v:.4f}"
+def shown(v, key) -> str:
+    """How the page must show a JSON value: a score (accuracy, loss, F1, probability...) with 4 decimals,
+    another number to 3 significant digits, a count thousands-separated."""
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, int):
+        return f"{v:,}"
+    scores = {"accuracy", "loss", "precision", "recall", "f1", "ap", "map", "ece", "probability", "threshold", "match"}
+    if scores & set(str(key).split("_")):
+        return f"{v:.4f}"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:#.3g}".rstrip(".")
 
 
 class Cells(HTMLParser):
@@ -79,7 +90,12 @@ def test_the_page_is_self_contained_and_rebuilt_the_same(run, capsys):
     cells = parse(page)
     assert len(cells.images) == 3 and all(s.startswith("data:image/png;base64,") for s in cells.images)
     assert not re.search(r"(?<![\w-])(src|href)\s*=\s*[\"'](?!data:)", page) and "<script" not in page
-    assert '<th class="l">resize</th><td class="l">bilinear, whole image squashed to size</td>' in page
+    # The resize said once: the start-up block's row, which names each choice and where it came from.
+    resize = "32 px (--image-size), bilinear interpolation (the torchvision weights' transforms), no crop: the whole"
+    assert (
+        page.count('<th class="l">resize</th>') == 1
+        and f'<th class="l">resize</th><td class="l">{html.escape(resize)}' in page
+    )
     # The resolved setup the run announced at its start is in the Setup table.
     for label, text in (("optimizer steps", "12 per epoch x 2 epochs = 24"), ("lr schedule", "constant")):
         assert f'<th class="l">{label}</th><td class="l">{text}</td>' in page
@@ -132,7 +148,7 @@ def test_the_page_in_a_headless_browser(run, tmp_path):
     }
     cells = parse(done.stdout).cells
     for src, path, text in cells:
-        assert text == shown(value(sources[src], path)), (src, path)
+        assert text == shown(value(sources[src], path), path[-1]), (src, path)
     ev = sources["eval"]
     checked = {(src, tuple(path)) for src, path, _ in cells}
     for name in ev["classes"]:
@@ -157,7 +173,7 @@ def test_a_bench_row_without_a_speedup_shows_a_dash():
     page = _bench({"rows": rows})
     assert "not run: exit code 1" in page
     assert '<td data-src="bench" data-path="[&quot;rows&quot;, 1, &quot;speedup&quot;]">-</td>' in page
-    assert '<td data-src="bench" data-path="[&quot;rows&quot;, 1, &quot;images_per_s&quot;]">10.0000</td>' in page
+    assert '<td data-src="bench" data-path="[&quot;rows&quot;, 1, &quot;images_per_s&quot;]">10.0</td>' in page
 
 
 def test_a_cropping_model_s_resize_is_named():
@@ -165,3 +181,42 @@ def test_a_cropping_model_s_resize_is_named():
 
     page = _setup(Path("no-run"), {"model": {"interpolation": "bicubic", "crop_pct": 0.95}}, None)
     assert '<th class="l">resize</th><td class="l">bicubic, short side to size / 0.95, centre crop</td>' in page
+
+
+def test_numbers_are_rounded_to_what_they_tell_one_row_a_thing_and_a_smoke_run_says_where_it_stopped(tmp_path):
+    """Rates and seconds at 3 significant digits, scores at 4 decimals, counts in one thousands style; the
+    batch said once (the start-up block's row); epochs say the run stopped at --max-steps."""
+    from visiontune.reports.report import build
+
+    overview = {
+        "train images": "1,437",
+        "batch": "16 per process x 1 process = global batch 16",
+        "lr schedule": "constant",
+    }
+    config = {
+        "config": {"model": "resnet18", "epochs": 2, "image_size": 64},
+        "setup": {"strategy": "single", "world_size": 1, "per_process_batch": 16, "global_batch": 16, "lr": 0.01},
+        "overview": overview,
+        "data": {"root": "/d", "layout": "kaggle"},
+    }
+    summary = {
+        "best_val_accuracy": 0.975,
+        "best_val_loss": 0.14213,
+        "train_split_size": 1437,
+        "train_images_per_s": 21.9931,
+        "total_seconds": 202.021,
+        "data_wait_fraction": 0.01234,
+        "epochs": 1,
+        "stopped": {"reason": "max-steps", "optimizer_steps": 5, "epochs_done": 1},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    page = build(tmp_path)
+    rows = dict(re.findall(r'<tr><th class="l">([^<]*)</th><td[^>]*>([^<]*)</td></tr>', page))
+    assert rows["train images/s"] == "22.0" and rows["total seconds"] == "202" and rows["data-stall share"] == "0.0123"
+    assert rows["best val accuracy"] == "0.9750" and rows["best val loss"] == "0.1421"
+    assert rows["train images"] == "1,437"  # the Results row, as the setup row says it
+    assert not [v for v in rows.values() if re.fullmatch(r"\d{4,}", v)]  # no count without its separator
+    assert rows["batch"] == overview["batch"]
+    assert not {"batch per process", "global batch", "processes", "learning rate"} & set(rows)
+    assert rows["epochs"] == "2 asked; stopped after 1 epoch: --max-steps 5"

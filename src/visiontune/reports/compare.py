@@ -21,6 +21,7 @@ from visiontune.files import atomic_write
 from visiontune.reports import crossval
 from visiontune.reports.style import CSS
 from visiontune.runs import runrecords
+from visiontune.settings.config import LR_SCHEDULE_SAID
 from visiontune.tasks import SINGLE_LABEL, Task, recorded
 
 # Differ by nature between any two runs, and say nothing about how they trained.
@@ -64,13 +65,20 @@ def _text(v) -> str:
         return "-"
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"  # thousands separated, as the report and the start-up block
     return str(v)
+
+
+def _setting(key: str, v) -> str:
+    """A setting as the report says it: --lr-schedule none is a constant lr there and here."""
+    return LR_SCHEDULE_SAID.get(v, v) if key == "lr_schedule" else _text(v)
 
 
 def settings_table(runs: list[Run]) -> tuple[list[tuple[str, list[str]]], int]:
     """(setting, one text per run) rows, the differing ones first; and how many differ."""
     keys = list(dict.fromkeys(k for r in runs for k in r.settings))
-    rows = [(k, [_text(r.settings.get(k)) for r in runs]) for k in keys]
+    rows = [(k, [_setting(k, r.settings.get(k)) for r in runs]) for k in keys]
     differ = [row for row in rows if len(set(row[1])) > 1]
     return differ + [row for row in rows if len(set(row[1])) == 1], len(differ)
 
@@ -179,9 +187,14 @@ def build(runs: list[Run]) -> str:
         head, *rows = crossval.lines(cv)
         body += [f"<h2>Cross-validation</h2><p class='note'>{html.escape(head)}</p>"]
         body += [f"<pre>{html.escape(chr(10).join(row.strip() for row in rows))}</pre>"]
+    # The settings that differ, then the ones every run shares folded away: most are the same.
+    same = len(settings) - differ
     body += [
-        f"<h2>Settings</h2><p class='note'>{said}; they come first, highlighted.</p>",
-        _html_table(runs, settings, differ),
+        f"<h2>Settings</h2><p class='note'>{said}; {same} the runs share are folded below them.</p>",
+        _html_table(runs, settings[:differ], differ) if differ else "",
+        f"<details><summary>{same} setting(s) the runs share</summary>{_html_table(runs, settings[differ:])}</details>"
+        if same
+        else "",
     ]
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from pathlib import Path
 
 from visiontune.errors import UserError
@@ -31,13 +32,25 @@ def _read(path: Path) -> dict | list | None:
         return None
 
 
-def _fmt(v) -> str:
-    """How a JSON value is shown (the browser test formats the JSON the same way)."""
+# A value whose key has one of these words is a score (an accuracy, a loss, an F1, a probability): 4
+# decimals, as the console prints them. Any other number (images/s, seconds, a share, an lr) is rounded
+# to 3 significant digits, what it can tell; counts are whole, thousands separated as the start-up block.
+SCORES = {"accuracy", "loss", "precision", "recall", "f1", "ap", "map", "ece", "probability", "threshold", "match"}
+
+
+def _fmt(v, key=None) -> str:
+    """How a JSON value at ``key`` is shown (the browser test formats the JSON the same way)."""
     if v is None:
         return "-"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
-    return str(v) if isinstance(v, int) else f"{v:.4f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(key, str) and SCORES & set(key.split("_")):
+        return f"{v:.4f}"
+    if not math.isfinite(v) or abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:#.3g}".rstrip(".")
 
 
 def _num(src: str, data: dict, *path) -> str:
@@ -50,7 +63,7 @@ def _num(src: str, data: dict, *path) -> str:
             v = None
             break
     where = html.escape(json.dumps(list(path)), quote=True)
-    return f'<td data-src="{src}" data-path="{where}">{html.escape(_fmt(v))}</td>'
+    return f'<td data-src="{src}" data-path="{where}">{html.escape(_fmt(v, path[-1] if path else None))}</td>'
 
 
 def _img(path: Path, alt: str) -> str:
@@ -64,6 +77,17 @@ def _rows(pairs: list[tuple[str, str]]) -> str:
     return "<table>" + "".join(f'<tr><th class="l">{html.escape(k)}</th>{cell}</tr>' for k, cell in pairs) + "</table>"
 
 
+def _epochs(asked, stopped) -> str | int | None:
+    """The epochs asked, and where the run stopped before them (--max-steps, early stop, a caller's reason)."""
+    if not isinstance(stopped, dict) or not isinstance(asked, int):
+        return asked
+    done = stopped.get("epochs_done")
+    reason = stopped.get("reason")
+    why = f"--max-steps {stopped.get('optimizer_steps')}" if reason == "max-steps" else str(reason)
+    ran = f"{done} epoch{'s' * (done != 1)}" if isinstance(done, int) else "fewer"
+    return f"{asked} asked; stopped after {ran}: {why}"
+
+
 def _setup(run: Path, config: dict, summary: dict | None) -> str:
     # ``config`` as runs.runrecords read it: each section, when there, of the type the schema says.
     cfg, setup, view = config.get("config") or {}, config.get("setup") or {}, config.get("model") or {}
@@ -71,6 +95,7 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
     if resize:  # as the run resized every image (runinfo's record)
         crop = view.get("crop_pct")
         resize += f", short side to size / {crop}, centre crop" if crop else ", whole image squashed to size"
+    overview = config.get("overview") or {}  # the resolved setup the run announced (older runs recorded none)
     plain = [
         ("data", (config.get("data") or {}).get("root")),
         ("layout", (config.get("data") or {}).get("layout")),
@@ -78,7 +103,7 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
         ("weights", cfg.get("weights")),
         ("image size", cfg.get("image_size")),
         ("resize", resize),
-        ("epochs", cfg.get("epochs")),
+        ("epochs", _epochs(cfg.get("epochs"), (summary or {}).get("stopped"))),
         ("strategy", setup.get("strategy")),
         ("processes", setup.get("world_size")),
         ("batch per process", setup.get("per_process_batch")),
@@ -87,9 +112,10 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
         ("devices", ", ".join(sorted(set(setup.get("devices") or [])))),
         ("versions", ", ".join(f"{k} {v}" for k, v in (config.get("versions") or {}).items())),
     ]
-    # The resolved setup the run announced at its start (runs before it recorded none).
-    shown = {k for k, _ in plain}
-    plain += [(k, v) for k, v in (config.get("overview") or {}).items() if k not in shown]
+    if overview:  # its rows say the model, resize, batch and lr in full: one row each, not two or three
+        said = {"model", "weights", "image size", "resize", "processes", "batch per process", "global batch"}
+        plain = [(k, v) for k, v in plain if k not in said | {"learning rate"}]
+        plain += list(overview.items())
     out = [_rows([(k, f'<td class="l">{html.escape(_fmt(v))}</td>') for k, v in plain])]
     if summary:
         keys = [

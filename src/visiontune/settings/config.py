@@ -14,6 +14,8 @@ from typing import Any, Literal, get_args, get_type_hints
 
 # Seeds run from 0 to SEEDS - 1: numpy's generators (which Accelerate's set_seed seeds too) take no others.
 SEEDS = 2**32
+# --lr-schedule none, as every page and the start-up block say it
+LR_SCHEDULE_SAID = {"none": "constant"}
 
 
 def _setting(default: Any, help_text: str) -> Any:

@@ -11,7 +11,7 @@ import math
 from visiontune.cluster.strategy import Threads
 from visiontune.models.build import resized_from
 from visiontune.settings import presets
-from visiontune.settings.config import TrainConfig
+from visiontune.settings.config import LR_SCHEDULE_SAID, TrainConfig
 from visiontune.training.plan import Plan
 from visiontune.training.schedule import frozen_steps, warmup_steps
 
@@ -35,7 +35,7 @@ def _optimizer(cfg: TrainConfig, lr: float) -> str:
 
 def _schedule(cfg: TrainConfig, steps_per_epoch: int) -> str:
     warm = warmup_steps(cfg, steps_per_epoch)
-    shape = "constant" if cfg.lr_schedule == "none" else cfg.lr_schedule
+    shape = LR_SCHEDULE_SAID.get(cfg.lr_schedule, cfg.lr_schedule)
     text = f"{warm} warm-up steps, then {shape}" if warm else shape
     frozen = frozen_steps(cfg, steps_per_epoch)
     if not frozen or cfg.lr_schedule == "onecycle":  # one cycle spans the whole run, its rise in the frozen phase
