@@ -216,3 +216,30 @@ def test_without_data_the_run_lists_what_training_was_given_and_an_older_manifes
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "trained on a manifest" in err and "pass --data" in err
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
+@pytest.mark.slow
+def test_an_exported_model_s_evaluation_goes_beside_the_run_s_own_and_each_names_its_file(
+    trained_run, tmp_path, capsys
+):
+    """`evaluate --run R --weights R/best.onnx` writes R/eval-best.json (and its figures, named after it) beside
+    R/eval.json, which it leaves as it was; each records the file it scored (name, sha256), and the report
+    shows both side by side while its detailed section stays the run's own evaluation."""
+    import hashlib
+
+    run = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0
+    own = {name: (run / name).read_bytes() for name in ("eval.json", "confusion_matrix.png", "top_losses.csv")}
+    assert main(["export", "--run", str(run), "--format", "onnx"]) == 0
+    assert main(["evaluate", "--run", str(run), "--weights", str(run / "best.onnx"), "--no-progress"]) == 0
+    assert {name: (run / name).read_bytes() for name in own} == own  # the run's own evaluation untouched
+    exported = json.loads((run / "eval-best.json").read_text())
+    assert (run / "eval-best-confusion_matrix.png").is_file() and (run / "eval-best-top_losses.csv").is_file()
+    for ev, file in ((json.loads(own["eval.json"]), "best.safetensors"), (exported, "best.onnx")):
+        assert ev["model_file"] == {"name": file, "sha256": hashlib.sha256((run / file).read_bytes()).hexdigest()}
+    page = (run / "report.html").read_text()
+    side = page[page.index("<h3>Side by side</h3>") : page.index("</table>", page.index("<h3>Side by side</h3>"))]
+    assert "eval.json" in side and "eval-best.json" in side and "best.safetensors" in side and "best.onnx" in side
+    assert exported["model_file"]["sha256"][:12] in side
+    assert "<p>Model file: best.safetensors (sha256" in page  # the detailed section: the run's own evaluation
+    assert "wrote " + str(run / "eval-best.json") in capsys.readouterr().out

@@ -213,14 +213,14 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     from pathlib import Path
 
     from visiontune.cluster import launch
-    from visiontune.inference.evaluate import evaluate, recorded_data
+    from visiontune.inference.evaluate import default_out, evaluate, recorded_data
 
     data, columns = args.data, (args.image_column, args.label_column)
     if not data:  # the run's own data, listed as training listed it (hf: columns included unless given)
         data, recorded = recorded_data(args.run)
         columns = (columns[0] or recorded[0], columns[1] or recorded[1])
     loaded, icfg = _inference(args, model_of_run=False)
-    out = args.out or str(Path(args.run) / "eval.json")
+    out = args.out or default_out(args.run, getattr(args, "weights", None))
     return launch.here_or_relaunched(
         args.nproc,
         argv,

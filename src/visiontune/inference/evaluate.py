@@ -15,6 +15,7 @@ confusion matrix, the top losses (PNG and CSV), and the run's report is rebuilt.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -32,6 +33,8 @@ from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
 from visiontune.reports import figures, metrics, multilabel, regression
+from visiontune.reports.report import beside
+from visiontune.runs import runinfo
 from visiontune.tasks import UNREADABLE
 
 SPLITS = ("val", "train", "all")
@@ -143,6 +146,26 @@ def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[Im
     return images.take(keep), {"split": split, "own_data": True, "split_files_missing": len(wanted) - len(keep)}
 
 
+def model_file(path: str | None) -> dict | None:
+    """The scored model file as an evaluation records it: its name and sha256 (None: a model not read from one)."""
+    if not path:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"name": Path(path).name, "sha256": digest.hexdigest()}
+
+
+def default_out(run_dir: str, weights: str | None) -> str:
+    """Where ``evaluate --run RUN`` writes: ``RUN/eval.json`` for the run's own model, and beside it
+    ``RUN/eval-NAME.json`` for another file of it scored on its data (an export: ``eval-best.int8.json``), so
+    that neither evaluation replaces the other."""
+    if not weights or Path(weights).resolve() == Path(runinfo.best_weights(run_dir)).resolve():
+        return str(Path(run_dir) / "eval.json")
+    return str(Path(run_dir) / f"eval-{Path(weights).stem}.json")
+
+
 def describe(scored: dict, n: int, total: int) -> str:
     if scored["own_data"] is None:
         return (
@@ -159,7 +182,7 @@ def describe(scored: dict, n: int, total: int) -> str:
     return f"{name}: {n} of {total} images" + (" (--split train|all for the rest)" if scored["split"] == "val" else "")
 
 
-def write_top_losses(folder: Path, items: list[dict], paths: list[str], classes: list[str]) -> None:
+def write_top_losses(out: str, items: list[dict], paths: list[str], classes: list[str]) -> None:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["rank", "path", "true", "predicted", "probability", "true_probability", "loss"])
@@ -175,8 +198,8 @@ def write_top_losses(folder: Path, items: list[dict], paths: list[str], classes:
                 f"{it['loss']:.6f}",
             ]
         )
-    files.atomic_write(folder / "top_losses.csv", buf.getvalue())
-    figures.plot_top_losses(folder / "top_losses.png", items, paths, classes)
+    files.atomic_write(beside(out, "top_losses.csv"), buf.getvalue())
+    figures.plot_top_losses(beside(out, "top_losses.png"), items, paths, classes)
 
 
 WORST = "worst_per_class.csv"
@@ -217,14 +240,14 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         for rank, it in enumerate(items, 1):
             w.writerow([name, rank, it["path"], int(it["positive"]), f"{it['probability']:.6f}", f"{t:.6f}"])
     folder = Path(out).parent
-    files.atomic_write(folder / WORST, buf.getvalue())
+    files.atomic_write(beside(out, WORST), buf.getvalue())
     # The scored outputs at full precision (repr): every figure of eval.json can be recomputed from them.
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["path", "labels", *(f"prob_{c}" for c in loaded.classes)])
     for path, row, ys in zip(kept, probs.tolist(), (targets > 0.5).tolist()):
         w.writerow([path, ";".join(c for c, y in zip(loaded.classes, ys) if y), *map(repr, row)])
-    files.atomic_write(folder / PREDICTIONS, buf.getvalue())
+    files.atomic_write(beside(out, PREDICTIONS), buf.getvalue())
     files.write_json(out, report)
     print(multilabel.table(report))
     print(
@@ -233,7 +256,7 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         f"{_num(report['exact_match'])}, micro F1 {_num(report['averages']['micro']['f1'])}, macro F1 "
         f"{_num(report['averages']['macro']['f1'])} at the thresholds of {report['thresholds_from']}"
     )
-    print(f"visiontune: wrote {out}, {WORST} and {PREDICTIONS} in {folder}")
+    print(f"visiontune: wrote {out}, {beside(out, WORST).name} and {beside(out, PREDICTIONS).name} in {folder}")
     return report
 
 
@@ -286,6 +309,7 @@ def evaluate(
     if launch.rank() == 0:
         print(images.describe())
     chosen, scored = select(images, run_dir, split)
+    scored = {**scored, "model_file": model_file(loaded.file)}  # what was scored: these images, by this file
     paths = list(chosen.paths)
     accelerator = inference.start(icfg)
     model = tta.wrap_loaded(loaded, tta_mode)
@@ -300,7 +324,9 @@ def evaluate(
         if run_dir:
             from visiontune.reports import report as run_report
 
-            print(f"visiontune: report {run_report.write(run_dir, eval_json=out)}")
+            # An export's evaluation beside the run's own (eval-NAME.json) is shown beside it, not instead of it.
+            shown = None if run_report.is_beside(run_dir, out) else out
+            print(f"visiontune: report {run_report.write(run_dir, eval_json=shown)}")
     accelerator.wait_for_everyone()
     return report
 
@@ -329,11 +355,12 @@ def _single_label(accelerator, loaded, outputs, paths, chosen, images, scored, t
     losses = metrics.top_losses(logits[ok], got[ok], top_n)
     report["top_losses"] = [{**it, "path": kept[it["index"]]} for it in losses]
     folder = Path(out).parent
-    figures.plot_confusion(folder / "confusion_matrix.png", report)
-    write_top_losses(folder, losses, kept, classes)
+    figures.plot_confusion(beside(out, "confusion_matrix.png"), report)
+    write_top_losses(out, losses, kept, classes)
     files.write_json(out, report)
     print_report(report)
-    print(f"visiontune: wrote {out}, confusion_matrix.png, top_losses.png and top_losses.csv in {folder}")
+    named = ", ".join(beside(out, n).name for n in ("confusion_matrix.png", "top_losses.png"))
+    print(f"visiontune: wrote {out}, {named} and {beside(out, 'top_losses.csv').name} in {folder}")
     return report
 
 
@@ -374,21 +401,22 @@ def _regression(accelerator, loaded, outputs, paths, chosen, images, scored, tta
     w.writerow(["path", *(f"true_{n}" for n in names), *(f"predicted_{n}" for n in names)])
     for path, t, p in zip(kept, true.tolist(), pred.tolist()):
         w.writerow([path, *map(repr, t), *map(repr, p)])
-    files.atomic_write(folder / PREDICTIONS, buf.getvalue())
+    files.atomic_write(beside(out, PREDICTIONS), buf.getvalue())
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["rank", "path", "error", *(f"true_{n}" for n in names), *(f"predicted_{n}" for n in names)])
     for rank, it in enumerate(report["largest_residuals"], 1):
         w.writerow([rank, it["path"], repr(it["error"]), *map(repr, it["true"]), *map(repr, it["predicted"])])
-    files.atomic_write(folder / RESIDUALS, buf.getvalue())
-    regression.plot_scatter(folder / "scatter.png", pred, true, names)
+    files.atomic_write(beside(out, RESIDUALS), buf.getvalue())
+    regression.plot_scatter(beside(out, "scatter.png"), pred, true, names)
     files.write_json(out, report)
     print(
         f"visiontune: scored {report['scored']}{'; TTA ' + tta_mode if tta_mode != 'none' else ''}\n"
         f"visiontune: MAE {_num(report['mae'])}, RMSE {_num(report['rmse'])}, R² {_num(report['r2'])} "
         f"(always the mean: MAE {_num(report['baseline_mae'])})"
     )
-    print(f"visiontune: wrote {out}, {PREDICTIONS}, {RESIDUALS} and scatter.png in {folder}")
+    named = ", ".join(beside(out, n).name for n in (PREDICTIONS, RESIDUALS))
+    print(f"visiontune: wrote {out}, {named} and {beside(out, 'scatter.png').name} in {folder}")
     return report
 
 

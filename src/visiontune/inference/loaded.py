@@ -46,6 +46,9 @@ class LoadedModel:
     info: RunInfo  # what it is and how it must be fed: name, classes, image size, mean/std
     batch_size: int  # the run's per-process batch: the default for inference
     thresholds_from: str = "the run's validation split"  # multi-label: where info.thresholds come from
+    file: str | None = (
+        None  # the file the model was read from (a run's best.safetensors, an export): evaluations name it
+    )
 
     @property
     def name(self) -> str:
@@ -125,7 +128,7 @@ def load_model(
         exported = formats.open_exported(weights, torch.get_num_threads())
         given = {"model": model, "classes": tuple(classes) if classes else None, "image_size": image_size}
         runinfo.reconcile(exported.info, weights, **given)
-        return LoadedModel(formats.AsLogits(exported).eval(), exported.info, batch, "the exported file")
+        return LoadedModel(formats.AsLogits(exported).eval(), exported.info, batch, "the exported file", weights)
     if run:
         info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
         batch = TrainConfig(**load_config_file(where)).batch_size
@@ -141,7 +144,7 @@ def load_model(
     runinfo.reconcile(info, where, model=model, classes=tuple(classes) if classes else None, image_size=image_size)
     net = build_model(info.model, len(info.classes), path, image_size=info.image_size, head_may_differ=False).eval()
     _check_size(net, info, where)
-    return LoadedModel(net, info, batch)
+    return LoadedModel(net, info, batch, file=path)
 
 
 def _check_size(net: nn.Module, info: RunInfo, where: str) -> None:

@@ -144,7 +144,60 @@ def _setup(run: Path, config: dict, summary: dict | None) -> str:
     return "".join(out)
 
 
-def _multilabel_evaluation(folder: Path, ev: dict) -> str:
+def beside(eval_json: str | Path, name: str) -> Path:
+    """Where an evaluation's file ``name`` (confusion_matrix.png, top_losses.csv, ...) goes: beside its JSON,
+    and named after it for an exported model's evaluation (``eval-best.int8.json``: ``eval-best.int8-NAME``),
+    so that it never replaces the run's own."""
+    p = Path(eval_json)
+    return p.parent / (f"{p.stem}-{name}" if p.name.startswith(BESIDE) else name)
+
+
+BESIDE = "eval-"  # RUN/eval-NAME.json: the evaluation of another file of the run (an export), beside eval.json
+MAX_BESIDE = 20  # evaluations shown side by side at most (a folder may hold any number of files)
+
+
+def is_beside(run_dir: str | Path, eval_json: str | Path) -> bool:
+    p = Path(eval_json)
+    return p.name.startswith(BESIDE) and p.suffix == ".json" and p.parent.resolve() == Path(run_dir).resolve()
+
+
+def _side_by_side(run: Path) -> str:
+    """The run's own evaluation and those of its exported files (``eval-NAME.json``), one column each: which
+    file each scored (name, sha256), on which images, and its headline figures."""
+    found = [run / "eval.json", *sorted(run.glob(f"{BESIDE}*.json"))[:MAX_BESIDE]]
+    evals = [(p, ev) for p in found if isinstance(ev := _read(p), dict) and "averages" in ev]
+    if not any(p.name != "eval.json" for p, _ in evals):
+        return ""
+    rows = [
+        ("model file", ("model_file", "name")),
+        ("sha256", ("model_file", "sha256")),
+        ("scored", ("scored",)),
+        ("accuracy", ("accuracy",)),
+        ("mAP (macro)", ("map",)),
+        ("macro f1", ("averages", "macro", "f1")),
+        ("log loss", ("log_loss",)),
+        ("MAE", ("mae",)),
+    ]
+
+    def cell(ev: dict, path: tuple) -> str:
+        v = ev
+        for key in path:
+            v = v.get(key) if isinstance(v, dict) else None
+        text = _fmt(v, path[-1])
+        return text[:12] + "..." if path[-1] == "sha256" and v else text
+
+    shown = [(label, path) for label, path in rows if any(cell(ev, path) != "-" for _, ev in evals)]
+    head = "<tr><th class='l'>evaluation</th>" + "".join(f"<th class='l'>{html.escape(p.name)}</th>" for p, _ in evals)
+    body = "".join(
+        f"<tr><th class='l'>{html.escape(label)}</th>"
+        + "".join(f"<td class='l'>{html.escape(cell(ev, path))}</td>" for _, ev in evals)
+        + "</tr>"
+        for label, path in shown
+    )
+    return f"<h3>Side by side</h3><table>{head}</tr>{body}</table>"
+
+
+def _multilabel_evaluation(eval_json: Path, ev: dict) -> str:
     """A multi-label eval.json: mAP and the averages, per-class AP at the threshold used, the worst images."""
     overall = [
         ("images", ("images",)),
@@ -187,14 +240,21 @@ def _multilabel_evaluation(folder: Path, ev: dict) -> str:
     return "".join(out)
 
 
-def _evaluation(folder: Path, ev: dict) -> str:
-    """The section of an ``eval.json``, as its task's evaluation wrote it (``SECTIONS``)."""
+def _evaluation(eval_json: Path, ev: dict) -> str:
+    """The section of an ``eval.json`` (its figures ``beside`` it), as its task's evaluation wrote it
+    (``SECTIONS``), and which model file it scored."""
+    scored = ev.get("model_file") if isinstance(ev.get("model_file"), dict) else {}
+    named_file = (
+        f"<p>Model file: {html.escape(str(scored.get('name')))} (sha256 {html.escape(str(scored.get('sha256')))}).</p>"
+        if scored
+        else ""
+    )
     if ev.get("report") in SECTIONS:  # a task built on another one's evaluation names it
-        return SECTIONS[ev["report"]](folder, ev)
-    return SECTIONS[(recorded(ev) or SINGLE_LABEL).report](folder, ev)
+        return named_file + SECTIONS[ev["report"]](eval_json, ev)
+    return named_file + SECTIONS[(recorded(ev) or SINGLE_LABEL).report](eval_json, ev)
 
 
-def _single_label_evaluation(folder: Path, ev: dict) -> str:
+def _single_label_evaluation(eval_json: Path, ev: dict) -> str:
     """A single-label eval.json: accuracy and the averages, per-class precision and recall, the confusion
     matrix and the top losses."""
     top = f"top-{ev['top_k']} accuracy" if ev.get("top_k") else None
@@ -232,9 +292,9 @@ def _single_label_evaluation(folder: Path, ev: dict) -> str:
         )
     out += [
         "</table><h3>Confusion matrix</h3>",
-        _img(folder / "confusion_matrix.png", "confusion matrix"),
+        _img(beside(eval_json, "confusion_matrix.png"), "confusion matrix"),
         "<h3>Top losses</h3>",
-        _img(folder / "top_losses.png", "top losses"),
+        _img(beside(eval_json, "top_losses.png"), "top losses"),
     ]
     if ev.get("top_losses"):
         out.append(
@@ -255,7 +315,7 @@ def _single_label_evaluation(folder: Path, ev: dict) -> str:
 
 
 # The evaluation section of each task (``tasks``), as ``inference/evaluate.py``'s ``REPORTS`` writes its eval.json.
-def _regression_evaluation(folder: Path, ev: dict) -> str:
+def _regression_evaluation(eval_json: Path, ev: dict) -> str:
     """A regression eval.json: MAE, RMSE and R² against the mean's MAE, per target, the largest residuals and
     the predicted-vs-true scatter."""
     overall = [("images", ("count",)), ("MAE", ("mae",)), ("RMSE", ("rmse",)), ("R²", ("r2",))]
@@ -264,7 +324,7 @@ def _regression_evaluation(folder: Path, ev: dict) -> str:
         f"<p>Regression. Scored: {html.escape(str(ev.get('scored')))}; data {html.escape(str(ev.get('data')))}.</p>"
         + _rows([(label, _num("eval", ev, *path)) for label, path in overall])
         + regression.section(ev, _num)
-        + _img(folder / "scatter.png", "predicted against true")
+        + _img(beside(eval_json, "scatter.png"), "predicted against true")
     )
 
 
@@ -358,8 +418,9 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
             _smoothing_note(config),
             "<h2>Evaluation</h2>",
         ]
+        body.append(_side_by_side(run))
         body.append(
-            _evaluation(eval_path.parent, ev)
+            _evaluation(eval_path, ev)
             if ev
             else f'<p class="note">Not evaluated yet: <code>visiontune evaluate --run {html.escape(str(run))} '
             f"--data DATA</code> adds per-class metrics, the confusion matrix and the top losses.</p>"
