@@ -119,6 +119,18 @@ def test_a_shared_list_cannot_be_copied_into_millions_of_sizes(saved, tmp_path):
         dcpfiles.read_metadata(str(folder))
 
 
+@pytest.mark.parametrize("field", ["state_dict_metadata", "storage_data", "properties"])
+def test_an_index_built_without_one_of_its_fields_is_refused_in_one_line(saved, tmp_path, field):
+    # A pickle builds DCP's classes from any state it holds: a field may simply be missing (found by the fuzzer).
+    folder = _copy(saved, tmp_path)
+    metadata = dcpfiles.read_metadata(str(folder))
+    holder = metadata.state_dict_metadata["model.w"] if field == "properties" else metadata
+    del holder.__dict__[field]
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UserError, match="cannot load checkpoint"):
+        dcpfiles.read_metadata(str(folder))
+
+
 @pytest.mark.slow
 def test_fsdp_resume_from_a_tampered_checkpoint_is_one_line_exit_2_and_runs_nothing(tmp_path, worker_env):
     """``train --strategy fsdp --resume auto`` on a run folder whose .metadata (and its recorded sha256) was

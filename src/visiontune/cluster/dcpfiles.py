@@ -93,6 +93,8 @@ def read_metadata(folder: str):
         check(metadata, folder)
     except ValueError as e:
         raise _fail(folder, str(e)) from None
+    except (AttributeError, TypeError) as e:  # a pickle may build DCP's classes without their fields
+        raise _fail(folder, f"is not a checkpoint index ({e.__class__.__name__})") from None
     return metadata
 
 
