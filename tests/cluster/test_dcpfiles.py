@@ -131,6 +131,35 @@ def test_an_index_built_without_one_of_its_fields_is_refused_in_one_line(saved, 
         dcpfiles.read_metadata(str(folder))
 
 
+MD = b"torch.distributed.checkpoint.metadata"
+
+
+def _global(module: bytes, name: bytes) -> bytes:
+    return b"\x8c" + bytes([len(module)]) + module + b"\x8c" + bytes([len(name)]) + name + b"\x93"
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        # PUT at index 2**31 - 1: the C unpickler sizes its memo array by it (16 GB).
+        (b"\x80\x04Nr\xff\xff\xff\x7f.", "is not a checkpoint index"),
+        # A class of the index called with arguments (MetadataIndex copies its offset: a shared list, copied
+        # once per call, grows the square of the file).
+        (b"\x80\x04" + _global(MD, b"MetadataIndex") + b"\x8c\x01a]\x86R.", "calls MetadataIndex, which it may not"),
+        # One dict of fields set on an object that is no part of the index.
+        (b"\x80\x04" + _global(b"torch", b"float32") + b"}b.", "sets fields it may not"),
+        # A path of a name longer than any (a long name, referenced many times, would be joined many times).
+        (b"\x80\x04" + _global(b"pathlib", b"PosixPath") + b"X\x00\x20\x00\x00" + b"a" * 8192 + b"\x85R.", "is not"),
+    ],
+    ids=["memo-index", "constructor-call", "build-elsewhere", "path-parts"],
+)
+def test_an_index_that_would_take_memory_out_of_proportion_to_its_size_is_refused(saved, tmp_path, data, said):
+    folder = _copy(saved, tmp_path)
+    (folder / ".metadata").write_bytes(data)
+    with pytest.raises(UserError, match=f"cannot load checkpoint .*: its .metadata {said}"):
+        dcpfiles.read_metadata(str(folder))
+
+
 @pytest.mark.slow
 def test_fsdp_resume_from_a_tampered_checkpoint_is_one_line_exit_2_and_runs_nothing(tmp_path, worker_env):
     """``train --strategy fsdp --resume auto`` on a run folder whose .metadata (and its recorded sha256) was

@@ -10,6 +10,7 @@ schema DCP writes (``check``), and the items are loaded with ``weights_only=True
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
@@ -22,7 +23,8 @@ METADATA = ".metadata"
 MAX_METADATA_BYTES = 256 << 20  # an index of chunks: a few MB for the largest models and worlds
 MAX_DIMS = 64  # a tensor's dimensions (a torch.Size in the index is built from at most this many numbers)
 _MD = "torch.distributed.checkpoint.metadata"
-_CLASSES = {
+# The classes an index is made of: each built empty (NEWOBJ) and given its fields (BUILD), never called.
+_OBJECTS = {
     (_MD, "Metadata"),
     (_MD, "TensorStorageMetadata"),
     (_MD, "BytesStorageMetadata"),
@@ -30,13 +32,10 @@ _CLASSES = {
     (_MD, "TensorProperties"),
     (_MD, "MetadataIndex"),
     (_MD, "StorageMeta"),
-    (_MD, "_MEM_FORMAT_ENCODING"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),  # a layout by its name
-    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: where it was written
-    ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict"),
 }
+_MAX_FIELDS = 16  # what one BUILD may set: a dataclass's fields (at most 5 in DCP's)
+_MAX_NAME = 4096  # characters of a path the index names (StorageMeta.checkpoint_id)
 _DATA_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.distcp")  # a file beside .metadata, never a path
 
 
@@ -45,25 +44,99 @@ def _size(dims=()):
     times must not be copied into millions of sizes)."""
     import torch
 
-    dims = tuple(dims)
+    dims = tuple(dims[: MAX_DIMS + 1]) if isinstance(dims, (tuple, list)) else ()
     if len(dims) > MAX_DIMS or not all(type(d) is int and 0 <= d < 1 << 62 for d in dims):
         raise ValueError("a tensor size that is not a short list of counts")
     return torch.Size(dims)
 
 
-class _Unpickler(pickle.Unpickler):
-    """Builds DCP's metadata classes, ``torch.Size``, dtypes and layouts; refuses every other global."""
+def _layout(name):
+    from torch.serialization import _get_layout
+
+    if type(name) is not str or len(name) > 100:
+        raise ValueError("a layout that is not a name")
+    return _get_layout(name)
+
+
+def _memory_format(code):
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    if type(code) is not int:
+        raise ValueError("a memory format that is not a code")
+    return _MEM_FORMAT_ENCODING(code)
+
+
+@functools.cache
+def _object_classes() -> tuple:
+    import importlib
+
+    return tuple(getattr(importlib.import_module(m), n) for m, n in sorted(_OBJECTS))
+
+
+def _path(*parts):
+    """Where the checkpoint was written (unused on load), from a few short names."""
+    from pathlib import PurePosixPath
+
+    if len(parts) > 8 or not all(type(p) is str and len(p) <= _MAX_NAME for p in parts):
+        raise ValueError("a path that is not a few names")
+    return PurePosixPath(*parts)
+
+
+class _Unpickler(pickle._Unpickler):
+    """Builds DCP's index: its classes (made empty, then given their fields), ``torch.Size``, dtypes, layouts
+    and the memory-format code, through short checked calls; any other global, or any other call, is refused.
+
+    The pure-Python unpickler, not the C one: the C unpickler's memo is an array sized by the largest index a
+    file names, so nine bytes (``PUT`` at index 2**31) ask for 16 GB; this one's memo is a dict. With every
+    call bounded and no constructor run, what it builds is at most a constant times the file's size."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> Any:
         import torch
 
-        if (module, name) == ("torch", "Size"):
-            return _size
+        calls = {
+            ("torch", "Size"): _size,
+            ("torch.serialization", "_get_layout"): _layout,
+            ("pathlib", "PosixPath"): _path,
+            ("pathlib", "PurePosixPath"): _path,
+            (_MD, "_MEM_FORMAT_ENCODING"): _memory_format,
+        }
+        if (module, name) in calls:
+            return calls[module, name]
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        if (module, name) in _CLASSES:
+        if (module, name) in _OBJECTS:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"names {module}.{name}, which is not part of a checkpoint's index")
+
+    def load_reduce(self) -> None:
+        args, func = self.stack[-1], self.stack[-2]
+        if func not in (_size, _layout, _path, _memory_format) or type(args) is not tuple or len(args) > 8:
+            raise pickle.UnpicklingError(f"calls {getattr(func, '__name__', type(func).__name__)}, which it may not")
+        super().load_reduce()
+
+    def load_newobj(self) -> None:
+        if self.stack[-2] not in _object_classes() or self.stack[-1] != ():
+            raise pickle.UnpicklingError("makes an object of a class that is not part of a checkpoint's index")
+        super().load_newobj()
+
+    def load_build(self) -> None:
+        state, inst = self.stack[-1], self.stack[-2]
+        if type(inst) not in _object_classes() or type(state) not in (dict, tuple) or len(state) > _MAX_FIELDS:
+            raise pickle.UnpicklingError("sets fields it may not")
+        super().load_build()
+
+    def _instantiate(self, klass, args) -> None:  # INST and OBJ: a class called with arguments
+        raise pickle.UnpicklingError("calls a class, which it may not")
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+    dispatch[pickle.NEWOBJ[0]] = load_newobj
+    dispatch[pickle.NEWOBJ_EX[0]] = lambda self: self._refuse_newobj_ex()
+    dispatch[pickle.BUILD[0]] = load_build
+
+    def _refuse_newobj_ex(self) -> None:
+        raise pickle.UnpicklingError("makes an object with keyword arguments, which it may not")
 
 
 def _fail(folder: str, why: str) -> UserError:
@@ -81,7 +154,8 @@ def read_metadata(folder: str):
         if size > MAX_METADATA_BYTES:
             raise _fail(folder, f"has {size} bytes, more than the {MAX_METADATA_BYTES} an index may have")
         with open(path, "rb") as f:
-            metadata = _Unpickler(f).load()
+            data = f.read(MAX_METADATA_BYTES + 1)  # read whole: a length in the pickle can ask for no more
+        metadata = _Unpickler(io.BytesIO(data)).load()
     except UserError:
         raise
     except OSError as e:
