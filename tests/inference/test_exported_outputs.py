@@ -133,3 +133,19 @@ def test_fuzz_any_output_of_an_exported_file_is_its_descriptions_or_one_line(out
             assert out.shape == (1, 2) and np.isfinite(out).all()
     except UserError as e:
         assert len(str(e).splitlines()) == 1 and str(e).startswith("m.onnx ")
+
+
+def test_a_description_with_a_number_beyond_a_float_is_one_line(tmp_path, image, capsys):
+    """JSON's integers have no bound: a mean of 10**400 is a damaged description, not an OverflowError."""
+    import json
+
+    from onnx import load, save
+
+    path = _onnx(tmp_path / "m.onnx")
+    model = load(str(path))
+    described = json.loads(model.metadata_props[0].value)
+    model.metadata_props[0].value = json.dumps({**described, "mean": [10**400, 0.5, 0.5]})
+    save(model, str(path))
+    assert main(["predict", "--weights", str(path), str(image), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: damaged model description: mean is [1000000000" in err[0]

@@ -88,6 +88,7 @@ def test_a_hub_config_within_bounds_gives_its_preprocessing_and_builds(hub):
             f"{MAX_IMAGE_SIZE}",
         ),
         ({"model_args": {"depths": [10**9]}}, "has model_args {'depths': [1000000000]}, expected keyword arguments"),
+        ({"crop_pct": 10**400}, "has pretrained_cfg.crop_pct 1000000000"),
         ({"mean": [0.5, float("nan"), 0.5]}, "has pretrained_cfg.mean [0.5, nan, 0.5], expected three finite numbers"),
     ],
 )
@@ -141,7 +142,7 @@ JSON = st.recursive(
 FIELDS = ["input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode", "architecture", "num_classes"]
 VALUES = (
     JSON
-    | st.sampled_from([*INTERPOLATIONS, "lanczos", "os.system", "test_vit", "resnet18.a1_in1k", "__import__"])
+    | st.sampled_from([*INTERPOLATIONS, "lanczos", "os.system", "test_vit", "resnet18.a1_in1k", "__import__", 10**400])
     | st.lists(st.integers(-5, 10_000), min_size=3, max_size=3)
     | st.lists(st.floats(-1, 2), min_size=3, max_size=3)
 )

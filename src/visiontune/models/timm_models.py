@@ -185,7 +185,8 @@ _CROP_MODES = ("center", "squash", "border")
 
 
 def _number(v: Any, lo: float, hi: float) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+    # The range first: JSON's integers have no bound, and math.isfinite raises on one beyond a float's range.
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi and math.isfinite(v)
 
 
 def _three(lo: float, hi: float):

@@ -49,9 +49,9 @@ MAX_RESIZE = 8192  # the side an image is resized to before its centre crop: ima
 
 
 def _number(v: Any, lo: float, hi: float) -> bool:
-    # bool is an int to Python, and JSON's true is no size; NaN fails every comparison, so the range check
-    # alone would let it through.
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+    # bool is an int to Python, and JSON's true is no size. The range first: JSON's integers have no bound, and
+    # math.isfinite raises on one beyond a float's range.
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi and math.isfinite(v)
 
 
 def _three(lo: float, hi: float) -> Callable[[Any], bool]:
