@@ -20,7 +20,7 @@ from typing import Any
 from visiontune.errors import UserError
 
 METADATA = ".metadata"
-MAX_METADATA_BYTES = 256 << 20  # an index of chunks: a few MB for the largest models and worlds
+MAX_METADATA_BYTES = 64 << 20  # an index of chunks: a few MB for a ViT-L on 8 processes
 MAX_DIMS = 64  # a tensor's dimensions (a torch.Size in the index is built from at most this many numbers)
 _MD = "torch.distributed.checkpoint.metadata"
 # The classes an index is made of: each built empty (NEWOBJ) and given its fields (BUILD), never called.
@@ -36,6 +36,7 @@ _OBJECTS = {
 }
 _MAX_FIELDS = 16  # what one BUILD may set: a dataclass's fields (at most 5 in DCP's)
 _MAX_NAME = 4096  # characters of a path the index names (StorageMeta.checkpoint_id)
+_MAX_PARTS = 64  # the arguments of one call: a path's parts (each call's work is bounded by it)
 _DATA_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.distcp")  # a file beside .metadata, never a path
 
 
@@ -74,10 +75,10 @@ def _object_classes() -> tuple:
 
 
 def _path(*parts):
-    """Where the checkpoint was written (unused on load), from a few short names."""
+    """Where the checkpoint was written (unused on load): its parts, at most a path's length together."""
     from pathlib import PurePosixPath
 
-    if len(parts) > 8 or not all(type(p) is str and len(p) <= _MAX_NAME for p in parts):
+    if len(parts) > _MAX_PARTS or not all(type(p) is str for p in parts) or sum(map(len, parts)) > _MAX_NAME:
         raise ValueError("a path that is not a few names")
     return PurePosixPath(*parts)
 
@@ -112,7 +113,7 @@ class _Unpickler(pickle._Unpickler):
 
     def load_reduce(self) -> None:
         args, func = self.stack[-1], self.stack[-2]
-        if func not in (_size, _layout, _path, _memory_format) or type(args) is not tuple or len(args) > 8:
+        if func not in (_size, _layout, _path, _memory_format) or type(args) is not tuple or len(args) > _MAX_PARTS:
             raise pickle.UnpicklingError(f"calls {getattr(func, '__name__', type(func).__name__)}, which it may not")
         super().load_reduce()
 
