@@ -11,7 +11,7 @@ DEMO_RUN := runs/demo
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,onnx,openvino,tensorboard,formats,serve,lora,tune,s3]'
+	$(BIN)/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,onnx,openvino,tensorboard,formats,serve,lora,tune,s3,audit]'
 	touch $(STAMP)
 
 demo: $(STAMP)

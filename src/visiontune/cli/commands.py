@@ -62,6 +62,21 @@ def cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.audit.audit import audit
+
+    if args.images_from and "data" in vars(args) and args.data != args.images_from:
+        raise UserError("give the data once: DATA or --data DATA")
+    if args.images_from:
+        args.data = args.images_from
+    if not getattr(args, "data", None):
+        raise UserError("give the data to audit: visiontune audit DATA")
+    if args.folds < 2:
+        raise UserError(f"--folds must be 2 or more, got {args.folds}")
+    audit(config_from_args(args), args.out, args.test, args.similarity)
+    return 0
+
+
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.layouts import write_kaggle_manifest
 
@@ -471,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        host.check_environment(trains=args.command in ("train", "lr-find", "bench", "tune"))
+        host.check_environment(trains=args.command in ("train", "lr-find", "bench", "tune", "audit"))
         from visiontune.data import remote
 
         # --allow-pipe: this command line's own data may be a command that is run; nothing else may be.

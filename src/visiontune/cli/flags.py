@@ -483,6 +483,24 @@ def _add_tune_parser(sub, commands: Mapping[str, Callable]) -> None:
     p.set_defaults(func=commands["tune"])
 
 
+def _add_audit_parser(sub, commands: Mapping[str, Callable]) -> None:
+    p = sub.add_parser(
+        "audit",
+        usage="%(prog)s DATA [--folds K] [--out FOLDER] [--test FOLDER] [train's options]",
+        help="probable label errors, duplicates, train/val/test leaks and outliers, from K folds' trainings",
+    )
+    p.add_argument("images_from", nargs="?", metavar="DATA", help="the data, as train's --data")
+    a = p.add_argument_group("the audit (docs/audit.md); train's flags below train every fold")
+    a.add_argument("--folds", type=positive, default=5, help="trainings, each scoring the fold it held out (default 5)")
+    a.add_argument("--out", default="runs/audit", help="folder of audit.csv, audit.json, audit.html and the folds")
+    a.add_argument("--test", metavar="FOLDER", help="a test folder: its copies of training images are leaks")
+    a.add_argument(
+        "--similarity", type=finite, default=0.997, help="thumbnails this alike (cosine, at most 1) are near copies"
+    )
+    add_train_flags(p, leave_out=("output_dir", "folds", "fold"))
+    p.set_defaults(func=commands["audit"])
+
+
 def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     """Every subcommand and its flags; ``commands`` maps each name to the function that runs it."""
     parser = OneLineParser(
@@ -512,6 +530,7 @@ def build_parser(commands: Mapping[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--count", type=positive, default=32, help="images of the batch to draw at most (default 32)")
     add_train_flags(p, leave_out=CHECKPOINT_FLAGS)
     p.set_defaults(func=commands["show"])
+    _add_audit_parser(sub, commands)
     p = sub.add_parser("prepare", help="write DATA/train.csv from the Kaggle layout")
     p.add_argument("data", help="a data folder in the Kaggle layout (train/ with cat.1.jpg-style names)")
     p.set_defaults(func=commands["prepare"])
