@@ -19,7 +19,7 @@ from visiontune.audit import folds, hashing, issues, pages
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 
-SIMILARITY = 0.997  # thumbnails this alike are near copies (see hashing: planted copies >= 0.999 on digits)
+SIMILARITY = 0.998  # thumbnails this alike are near copies (hashing: copies >= 0.999, distinct digits <= 0.9963)
 
 
 def _test_files(folder: str) -> list[str]:
@@ -49,7 +49,7 @@ def _versions() -> dict:
     return {"visiontune": __version__, "cleanlab": cleanlab.__version__, "torch": torch.__version__}
 
 
-def audit(cfg: TrainConfig, out: str, test: str | None = None, similarity: float = SIMILARITY) -> dict:
+def audit(cfg: TrainConfig, out: str, test: str | None = None, similarity: float | None = None) -> dict:
     """Audit ``cfg.data`` with ``cfg.folds`` folds into ``out``; returns audit.json's contents."""
     from visiontune import tasks
     from visiontune.data.groups import split_for
@@ -58,6 +58,7 @@ def audit(cfg: TrainConfig, out: str, test: str | None = None, similarity: float
 
     if cfg.resume not in (None, "auto"):
         raise UserError(f"audit --resume takes auto (continue the audit in --out), got {cfg.resume!r}")
+    similarity = SIMILARITY if similarity is None else similarity
     if not 0.0 < similarity <= 1.0:
         raise UserError(f"--similarity must be above 0 and at most 1, got {similarity}")
     resume = cfg.resume == "auto"
@@ -95,6 +96,7 @@ def audit(cfg: TrainConfig, out: str, test: str | None = None, similarity: float
     counts = {k: sum(r["kind"] == k for r in rows) for k in pages.KINDS}
     summary = {
         "data": cfg.data,
+        "root": images.root,  # what a run's config.json records of its data: how its report finds this audit
         "images": len(images),
         "task": task.name,
         "scored": int((~np.isnan(probs).any(1)).sum()),

@@ -134,6 +134,8 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "cache",
         "max_bad_fraction",
         "limit_images",
+        "exclude",
+        "relabel",
         "image_column",
         "label_column",
         "task",
@@ -495,7 +497,7 @@ def _add_audit_parser(sub, commands: Mapping[str, Callable]) -> None:
     a.add_argument("--out", default="runs/audit", help="folder of audit.csv, audit.json, audit.html and the folds")
     a.add_argument("--test", metavar="FOLDER", help="a test folder: its copies of training images are leaks")
     a.add_argument(
-        "--similarity", type=finite, default=0.997, help="thumbnails this alike (cosine, at most 1) are near copies"
+        "--similarity", type=finite, help="thumbnails this alike (cosine, at most 1) are near copies (default 0.998)"
     )
     add_train_flags(p, leave_out=("output_dir", "folds", "fold"))
     p.set_defaults(func=commands["audit"])

@@ -15,6 +15,7 @@ import base64
 import html
 import json
 import math
+import os
 from pathlib import Path
 
 from visiontune.errors import UserError
@@ -397,6 +398,46 @@ def _smoothing_note(config: dict) -> str:
     )
 
 
+AUDIT_JSON_BYTES = 1 << 20  # audit.json holds counts and settings: a larger one is not an audit's
+AUDITS_LOOKED_AT = 64  # folders beside the run looked into for an audit of its data
+
+
+def _audit_data(folder: Path) -> str | None:
+    """The data an audit folder audited (its ``audit.json``'s ``root``), or None when it is not an audit's;
+    the file is read bounded, as any file found on disk."""
+    path = folder / "audit.json"
+    try:
+        if not (folder / "audit.html").is_file() or path.stat().st_size > AUDIT_JSON_BYTES:
+            return None
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    data = found.get("root") if isinstance(found, dict) else None
+    return data if isinstance(data, str) and len(data) < 4096 else None
+
+
+def _audit_of(run: Path, config: dict) -> Path | None:
+    """The audit of this run's data: the folder of its ``--exclude``/``--relabel`` CSV, the audit this run is
+    a fold of, or an audit folder beside the run; each must name the run's data."""
+    settings = config.get("config") or {}
+    root = (config.get("data") or {}).get("root")
+    csvs = [settings.get(k) for k in ("exclude", "relabel") if isinstance(settings.get(k), str)]
+    beside = sorted(p for p in run.parent.iterdir() if p.is_dir())[:AUDITS_LOOKED_AT] if run.parent.is_dir() else []
+    for folder in [*(Path(c).parent for c in csvs), run.parent.parent, *beside]:
+        data = _audit_data(folder)
+        if data is not None and isinstance(root, str) and os.path.realpath(data) == os.path.realpath(root):
+            return folder
+    return None
+
+
+def _audit_link(run: Path, config: dict) -> str:
+    found = _audit_of(run, config)
+    if found is None:
+        return ""
+    href = html.escape(Path(os.path.relpath(found / "audit.html", run)).as_posix(), quote=True)
+    return f'<p>The data\'s audit (label issues, duplicates, leaks, outliers): <a href="{href}">{html.escape(str(found))}/audit.html</a></p>'
+
+
 def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
     """The page's HTML for ``run_dir`` (``eval_json`` defaults to ``RUN/eval.json``)."""
     run = Path(run_dir)
@@ -413,6 +454,7 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
         body += [
             "<h2>Setup</h2>",
             _setup(run, config, summary),
+            _audit_link(run, config),
             "<h2>Training curves</h2>",
             _img(run / "training_results.png", "training curves") or '<p class="note">No epoch finished.</p>',
             _smoothing_note(config),

@@ -133,6 +133,12 @@ class TrainConfig:
     limit_images: int | None = _setting(
         None, "use a seeded random subset of N images of the data (before the split; recorded in split.json)"
     )
+    exclude: str | None = _setting(
+        None, "a CSV with a file column (audit.csv): leave those files out (recorded in split.json)"
+    )
+    relabel: str | None = _setting(
+        None, "a CSV with file and suggested columns (audit.csv): train those files with the suggested labels"
+    )
     image_column: str | None = _setting(None, "hf: data: the image column (default: the one with the Image feature)")
     label_column: str | None = _setting(None, "hf: data: the label column (default: the ClassLabel one)")
     task: str = _setting(

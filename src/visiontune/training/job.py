@@ -46,6 +46,10 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended
     # lists nothing here).
     columns = (cfg.image_column, cfg.label_column)
     images = None if launch.is_worker() else discover(cfg.data, *columns, task=read_as(cfg.task))
+    if images is not None:  # --exclude/--relabel naming a file not in the data: one line before any worker
+        from visiontune.data import filelist
+
+        filelist.edit(images, cfg.exclude, cfg.relabel)
     strategy.check(cfg)
     if not launch.needs_launcher(cfg):
         from visiontune.models import build

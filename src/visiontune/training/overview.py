@@ -12,6 +12,7 @@ from visiontune.cluster.strategy import Threads
 from visiontune.models.build import resized_from
 from visiontune.settings import presets
 from visiontune.settings.config import LR_SCHEDULE_SAID, TrainConfig
+from visiontune.text import printable
 from visiontune.training.plan import Plan
 from visiontune.training.schedule import frozen_steps, warmup_steps
 
@@ -176,6 +177,10 @@ def rows(
         steps += f"; --max-steps {_n(cfg.max_steps)}: stops there"
     if cfg.limit_images is not None:
         train += f" (--limit-images {_n(cfg.limit_images)}: a seeded subset of the data, split.json)"
+    if cfg.exclude:
+        train += f" (--exclude {printable(cfg.exclude)}: its files left out of train and val, split.json)"
+    if cfg.relabel:
+        train += f" (--relabel {printable(cfg.relabel)}: its files with its suggested labels, split.json)"
     val = f"{_n(val_images)}, each counted once per epoch"
     if cfg.folds:
         val += f"; fold {cfg.fold} of {cfg.folds} (folds 0 to {cfg.folds - 1})"

@@ -22,6 +22,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from visiontune import files, tasks
 from visiontune.cluster import launch, signals
 from visiontune.cluster.strategy import Setup, ThreadWatch, effective, make_accelerator, prepare
+from visiontune.data import filelist
 from visiontune.data.groups import split_for
 from visiontune.data.imageset import ImageSet
 from visiontune.data.listing import listed
@@ -296,6 +297,7 @@ def _train(
         fetch_per_machine(accelerator, cfg.data)
     images = images or listed(cfg.data, cfg.image_column, cfg.label_column, tasks.read_as(cfg.task))
     images, limited = limit(images, cfg.limit_images, cfg.seed)  # a smoke run's subset, before the bad-file screen
+    images, edited = filelist.edit(images, cfg.exclude, cfg.relabel)  # --exclude/--relabel: an audit's findings
     resolved = plan.for_data(job.plan, images, resume.resumed_folder(cfg, run_dir), accelerator.print)
     cfg = resolved.cfg  # the best metric, a resumed run's split method
     imbalance.check_sampler(cfg, resolved.task)  # what needs no model is refused before it is built
@@ -321,6 +323,8 @@ def _train(
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
     if limited:  # the subset is in the lists and their hash; this says how it was drawn
         split_rec = {**split_rec, "limit_images": limited}
+    if edited:
+        split_rec = {**split_rec, **edited}
     _same_split_everywhere(accelerator, split_rec)
     _check_one_global_batch(job, split)
     resolved = plan.fitted(resolved, images.label_array[split.train])  # a regression's target scale

@@ -1,0 +1,101 @@
+"""``--exclude CSV`` / ``--relabel CSV``: the files dropped and relabelled, a file not in the data and a
+malformed CSV each one line, and any bytes given as the CSV read or refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuzzing import fuzz_settings
+from visiontune.data.filelist import edit
+from visiontune.data.imageset import ImageSet
+from visiontune.errors import UserError
+
+
+def _images() -> ImageSet:
+    names = [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(3)]
+    return ImageSet("/d", "imagefolder", [f"/d/{n}" for n in names], [0, 0, 0, 1, 1, 1], ["cat", "dog"])
+
+
+def _multi() -> ImageSet:
+    targets = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0]], np.uint8)
+    return ImageSet("/d", "manifest", ["/d/a.png", "/d/b.png", "/d/c.png"], [0, 1, 0], ["x", "y", "z"], targets=targets)
+
+
+def test_exclude_drops_the_files_and_says_how_many(tmp_path):
+    csv = tmp_path / "audit.csv"
+    csv.write_text("file,kind,score\ncat/1.png,label,0.1\n/d/dog/2.png,duplicate,1\n")
+    kept, record = edit(_images(), str(csv), None)
+    assert list(kept.paths) == ["/d/cat/0.png", "/d/cat/2.png", "/d/dog/0.png", "/d/dog/1.png"]
+    assert kept.labels.tolist() == [0, 0, 1, 1]
+    assert record["exclude"]["images"] == 2 and len(record["exclude"]["sha256"]) == 64
+
+
+def test_relabel_takes_the_suggested_labels_of_rows_that_have_one(tmp_path):
+    csv = tmp_path / "audit.csv"
+    csv.write_text("file,suggested\ncat/1.png,dog\ndog/0.png,\n")
+    relabelled, record = edit(_images(), None, str(csv))
+    assert relabelled.labels.tolist() == [0, 1, 0, 1, 1, 1] and record["relabel"]["images"] == 1
+    multi = tmp_path / "multi.csv"
+    multi.write_text("file,suggested\na.png,y;z\n")
+    out, _ = edit(_multi(), None, str(multi))
+    assert out.targets.tolist() == [[0, 1, 1], [0, 1, 0], [1, 1, 0]] and out.labels.tolist() == [1, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "flag, text, says",
+    [
+        ("exclude", "file\ncat/9.png\n", "row 2 names 'cat/9.png', which is not in /d"),
+        ("exclude", "name\ncat/1.png\n", "needs a header with file columns"),
+        ("relabel", "file\ncat/1.png\n", "needs a header with file and suggested columns"),
+        ("relabel", "file,suggested\ncat/1.png,bird\n", "'bird' (for /d/cat/1.png) is not a class of /d"),
+        ("exclude", 'file\n"cat/1.png\n', "not a CSV"),
+    ],
+)
+def test_bad_csv_is_one_line_naming_the_flag(tmp_path, flag, text, says):
+    csv = tmp_path / "x.csv"
+    csv.write_text(text)
+    args = (str(csv), None) if flag == "exclude" else (None, str(csv))
+    with pytest.raises(UserError, match=rf"^--{flag} {csv}: ") as e:
+        edit(_images(), *args)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+@fuzz_settings(200)
+@given(st.binary(max_size=400))
+def test_fuzz_any_bytes_as_the_csv_are_rows_or_one_line(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("fuzz") / "x.csv"
+    path.write_bytes(data)
+    try:
+        kept, _ = edit(_images(), str(path), None)
+    except UserError as e:
+        assert "\n" not in str(e)
+        return
+    assert set(kept.paths) <= set(_images().paths)
+
+
+@pytest.mark.slow
+def test_train_with_exclude_and_relabel_records_them(tmp_path, sample_data, capsys):
+    from trainrun import TINY
+    from visiontune.cli.commands import main
+
+    audit = tmp_path / "audit.csv"
+    audit.write_text("file,kind,suggested\ntrain/cat.0.jpg,label,dog\ntrain/dog.1.jpg,duplicate,\n")
+    run = tmp_path / "run"
+    argv = ["train", "--data", str(sample_data), "--output-dir", str(run), *TINY, "--epochs", "1"]
+    assert main([*argv, "--exclude", str(audit)]) == 0
+    said = capsys.readouterr().out
+    assert f"--exclude {audit}: its files left out" in said
+    split = json.loads((run / "split.json").read_text())
+    listed = {*split["train"], *split["val"]}
+    assert "train/dog.1.jpg" not in listed and "train/cat.0.jpg" not in listed
+    assert split["exclude"]["images"] == 2 and len(listed) == 118
+    # --relabel on a file not in the data: one line, before any training.
+    bad = tmp_path / "bad.csv"
+    bad.write_text("file,suggested\ntrain/bird.1.jpg,dog\n")
+    assert main([*argv[:4], str(tmp_path / "run2"), *argv[5:], "--relabel", str(bad)]) == 2
+    assert "row 2 names 'train/bird.1.jpg', which is not in" in capsys.readouterr().err
