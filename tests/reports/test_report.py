@@ -220,3 +220,22 @@ def test_numbers_are_rounded_to_what_they_tell_one_row_a_thing_and_a_smoke_run_s
     assert rows["batch"] == overview["batch"]
     assert not {"batch per process", "global batch", "processes", "learning rate"} & set(rows)
     assert rows["epochs"] == "2 asked; stopped after 1 epoch: --max-steps 5"
+
+
+@pytest.mark.slow
+def test_the_report_links_the_audit_of_its_data_and_no_other(run, tmp_path):
+    out = Path(shutil.copytree(run, tmp_path / "runs" / "run"))
+    root = json.loads((out / "config.json").read_text())["data"]["root"]
+    audit, other = tmp_path / "runs" / "audit", tmp_path / "runs" / "other"
+    for folder, data in ((audit, root), (other, str(tmp_path / "elsewhere"))):
+        folder.mkdir()
+        (folder / "audit.json").write_text(json.dumps({"root": data, "counts": {}}))
+        (folder / "audit.html").write_text("<html></html>")
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert page.count("audit.html</a>") == 1 and 'href="../audit/audit.html"' in page
+    # An audit.json that is no audit's (too large, or not an object) links nothing.
+    (audit / "audit.json").write_text("[" * 100 + "]" * 100)
+    (other / "audit.json").write_text(json.dumps({"root": root, "pad": "x" * (2 << 20)}))
+    assert main(["report", str(out)]) == 0
+    assert "audit.html" not in (out / "report.html").read_text()

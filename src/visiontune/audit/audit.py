@@ -49,19 +49,19 @@ def _versions() -> dict:
     return {"visiontune": __version__, "cleanlab": cleanlab.__version__, "torch": torch.__version__}
 
 
-def audit(cfg: TrainConfig, out: str, test: str | None = None, similarity: float | None = None) -> dict:
-    """Audit ``cfg.data`` with ``cfg.folds`` folds into ``out``; returns audit.json's contents."""
+def audit(
+    cfg: TrainConfig, out: str, test: str | None = None, similarity: float | None = None, resume: bool = False
+) -> dict:
+    """Audit ``cfg.data`` with ``cfg.folds`` folds into ``out`` (``resume``: continue the audit there);
+    returns audit.json's contents."""
     from visiontune import tasks
     from visiontune.data.groups import split_for
     from visiontune.data.sources import discover
     from visiontune.data.split import relative_paths
 
-    if cfg.resume not in (None, "auto"):
-        raise UserError(f"audit --resume takes auto (continue the audit in --out), got {cfg.resume!r}")
     similarity = SIMILARITY if similarity is None else similarity
     if not 0.0 < similarity <= 1.0:
         raise UserError(f"--similarity must be above 0 and at most 1, got {similarity}")
-    resume = cfg.resume == "auto"
     images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
     task = tasks.named(images.multi_label)
     split_for(images, cfg.replace(fold=0))  # too few images (or groups) for the folds: one line now

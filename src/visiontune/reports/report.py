@@ -435,7 +435,8 @@ def _audit_link(run: Path, config: dict) -> str:
     if found is None:
         return ""
     href = html.escape(Path(os.path.relpath(found / "audit.html", run)).as_posix(), quote=True)
-    return f'<p>The data\'s audit (label issues, duplicates, leaks, outliers): <a href="{href}">{html.escape(str(found))}/audit.html</a></p>'
+    shown = html.escape(f"{found}/audit.html")
+    return f'<p>The data\'s audit (label issues, duplicates, leaks, outliers): <a href="{href}">{shown}</a></p>'
 
 
 def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
