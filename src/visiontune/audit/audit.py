@@ -54,16 +54,17 @@ def audit(
 ) -> dict:
     """Audit ``cfg.data`` with ``cfg.folds`` folds into ``out`` (``resume``: continue the audit there);
     returns audit.json's contents."""
-    from visiontune import tasks
     from visiontune.data.groups import split_for
     from visiontune.data.sources import discover
     from visiontune.data.split import relative_paths
+    from visiontune.tasks import read_as
+    from visiontune.training.plan import task_of
 
     similarity = SIMILARITY if similarity is None else similarity
     if not 0.0 < similarity <= 1.0:
         raise UserError(f"--similarity must be above 0 and at most 1, got {similarity}")
-    images = discover(cfg.data, cfg.image_column, cfg.label_column, multi_label=cfg.multi_label)
-    task = tasks.named(images.multi_label)
+    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=read_as(cfg.task))
+    task = task_of(cfg, images)  # as train resolves it: --task, or what the data was read as
     split_for(images, cfg.replace(fold=0))  # too few images (or groups) for the folds: one line now
     split, _ = split_for(images, cfg.replace(folds=0, fold=0))  # the split train would make: what a leak is
     names = relative_paths(images.paths, range(len(images)), images.root)
@@ -78,7 +79,7 @@ def audit(
     print(f"visiontune: audit hashing {len(images) + len(tests)} images", flush=True)
     data_hashes = hashing.hash_all(images.source(i) for i in range(len(images)))
     os.makedirs(out, exist_ok=True)
-    probs = folds.out_of_fold(cfg, out, images, resume)
+    probs = folds.out_of_fold(cfg, out, images, resume, task.name in issues.PROBABILITIES)
 
     rows = issues.label_issues(task, images, names, probs)
     both = hashing.Hashes(

@@ -26,8 +26,9 @@ def fold_dir(out: str, fold: int) -> str:
     return os.path.join(out, "folds", f"fold-{fold}")
 
 
-def read_oof(path: str, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """A fold's saved (indices, probabilities), checked against the listing's ``n`` images and ``width`` columns."""
+def read_oof(path: str, n: int, width: int, unit: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """A fold's saved (indices, probabilities), checked against the listing's ``n`` images and ``width`` columns
+    (``unit``: each a probability; a regression's values are any finite numbers)."""
     try:
         with np.load(path, allow_pickle=False) as z:
             idx, probs = z["index"], z["probs"]
@@ -43,7 +44,7 @@ def read_oof(path: str, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         and (len(idx) == 0 or (idx.min() >= 0 and idx.max() < n))
         and len(np.unique(idx)) == len(idx)
         and np.isfinite(probs).all()
-        and ((probs >= 0) & (probs <= 1)).all()
+        and (not unit or ((probs >= 0) & (probs <= 1)).all())
     )
     if not ok:
         raise UserError(f"{path}: not this data's fold probabilities; delete it to score the fold again")
@@ -69,9 +70,10 @@ def _score(run: str, images, cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     return idx[readable], probs[readable]
 
 
-def out_of_fold(cfg: TrainConfig, out: str, images, resume: bool) -> np.ndarray:
-    """[N, C] probabilities of every image from the fold that held it out (NaN rows: images no fold could
-    read). ``cfg`` is the audit's training request; ``resume``: continue folds found in ``out``."""
+def out_of_fold(cfg: TrainConfig, out: str, images, resume: bool, unit: bool = True) -> np.ndarray:
+    """[N, C] probabilities (a regression's values) of every image from the fold that held it out (NaN rows:
+    images no fold could read). ``cfg`` is the audit's training request; ``resume``: continue folds found in
+    ``out``; ``unit``: the rows are probabilities."""
     from visiontune.training import job
 
     n, width = len(images), len(images.classes)
@@ -89,6 +91,6 @@ def out_of_fold(cfg: TrainConfig, out: str, images, resume: bool) -> np.ndarray:
 
             with atomic_file(saved) as f:
                 np.savez(f, index=idx, probs=rows)
-        idx, rows = read_oof(saved, n, width)
+        idx, rows = read_oof(saved, n, width, unit)
         probs[idx] = rows
     return probs

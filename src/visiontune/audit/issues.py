@@ -2,13 +2,14 @@
 
 Label issues are cleanlab's confident learning on the out-of-fold probabilities (``find_label_issues``,
 ranked by ``get_label_quality_scores``), with the task's own labels: class indices for a single-label set,
-label sets for a multi-label one (its label in words from the task). Each task's way is one function in
+label sets for a multi-label one; a regression's are its largest out-of-fold errors. Each task's way is one function in
 ``LABELS``, keyed by the task's name, as the report's sections are. Outliers are cleanlab's
 out-of-distribution score from the same probabilities (the lowest ``OUTLIER_SHARE``), and images that are
 blank, nearly constant or a thin strip whatever any model says.
 
 A row's ``score`` reads by its kind: ``label``, cleanlab's label quality (0: surely wrong); ``outlier``,
-cleanlab's out-of-distribution score (0: most atypical; 0 too for a degenerate image); ``duplicate`` and
+cleanlab's out-of-distribution score (0: most atypical; 0 too for a degenerate image); a regression's
+``label`` rows, the out-of-fold error in the targets' units (largest first); ``duplicate`` and
 ``leak``, how alike the group's closest pair is (1: the same bytes). Each kind is listed worst first.
 """
 
@@ -75,7 +76,36 @@ def _multi(images, names: list[str], probs: np.ndarray, scored: np.ndarray) -> l
     return rows
 
 
-LABELS = {"single-label": _single, "multi-label": _multi}
+def _residuals(images, names: list[str], values: np.ndarray, scored: np.ndarray) -> list[dict]:
+    """A regression's largest out-of-fold errors: those more than ``RESIDUAL_Z`` robust deviations (1.4826
+    times the median absolute deviation) above the median error, largest first; the score is the error, in
+    the targets' units (the mean over the targets)."""
+    given, predicted = images.values[scored].astype(np.float64), values[scored]
+    error = np.abs(predicted - given).mean(1)
+    spread = 1.4826 * np.median(np.abs(error - np.median(error))) or float(error.std()) or 1.0
+    rows = []
+    for j in np.argsort(-error, kind="stable"):
+        if (error[j] - np.median(error)) / spread <= RESIDUAL_Z:
+            break
+        rows.append(
+            _row(
+                names[int(scored[j])],
+                "label",
+                error[j],
+                given=";".join(f"{v:.6g}" for v in given[j]),
+                suggested=";".join(f"{v:.6g}" for v in predicted[j]),
+            )
+        )
+    return rows
+
+
+RESIDUAL_Z = 3.0
+# Each task's label issues, keyed by its name (as the report's sections are); the tasks whose out-of-fold
+# rows are probabilities (cleanlab's input), and the one whose images cleanlab's out-of-distribution
+# score is made for (one class an image).
+LABELS = {"classify": _single, "multilabel": _multi, "regress": _residuals}
+PROBABILITIES = frozenset({"classify", "multilabel"})
+ONE_CLASS = "classify"
 
 
 def label_issues(task, images, names: list[str], probs: np.ndarray) -> list[dict]:
@@ -97,7 +127,7 @@ def outliers(task, images, names: list[str], probs: np.ndarray, hashes: hashing.
             )
         elif hashes.aspect[i] > hashing.MAX_ASPECT:
             rows.append(_row(names[i], "outlier", 0.0, note=f"extreme aspect ratio ({hashes.aspect[i]:.1f}:1)"))
-    if task.multi_label:  # cleanlab's score from probabilities assumes one class an image
+    if task.name != ONE_CLASS:  # cleanlab's score from probabilities assumes one class an image
         return rows
     from cleanlab.outlier import OutOfDistribution
 

@@ -2,10 +2,11 @@
 
 The CSV is any with a ``file`` column (``visiontune audit``'s ``audit.csv``, or one a user wrote), each
 file named as ``split.json`` names it (relative to the data's root) or by its full path. ``--relabel``
-takes the ``suggested`` column of the rows that have one: a class name, or for a multi-label set the
-classes joined by ``;``. The CSV comes from elsewhere, so it has one reader (``read``) with bounds: its size,
-its rows, each cell's length, UTF-8 text, the columns it must have; a file that is not in the data, or a
-label that is not a class, is one line naming the row. What was done is recorded (``split.json``).
+takes the ``suggested`` column of the rows that have one: a class name, for a multi-label set the
+classes joined by ``;``, for a regression set its numbers joined by ``;``. The CSV comes from
+elsewhere, so it has one reader (``read``) with bounds: its size, its rows, each cell's length, UTF-8
+text, the columns it must have; a file that is not in the data, or a label that is not a class, is one
+line naming the row. What was done is recorded (``split.json``).
 """
 
 from __future__ import annotations
@@ -83,11 +84,13 @@ def _index(images: ImageSet, rows, flag: str, path: str) -> dict[int, str]:
 def _relabelled(images: ImageSet, cells: dict[int, str], path: str) -> ImageSet:
     from dataclasses import replace
 
+    if images.task == "regress":
+        return _revalued(images, cells, path)
     index = {c: k for k, c in enumerate(images.classes)}
     labels = images.labels.copy()
     targets = None if images.targets is None else images.targets.copy()
     for i, cell in cells.items():
-        names = [n for n in cell.split(";") if n] if images.multi_label else [cell]
+        names = [n for n in cell.split(";") if n] if images.task == "multilabel" else [cell]
         unknown = [n for n in names if n not in index]
         if unknown:
             shown = printable(unknown[0])[:100]
@@ -98,6 +101,23 @@ def _relabelled(images: ImageSet, cells: dict[int, str], path: str) -> ImageSet:
         if names:
             labels[i] = index[names[0]]
     return replace(images, labels=labels, targets=targets)
+
+
+def _revalued(images: ImageSet, cells: dict[int, str], path: str) -> ImageSet:
+    """A regression set with the suggested numbers (one a target, joined by ``;``)."""
+    from dataclasses import replace
+
+    values = images.values.copy()
+    for i, cell in cells.items():
+        try:
+            row = [float(v) for v in cell.split(";")]
+        except ValueError:
+            row = []
+        if len(row) != values.shape[1] or not np.isfinite(row).all():
+            shown = printable(cell)[:100]
+            raise UserError(f"--relabel {path}: '{shown}' (for {images.paths[i]}) is not {values.shape[1]} number(s)")
+        values[i] = row
+    return replace(images, values=values)
 
 
 def edit(images: ImageSet, exclude: str | None, relabel: str | None) -> tuple[ImageSet, dict | None]:
