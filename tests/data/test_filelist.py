@@ -35,6 +35,20 @@ def test_exclude_drops_the_files_and_says_how_many(tmp_path):
     assert record["exclude"]["images"] == 2 and len(record["exclude"]["sha256"]) == 64
 
 
+def test_names_audit_csv_kept_as_text_come_back(tmp_path):
+    from visiontune.audit.pages import csv_text
+
+    names = ["=1+2.png", "-x.png", "@a.png", "+b.png"]
+    images = ImageSet("/d", "imagefolder", [f"/d/{n}" for n in names], [0, 1, 0, 1], ["cat", "dog"])
+    csv = tmp_path / "audit.csv"
+    csv.write_text(csv_text([{"file": n, "kind": "label", "suggested": "dog"} for n in names[:2]]))
+    assert "'=1+2.png" in csv.read_text()  # a spreadsheet shows it as text, not a formula
+    kept, _ = edit(images, str(csv), None)
+    assert list(kept.paths) == ["/d/@a.png", "/d/+b.png"]
+    relabelled, _ = edit(images, None, str(csv))
+    assert relabelled.labels.tolist() == [1, 1, 0, 1]
+
+
 def test_relabel_takes_the_suggested_labels_of_rows_that_have_one(tmp_path):
     csv = tmp_path / "audit.csv"
     csv.write_text("file,suggested\ncat/1.png,dog\ndog/0.png,\n")

@@ -73,7 +73,7 @@ def cmd_audit(args: argparse.Namespace, argv: list[str]) -> int:
         raise UserError("give the data to audit: visiontune audit DATA")
     if args.folds < 2:
         raise UserError(f"--folds must be 2 or more, got {args.folds}")
-    audit(config_from_args(args), args.out, args.test, args.similarity, resume=args.resume == "auto")
+    audit(config_from_args(args), args.out, args.test, args.similarity, resume=args.resume_audit == "auto")
     return 0
 
 

@@ -499,7 +499,10 @@ def _add_audit_parser(sub, commands: Mapping[str, Callable]) -> None:
     a.add_argument(
         "--similarity", type=finite, help="thumbnails this alike (cosine, at most 1) are near copies (default 0.998)"
     )
-    a.add_argument("--resume", choices=("auto",), help="auto: continue the stopped audit in --out at its fold")
+    # Its own dest: train's resume setting names a run folder, the audit's the folds in --out.
+    a.add_argument(
+        "--resume", dest="resume_audit", choices=("auto",), help="auto: continue the stopped audit in --out at its fold"
+    )
     add_train_flags(p, leave_out=("output_dir", "folds", "fold", "resume"))
     p.set_defaults(func=commands["audit"])
 

@@ -58,10 +58,19 @@ def read(path: str, flag: str, column: str | None = None) -> tuple[list[tuple[in
             cells = [row[i] if i < len(row) else "" for i in at]
             if any(len(c) > MAX_CELL for c in cells) or "\x00" in "".join(cells):
                 raise UserError(f"{flag} {path}: row {number} has a cell longer than {MAX_CELL} or a NUL byte")
-            rows.append((number, cells[0], cells[1] if column else ""))
+            rows.append((number, _unquoted(cells[0]), _unquoted(cells[1]) if column else ""))
     except csv.Error as e:
         raise UserError(f"{flag} {path}: not a CSV ({e})") from None
     return rows, hashlib.sha256(data).hexdigest()
+
+
+FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _unquoted(cell: str) -> str:
+    """A cell as audit.csv's writer had it: a leading ``'`` that kept a name a spreadsheet would run as a
+    formula as text is taken off (``audit.pages``), so the CSV comes back to the names it was written from."""
+    return cell[1:] if cell[:1] == "'" and cell[1:2] in FORMULA else cell
 
 
 def _index(images: ImageSet, rows, flag: str, path: str) -> dict[int, str]:
