@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,23 @@ def test_a_regression_run_predicts_evaluates_and_exports_values_in_the_targets_u
     name = sorted(truth)[0]
     answer = load(str(run)).predict([str(data / "train" / name)])[0]
     assert answer["value"] == pytest.approx(eager[name], abs=1e-5) and list(answer["values"]) == ["value"]
+    _served_value_is(run, data / "train" / name, eager[name])
+
+
+def _served_value_is(run: Path, image: Path, value: float) -> None:
+    """``serve`` answers an upload with the value predict wrote, and its metadata names the task and scale."""
+    from fastapi.testclient import TestClient
+
+    from visiontune.inference.runtime import load_runtime
+    from visiontune.inference.serve import ServeOptions, build_app
+
+    with TestClient(build_app(load_runtime(run=str(run)), ServeOptions(decoders=0))) as client:
+        while client.get("/health").status_code != 200:  # the warm-up forward pass runs first
+            time.sleep(0.05)
+        got = client.post("/predict", content=image.read_bytes(), headers={"content-type": "image/png"}).json()
+        assert got["predictions"][0]["value"] == pytest.approx(value, abs=1e-5)
+        meta = client.get("/metadata").json()
+        assert meta["task"] == "regress" and len(meta["task_state"]["mean"]) == 1
 
 
 @pytest.mark.slow
