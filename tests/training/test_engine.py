@@ -13,7 +13,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 from visiontune.tasks import SINGLE_LABEL, UNREADABLE
-from visiontune.training.engine import LoopOptions, NonFiniteLoss, train_one_epoch
+from visiontune.training.engine import Learner, LoopOptions, NonFiniteLoss, Span, train_one_epoch
 from visiontune.training.meter import StepClock, Totals
 
 readable_cross_entropy = SINGLE_LABEL.mean_loss  # the plain loss a classification run trains with
@@ -50,7 +50,7 @@ def _run(acc, model, opt, batches, scheduler=None, **opts):
     o = LoopOptions(
         epochs=1, progress=False, on_step=lambda e, b, t: calls.append((e, b, t.images)), **{"timing_warmup": 0, **opts}
     )
-    return train_one_epoch(acc, model, batches, opt, scheduler, lambda x: x, o, epoch=7), calls
+    return train_one_epoch(acc, Learner(model, opt, scheduler), batches, o, Span(epoch=7)), calls
 
 
 def _replay(start: dict, steps: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dict:
@@ -144,7 +144,7 @@ def test_a_resumed_epoch_adds_to_the_saved_totals():
     acc, model, opt, start = _setup()
     batches = _batches(n=2)
     o = LoopOptions(epochs=1, progress=False, timing_warmup=0)
-    res = train_one_epoch(acc, model, batches, opt, None, lambda x: x, o, start_step=2, totals=restored)
+    res = train_one_epoch(acc, Learner(model, opt), batches, o, Span(start_step=2, totals=restored))
     loss_sum, correct, images = _sums(start, batches)
     assert res.images == 6 + images
     assert res.loss == pytest.approx((5.0 + loss_sum) / (6 + images), rel=1e-6)

@@ -104,6 +104,11 @@ class Task:
         """bool [B]: which samples of a batch were read."""
         raise NotImplementedError
 
+    def measure(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a training step adds to its epoch's meters: float64 (readable samples, their hits summed),
+        device tensors (no sync)."""
+        return self.readable(labels).sum().double(), self.hits(logits.detach(), labels).sum().double()
+
     def mean_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The plain training loss: the mean over the batch's readable samples."""
         raise NotImplementedError

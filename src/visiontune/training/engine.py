@@ -70,6 +70,18 @@ class LoopOptions:
     max_batches: int | None = None
 
 
+def _show(bar, totals: Totals, clock: StepClock) -> None:
+    """The running loss, score and speed on the bar, read from the device only when it redraws next."""
+    if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:  # tqdm's clock
+        loss_sum, correct, images = totals.values.tolist()[:3]  # one sync
+        bar.set_postfix(
+            loss=f"{loss_sum / max(images, 1):.4f}",
+            acc=f"{correct / max(images, 1):.4f}",
+            img_s=f"{images / (time.perf_counter() - clock.start):.0f}",
+            refresh=False,
+        )
+
+
 def _grads_finite(model: torch.nn.Module) -> bool:
     # After the all-reduce every process holds the same gradients, so all decide alike.
     return bool(torch.stack([torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None]).all())
@@ -88,67 +100,71 @@ def _optimizer_step(accelerator: Accelerator, model, optimizer, scheduler, on_na
     return skipped
 
 
-def train_one_epoch(
-    accelerator: Accelerator,
-    model: torch.nn.Module,
-    loader: Iterable,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    prepare_input: Callable,
-    opts: LoopOptions,
-    *,
-    epoch: int = 0,
-    start_step: int = 0,
-    totals: Totals | None = None,
-    run_bar=None,
-    stop_at: int | None = None,
-) -> PhaseResult:
-    """One pass over ``loader`` (up to batch ``stop_at`` of the epoch, when given); returns loss/accuracy
-    summed over every process.
+@dataclass(frozen=True)
+class Learner:
+    """What trains: the model, its optimizer and lr schedule, and how a batch of images reaches the model
+    (on-device normalisation)."""
 
-    ``totals`` continues a resumed epoch whose first ``start_step`` batches ``loader`` already
-    skips; ``opts.on_step(epoch, batches_done, totals)`` runs after every batch.
-    """
-    model.train()
-    task = opts.task
-    criterion = opts.criterion or task.mean_loss
-    totals = Totals(totals.values if totals is not None else None, accelerator.device)
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object = None
+    prepare_input: Callable = lambda x: x
+
+
+@dataclass(frozen=True)
+class Span:
+    """The part of an epoch one call trains: the epoch, the batch it starts at with the sums of the batches
+    before it (a resumed epoch, whose loader skips them), and the batch it stops before (``--max-steps``)."""
+
+    epoch: int = 0
+    start_step: int = 0
+    totals: Totals | None = None
+    stop_at: int | None = None
+
+
+def _step(accelerator: Accelerator, learner: Learner, opts: LoopOptions, images, labels, epoch: int, step: int):
+    """One batch: mixed (mixup/cutmix), forward, the task's loss, backward and the optimizer's step; the
+    logits, the labels it is counted against, the loss and whether a due optimizer step was skipped."""
+    task, model = opts.task, learner.model
+    with accelerator.accumulate(model):
+        inputs, targets = learner.prepare_input(images), labels
+        if opts.mix is not None:
+            inputs, targets = opts.mix(inputs, labels, epoch, step)
+            labels = task.counted(labels, targets)
+        logits = model(inputs)
+        loss = (opts.criterion or task.mean_loss)(logits, targets)
+        accelerator.backward(loss)
+        skipped = _optimizer_step(accelerator, model, learner.optimizer, learner.scheduler, opts.on_nan)
+    return logits, labels, loss.detach().double(), skipped
+
+
+def train_one_epoch(
+    accelerator: Accelerator, learner: Learner, loader: Iterable, opts: LoopOptions, span: Span = Span(), run_bar=None
+) -> PhaseResult:
+    """One pass over ``loader`` (the part ``span`` says); returns loss and the task's score summed over every
+    process. ``opts.on_step(epoch, batches_done, totals)`` runs after every batch."""
+    learner.model.train()
+    totals = Totals(span.totals.values if span.totals is not None else None, accelerator.device)
     clock = StepClock(opts.timing_warmup)
     bar = progress_bar(accelerator, loader, "train", opts.progress)
-    for step, (images, labels) in enumerate(bar, start=start_step):
+    for step, (images, labels) in enumerate(bar, start=span.start_step):
         # --decode device: the batch's JPEGs are decoded here, and that is input time (data_stall), not the step's.
         images, labels = on_device(images, labels)
         steady = clock.batch_ready()
-        with accelerator.accumulate(model):
-            inputs, targets = prepare_input(images), labels
-            if opts.mix is not None:
-                inputs, targets = opts.mix(inputs, labels, epoch, step)
-                labels = task.counted(labels, targets)
-            logits = model(inputs)
-            loss = criterion(logits, targets)
-            accelerator.backward(loss)
-            if _optimizer_step(accelerator, model, optimizer, scheduler, opts.on_nan):
-                # Counted on the main process only: every process skips the same steps, and the
-                # totals are summed over processes.
-                totals.count_skipped(float(accelerator.is_main_process))
-        n, loss = task.readable(labels).sum().double(), loss.detach().double()
+        logits, labels, loss, skipped = _step(accelerator, learner, opts, images, labels, span.epoch, step)
+        if skipped:  # counted on the main process only: every process skips the same steps, and totals are summed
+            totals.count_skipped(float(accelerator.is_main_process))
+        n, hits = opts.task.measure(logits, labels)
         if opts.on_nan == "skip":  # keep the epoch's loss finite; the skipped images are not counted
             n, loss = n * torch.isfinite(loss), loss.nan_to_num(0.0, 0.0, 0.0)
-        totals.add(loss, task.hits(logits, labels).sum().double() * (n > 0), n, steady)
-        if not bar.disable and time.time() - bar.last_print_t >= bar.mininterval:  # tqdm's clock: it redraws next
-            loss_sum, correct, images = totals.values.tolist()[:3]  # one sync
-            bar.set_postfix(
-                loss=f"{loss_sum / max(images, 1):.4f}",
-                acc=f"{correct / max(images, 1):.4f}",
-                img_s=f"{images / (time.perf_counter() - clock.start):.0f}",
-                refresh=False,
-            )
+        totals.add(loss, hits * (n > 0), n, steady)
+        _show(bar, totals, clock)
         if opts.on_step is not None:
-            opts.on_step(epoch, step + 1, totals)
+            opts.on_step(span.epoch, step + 1, totals)
         if run_bar is not None:
             run_bar.update(1)
         clock.step_done()
-        if stop_at is not None and step + 1 >= stop_at:  # --max-steps: every process stops at the same batch
+        if span.stop_at is not None and step + 1 >= span.stop_at:  # --max-steps: every process stops alike
             break
     totals = totals.reduced(accelerator)
     if opts.on_nan == "stop" and not math.isfinite(totals.loss_sum):
@@ -218,15 +234,7 @@ def phase_line(r: PhaseResult, task: Task) -> str:
 
 
 def fit(
-    accelerator: Accelerator,
-    model,
-    optimizer,
-    scheduler,
-    train_loader,
-    val_loader,
-    prepare_input: Callable,
-    opts: LoopOptions,
-    start: StartAt = StartAt(),
+    accelerator: Accelerator, learner: Learner, train_loader, val_loader, opts: LoopOptions, start: StartAt = StartAt()
 ) -> None:
     """Train and validate each epoch from ``start``; print the reference job's epoch lines, and keep
     the run's own progress (epoch, step of all steps, ETA) beside each phase's bar."""
@@ -234,7 +242,7 @@ def fit(
     total = opts.epochs * per_epoch if opts.max_batches is None else min(opts.epochs * per_epoch, opts.max_batches)
     run_bar = run_progress(accelerator, total, start.epoch * per_epoch + start.batch, opts.progress)
     try:
-        _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input, opts, start, run_bar)
+        _epochs(accelerator, learner, train_loader, val_loader, opts, start, run_bar)
     finally:
         run_bar.close()
 
@@ -249,7 +257,7 @@ def _phase_mark(scheduler, epoch: int, steps_per_epoch: int) -> str:
     return " (backbone unfrozen: everything trains)" if (epoch - 1) * steps_per_epoch < frozen else ""
 
 
-def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, prepare_input, opts, start, run_bar):
+def _epochs(accelerator, learner: Learner, train_loader, val_loader, opts: LoopOptions, start: StartAt, run_bar):
     per_epoch = max(1, len(train_loader) // max(1, accelerator.gradient_accumulation_steps))  # optimizer steps
     for epoch in range(start.epoch, opts.epochs):
         if opts.max_batches is not None and epoch * len(train_loader) >= opts.max_batches:
@@ -257,27 +265,19 @@ def _epochs(accelerator, model, optimizer, scheduler, train_loader, val_loader, 
         run_bar.set_description_str(f"run: epoch {epoch + 1}/{opts.epochs},", refresh=False)
         # Counted from 1 for people ("Epoch 1/3" .. "Epoch 3/3"), as the figures, pages and checkpoint folder
         # names count; the records' keys (history.json, metrics.csv, summary.json) keep the 0-based index.
-        accelerator.print(f"Epoch {epoch + 1}/{opts.epochs}{_phase_mark(scheduler, epoch, per_epoch)}\n" + "-" * 10)
+        accelerator.print(
+            f"Epoch {epoch + 1}/{opts.epochs}{_phase_mark(learner.scheduler, epoch, per_epoch)}\n" + "-" * 10
+        )
         train_loader.set_epoch(epoch)  # the sampler is shared with any skipping loader below
         skip = start.batch if epoch == start.epoch else 0
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
         stop_at = None if opts.max_batches is None else opts.max_batches - epoch * len(train_loader)
         stop_at = stop_at if stop_at is not None and stop_at < len(train_loader) else None
-        tr = train_one_epoch(
-            accelerator,
-            model,
-            loader,
-            optimizer,
-            scheduler,
-            prepare_input,
-            opts,
-            epoch=epoch,
-            start_step=skip,
-            totals=start.totals if skip else None,
-            run_bar=run_bar,
-            stop_at=stop_at,
+        span = Span(epoch, skip, start.totals if skip else None, stop_at)
+        tr = train_one_epoch(accelerator, learner, loader, opts, span, run_bar)
+        va = evaluate(
+            accelerator, learner.model, val_loader, learner.prepare_input, progress=opts.progress, task=opts.task
         )
-        va = evaluate(accelerator, model, val_loader, prepare_input, progress=opts.progress, task=opts.task)
         for phase, r in (("train", tr), ("val", va)):
             accelerator.print(f"{phase} {phase_line(r, opts.task)}")
         if tr.skipped:

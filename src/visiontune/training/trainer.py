@@ -258,7 +258,8 @@ def _fit(run: _Fit) -> tuple[list[dict], dict | None]:
             on_epoch_end=hooks.on_epoch_end,
             max_batches=None if cfg.max_steps is None else cfg.max_steps * cfg.grad_accum,
         )
-        loop = (parts.model, parts.optimizer, parts.scheduler, parts.train_loader, parts.val_loader, run.normalize)
+        learner = engine.Learner(parts.model, parts.optimizer, parts.scheduler, run.normalize)
+        loop = (learner, parts.train_loader, parts.val_loader)
         try:
             engine.fit(accelerator, *loop, opts, _start(accelerator, resumed))
         except BaseException as e:
