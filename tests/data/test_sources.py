@@ -28,7 +28,7 @@ def test_each_data_string_is_told_apart_once_and_described_by_its_source(tmp_pat
         "hf:./saved": "hf",
         "hf://datasets/org/name/shards-{0..3}.tar": "url-shards",  # hf:// naming .tar: shards at a URL
         "https://host/s-{000..009}.tar": "url-shards",
-        "gs://bucket/s.tar": "url-shards",
+        "gs://bucket/s.tar": "store",
         "s3://bucket/set/": "store",  # told by the scheme alone: listed when read
         "az://container/s-{0..3}.tar": "store",
         str(tars): "shards",  # a folder of .tar files only
@@ -52,11 +52,11 @@ def test_each_data_string_is_told_apart_once_and_described_by_its_source(tmp_pat
     # --help in each source's own words, as the commands have always said it.
     assert sources.help_text() == (
         "data folder (Kaggle layout, train.csv manifest, or class subfolders), tar shards (a folder, pattern or "
-        "URL), hf:PATH|ORG/NAME, or an object store's shards or folder (s3://bucket/prefix/, az://)"
+        "URL), hf:PATH|ORG/NAME, or an object store's shards or folder (s3://bucket/prefix/, gs://, az://)"
     )
     assert (
         sources.help_text(short=True)
-        == "a data folder, tar shards, hf:PATH|ORG/NAME or object-store data (s3://, az://)"
+        == "a data folder, tar shards, hf:PATH|ORG/NAME or object-store data (s3://, gs://, az://)"
     )
     with pytest.raises(UserError, match="pass the path itself"):
         sources.find("file:///data")

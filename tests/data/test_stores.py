@@ -252,6 +252,11 @@ def test_a_missing_store_package_is_one_line_naming_the_extra(monkeypatch, capsy
         monkeypatch.setitem(sys.modules, "adlfs", None)
     assert main(["check", "az://container/set/"]) == 2
     assert "reading az:// needs adlfs: pip install 'visiontune[azure]'" in _one_line(capsys)
+    if "gcsfs" not in sys.modules:
+        monkeypatch.setitem(sys.modules, "gcsfs", None)
+    for data in ("gs://bucket/set/", "gs://bucket/set/shards-{0..3}.tar"):  # (no gsutil is run for it)
+        assert main(["check", data]) == 2
+        assert "reading gs:// needs gcsfs: pip install 'visiontune[gcs]'" in _one_line(capsys)
 
 
 def test_shard_out_to_a_bucket_writes_the_shards_then_their_index_and_they_read_back_as_local_ones(

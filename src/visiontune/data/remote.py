@@ -1,4 +1,4 @@
-"""Remote tar shards (``https://``, ``http://``, ``hf://``, ``gs://``, and ``pipe:`` behind ``--allow-pipe``),
+"""Remote tar shards (``https://``, ``http://``, ``hf://``, and ``pipe:`` behind ``--allow-pipe``),
 copied whole into a local folder and read from there.
 
 Exact sampling, DDP sharding and resume need each sample's offset in its shard, which a
@@ -20,14 +20,12 @@ What a URL returns, and a URL read from a file (a run's ``config.json``, a confi
   shard named, at most ``braces.MAX_NAMES`` -- with a time-out, at most 5 redirects, an
   index of at most ``MAX_INDEX_BYTES`` and a shard of at most the size its index gives.
   The names an index lists must be plain file names (``_NAME``).
-- gs:// is read by ``gsutil cat URL`` (webdataset's opener: an argument list, no shell);
-  a URL with one of gsutil's wildcards is refused.
 - A ``pipe:`` command runs only when this process's own command line gave it as its data
   together with ``--allow-pipe`` (``allow_command``); one read from any file never runs.
   Webdataset's other command-run schemes (sftp://, scp://, ais://, ...) are not opened:
   a trusted ``pipe:`` command reads them.
 
-Object stores (s3://, az://) are read through fsspec by ``data/stores.py``. http(s) and hf:// keep this
+Object stores (s3://, gs://, az://) are read through fsspec by ``data/stores.py``. http(s) and hf:// keep this
 client rather than fsspec's HTTP file system or huggingface_hub's ``HfFileSystem`` for what those do not
 promise: exactly one GET a file and nothing else (fsspec's HTTP file system asks for the size first,
 then reads by ranges; the Hub's file system lists through the Hub's API), at most 5 redirects and only
@@ -52,7 +50,7 @@ from visiontune.files import atomic_file, atomic_write
 from visiontune.text import shown
 from visiontune.version import __version__
 
-SCHEMES = ("http://", "https://", "hf://", "gs://", "pipe:")
+SCHEMES = ("http://", "https://", "hf://", "pipe:")
 _ELSEWHERE = ("htgs://", "ais://", "sftp://", "ftps://", "scp://")  # webdataset runs a command for these
 INDEX = "index.json"
 NO_INDEX = ".no-index"  # the URL has no index.json: noted when its shards were fetched
@@ -61,7 +59,6 @@ TIMEOUT_S = 60  # a server silent this long (connecting, or mid-file) is a faile
 _TAR = re.compile(r"[^/\s'\"]+\.tar(?![\w.])")  # the shard file name in a URL or a pipe: command
 # A shard name an index.json may list: a plain file beside it (no separator, scheme, %-escape, glob or brace).
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=~-]*\.tar")
-_GSUTIL_WILDCARD = re.compile(r"[*?\[\]]")
 _allowed_commands: set[str] = set()  # (set by the command line: ``allow_command``)
 
 
@@ -132,7 +129,7 @@ def _check_source(data: str) -> None:
     if data.startswith(_ELSEWHERE):
         scheme = data.split(":", 1)[0]
         raise UserError(
-            f"{data}: visiontune reads http(s)://, hf:// and gs:// itself; read {scheme}:// through a command "
+            f"{data}: visiontune reads http(s)://, hf:// and object stores itself; read {scheme}:// through a command "
             f"you trust: --data 'pipe:COMMAND' --allow-pipe (the .tar names in the command)"
         )
     if runs_command(data) and not command_allowed(data):
@@ -140,8 +137,6 @@ def _check_source(data: str) -> None:
             f"--data {data!r:.100}: a pipe: command is run only when given on this command line together with "
             "--allow-pipe (never one read from a file)"
         )
-    if data.startswith("gs://") and _GSUTIL_WILDCARD.search(data):
-        raise UserError(f"{data}: gsutil would read * ? [ ] as wildcards; name the shards with {{000..009}} braces")
 
 
 def fetch(data: str) -> str:
@@ -268,10 +263,10 @@ def _copy(url: str, out: BinaryIO, limit: int | None = None) -> bytes:
     a failure is one line."""
     if url.startswith(("http://", "https://", "hf://")):
         return _http_copy(url, out, limit)
-    try:  # gs:// (gsutil) and an allowed pipe: command, through webdataset's opener
+    try:  # an allowed pipe: command, through webdataset's opener
         from webdataset.gopen import gopen
     except ImportError:
-        raise UserError("reading gs:// or pipe: shards needs webdataset: pip install 'visiontune[formats]'") from None
+        raise UserError("reading pipe: shards needs webdataset: pip install 'visiontune[formats]'") from None
     head = b""
     try:
         with gopen(url, "rb") as stream:

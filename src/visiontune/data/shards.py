@@ -7,7 +7,7 @@ index -- shard, byte offset and size of each image, and its label -- kept in
 the user's cache folder under the shards' names, sizes and mtimes; sample i is
 then one ``pread``, so the seeded sampler, the split, DDP sharding, exact resume,
 the bad-file screen and ``--cache`` treat shards as they treat a folder's files.
-A URL (``https://``, ``hf://``, ``gs://``, ``pipe:`` with ``--allow-pipe``) is copied into the cache first
+A URL (``https://``, ``hf://``, ``pipe:`` with ``--allow-pipe``) is copied into the cache first
 (``data/remote.py``) and read from there, under its URL's name.
 
 ``visiontune shard`` (``data/shardwriter.py``) writes any data visiontune reads with ``webdataset.ShardWriter``,

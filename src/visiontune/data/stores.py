@@ -1,5 +1,5 @@
-"""Data in object storage -- ``s3://bucket/prefix/`` (and S3-compatible stores), ``az://``/``abfs://`` --
-through fsspec, copied into the shard cache and read from there.
+"""Data in object storage -- ``s3://bucket/prefix/`` (and S3-compatible stores), ``gs://``, ``az://``/``abfs://``
+-- through fsspec, copied into the shard cache and read from there.
 
 This is the ``store`` source. The prefix is listed through the store (one LIST, paged by the store's
 client), and what it holds decides how it is read: ``.tar`` objects alone (beside an optional
@@ -15,12 +15,15 @@ at all (delete the subfolder to fetch again).
 
 Credentials come from the store's own chain (s3fs/botocore: the environment, the profile, the
 instance role; an S3-compatible endpoint from ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` or the
-profile's ``endpoint_url``): visiontune never reads, prints or records them, and refuses a URL that
-carries any. What the store returns is untrusted (DESIGN.md, "The trust boundary"): at most
+profile's ``endpoint_url``; gcsfs: Google's application default credentials; adlfs: Azure's):
+visiontune never reads, prints or records them, and refuses a URL that carries any. A gs:// URL with
+one of gsutil's wildcards is refused: here it would name one object, where a user copying it from
+gsutil means many. What the store returns is untrusted (DESIGN.md, "The trust boundary"): at most
 ``MAX_OBJECTS`` objects, each key a plain relative path (no ``.``/``..`` segment, nothing that could
 land outside the cache folder), at most the listed size read from each object, a time-out on each
 request, retries with backoff on 5xx, throttling and dropped connections (botocore's standard mode,
-s3fs's own), and one line naming the object when the last retry fails.
+s3fs's own; gcsfs and adlfs retry with their own), and one line naming the object when the last retry
+fails.
 """
 
 from __future__ import annotations
@@ -44,7 +47,13 @@ from visiontune.files import atomic_write
 from visiontune.text import mask_urls
 
 # scheme: (the fsspec package that reads it, the visiontune extra that installs it)
-SCHEMES = {"s3": ("s3fs", "s3"), "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
+SCHEMES = {
+    "s3": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"),
+    "az": ("adlfs", "azure"),
+    "abfs": ("adlfs", "azure"),
+    "abfss": ("adlfs", "azure"),
+}
 MAX_OBJECTS = 5_000_000  # objects one folder may hold: ImageNet-1k is 1.28M; a bound on the listing's memory
 MAX_KEY = 1024  # S3's own longest key
 CHUNK = 16 << 20  # one ranged GET: the memory an object's copy holds at once
@@ -83,6 +92,11 @@ def _check(data: str) -> None:
         )
     if not bucket:
         raise UserError(f"{data}: name a bucket, e.g. s3://bucket/prefix/")
+    if data.startswith("gs://") and re.search(r"[*?\[\]]", data):
+        raise UserError(
+            f"{data}: gsutil would read * ? [ ] as wildcards, visiontune reads none; name the shards with "
+            "{000..009} braces"
+        )
 
 
 def _failed(url: str, e: BaseException, doing: str = "read") -> UserError:
@@ -309,8 +323,8 @@ SOURCE = Source(
     recognises=is_store,
     read=_read,
     reopen=_reopen,
-    help="an object store's shards or folder (s3://bucket/prefix/, az://)",
-    short="object-store data (s3://, az://)",
+    help="an object store's shards or folder (s3://bucket/prefix/, gs://, az://)",
+    short="object-store data (s3://, gs://, az://)",
     named=True,
     container=True,
     fetch=fetch,
