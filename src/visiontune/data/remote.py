@@ -26,12 +26,15 @@ What a URL returns, and a URL read from a file (a run's ``config.json``, a confi
   a trusted ``pipe:`` command reads them.
 
 Object stores (s3://, gs://, az://) are read through fsspec by ``data/stores.py``. http(s) and hf:// keep this
-client rather than fsspec's HTTP file system or huggingface_hub's ``HfFileSystem`` for what those do not
-promise: exactly one GET a file and nothing else (fsspec's HTTP file system asks for the size first,
-then reads by ranges; the Hub's file system lists through the Hub's API), at most 5 redirects and only
-to http(s), and the Hub token sent to the Hub's host alone, never along a redirect to its file store
--- each pinned by the trust tests (``tests/data/test_remote_trust.py``), which read this client's
-request as it is.
+client rather than fsspec's HTTP file system or huggingface_hub (``hf_hub_download``, ``HfFileSystem``) for
+guards those lack, each pinned by the trust tests (``tests/data/test_remote_trust.py``), which read this
+client's request as it is: exactly one GET a file and nothing else (fsspec's HTTP file system asks for the
+size first, then reads by ranges; ``hf_hub_download`` sends a HEAD for the file's metadata first, and
+``HfFileSystem`` lists through the Hub's API); at most 5 redirects, and only to http(s) (huggingface_hub
+follows up to 20); and a shard cut off at the size its ``index.json`` gives (huggingface_hub takes the size the
+server states). The Hub token goes to the Hub's host alone, never along a redirect to its file store, as
+huggingface_hub does too; what is taken from huggingface_hub is the Hub's URL for a file (``hf_hub_url``,
+``HF_ENDPOINT`` honoured) and the user's token (``get_token``).
 """
 
 from __future__ import annotations
