@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import timm
 import torch
@@ -276,3 +278,11 @@ def test_vit_trains_and_predicts_at_another_size(tmp_path, sample_data, capsys, 
     assert f"{model} (timm), weights none, 32 px (built for 32 px, not its pretrained 224 px)" in said
     assert main(["predict", "--run", str(out), str(next((sample_data / "test").iterdir()))]) == 0
     assert capsys.readouterr().out.splitlines()[1].count(",") == 3  # path, prediction, two probabilities
+    if not lora:  # the timm Hub folder builds it at 32 px too: its config says so, and the export's check passed
+        assert main(["export", "--run", str(out), "--format", "hub", "--out", str(tmp_path / "hub")]) == 0
+        config = json.loads((tmp_path / "hub" / "config.json").read_text())
+        assert config["model_args"]["img_size"] in (32, [32, 32]) and config["pretrained_cfg"]["input_size"] == [
+            3,
+            32,
+            32,
+        ]
