@@ -120,6 +120,12 @@ def test_the_split_holds_out_each_quantile_bin_of_the_target(tmp_path):
     assert np.bincount(values[split.val].astype(int) // 10, minlength=10).tolist() == [2] * 10
 
 
+def test_an_exported_file_is_scored_by_the_share_of_values_within_a_tenth_of_a_std():
+    task = _fitted(np.array([[0.0, 0.0], [10.0, 100.0]]))  # std 5 and 50: tolerances 0.5 and 5
+    out = np.array([[1.0, 4.0], [10.4, 106.0]])
+    assert task.right(out, np.array([[0.0, 0.0], [10.0, 100.0]]), None) == (2, 4)
+
+
 def test_settings_a_regression_has_no_use_for_are_refused_in_one_line():
     task = tasks.REGRESSION
     assert "--cutmix" in task.refusal(TrainConfig(data="d", cutmix=1.0))

@@ -67,6 +67,10 @@ def test_a_regression_run_predicts_evaluates_and_exports_values_in_the_targets_u
     out = tmp_path / "onnx.csv"
     assert main(["predict", "--weights", str(onnx), "--data", str(data / "train"), "--out", str(out)]) == 0
     assert all(eager[Path(r["path"]).name] == pytest.approx(float(r["value"]), abs=1e-4) for r in _csv(out))
+    xml = tmp_path / "ov" / "m.xml"  # OpenVINO's IR, checked beside the ONNX file on the val split
+    assert main(["export", "--run", str(run), "--format", "openvino", "--out", str(xml)]) == 0
+    assert main(["predict", "--weights", str(xml), "--data", str(data / "train"), "--out", str(out)]) == 0
+    assert all(eager[Path(r["path"]).name] == pytest.approx(float(r["value"]), abs=1e-4) for r in _csv(out))
     name = sorted(truth)[0]
     answer = load(str(run)).predict([str(data / "train" / name)])[0]
     assert answer["value"] == pytest.approx(eager[name], abs=1e-5) and list(answer["values"]) == ["value"]

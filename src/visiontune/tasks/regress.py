@@ -49,7 +49,8 @@ def _finite_list(v, n: int | None) -> bool:
 class Regression(Task):
     name, title, min_classes, classes_word = "regress", "regression", 1, "targets"
     reads = report = "regress"
-    ranks, thresholded, accuracy_name = True, False, "mae"
+    # an exported file is scored by the share of images it answers within a tenth of a standard deviation
+    ranks, thresholded, accuracy_name = True, False, "share_within_a_tenth_std"
     best_metric, metrics = "mae", ("mae", "rmse", "r2", "loss")
     score_key, score_name, lower_is_better = "mae", "MAE", True
     curves = (("rmse", "RMSE"), ("r2", "R²"))
@@ -228,7 +229,11 @@ class Regression(Task):
         return None
 
     def right(self, out: np.ndarray, y: np.ndarray, thresholds) -> tuple[int, int]:
-        raise NotImplementedError("a regression model has no right or wrong decision to count")
+        """An exported file's values (``out``, the targets' units) within a tenth of each target's standard
+        deviation of the truth ``y``: right; one decision a target and image."""
+        off = np.abs(np.asarray(out, np.float64).reshape(len(y), -1) - np.asarray(y, np.float64).reshape(len(y), -1))
+        ok = off <= 0.1 * np.asarray(self.std, np.float64)
+        return int(ok.sum()), ok.size
 
     def answer(self, row: list[float] | None, classes, thresholds, top_k: int | None = None) -> dict:
         if row is None:
