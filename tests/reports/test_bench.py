@@ -258,3 +258,18 @@ def test_bench_png_marks_an_unreliable_bar_and_carries_the_warning():
     calm = chart_figure(compare([_row("single", 10.0), _row("ddp", 18.0, devices=2)]))
     assert calm.get_suptitle() == "" and [t.get_text() for t in calm.axes[1].texts][1] == "18.0/s, 1.80x"
     plt.close(calm)
+
+
+def test_the_machine_record_starts_no_process(monkeypatch):
+    """platform.processor() runs `uname -p` the first time in a process: a bench (or a fast test of one) that
+    had not run it yet would start a process just to name the CPU, which /proc/cpuinfo and os.uname name."""
+    import platform
+
+    from visiontune.reports.bench import machine
+
+    def processor():
+        raise AssertionError("platform.processor() starts `uname -p`")
+
+    monkeypatch.setattr(platform, "processor", processor)
+    record = machine()
+    assert record["cpu"] and record["cores"] >= 1 and "torch" in record

@@ -40,7 +40,8 @@ STALL = 0.10  # a baseline data-stall share that can explain a super-linear spee
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
+    # Not platform.processor(): on Linux it starts `uname -p` (once a process), which says no more than this.
+    cpu = platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
