@@ -29,7 +29,7 @@ from visiontune.loading.augment import EpochIndex, derive_seed, sample_augment, 
 from visiontune.loading.cache import open_or_build
 from visiontune.loading.pipeline import ImageDataset
 from visiontune.models.build import input_view
-from visiontune.runs import runinfo
+from visiontune.runs import runinfo, runrecords
 
 SIZE = 24
 
@@ -147,7 +147,7 @@ def test_an_old_run_folder_without_the_field_is_bilinear(tmp_path):
     old = {k: v for k, v in info.to_dict().items() if k not in ("interpolation", "crop_pct")}
     (tmp_path / "config.json").write_text(json.dumps({"config": {"model": "resnet18"}, "model": old}))
     (tmp_path / "classes.json").write_text(json.dumps(["a", "b"]))
-    assert runinfo.read_run(str(tmp_path)) == info
+    assert runrecords.read_run(str(tmp_path)) == info
 
 
 @pytest.mark.slow

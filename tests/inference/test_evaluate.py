@@ -243,3 +243,77 @@ def test_an_exported_model_s_evaluation_goes_beside_the_run_s_own_and_each_names
     assert exported["model_file"]["sha256"][:12] in side
     assert "<p>Model file: best.safetensors (sha256" in page  # the detailed section: the run's own evaluation
     assert "wrote " + str(run / "eval-best.json") in capsys.readouterr().out
+
+
+# A run folder from someone else: evaluate reads its config.json and split.json through runs.runrecords.
+
+
+@pytest.mark.parametrize(
+    "data,says",
+    [
+        ("a folder", "data is 'a folder'"),  # before: "records no data folder", not what is wrong
+        ({"root": 5, "layout": "folder"}, "data is {'root': 5"),  # before: a traceback from the data sources
+    ],
+)
+def test_without_data_a_damaged_config_json_is_one_line_naming_the_field(tmp_path, capsys, data, says):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"config": {}, "data": data}))
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / 'config.json'}: damaged run record: {says}" in err
+
+
+@pytest.mark.parametrize(
+    "record,says",
+    [
+        ({"seed": 0, "val_fraction": 0.2, "sha256": "x", "val": 5, "train": []}, "val is 5"),  # before: TypeError
+        ({"seed": "zero", "val_fraction": 0.2, "sha256": "x", "val": [], "train": []}, "seed is 'zero'"),
+        ([], "the record is []"),  # before: taken for no split.json
+    ],
+)
+@pytest.mark.parametrize("recorded", ["same", "other"])  # the run's data as recorded, or moved: told by the hash
+def test_a_damaged_split_json_is_one_line_naming_the_field(tmp_path, sample_data, record, says, recorded):
+    from visiontune.data.sources import discover
+    from visiontune.errors import UserError
+    from visiontune.inference.evaluate import select
+
+    images = discover(str(sample_data))
+    run = tmp_path / "run"
+    run.mkdir()
+    root = images.root if recorded == "same" else str(tmp_path / "moved")
+    (run / "config.json").write_text(json.dumps({"config": {}, "data": {"root": root}}))
+    (run / "split.json").write_text(json.dumps(record))
+    with pytest.raises(UserError, match="damaged run record") as e:
+        select(images, str(run), "val")
+    assert str(run / "split.json") in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_split_json_larger_than_any_run_writes_is_refused_unread(tmp_path, sample_data, monkeypatch):
+    from visiontune.data.sources import discover
+    from visiontune.errors import UserError
+    from visiontune.inference.evaluate import select
+    from visiontune.runs import runrecords
+
+    images = discover(str(sample_data))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"config": {}, "data": {"root": images.root}}))
+    (run / "split.json").write_text(json.dumps({"val": [], "train": []}))
+    monkeypatch.setattr(runrecords, "MAX_SPLIT", 10)
+    with pytest.raises(UserError, match="more than any run writes"):
+        select(images, str(run), "val")
+
+
+@pytest.mark.parametrize(
+    "text,says", [("[" * 100_000, "is not JSON"), ('{"model": "resnet18"}', "model is 'resnet18'")]
+)
+def test_a_damaged_config_json_is_one_line_before_the_model_loads(tmp_path, sample_data, capsys, text, says):
+    """The run's description (runrecords.read_run): before, an array nested past the parser was a traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(text)
+    (run / "classes.json").write_text('["cat", "dog"]')
+    assert main(["evaluate", "--run", str(run), "--data", str(sample_data), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(run / "config.json") in err and says in err

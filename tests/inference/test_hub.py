@@ -28,7 +28,7 @@ from visiontune.data.sample import make_multilabel_data
 from visiontune.inference import hub
 from visiontune.inference.loaded import LoadedModel
 from visiontune.models.build import build_model
-from visiontune.runs import runinfo
+from visiontune.runs import runinfo, runrecords
 
 TOL = 1e-5
 
@@ -86,7 +86,7 @@ def test_a_torchvision_resnet_converted_loads_in_timm_and_equals_predict(trained
     assert main(["export", "--run", str(trained_run), "--format", "hub", "--out", str(out)]) == 0
     assert "local-dir:" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "README.md", "training_results.png"}
-    info = runinfo.read_run(str(trained_run))
+    info = runrecords.read_run(str(trained_run))
     config = _config_matches(out, info)
     assert config["architecture"] == "resnet18" and config["visiontune"] == info.to_dict()
     _assert_same_as_visiontune(trained_run, out, _pngs(sample_data, tmp_path / "images"))
@@ -99,7 +99,7 @@ def test_a_timm_model_folder_loads_in_timm_and_equals_predict(small_data, sample
     argv += ["--weights", "none", "--image-size", "32", "--crop-pct", "1.0", "--epochs", "1", "--batch-size", "8"]
     assert main([*argv, "--num-workers", "0", "--no-progress"]) == 0
     assert main(["export", "--run", str(run), "--format", "hub", "--out", str(out)]) == 0
-    info = runinfo.read_run(str(run))
+    info = runrecords.read_run(str(run))
     assert info.source == "timm" and info.crop_pct == 1.0
     assert _config_matches(out, info)["architecture"] == "resnet10t"
     _assert_same_as_visiontune(run, out, _pngs(sample_data, tmp_path / "images"))

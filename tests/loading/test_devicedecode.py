@@ -28,7 +28,7 @@ from visiontune.loading import devicedecode
 from visiontune.loading.augment import EpochIndex, sample_augment
 from visiontune.loading.devicedecode import DeviceDecodeDataset, EncodedBatch, on_device
 from visiontune.loading.pipeline import ImageDataset, collate_channels_last
-from visiontune.runs import runinfo
+from visiontune.runs import runrecords
 from visiontune.tasks import UNREADABLE
 
 
@@ -192,7 +192,7 @@ def test_the_run_records_the_decode_and_why_it_has_no_cache(device_runs):
         "path": None,
         "why": "--decode device: JPEGs are decoded on the device each epoch",
     }
-    assert runinfo.read_run(str(device)).decode == "device"
+    assert runrecords.read_run(str(device)).decode == "device"
     # Said where the run is described (console and report): here, on a CPU, that it brings no speed.
     said = [json.loads((d / "config.json").read_text())["overview"]["decode"] for d in device_runs[:2]]
     assert said == [

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from visiontune.errors import UserError
-from visiontune.runs.runinfo import RunInfo, describe, read_file, read_run, reconcile
+from visiontune.runs.runinfo import RunInfo, describe, read_file, reconcile
+from visiontune.runs.runrecords import read_run
 from visiontune.settings.config import MEAN, STD
 
 

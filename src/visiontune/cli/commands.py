@@ -171,9 +171,9 @@ def _inference(args: argparse.Namespace, model_of_run: bool = True):
     classes = [c.strip() for c in args.classes.split(",")] if getattr(args, "classes", None) else None
     weights = getattr(args, "weights", None)
     if weights and not model_of_run:
-        from visiontune.runs import runinfo
+        from visiontune.runs import runrecords
 
-        classes = list(runinfo.read_run(args.run).classes)
+        classes = list(runrecords.read_run(args.run).classes)
     loaded = load_model(
         args.run if model_of_run or not weights else None,
         weights,
@@ -286,9 +286,9 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     if args.int8:
         return _export_int8(args)
     if args.with_preprocessing:  # the run's own resize decides, from its config.json: before the model loads
-        from visiontune.runs import runinfo
+        from visiontune.runs import runrecords
 
-        check_preprocessing(runinfo.read_run(args.run), args.format)
+        check_preprocessing(runrecords.read_run(args.run), args.format)
     loaded = load_model(args.run)
     out = args.out or f"{args.run.rstrip('/')}/best{SUFFIX[args.format]}"
     diff = export(loaded.model, loaded.info, args.format, out, args.with_preprocessing, args.probabilities)

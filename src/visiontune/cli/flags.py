@@ -332,7 +332,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         remote.refuse_command(merged.get("data"), args.config)
     merged.update({k: v for k, v in vars(args).items() if k in names})
     if merged.get("init_from"):  # continuing an earlier run: its model, size and resize unless said otherwise
-        from visiontune.runs.runinfo import read_run
+        from visiontune.runs.runrecords import read_run
 
         earlier = read_run(merged["init_from"])
         merged = {

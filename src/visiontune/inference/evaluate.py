@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import os
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
 from visiontune.reports import figures, metrics, multilabel, regression
 from visiontune.reports.report import beside
-from visiontune.runs import runinfo
+from visiontune.runs import runinfo, runrecords
 from visiontune.tasks import UNREADABLE
 
 SPLITS = ("val", "train", "all")
@@ -42,18 +41,16 @@ SPLITS = ("val", "train", "all")
 
 def run_data(run_dir: str | None) -> str | None:
     """The data folder a run recorded in its config.json (None when unknown)."""
-    try:
-        return _read_json(Path(run_dir) / "config.json")["data"]["root"] if run_dir else None
-    except (KeyError, TypeError):
-        return None
+    record = runrecords.read_config(run_dir) if run_dir else None
+    return record["data"].get("root") if record else None
 
 
 def recorded_data(run_dir: str) -> tuple[str, tuple[str | None, str | None]]:
     """What to list as the run's own data when evaluate is given none: the data argument its training was
     given (``source`` in config.json), and the hf: columns it named. One line when there is none to read."""
-    record = _read_json(Path(run_dir) / "config.json")
-    data = record.get("data") if isinstance(record, dict) else None
-    if not isinstance(data, dict) or not (data.get("source") or data.get("root")):
+    record = runrecords.read_config(run_dir) or {}
+    data = record.get("data") or {}
+    if not (data.get("source") or data.get("root")):
         raise UserError(f"evaluate needs labelled data: {run_dir} records no data folder; pass --data FOLDER")
     source = data.get("source")
     if not source and data.get("layout") == "manifest":
@@ -68,13 +65,6 @@ def recorded_data(run_dir: str) -> tuple[str, tuple[str | None, str | None]]:
         raise UserError(f"evaluate needs labelled data: the run's data {source} no longer exists; pass --data FOLDER")
     config = record.get("config") or {}
     return source, (config.get("image_column"), config.get("label_column"))
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))
-    except (OSError, ValueError):
-        return None
 
 
 def _same_listing(images: ImageSet, run_dir: str, record: dict, root: str | None) -> bool:
@@ -105,8 +95,8 @@ def own_data(images: ImageSet, run_dir: str | None) -> bool | None:
     root = run_data(run_dir)
     if root is not None and (root == images.root or os.path.realpath(root) == os.path.realpath(images.root)):
         return True
-    record = _read_json(Path(run_dir) / "split.json")
-    if not isinstance(record, dict):
+    record = runrecords.read_split(run_dir)
+    if record is None:
         return None
     return _same_listing(images, run_dir, record, root)
 
@@ -134,10 +124,10 @@ def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[Im
     if split == "all":
         return images, {"split": "all", "own_data": True}
     split_file = Path(run_dir) / "split.json"
-    try:
-        wanted = set(json.loads(split_file.read_text(encoding="utf-8", errors="surrogateescape"))[split])
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"cannot read the {split} list of {split_file} ({e}); pass --split all") from None
+    lists = runrecords.read_split(run_dir) or {}
+    if split not in lists:
+        raise UserError(f"cannot read the {split} list of {split_file} (it has none); pass --split all")
+    wanted = set(lists[split])
     keep = [i for i, p in enumerate(relative_paths(images.paths, range(len(images)), images.root)) if p in wanted]
     if not keep:
         raise UserError(

@@ -32,7 +32,7 @@ from visiontune.inference import formats
 from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader
 from visiontune.models.build import build_model, get_spec, input_view
 from visiontune.models.spec import WEIGHT_SUFFIXES
-from visiontune.runs import runinfo
+from visiontune.runs import runinfo, runrecords
 from visiontune.runs.runinfo import RunInfo
 from visiontune.settings.config import MEAN, STD, TrainConfig
 from visiontune.settings.validation import load_config_file
@@ -130,7 +130,7 @@ def load_model(
         runinfo.reconcile(exported.info, weights, **given)
         return LoadedModel(formats.AsLogits(exported).eval(), exported.info, batch, "the exported file", weights)
     if run:
-        info, path, where = runinfo.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
+        info, path, where = runrecords.read_run(run), runinfo.best_weights(run), f"{run}/config.json"
         batch = TrainConfig(**load_config_file(where)).batch_size
         if info.task.thresholded:  # the thresholds are the best epoch's, known after config.json was written
             in_file = runinfo.read_file(path)

@@ -30,7 +30,6 @@ from visiontune import tasks
 from visiontune.data.decode import DECODES
 from visiontune.errors import UserError
 from visiontune.models.spec import INTERPOLATIONS, MAX_IMAGE_SIZE, SOURCES
-from visiontune.settings.config import MEAN, STD
 from visiontune.tasks import Task
 
 KEY = "visiontune"
@@ -220,35 +219,6 @@ def describe(
         task.name,
         decode=decode,
         task_state=task.state() or None,
-    )
-
-
-def read_run(run_dir: str) -> RunInfo:
-    """The description in ``RUN/config.json``; runs from before it existed are described from their files."""
-    run = Path(run_dir)
-    for name in ("config.json", "classes.json"):
-        if not (run / name).is_file():
-            raise UserError(f"{run_dir} is not a visiontune run folder ({name} is missing)")
-    try:
-        record = json.loads((run / "config.json").read_text())
-        if "model" in record:
-            return RunInfo.from_dict(record["model"], str(run / "config.json"))
-        cfg, classes = record["config"], json.loads((run / "classes.json").read_text())
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserError(f"cannot read {run_dir}'s config.json/classes.json: {e}") from None
-    # Written before runs described themselves: torchvision, the blog's statistics, a bilinear resize.
-    return RunInfo.from_dict(
-        {
-            "model": cfg.get("model"),
-            "source": "torchvision",
-            "classes": classes,
-            "image_size": cfg.get("image_size"),
-            "mean": MEAN,
-            "std": STD,
-            "interpolation": "bilinear",
-            "version": "unknown",
-        },
-        str(run / "config.json"),
     )
 
 

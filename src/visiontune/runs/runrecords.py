@@ -1,11 +1,13 @@
-"""A run folder's records read back: ``config.json``, ``summary.json`` and ``history.json``, checked first.
+"""A run folder's records read back: ``config.json``, ``summary.json``, ``history.json`` and ``split.json``,
+checked first.
 
-A run folder may come from anyone (a colleague's, a download), so every page, table and card made from one
-(``report``, ``compare`` and its cross-validation, the Hub folder's model card) reads it here and nowhere
-else. Each record is a JSON object (history: a list) of at most ``MAX_RECORD`` bytes; each field it shows is
-checked against a schema -- the settings against ``TrainConfig``'s types, the model's description against
-the model file's own schema (``runinfo.check``), the figures as numbers, counts and texts -- and a field
-that fails is one line naming the file and the field. Fields no reader shows are dropped, and those an
+A run folder may come from anyone (a colleague's, a download), so every command that reads one -- the pages,
+tables and cards made from it (``report``, ``compare`` and its cross-validation, the Hub folder's model card),
+the model's description for ``predict``, ``evaluate`` and ``export`` (``read_run``), ``evaluate``'s data and
+split -- reads it here and nowhere else. Each record is a JSON object (history: a list) of at most ``MAX_RECORD``
+bytes; each field it shows is checked against a schema -- the settings against ``TrainConfig``'s types, the model's
+description against the model file's own schema (``runinfo.check``), the figures as numbers, counts and texts --
+and a field that fails is one line naming the file and the field. Fields no reader shows are dropped, and those an
 older visiontune did not write are simply absent. A missing file is ``None``: a run that did not finish.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 from visiontune.errors import UserError
 from visiontune.runs import epochs
 from visiontune.runs.runinfo import RunInfo
+from visiontune.settings.config import MEAN, STD
 from visiontune.settings.validation import check_types
 
 MAX_RECORD = 64 << 20  # bytes: a million epochs of history fit; a record no run writes does not reach json
@@ -41,6 +44,10 @@ def _real(v: Any) -> bool:
 
 def _optional_real(v: Any) -> bool:
     return v is None or _real(v)
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
 
 
 def _count(v: Any) -> bool:
@@ -139,6 +146,22 @@ ROW: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+# split.json (``data.split:split_summary``, ``data.groups``): how the split was made, and its two lists.
+SPLIT: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "seed": (_whole, "a whole number"),
+    "val_fraction": (_real, "a number"),
+    "sha256": (_text, "a sha256 text"),
+    "method": (_optional_text, "a split method's name"),
+    "group_by": (_optional_text, "a pattern"),
+    "folds": (_count, "a whole number"),
+    "fold": (_count, "a whole number"),
+    "from": (_text, "a text"),
+    "counts": (_table(_count), "an object of counts"),
+    "val": (_texts, "a list of file names"),
+    "train": (_texts, "a list of file names"),
+}
+
+
 def _shown(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -221,31 +244,68 @@ def read_history(run_dir: str | Path) -> list[dict]:
     """``RUN/history.json``'s epochs checked (empty without one), in order, each with its train and val."""
     path = Path(run_dir) / "history.json"
     record = _load(path)
-    if record is None:
-        return []
+    return [] if record is None else check_history(record, str(path))
+
+
+def check_history(record: Any, where: str) -> list[dict]:
+    """A history's epochs (``history.json``, a checkpoint's ``history``) checked: the fields ``ROW`` knows."""
     if not isinstance(record, list):
-        raise UserError(f"{path}: damaged run record: expected a list of epochs, got {_shown(record)}")
-    rows = [_checked(row, ROW, str(path), f"epoch {i}: ") for i, row in enumerate(record)]
+        raise UserError(f"{where}: damaged run record: expected a list of epochs, got {_shown(record)}")
+    rows = [_checked(row, ROW, where, f"epoch {i}: ") for i, row in enumerate(record)]
     for i, row in enumerate(rows):  # what every epoch has: its number, and the training accuracy and loss
         if not {"epoch", "train", "val"} <= set(row) or not all(
             _real(row["train"].get(k)) for k in ("accuracy", "loss")
         ):
             raise UserError(
-                f"{path}: damaged run record: epoch {i} lacks its number, its val figures or its train accuracy "
+                f"{where}: damaged run record: epoch {i} lacks its number, its val figures or its train accuracy "
                 "and loss (use a run folder visiontune wrote)"
             )
     return epochs.rows(rows)  # counted from 1, an older run's 0-based file too
 
 
-def read_split_lists(run_dir: str | Path) -> dict[str, list[str]] | None:
-    """``RUN/split.json``'s validation and training file names (as the run wrote them), or None without one."""
+def read_split(run_dir: str | Path) -> dict | None:
+    """``RUN/split.json`` checked -- seed, fraction, sha256, method, groups or fold, and its file lists as the
+    run wrote them -- or None without one."""
     path = Path(run_dir) / "split.json"
     record = _load(path, MAX_SPLIT)
+    return None if record is None else _checked(record, SPLIT, str(path), "")
+
+
+def read_split_lists(run_dir: str | Path) -> dict[str, list[str]] | None:
+    """``RUN/split.json``'s validation and training file names (as the run wrote them), or None without one."""
+    record = read_split(run_dir)
     if record is None:
         return None
-    lists = _checked(
-        record, {"val": (_texts, "a list of file names"), "train": (_texts, "a list of file names")}, str(path), ""
+    if not {"val", "train"} <= set(record):
+        raise UserError(f"{Path(run_dir) / 'split.json'}: damaged run record: no val and train lists of file names")
+    return {"val": record["val"], "train": record["train"]}
+
+
+def read_run(run_dir: str) -> RunInfo:
+    """The run's description in ``RUN/config.json`` (``predict``, ``evaluate``, ``export``, ``--init-from``);
+    runs from before it existed are described from their settings and ``classes.json``."""
+    run = Path(run_dir)
+    for name in ("config.json", "classes.json"):
+        if not (run / name).is_file():
+            raise UserError(f"{run_dir} is not a visiontune run folder ({name} is missing)")
+    where, record = str(run / "config.json"), read_config(run)
+    if record["model"] is not None:
+        return RunInfo.from_dict(record["model"], where)
+    classes = _load(run / "classes.json")
+    if not _texts(classes):
+        raise UserError(f"{run / 'classes.json'}: damaged run record: expected a list of class names")
+    cfg = record["config"]
+    # Written before runs described themselves: torchvision, the blog's statistics, a bilinear resize.
+    return RunInfo.from_dict(
+        {
+            "model": cfg.get("model"),
+            "source": "torchvision",
+            "classes": classes,
+            "image_size": cfg.get("image_size"),
+            "mean": MEAN,
+            "std": STD,
+            "interpolation": "bilinear",
+            "version": "unknown",
+        },
+        where,
     )
-    if set(lists) != {"val", "train"}:
-        raise UserError(f"{path}: damaged run record: no val and train lists of file names")
-    return lists

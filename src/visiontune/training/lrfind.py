@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import os
 import random
 
@@ -36,6 +35,7 @@ from visiontune.loading.devicedecode import on_device
 from visiontune.loading.jobdata import prepare as prepare_data
 from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model
+from visiontune.runs import runrecords
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
@@ -175,13 +175,12 @@ def auto_lr(accelerator, cfg: TrainConfig, model: torch.nn.Module, loader, crite
 
 def _recorded(source: str) -> float:
     path = os.path.join(source, "config.json")
-    try:
-        with open(path) as f:
-            return float(json.load(f)["setup"]["lr"])
-    except (OSError, ValueError, KeyError, TypeError):
+    lr = (runrecords.read_config(source) or {"setup": {}})["setup"].get("lr")  # a number, when there
+    if lr is None:
         raise UserError(
             f"--lr auto resumes with the lr its run chose, but {path} does not say it; pass that run's --lr"
-        ) from None
+        )
+    return float(lr)
 
 
 def _epochs(loader):

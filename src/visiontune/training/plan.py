@@ -22,16 +22,15 @@ same images.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from visiontune.cluster.strategy import ProcessSettings, Setup, Threads, describe, resolve_threads
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
 from visiontune.loading.cache import CacheChoice
 from visiontune.models.build import get_spec, input_view
+from visiontune.runs import runrecords
 from visiontune.settings.config import TrainConfig, choices
 from visiontune.settings.validation import recorded_split_method
 from visiontune.tasks import Task, get
@@ -117,11 +116,9 @@ def for_data(plan: Plan, images: ImageSet, resumed_from: str | None, say: Callab
 
 
 def _recorded_split_method(source: str | None, current: str) -> str:
-    try:
-        record = json.loads(Path(source, "config.json").read_text()) if source else None
-    except (OSError, ValueError):
-        return current  # no record to go by: the checkpoint's split hash still refuses another split
-    recorded = recorded_split_method(record) if isinstance(record, dict) else current
+    record = runrecords.read_config(source) if source else None
+    # No record to go by: the checkpoint's split hash still refuses another split.
+    recorded = recorded_split_method(record) if record is not None else current
     return recorded if recorded in choices()["split_method"] else current
 
 
