@@ -15,7 +15,10 @@ other file in the folder. Every process writes into ``.tmp-<name>``; the main
 process adds ``visiontune.json`` last and renames the folder, so a folder under
 a final name is always complete, and a folder whose files no longer match their
 recorded hashes (a truncated copy, a full disk) is skipped in favour of the
-previous one. Before writing, the main process checks that the disk has room
+previous one. A checkpoint may come from anyone, as its run folder may: ``read_meta`` is
+the one reader of ``visiontune.json`` -- at most ``MAX_META`` bytes, every field it
+holds checked against ``SCHEMA`` (the files plain paths inside the folder) -- and a
+checkpoint that fails is skipped as a damaged one is. Before writing, the main process checks that the disk has room
 for the checkpoint; when it has not, or the disk fills up while writing, the
 temp folder is removed, the previous checkpoint stays, and the run ends with
 one line saying how much room it needs. The position is also recorded in
@@ -37,7 +40,9 @@ from typing import Any
 
 from visiontune.cluster import strategies
 from visiontune.errors import UserError
+from visiontune.runs import runrecords
 from visiontune.runs.diskspace import MB, needed_bytes, out_of_space
+from visiontune.settings.validation import check_types
 
 SUBDIR = "checkpoints"
 META = "visiontune.json"
@@ -45,6 +50,71 @@ SCHEDULER = "lr_scheduler.pt"
 FORMAT = 1
 _NAME = re.compile(r"^epoch(\d{4,})-(?:batch(\d{7,})|end)$")
 _OLD_NAME = re.compile(r"^e(\d{4,})-b(\d{7,})$")  # before names counted from 1: the 0-based next position
+MAX_META = 64 << 20  # bytes of visiontune.json: its history grows a row an epoch; a million epochs fit
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _member(name: str) -> bool:
+    """A file of the checkpoint's folder (or of a folder in it), never a path out of it."""
+    parts = name.split("/")
+    return (
+        len(name) <= 4096 and name.isprintable() and "\\" not in name and all(p not in ("", ".", "..") for p in parts)
+    )
+
+
+def _files(v: Any) -> bool:
+    return isinstance(v, dict) and all(
+        _member(k) and isinstance(x, list) and len(x) == 2 and _count(x[0]) and isinstance(x[1], str)
+        and _SHA256.fullmatch(x[1]) is not None
+        for k, x in v.items()
+    )  # fmt: skip
+
+
+def _optional(ok):
+    return lambda v: v is None or ok(v)
+
+
+def _reals(v: Any) -> bool:
+    return isinstance(v, list) and all(_real(x) for x in v)
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= runrecords.MAX_TEXT
+
+
+# visiontune.json, as ``save`` writes it (the identity a resume must match: ``training.trainer._identity``).
+# Fields not named here are only compared for equality with this run's values.
+SCHEMA: dict[str, tuple[Any, str]] = {
+    "format": (lambda v: v == FORMAT and not isinstance(v, bool), f"{FORMAT}"),
+    "files": (_files, "an object of the folder's files, each [size, sha256]"),
+    "epoch": (_count, "a whole number"),
+    "batch": (_count, "a whole number"),
+    "samples": (_count, "a whole number"),
+    "world_size": (_count, "a whole number"),
+    "global_batch": (_count, "a whole number"),
+    "batch_samples": (_count, "a whole number"),
+    "grad_accum": (_count, "a whole number"),
+    "num_classes": (_count, "a whole number"),
+    "optimizer_steps": (_count, "a whole number"),
+    "split_sha256": (_text, "a sha256 text"),
+    "model": (_text, "a model name"),
+    "sampler": (_text, "a sampler name"),
+    "decode": (_text, "a decode name"),
+    "history": (lambda v: isinstance(v, list), "a list of epochs"),
+    "partial_totals": (_optional(_reals), "a list of numbers or null"),
+    "class_weights": (_optional(_reals), "a list of numbers or null"),
+    "lora": (_optional(lambda v: isinstance(v, dict)), "an object or null"),
+    "config": (lambda v: isinstance(v, dict), "the run's settings, an object"),
+}
+_REQUIRED = ("format", "files", "epoch", "batch", "history", "config")
 
 
 @dataclass(frozen=True)
@@ -109,15 +179,45 @@ def listed(run_dir: str) -> list[str]:
     return [str(p) for _, p in sorted(found, reverse=True)]
 
 
+def read_meta(path: str) -> dict:
+    """The checkpoint's ``visiontune.json``, bounded and checked against ``SCHEMA``; ValueError naming the first
+    field that fails (``latest`` then skips the checkpoint, as a damaged one)."""
+    file = Path(path) / META
+    try:
+        size = file.stat().st_size
+        if size > MAX_META:
+            raise ValueError(f"{META} is {size:,} bytes, more than any checkpoint writes ({MAX_META:,})")
+        meta = json.loads(file.read_text(encoding="utf-8", errors="surrogateescape"))
+    except (OSError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+        raise ValueError(f"{META} unreadable ({e.__class__.__name__})") from None
+    except ValueError as e:
+        raise ValueError(f"{META} unreadable ({str(e)[:80]})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{META} is not a visiontune checkpoint record")
+    missing = [k for k in _REQUIRED if k not in meta]
+    if missing:
+        raise ValueError(f"{META} lacks {', '.join(missing)}")
+    for key, (ok, wanted) in SCHEMA.items():
+        if key in meta and not ok(meta[key]):
+            shown = repr(meta[key])
+            raise ValueError(f"{META}: {key} is {shown if len(shown) <= 60 else shown[:57] + '...'}, expected {wanted}")
+    try:
+        # Runs from before the named augmentations recorded `augment = true/false`, which `validate` reads still.
+        settings = {k: v for k, v in meta["config"].items() if not (k == "augment" and isinstance(v, bool))}
+        check_types(settings, f"{META}: config")
+        runrecords.check_history(meta["history"], f"{META}: history")
+    except UserError as e:
+        raise ValueError(str(e)) from None
+    # Checkpoints from before the position was kept in samples: resume counts it from the saving run's batch.
+    if "samples" not in meta and not all(_count(meta["config"].get(k)) for k in ("batch_size", "grad_accum")):
+        raise ValueError(f"{META}: config lacks the batch size and gradient accumulation of its position")
+    return meta
+
+
 def verify(path: str) -> dict:
     """The checkpoint's metadata, or ValueError naming what is missing or damaged."""
     folder = Path(path)
-    try:
-        meta = json.loads((folder / META).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{META} unreadable ({e.__class__.__name__})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
-        raise ValueError(f"{META} is not a visiontune checkpoint record")
+    meta = read_meta(path)
     for fname, (size, digest) in meta["files"].items():
         f = folder / fname
         if not f.is_file():
