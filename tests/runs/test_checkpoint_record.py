@@ -159,3 +159,11 @@ def test_fuzz_a_checkpoint_record_is_checked_or_one_line(changes, drop):
             resume.compatible(found, {**current, "batch_samples": 4, "sampler": "random", "class_weights": None})
         except UserError as e:
             assert "\n" not in str(e)
+
+
+def test_a_record_whose_settings_lack_the_batch_size_is_unusable(tmp_path, capsys):
+    """Found by the fuzz target: resume names the position by the saving run's --batch-size (a KeyError)."""
+    write_checkpoint(tmp_path, _with(record(), "config", {}))
+    with pytest.raises(UserError, match="no intact checkpoint"):
+        resume.find_resume("auto", str(tmp_path), False)
+    assert "config lacks the batch size" in capsys.readouterr().out

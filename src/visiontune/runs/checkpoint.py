@@ -208,8 +208,8 @@ def read_meta(path: str) -> dict:
         runrecords.check_history(meta["history"], f"{META}: history")
     except UserError as e:
         raise ValueError(str(e)) from None
-    # Checkpoints from before the position was kept in samples: resume counts it from the saving run's batch.
-    if "samples" not in meta and not all(_count(meta["config"].get(k)) for k in ("batch_size", "grad_accum")):
+    # What resume names the position by (and counts it from, in checkpoints from before it was kept in samples).
+    if not all(_count(meta["config"].get(k)) and meta["config"][k] > 0 for k in ("batch_size", "grad_accum")):
         raise ValueError(f"{META}: config lacks the batch size and gradient accumulation of its position")
     return meta
 
