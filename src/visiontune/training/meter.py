@@ -121,7 +121,8 @@ class PhaseResult:
 
     def as_dict(self) -> dict:
         out = {**asdict(self), "images_per_s": self.images_per_s}
-        return {**out, **out.pop("ranked")}
+        ranked = out.pop("ranked")  # its figures sit beside the others in history.json, not nested
+        return {**out, **ranked}
 
 
 class _LogLines(tqdm):
