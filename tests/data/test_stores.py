@@ -5,6 +5,7 @@ the server's failures retried and then one line, credentials kept to the store's
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -290,3 +291,22 @@ def test_fuzz_an_object_key_is_copied_inside_the_cache_folder_or_refused(rel):
         return
     folder = os.path.join(os.sep, "cache", "f")
     assert os.path.normpath(os.path.join(folder, name)).startswith(folder + os.sep)
+
+
+@pytest.mark.slow  # (a trained model, shared)
+def test_predict_on_a_folder_of_unlabelled_images_in_a_bucket_predicts_what_the_same_local_folder_gives(
+    s3, trained_run, sample_data, tmp_path
+):
+    """Kaggle's test/ (numbered images, no labels) and a nested folder of them: the same rows as predicting
+    the local files, named by their URLs."""
+    nested = tmp_path / "nested"
+    shutil.copytree(sample_data / "test", nested / "batch1")
+    upload(s3, sample_data / "test", "s3://data/unlabelled")
+    upload(s3, nested, "s3://data/nested")
+    for local, url in ((sample_data / "test", "s3://data/unlabelled/"), (nested, "s3://data/nested")):
+        outs = [tmp_path / f"{i}.csv" for i in range(2)]
+        for data, out in zip((str(local), url), outs):
+            assert main(["predict", "--run", str(trained_run), "--data", data, "--out", str(out), "--no-progress"]) == 0
+        want = outs[0].read_text().replace(str(local), url.rstrip("/"))
+        assert outs[1].read_text() == want
+    assert "s3://data/nested/batch1/7.jpg," in outs[1].read_text()

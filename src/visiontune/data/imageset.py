@@ -67,6 +67,9 @@ class Source:
     lists_unlabelled: bool = False  # every_split lists rows with no label too (predict on a test split)
     exists: Callable[[str], bool] = lambda data: True  # whether what ``data`` names is still there
     fetch: Callable[[str], object] | None = None  # a copy made before listing, once per machine
+    # The local copy of a plain folder of images ``data`` names, or None: predict lists its images, unlabelled,
+    # as a local folder's, named below ``data`` (a store's folder, which train reads in a labelled layout).
+    folder_copy: Callable[[str], str | None] | None = None
     hub_id: Callable[[str], str] | None = None  # the data set's id on the Hugging Face Hub
 
 

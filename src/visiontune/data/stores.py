@@ -314,6 +314,12 @@ def _read(data: str, image_column: str | None, label_column: str | None, *, ever
     return layouts.read_folder(local, image_column, label_column, every_split=every_split, task=task)
 
 
+def _folder_copy(data: str) -> str | None:
+    """The local copy of the folder ``data`` names (None for shards or a manifest): predict's unlabelled images."""
+    local = fetch(data)
+    return local if os.path.isdir(local) and not shards.is_shards(local) else None
+
+
 def _reopen(spec: dict) -> shards.ShardReader:
     return shards.reopen(spec, lambda data: _read(data, None, None, every_split=False, task="auto"))
 
@@ -328,4 +334,5 @@ SOURCE = Source(
     named=True,
     container=True,
     fetch=fetch,
+    folder_copy=_folder_copy,
 )

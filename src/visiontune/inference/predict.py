@@ -32,28 +32,22 @@ class Inputs:
 
 
 def list_inputs(data: str, columns: tuple[str | None, str | None] = (None, None)) -> Inputs:
-    """A folder (images anywhere below it), one image, a text file listing one path per line, every row of
-    every split of ``hf:`` data, or every sample of tar shards."""
+    """A folder (images anywhere below it, a folder in an object store included), one image, a text file
+    listing one path per line, every row of every split of ``hf:`` data, or every sample of tar shards."""
     from visiontune.data import sources
 
-    if sources.find(data).container:  # hf: data, shards: listed as train lists them
+    source = sources.find(data)
+    local = source.folder_copy(data) if source.folder_copy else None
+    if local is not None:  # a folder in an object store: its copy's images, named by their URLs
+        inputs = _folder(Path(local), data)
+        names = [f"{data.rstrip('/')}/{Path(p).relative_to(local).as_posix()}" for p in inputs.paths]
+        return Inputs(names, inputs.kaggle_ids, inputs.paths)
+    if source.container:  # hf: data, shards: listed as train lists them
         images = sources.discover(data, *columns, every_split=True)
         return Inputs(list(images.paths), None, images.reader)
     p = Path(data)
     if p.is_dir():
-        files = sorted(
-            f
-            for f in p.rglob("*")
-            if f.is_file()
-            and f.suffix.lower() in IMAGE_EXTENSIONS
-            and not any(part.startswith(".") for part in f.relative_to(p).parts)
-        )
-        if not files:
-            raise UserError(f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) in {data}")
-        if all(f.parent == p and f.stem.isdigit() for f in files):
-            files.sort(key=lambda f: int(f.stem))  # Kaggle's ids: 2.jpg before 10.jpg
-            return Inputs([str(f) for f in files], [int(f.stem) for f in files])
-        return Inputs([str(f) for f in files], None)
+        return _folder(p, data)
     if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS:
         return Inputs([str(p)], None)
     if p.is_file():
@@ -65,13 +59,33 @@ def list_inputs(data: str, columns: tuple[str | None, str | None] = (None, None)
     raise UserError(f"not found: {data} (expected a folder of images, an image, or a file listing image paths)")
 
 
+def _folder(p: Path, data: str) -> Inputs:
+    """The images anywhere below the folder ``p`` (hidden ones aside), in Kaggle's id order where every file
+    is ``<number>.<ext>``."""
+    files = sorted(
+        f
+        for f in p.rglob("*")
+        if f.is_file()
+        and f.suffix.lower() in IMAGE_EXTENSIONS
+        and not any(part.startswith(".") for part in f.relative_to(p).parts)
+    )
+    if not files:
+        raise UserError(f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) in {data}")
+    if all(f.parent == p and f.stem.isdigit() for f in files):
+        files.sort(key=lambda f: int(f.stem))  # Kaggle's ids: 2.jpg before 10.jpg
+        return Inputs([str(f) for f in files], [int(f.stem) for f in files])
+    return Inputs([str(f) for f in files], None)
+
+
 def list_many(items: list[str], columns: tuple[str | None, str | None] = (None, None)) -> Inputs:
     """``list_inputs`` of one item, or the images of several (files or folders) in the order given."""
     if len(items) == 1:
         return list_inputs(items[0], columns)
     listed = [list_inputs(item, columns) for item in items]
     if any(inputs.reader is not None for inputs in listed):
-        raise UserError("hf: data and tar shards are predicted on their own: give them alone as --data")
+        raise UserError(
+            "hf: data, tar shards and object-store data are predicted on their own: give them alone as --data"
+        )
     return Inputs([path for inputs in listed for path in inputs.paths], None)
 
 
