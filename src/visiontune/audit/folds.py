@@ -12,6 +12,7 @@ read back as untrusted (no pickle, its shape, bounds and values checked): one li
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ def read_oof(path: str, n: int, width: int, unit: bool = True) -> tuple[np.ndarr
     try:
         with np.load(path, allow_pickle=False) as z:
             idx, probs = z["index"], z["probs"]
-    except (OSError, ValueError, KeyError, EOFError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, NotImplementedError) as e:
         raise UserError(
             f"{path}: not a fold's probabilities ({str(e)[:120]}); delete it to score the fold again"
         ) from None
