@@ -225,3 +225,25 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case, no_sca
         extra = ["--test", str(tmp_path / "test")]
         says = "broken.jpg cannot be decoded"
     _refused(capsys, [str(data), *extra], says, tmp_path / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_each_fold_trains_under_ddp_and_scores_its_own_fold(tmp_path, worker_env_module):
+    from visiontune.data.sources import discover
+    from visiontune.data.split import relative_paths
+
+    planted = _small(tmp_path / "data")
+    out = tmp_path / "audit"
+    flags = [*SMALL[: SMALL.index("--batch-size")], "--batch-size", "16", *SMALL[SMALL.index("--batch-size") + 2 :]]
+    argv = ["audit", str(planted.root), "--folds", "2", "--out", str(out), "--strategy", "ddp", "--nproc", "2"]
+    assert main([*argv, *flags]) == 0
+    images = discover(str(planted.root))
+    names = relative_paths(images.paths, range(len(images)), images.root)
+    for fold in (0, 1):
+        run = out / "folds" / f"fold-{fold}"
+        assert json.loads((run / "config.json").read_text())["setup"]["world_size"] == 2
+        with np.load(run / "oof.npz") as z:
+            assert {names[i] for i in z["index"]} == set(json.loads((run / "split.json").read_text())["val"])
+            assert np.allclose(z["probs"].sum(1), 1.0, atol=1e-5)
+    assert json.loads((out / "audit.json").read_text())["scored"] == len(images)
