@@ -112,3 +112,21 @@ def test_what_the_fuzz_found_is_one_user_error(root, manifest, multi_label, said
     with pytest.raises(UserError) as e:
         sources.discover(root, task="multilabel" if multi_label else "auto")
     assert said in str(e.value) and "\n" not in str(e.value), str(e.value)[:300]
+
+
+@fuzz_settings(100)
+@given(manifests())
+def test_any_manifest_read_as_numbers_is_finite_targets_or_one_user_error(root, manifest):
+    """``--task regress``: every target cell a finite number, one column a target, or one line."""
+    with open(os.path.join(root, "train.csv"), "wb") as f:
+        f.write(manifest)
+    try:
+        found = sources.discover(root, task="regress")
+    except UserError as e:
+        assert str(e) and "\n" not in str(e).strip()
+        return
+    n, t = len(found.paths), len(found.classes)
+    assert found.task == "regress" and n > 0 and t >= 1 and found.values.shape == (n, t)
+    assert found.values.dtype == np.float32 and np.isfinite(found.values).all()
+    for path in found.paths:
+        assert os.path.isfile(path) and os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
