@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
+from fuzzing import fuzz_settings
 from trainrun import flags
 from visiontune.cli.commands import main
 from visiontune.data.sample import make_sample_data
@@ -150,3 +153,32 @@ def test_a_truncated_model_file_is_one_line_naming_it(tmp_path, state, images, c
     cut = tmp_path / "cut.safetensors"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     _refused(cut, images, capsys)
+
+
+# Any JSON value, to depth 3: what a damaged or hostile description may hold in any field.
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@fuzz_settings(50)
+@given(st.lists(st.tuples(st.sampled_from([*_description(), "task_state", "multi_label"]), JSON), max_size=3))
+def test_fuzz_any_model_description_is_checked_or_one_line(changes):
+    """``runinfo.read_file`` on a description with any field replaced by any JSON value: a description within
+    the model file's bounds, or one line naming the file."""
+    import tempfile
+
+    from visiontune.errors import UserError
+    from visiontune.runs.runinfo import read_file
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = _model_file(Path(folder) / "m.safetensors", {"w": torch.zeros(1)}, _description(**dict(changes)))
+        try:
+            info = read_file(str(path))
+        except UserError as e:
+            assert "\n" not in str(e) and str(path) in str(e)
+            return
+    assert 2 <= len(info.classes) <= 100_000 and len(set(info.classes)) == len(info.classes)
+    assert 1 <= info.image_size <= 4096 and all(math.isfinite(x) for x in (*info.mean, *info.std))

@@ -68,6 +68,7 @@ LIMITS = {
 
 # None: the model's pretrained config's, known once the model is; or, for --loss, the task's own
 FROM_MODEL = ("interpolation", "loss")
+MAX_CONFIG_BYTES = 64 << 20  # a --config file: settings, or a run's config.json (as runs.runrecords bounds it)
 POSITIVE = ("epochs", "batch_size", "image_size", "grad_accum", "reference_batch", "keep_last")
 
 
@@ -249,6 +250,11 @@ def load_config_file(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config file not found: {path}")
+    size = p.stat().st_size
+    if size > MAX_CONFIG_BYTES:  # a file of settings (or a run's config.json): never this large
+        raise UserError(
+            f"config file {path} is {size:,} bytes, more than a file of settings holds ({MAX_CONFIG_BYTES:,})"
+        )
     try:
         if p.suffix == ".json":
             record = json.loads(p.read_text())
@@ -258,7 +264,9 @@ def load_config_file(path: str) -> dict[str, Any]:
         else:
             raw = tomllib.loads(p.read_text())
     except (ValueError, tomllib.TOMLDecodeError) as e:
-        raise UserError(f"cannot parse config file {path}: {e}") from None
+        raise UserError(f"cannot parse config file {path}: {str(e)[:200]}") from None
+    except RecursionError:  # arrays nested thousands deep
+        raise UserError(f"cannot parse config file {path}: nested too deep") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path} holds a {type(raw).__name__}, not a table of settings")
     raw = {k: _EARLIER.get(k, lambda v: v)(v) for k, v in raw.items()}

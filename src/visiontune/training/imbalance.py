@@ -35,6 +35,7 @@ from visiontune import tasks
 from visiontune.errors import UserError
 
 DEFAULT_BETA = 0.999
+MAX_WEIGHT_FILE = 16 << 20  # bytes of a --class-weights file: a name and a weight for 100,000 classes fit
 KEYWORDS = ("none", "auto", "effective")  # anything else (but effective:BETA) is a FILE
 
 
@@ -61,6 +62,9 @@ def read_weight_file(path: str, classes: Sequence[str]) -> torch.Tensor:
     ``class,weight`` is allowed); classes not named weigh 1."""
     where = f"--class-weights {path}"
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_WEIGHT_FILE:
+            raise UserError(f"{where}: {size:,} bytes, more than the weights of any classes take ({MAX_WEIGHT_FILE:,})")
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(
@@ -69,13 +73,16 @@ def read_weight_file(path: str, classes: Sequence[str]) -> torch.Tensor:
     if path.lower().endswith(".json"):
         try:  # the object's pairs as written: json.loads would keep the last of a repeated key silently
             given = json.loads(text, object_pairs_hook=_Pairs)
-        except ValueError as e:
-            raise UserError(f"{where}: not valid JSON ({e})") from None
+        except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+            raise UserError(f"{where}: not valid JSON ({str(e)[:200]})") from None
         if not isinstance(given, _Pairs):
             raise UserError(f'{where}: expected a JSON object of class: weight, e.g. {{"cat": 1, "dog": 4}}')
         pairs = list(given)
     else:
-        rows = [r for r in csv.reader(text.splitlines()) if r and any(x.strip() for x in r)]
+        try:
+            rows = [r for r in csv.reader(text.splitlines()) if r and any(x.strip() for x in r)]
+        except csv.Error as e:  # a NUL byte, a field past csv's limit
+            raise UserError(f"{where}: not a CSV of class,weight rows ({e})") from None
         if rows and [x.strip().lower() for x in rows[0]] == ["class", "weight"]:
             rows = rows[1:]
         bad = next((r for r in rows if len(r) != 2), None)
