@@ -99,6 +99,12 @@ def test_a_manifest_of_several_targets_reads_their_names_and_numbers(tmp_path):
     assert found.values.tolist() == [[3.0, 0.5], [4.0, 100.0]] and found.label_array.dtype == np.float32
 
 
+def test_a_regression_manifest_read_without_task_regress_says_to_ask_for_it(tmp_path):
+    with pytest.raises(UserError) as e:
+        sources.discover(_manifest(tmp_path, ["filename,value", "a.png,1", "b.png,2"]))
+    assert "row 1: header 'filename,value' names no label column" in str(e.value) and "--task regress" in str(e.value)
+
+
 @pytest.mark.parametrize(
     "row, said",
     [("b.png,nan", "'nan', not a finite number"), ("b.png,", "target empty"), ("b.png,ten", "'ten', not a finite")],

@@ -36,7 +36,8 @@ from visiontune.files import atomic_write
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
 OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"}
-_HEADERS = tuple([name, label] for label in ("label", "labels", "tags") for name in ("filename", "file", "path", "id"))
+_NAME_HEADERS = ("filename", "file", "path", "id")
+_HEADERS = tuple([name, label] for label in ("label", "labels", "tags") for name in _NAME_HEADERS)
 
 
 def _numeric_key(path: str) -> tuple:
@@ -193,6 +194,13 @@ def read_manifest(csv_path: Path, image_root: Path, task: str = "auto") -> Image
             header, rows = rows[0][1][1:], rows[1:]
     elif rows and [c.strip().lower() for c in rows[0][1][:2]] in _HEADERS:
         rows = rows[1:]
+    elif rows and len(rows[0][1]) > 1 and rows[0][1][0].strip().lower() in _NAME_HEADERS:
+        # a header whose label column is named otherwise: a regression's (filename,value) read as classes
+        first = ",".join(c.strip() for c in rows[0][1])[:80]
+        raise UserError(
+            f"{csv_path} row {rows[0][0]}: header {first!r} names no label column (label, labels or tags); "
+            "for numbers to predict pass --task regress, for classes name the column label"
+        )
     if not rows:
         raise UserError(f"{csv_path}: no rows; expected 'filename,label' lines")
     as_sets = task == "multilabel" or (
