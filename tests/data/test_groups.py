@@ -7,8 +7,11 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sklearn.model_selection import StratifiedGroupKFold
 
+from fuzzing import fuzz_settings
 from visiontune.data.groups import fold_split, group_names, grouped_split, split_for, split_images
 from visiontune.data.imageset import ImageSet
 from visiontune.data.sources import discover
@@ -244,3 +247,24 @@ def test_train_with_group_by_records_the_grouped_split_and_resumes_only_with_it(
     assert json.loads((out / "split.json").read_text()) == record
     assert cli.main([*argv, "--epochs", "2", "--resume", "auto"]) == 0
     assert json.loads((out / "split.json").read_text()) == record
+
+
+REGEX_TOKENS = [*"()[]^$.*+?|\\/{},-_0123ab", "(?P<", "(?=", "\\1", "\\d", "\udcff", "\n"]
+
+
+@fuzz_settings(50)
+@given(
+    st.lists(st.sampled_from(REGEX_TOKENS), max_size=12).map("".join) | st.text(max_size=12),
+    st.lists(st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=6), min_size=1, max_size=4),
+)
+def test_fuzz_any_group_by_pattern_gives_a_group_per_image_or_one_user_error(pattern, names):
+    """``--group-by`` from a command line or a run's config.json: RE2 compiles it (or refuses it in a UserError)
+    and every image gets a non-empty group, or the first it cannot name is a UserError -- never re's errors,
+    a backtracking hang or RE2's own log."""
+    paths = [f"/data/{name}/{i}.png" for i, name in enumerate(names)]
+    images = ImageSet("/data", "imagefolder", paths, [0] * len(paths), ["a", "b"])
+    try:
+        groups = group_names(images, pattern)
+    except UserError:
+        return
+    assert len(groups) == len(paths) and all(isinstance(g, str) and g for g in groups)
