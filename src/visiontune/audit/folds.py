@@ -63,9 +63,8 @@ def _score(run: str, images, cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     idx = np.asarray([where[p] for p in chosen.paths], np.int64)
     icfg = inference.InferenceConfig(model.batch_size, "no", cfg.progress, num_workers=cfg.num_workers)
     accelerator = inference.start(icfg)
-    paths, labels = list(chosen.paths), chosen.label_array
-    logits, got = inference.forward(accelerator, model, icfg, paths, labels, "score", chosen.reader)
-    task = model.info.task
+    paths, labels, task = list(chosen.paths), chosen.label_array, model.info.task
+    logits, got = inference.forward(accelerator, model, icfg, paths, labels, "score", chosen.reader, task)
     readable = task.readable(got).numpy()  # an image the loader could not read gets no probabilities
     probs = task.probabilities(logits).numpy()
     return idx[readable], probs[readable]

@@ -65,8 +65,9 @@ def _thumb(source) -> str:
 
 
 def _caption(r: dict) -> str:
-    if r["kind"] == "label":
-        return f"{r['given']} → {r['suggested']} ({r['probability']:.2f})"
+    if r["kind"] == "label":  # a regression's rows have numbers, not a probability
+        sure = f" ({r['probability']:.2f})" if r.get("probability") is not None else ""
+        return f"{r['given']} → {r['suggested']}{sure}"
     if r["kind"] in ("leak", "duplicate"):
         return f"group {r['group']}, {r['split']}"
     return r.get("note", "")
