@@ -254,20 +254,23 @@ def test_multi_label_and_regression_data_are_audited_by_their_task(tmp_path):
     from visiontune.audit import issues, pages
     from visiontune.data.sample import make_multilabel_data, make_regression_data
 
-    make_multilabel_data(tmp_path / "ml", count=48, size=16)
-    make_regression_data(tmp_path / "rg", count=48, size=16)
+    make_multilabel_data(tmp_path / "ml", count=80, size=16)
+    make_regression_data(tmp_path / "rg", count=80, size=16)
     for data, extra in (("ml", []), ("rg", ["--task", "regress"])):
         out = tmp_path / f"{data}-audit"
         assert main(["audit", str(tmp_path / data), "--folds", "2", "--out", str(out), *SMALL, *extra]) == 0
         summary = json.loads((out / "audit.json").read_text())
-        assert summary["task"] == {"ml": "multilabel", "rg": "regress"}[data] and summary["scored"] == 48
+        assert summary["task"] == {"ml": "multilabel", "rg": "regress"}[data] and summary["scored"] == 80
     labels = [r for r in _rows(tmp_path / "ml-audit") if r["kind"] == "label"]
     classes = {"red", "green", "blue", "yellow"}
     assert labels and all(set(r["given"].split(";")) <= classes | {""} for r in labels)
     # A regression's label rows: the largest out-of-fold errors, numbers in and out, and the page shows them.
-    images = type("Values", (), {"values": np.array([[0.5], [0.5], [0.5], [0.5], [0.9]])})()
-    rows = issues.LABELS["regress"](images, list("abcde"), np.full((5, 1), 0.5), np.arange(5))
-    assert [(r["file"], r["given"], r["suggested"]) for r in rows] == [("e", "0.9", "0.5")]
+    given = np.full((20, 1), 0.5)
+    given[:, 0] += np.random.default_rng(0).uniform(-0.02, 0.02, 20).round(3)
+    given[7] = 0.9
+    images = type("Values", (), {"values": given})()
+    rows = issues.LABELS["regress"](images, [f"f{i}" for i in range(20)], np.full((20, 1), 0.5), np.arange(20))
+    assert [(r["file"], r["given"], r["suggested"]) for r in rows] == [("f7", "0.9", "0.5")]
     assert "0.9 → 0.5</b>" in pages.page(
         rows, {**summary, "counts": {"label": 1, "leak": 0, "duplicate": 0, "outlier": 0}}, str
     )
