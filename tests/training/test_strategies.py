@@ -207,8 +207,9 @@ def test_setup_is_printed_and_recorded(jobs):
     for record in (setup, summary):
         assert {k: record[k] for k in expected} == expected
         assert len(record["devices"]) == WORLD and all(d.startswith("cpu") for d in record["devices"])
-    # Threads: cores / processes on this machine, set by visiontune's launcher for its workers.
-    assert setup["threads"] == max(1, CORES // WORLD)
+    # Threads: cores / processes on this machine, set by visiontune's launcher for its workers; fewer when
+    # other work was running on the machine as the launcher chose (launch.threads_choice).
+    assert 1 <= setup["threads"] <= max(1, CORES // WORLD)
     # On a CPU no loader processes compete with the model: each process decodes with its own budget.
     assert (setup["loader_workers"], setup["decode_threads"]) == (0, setup["threads"])
 
