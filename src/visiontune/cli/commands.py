@@ -342,7 +342,7 @@ def cmd_push(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.cluster.launch import threads_choice
+    from visiontune.cluster.launch import core_share
     from visiontune.inference.serve import ServeOptions, serve
 
     if args.max_wait_ms < 0 or args.max_body_mb <= 0:
@@ -357,7 +357,11 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
             classes=[c.strip() for c in args.classes.split(",")] if args.classes else None,
             image_size=args.image_size,
             compile=args.compile,
-            threads=threads_choice(args.threads, processes=args.workers)[0],
+            # The cores' share, not cut by the machine's load as train, evaluate and predict cut theirs: a
+            # server's forward passes are batched (large parallel regions, few waits) and its decoding runs in
+            # one-thread processes, and beside 1 busy process on 2 cores 2 threads answered 1.4x the requests
+            # of 1 (benchmarks/contention.py).
+            threads=args.threads or core_share(args.workers),
             host=args.host,
             port=args.port,
             max_batch=args.max_batch,
