@@ -28,6 +28,7 @@ from visiontune.loading.cache import CachedDataset, open_or_build
 from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model
 from visiontune.settings.config import TrainConfig
+from visiontune.settings.validation import validate
 from visiontune.training.trainer import train
 
 # 480 train images (30 steps an epoch): with fewer, one-off stalls on a shared machine swing the ratio by 10%.
@@ -65,17 +66,19 @@ def hand_rate(images: torch.Tensor, labels: torch.Tensor, seed: int = 42) -> flo
 def cached_images(data) -> tuple[TrainConfig, torch.Tensor, torch.Tensor]:
     """The run's config (reading visiontune's cache) and the train split's cached pixels and labels."""
     cache_dir = str(WORK / "cache")
-    cfg = TrainConfig(
-        data=str(data),
-        model=MODEL,
-        weights="none",
-        image_size=SIZE,
-        epochs=2,
-        batch_size=BATCH,
-        lr=LR,
-        num_workers=0,
-        cache=cache_dir,
-        progress=False,
+    cfg = validate(  # as the command line's is: train takes a validated config
+        TrainConfig(
+            data=str(data),
+            model=MODEL,
+            weights="none",
+            image_size=SIZE,
+            epochs=2,
+            batch_size=BATCH,
+            lr=LR,
+            num_workers=0,
+            cache=cache_dir,
+            progress=False,
+        )
     )
     images_set = discover(str(data))
     split = make_split(len(images_set), cfg.val_fraction, cfg.seed)
