@@ -1,6 +1,7 @@
 """The task seam: a task defined entirely in this module -- counting the bright blobs of an image, a
-regression with a metric of its own (the share of images whose count, rounded, is right) -- registered by
-name, then trained, predicted and evaluated through the command line with no other file knowing of it."""
+regression with a metric of its own (the share of images whose count, rounded, is right) and an evaluation
+of its own (a file beside eval.json, a section of the run's page) -- registered by name, then trained,
+predicted and evaluated through the command line with no other file knowing of it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from PIL import Image
 
 from visiontune import tasks
 from visiontune.cli.commands import main
+from visiontune.reports import evaluations
 from visiontune.tasks.regress import Regression
 
 
@@ -32,11 +34,25 @@ class BlobCount(Regression):
         return out
 
 
+def write_blob_evaluation(accelerator, loaded, outputs, paths, chosen, images, scored, tta_mode, top_n, out) -> dict:
+    """A regression's eval.json and files, and the count accuracy in words beside them."""
+    regress = evaluations.of(tasks.REGRESSION)
+    report = regress.write(accelerator, loaded, outputs, paths, chosen, images, scored, tta_mode, top_n, out)
+    (Path(out).parent / "count_accuracy.txt").write_text(f"{report['count_accuracy']!r}\n")
+    return report
+
+
+def blob_section(eval_json: Path, ev: dict) -> str:
+    regress = evaluations.of(tasks.REGRESSION)
+    return f"<p class='blobs'>Counted right: {ev['count_accuracy']:.4f}</p>" + regress.section(eval_json, ev)
+
+
 @pytest.fixture
 def blobs():
     task = tasks.register(BlobCount())
+    evaluations.register(task.name, write=write_blob_evaluation, section=blob_section)
     yield task
-    del tasks.TASKS[task.name]
+    del tasks.TASKS[task.name], evaluations.EVALUATIONS[task.name]
 
 
 def write_blobs(out: Path, count: int, size: int = 32, seed: int = 0) -> dict[str, int]:
@@ -86,7 +102,11 @@ def test_a_task_defined_in_a_test_module_trains_predicts_and_evaluates(blobs, tm
     scored = _csv(run / "predictions.csv")
     pred = {Path(r["path"]).name: float(r["predicted_blobs"]) for r in scored}
     right = np.mean([round(v) == counts[n] for n, v in pred.items()])
-    assert ev["task"] == "blobs" and ev["count_accuracy"] == pytest.approx(right)
+    assert ev["task"] == ev["report"] == "blobs" and ev["count_accuracy"] == pytest.approx(right)
+    # its own evaluation, found through its name: the writer's file and the page's section
+    assert float((run / "count_accuracy.txt").read_text()) == ev["count_accuracy"]
+    assert f"<p class='blobs'>Counted right: {ev['count_accuracy']:.4f}</p>" in (run / "report.html").read_text()
+    assert "MAE of always the mean" in (run / "report.html").read_text()  # the regression's section within it
     assert ev["mae"] == pytest.approx(np.mean([abs(v - counts[n]) for n, v in pred.items()]), rel=1e-9)
     for r in rows:  # predict and evaluate answer alike
         name = Path(r["path"]).name

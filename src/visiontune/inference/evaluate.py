@@ -31,7 +31,7 @@ from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
 from visiontune.inference.loaded import InferenceConfig, LoadedModel, unreadable_reasons
-from visiontune.reports import figures, metrics, multilabel, regression
+from visiontune.reports import evaluations, figures, metrics, multilabel, regression
 from visiontune.reports.report import beside
 from visiontune.runs import runinfo, runrecords
 from visiontune.tasks import UNREADABLE
@@ -213,7 +213,7 @@ def _multilabel(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         "tta": tta_mode,
         "classes": loaded.classes,
         "task": loaded.info.task.name,
-        "report": loaded.info.task.report,
+        "report": evaluations.of(loaded.info.task).name,
         "thresholds_from": loaded.thresholds_from if loaded.info.thresholds else "0.5 (none recorded)",
         **multilabel.multilabel_metrics(probs, targets, loaded.classes, thresholds),
         "world_size": accelerator.num_processes,
@@ -308,7 +308,7 @@ def evaluate(
     )
     report = {}
     if accelerator.is_main_process:
-        report = REPORTS[task.report](
+        report = evaluations.of(task).write(
             accelerator, loaded, (logits, got), paths, chosen, images, scored, tta_mode, top_n, out
         )
         if run_dir:
@@ -337,7 +337,7 @@ def _single_label(accelerator, loaded, outputs, paths, chosen, images, scored, t
         "tta": tta_mode,
         "classes": classes,
         "task": loaded.info.task.name,
-        "report": loaded.info.task.report,
+        "report": evaluations.of(loaded.info.task).name,
         **metrics.classification_metrics(logits[ok], got[ok], classes),
         "world_size": accelerator.num_processes,
         "skipped": [{"path": p, "reason": r} for p, r in skipped],
@@ -375,7 +375,7 @@ def _regression(accelerator, loaded, outputs, paths, chosen, images, scored, tta
         "tta": tta_mode,
         "classes": names,
         "task": task.name,
-        "report": task.report,
+        "report": evaluations.of(task).name,
         **regression.regression_metrics(pred, true, names),
         "world_size": accelerator.num_processes,
         "skipped": [{"path": p, "reason": r} for p, r in skipped],
@@ -410,6 +410,7 @@ def _regression(accelerator, loaded, outputs, paths, chosen, images, scored, tta
     return report
 
 
-# The report of each task (``tasks``): its metrics reach above the task wing, into ``reports``, whose
-# ``report.SECTIONS`` shows each on the run's page.
-REPORTS = {tasks.SINGLE_LABEL.name: _single_label, tasks.MULTI_LABEL.name: _multilabel, "regress": _regression}
+# The eval.json writer of each built-in task; its page section is registered beside it by ``reports.report``.
+evaluations.register(tasks.SINGLE_LABEL.name, write=_single_label)
+evaluations.register(tasks.MULTI_LABEL.name, write=_multilabel)
+evaluations.register(tasks.REGRESSION.name, write=_regression)

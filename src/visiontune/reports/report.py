@@ -20,7 +20,7 @@ from pathlib import Path
 
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
-from visiontune.reports import regression
+from visiontune.reports import evaluations, regression
 from visiontune.reports.style import CSS
 from visiontune.runs import runrecords
 from visiontune.tasks import MULTI_LABEL, REGRESSION, SINGLE_LABEL, recorded
@@ -243,16 +243,17 @@ def _multilabel_evaluation(eval_json: Path, ev: dict) -> str:
 
 def _evaluation(eval_json: Path, ev: dict) -> str:
     """The section of an ``eval.json`` (its figures ``beside`` it), as its task's evaluation wrote it
-    (``SECTIONS``), and which model file it scored."""
+    (``evaluations``), and which model file it scored."""
     scored = ev.get("model_file") if isinstance(ev.get("model_file"), dict) else {}
     named_file = (
         f"<p>Model file: {html.escape(str(scored.get('name')))} (sha256 {html.escape(str(scored.get('sha256')))}).</p>"
         if scored
         else ""
     )
-    if ev.get("report") in SECTIONS:  # a task built on another one's evaluation names it
-        return named_file + SECTIONS[ev["report"]](eval_json, ev)
-    return named_file + SECTIONS[(recorded(ev) or SINGLE_LABEL).report](eval_json, ev)
+    # the evaluation that wrote it, by name (eval.json's "report"); one from before that was recorded: its task's
+    found = evaluations.EVALUATIONS.get(ev.get("report"))
+    section = (found or evaluations.of(recorded(ev) or SINGLE_LABEL)).section
+    return named_file + section(eval_json, ev)
 
 
 def _single_label_evaluation(eval_json: Path, ev: dict) -> str:
@@ -315,7 +316,6 @@ def _single_label_evaluation(eval_json: Path, ev: dict) -> str:
     return "".join(out)
 
 
-# The evaluation section of each task (``tasks``), as ``inference/evaluate.py``'s ``REPORTS`` writes its eval.json.
 def _regression_evaluation(eval_json: Path, ev: dict) -> str:
     """A regression eval.json: MAE, RMSE and R² against the mean's MAE, per target, the largest residuals and
     the predicted-vs-true scatter."""
@@ -329,11 +329,11 @@ def _regression_evaluation(eval_json: Path, ev: dict) -> str:
     )
 
 
-SECTIONS = {
-    SINGLE_LABEL.name: _single_label_evaluation,
-    MULTI_LABEL.name: _multilabel_evaluation,
-    REGRESSION.name: _regression_evaluation,
-}
+# The page section of each built-in task's evaluation; its eval.json writer is registered beside it by
+# ``inference.evaluate``.
+evaluations.register(SINGLE_LABEL.name, section=_single_label_evaluation)
+evaluations.register(MULTI_LABEL.name, section=_multilabel_evaluation)
+evaluations.register(REGRESSION.name, section=_regression_evaluation)
 
 
 def _bench(bench: dict) -> str:
@@ -448,7 +448,10 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
         raise UserError(f"{run} is not a visiontune run folder (no config.json) nor a bench folder (no bench.json)")
     eval_path = Path(eval_json) if eval_json else run / "eval.json"
     ev = _read(eval_path)
-    ev = ev if isinstance(ev, dict) and "averages" in ev else None  # an older visiontune's eval.json: evaluate again
+    # one that names the evaluation that wrote it, or has the averages every task's had before it named one; an
+    # older visiontune's eval.json: evaluate again
+    known = isinstance(ev, dict) and ("averages" in ev or ev.get("report") in evaluations.EVALUATIONS)
+    ev = ev if known else None
     title = f"visiontune run {run.name}" if config else f"visiontune bench {run.name}"
     body = [f"<h1>{html.escape(title)}</h1>"]
     if config:

@@ -33,11 +33,10 @@ class Task:
 
     name: str  # its name in ``tasks.TASKS``, ``--task`` and the run's records
     title: str  # its data in words: "single-label"
-    # What its data's label cells are read as (``data``'s kinds: classify, multilabel or regress), and the
-    # ``eval.json`` and run page section its evaluation has (``inference.evaluate.REPORTS``): a task built on
-    # another one's labels and outputs inherits both.
+    # What its data's label cells are read as (``data``'s kinds: classify, multilabel or regress): a task
+    # built on another one's labels inherits it. Its evaluation (the eval.json writer and the run page's
+    # section) is found through its name in ``reports.evaluations``.
     reads: str
-    report: str
     min_classes: int = 2  # the classes (a regression: the targets) its model has at least
     classes_word: str = "classes"  # what its model's outputs are, in words
     # What the "accuracy" of its epochs (the mean of ``hits``) is: its key in the summary and metrics.csv,

@@ -98,7 +98,7 @@ def tune_thresholds(probs: torch.Tensor, targets: torch.Tensor) -> list[float]:
 class MultiLabel(Task):
     name, title, ranks, thresholded, accuracy_name = "multilabel", "multi-label", True, True, "label_accuracy"
     # mAP: the exact-match ratio (its accuracy) says little until nearly every label set is right
-    reads = report = "multilabel"
+    reads = "multilabel"
     best_metric, metrics = "map", ("accuracy", "loss", "map")
     curves, accuracy_title, labels_per_image = (("map", "mAP"),), "Accuracy (exact match)", "several labels"
     card_verb, activation_code = "tag images with any of", "logits.sigmoid()"

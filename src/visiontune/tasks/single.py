@@ -49,7 +49,7 @@ def positive_class(classes: list[str]) -> int:
 
 class SingleLabel(Task):
     name, title, ranks, thresholded, accuracy_name = "classify", "single-label", False, False, "accuracy"
-    reads = report = "classify"
+    reads = "classify"
     best_metric, metrics = "accuracy", ("accuracy", "loss")
     curves, accuracy_title, labels_per_image = (), "Training and Validation Accuracy", "one label"
     card_verb, activation_code, card_note = "classify images into", "logits.softmax(-1)", ""
