@@ -183,6 +183,24 @@ def test_a_cropping_model_s_resize_is_named():
     assert '<th class="l">resize</th><td class="l">bicubic, short side to size / 0.95, centre crop</td>' in page
 
 
+@pytest.mark.parametrize(
+    "ev",
+    [
+        {"averages": {}},  # a single-label eval.json without its fields
+        {"report": "regress", "largest_residuals": [1]},  # a regression's, with a residual that is no record
+        {"report": "classify", "per_class": 3},
+    ],
+)
+def test_an_eval_json_visiontune_did_not_write_is_one_line_and_no_page(tmp_path, capsys, ev):
+    config = {"config": {"model": "resnet18", "epochs": 1}, "data": {"root": "/d", "layout": "kaggle"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{tmp_path / 'eval.json'} is not an eval.json visiontune wrote" in err and len(err.splitlines()) == 1
+    assert "Traceback" not in err and not (tmp_path / "report.html").exists()
+
+
 def test_numbers_are_rounded_to_what_they_tell_one_row_a_thing_and_a_smoke_run_says_where_it_stopped(tmp_path):
     """Rates and seconds at 3 significant digits, scores at 4 decimals, counts in one thousands style; the
     batch said once (the start-up block's row); epochs say the run stopped at --max-steps."""

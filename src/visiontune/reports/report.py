@@ -256,6 +256,18 @@ def _evaluation(eval_json: Path, ev: dict) -> str:
     return named_file + section(eval_json, ev)
 
 
+def _shown(eval_json: Path, ev: dict) -> str:
+    """``_evaluation``, or one line when ``eval_json`` lacks what its evaluation writes (a file visiontune did
+    not write: a section reads the fields its writer wrote)."""
+    try:
+        return _evaluation(eval_json, ev)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+        raise UserError(
+            f"{eval_json} is not an eval.json visiontune wrote ({type(e).__name__} {str(e)[:80]}); "
+            "run visiontune evaluate again or delete it"
+        ) from None
+
+
 def _single_label_evaluation(eval_json: Path, ev: dict) -> str:
     """A single-label eval.json: accuracy and the averages, per-class precision and recall, the confusion
     matrix and the top losses."""
@@ -466,7 +478,7 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
         ]
         body.append(_side_by_side(run))
         body.append(
-            _evaluation(eval_path, ev)
+            _shown(eval_path, ev)
             if ev
             else f'<p class="note">Not evaluated yet: <code>visiontune evaluate --run {html.escape(str(run))} '
             f"--data DATA</code> adds per-class metrics, the confusion matrix and the top losses.</p>"
