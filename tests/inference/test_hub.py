@@ -116,7 +116,7 @@ def test_a_multi_label_folder_carries_its_thresholds(tmp_path, monkeypatch):
     assert main(["export", "--run", str(run), "--format", "hub", "--out", str(out)]) == 0
     thresholds = json.loads((run / "summary.json").read_text())["thresholds"]
     config = json.loads((out / "config.json").read_text())
-    assert config["visiontune"]["multi_label"] is True and config["visiontune"]["thresholds"] == thresholds
+    assert config["visiontune"]["task"] == "multilabel" and config["visiontune"]["thresholds"] == thresholds
     paths = sorted((tmp_path / "data" / "train").glob("*.png"))[:6]
     _, rows = _assert_same_as_visiontune(run, out, paths, multi_label=True)
     from_run = load(run).predict([str(p) for p in paths])
