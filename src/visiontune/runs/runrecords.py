@@ -22,7 +22,7 @@ from visiontune.errors import UserError
 from visiontune.runs import epochs
 from visiontune.runs.runinfo import RunInfo
 from visiontune.settings.config import MEAN, STD
-from visiontune.settings.validation import check_types
+from visiontune.settings.validation import check_types, in_current_forms
 
 MAX_RECORD = 64 << 20  # bytes: a million epochs of history fit; a record no run writes does not reach json
 MAX_SPLIT = 1 << 30  # bytes of split.json: every file name of the data, tens of millions of them
@@ -216,9 +216,9 @@ def read_config(run_dir: str | Path) -> dict | None:
         return None
     where = str(path)
     out = _checked(record, CONFIG, where, "")
-    settings = out.get("config", {})
-    # Runs from before the named augmentations recorded `augment = true/false`, which `validate` reads still.
-    check_types({k: v for k, v in settings.items() if not (k == "augment" and isinstance(v, bool))}, f"{where}: config")
+    # An earlier run's settings in the forms they had then (`augment = true`, `nnodes = 1`), read in today's.
+    settings = out["config"] = in_current_forms(out.get("config", {}))
+    check_types(settings, f"{where}: config")
     if "model" in out:
         out["model"] = RunInfo.from_dict(out["model"], where).to_dict()
     for name in ("config", "setup", "overview", "versions", "data"):

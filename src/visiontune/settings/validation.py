@@ -235,6 +235,11 @@ _EARLIER = {
 }
 
 
+def in_current_forms(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` as an earlier run's config.json or a config file holds them, in today's forms."""
+    return {k: _EARLIER.get(k, lambda v: v)(v) for k, v in settings.items()}
+
+
 def recorded_split_method(record: dict) -> str:
     """The ``--split-method`` of the run whose ``config.json`` is ``record``: as recorded, or for a run from
     before the setting, the split it made (a shuffle, or iterative stratification for multi-label data)."""
@@ -269,7 +274,7 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UserError(f"cannot parse config file {path}: nested too deep") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path} holds a {type(raw).__name__}, not a table of settings")
-    raw = {k: _EARLIER.get(k, lambda v: v)(v) for k, v in raw.items()}
+    raw = in_current_forms(raw)
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
