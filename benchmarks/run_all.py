@@ -26,6 +26,7 @@ for name in sys.argv[1:] or (
     "startup",
     "tta",
     "recipe",
+    "transfer",
     "process",
     "shards",
     "deploy",
