@@ -62,7 +62,7 @@ def measure(args, mode: str) -> list[dict]:
     from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader
     from visiontune.models.build import build_model
     from visiontune.settings.config import TrainConfig
-    from visiontune.training.engine import LoopOptions, train_one_epoch
+    from visiontune.training.engine import Learner, LoopOptions, train_one_epoch
 
     precision, channels_last, compile_ = MODES[mode]
     cfg = TrainConfig(
@@ -96,7 +96,7 @@ def measure(args, mode: str) -> list[dict]:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     model, optimizer, loaders = prepare(accelerator, cfg, model, optimizer, *loaders)
     loaders = dict(zip(datasets, loaders))
-    normalize = DeviceNormalize(device, channels_last)
+    learner = Learner(model, optimizer, None, DeviceNormalize(device, channels_last))
     x = torch.randint(0, 256, (args.batch, 3, args.image_size, args.image_size), dtype=torch.uint8, device=device)
     y = torch.randint(0, 2, (args.batch,), device=device)
     results, opts = [], LoopOptions(epochs=1, progress=False)
@@ -104,10 +104,10 @@ def measure(args, mode: str) -> list[dict]:
 
         def epoch(steps: int):
             if source == "synthetic":  # noqa: B023 -- epoch() is called within this iteration only
-                return train_one_epoch(accelerator, model, [(x, y)] * steps, optimizer, None, normalize, opts)
+                return train_one_epoch(accelerator, learner, [(x, y)] * steps, opts)
             loader = loaders[source]  # noqa: B023
             loader.set_epoch(len(results))
-            return train_one_epoch(accelerator, model, loader, optimizer, None, normalize, opts)
+            return train_one_epoch(accelerator, learner, loader, opts)
 
         epoch(args.warmup)  # compile, cuDNN autotuning, loader workers starting
         if device.type == "cuda":
