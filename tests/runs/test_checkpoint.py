@@ -204,10 +204,13 @@ def test_checkpoint_record_holds_position_history_and_split(finished_run):
     assert meta["partial_totals"][2] == 16  # images trained on so far in the epoch
     assert meta["history"] == []
     end = checkpoint.verify(str(out / "checkpoints" / "epoch0001-end"))
-    assert end["history"] == json.loads((out / "history.json").read_text())
-    # The records count epochs from 0; the folder is named as the terminal counts ("Epoch 1/1"): the end of
-    # history.json's epoch 0 is epoch0001-end, while its visiontune.json says where training goes on.
-    assert [h["epoch"] for h in end["history"]] == [0] and (end["epoch"], end["batch"]) == (1, 0)
+    # history.json counts epochs from 1, as the terminal does ("Epoch 1/1"), and so is the folder named: its
+    # epoch 1 ends in epoch0001-end. The checkpoint keeps the loop's own count from 0 beside where training
+    # goes on, and is history.json's rows otherwise.
+    written = json.loads((out / "history.json").read_text())
+    assert [h["epoch"] for h in written] == [1] and [h["epoch"] for h in end["history"]] == [0]
+    assert [{**h, "epoch": h["epoch"] + 1} for h in end["history"]] == written
+    assert (end["epoch"], end["batch"]) == (1, 0)
     weights = load_file(str(out / "best.safetensors"))
     assert set(weights) == set(final_weights(out, epochs=1))
 

@@ -265,7 +265,7 @@ def test_ema_best_pick_early_stop_and_the_recorded_recipe(tmp_path, small_data, 
     script = {"val": [0.5, 0.6, 0.55, 0.55, 0.55, 0.55], "val ema": [0.4, 0.7, 0.5, 0.5, 0.5, 0.5]}
     calls = {"val": 0, "val ema": 0}
 
-    def scripted(accelerator, model, loader, prepare_input, *, progress=True, desc="val", keep=None):
+    def scripted(accelerator, model, loader, prepare_input, *, progress=True, desc="val", keep=None, task=None):
         acc = script[desc][calls[desc]]
         calls[desc] += 1
         return engine.PhaseResult(loss=1 - acc, accuracy=acc, images=8, seconds=0.1)
