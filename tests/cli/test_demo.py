@@ -42,8 +42,14 @@ def demo_commands(makefile: str) -> list[list[str]]:
     return commands
 
 
+# Why the threads row chose its count depends on what else the machine is running (a busy machine cuts it): the
+# README shows a quiet machine's reason; the count and the rest of the row are compared.
+THREADS_WHY = re.compile(r"^(  threads +N for the model )\(.*?\)(?=;)")
+
+
 def masked(lines: list[str]) -> list[str]:
-    return [NUMBER.sub("N", PATH.sub("PATH", line.rstrip())) for line in lines if line.strip()]
+    lines = [NUMBER.sub("N", PATH.sub("PATH", line.rstrip())) for line in lines if line.strip()]
+    return [THREADS_WHY.sub(r"\1(WHY)", line) for line in lines]
 
 
 def test_the_readme_block_shows_every_epoch_of_the_makefile_demo():
@@ -69,6 +75,7 @@ def smaller(argv: list[str], per_class: int = 100) -> list[str]:
 def test_the_readme_demo_block_is_what_make_demo_prints(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     env["VISIONTUNE_CACHE_DIR"] = str(tmp_path / "cache")
+    env.pop("OMP_NUM_THREADS", None)  # set for the suite's workers; `make demo` leaves the choice to visiontune
     printed = []
     commands = demo_commands((ROOT / "Makefile").read_text())
     assert "--per-class" in commands[0]  # what `smaller` shrinks
