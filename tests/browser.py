@@ -29,3 +29,31 @@ CHECK = """<script>window.addEventListener("load", () => {
   document.body.setAttribute("data-images", document.images.length);
   document.body.setAttribute("data-broken", bad);
 });</script>"""
+
+
+def dump_dom(page, profile, *flags: str, budget_ms: int = 5000):
+    """``page`` (a file) loaded in headless Chromium with no network, its DOM after the load printed: the
+    finished ``subprocess.CompletedProcess`` (``flags`` add to Chromium's, e.g. a window size)."""
+    import subprocess
+
+    return subprocess.run(
+        [
+            *BROWSER_SHELL,
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            *flags,
+            f"--user-data-dir={profile}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",  # any network request would fail loudly
+            f"--virtual-time-budget={budget_ms}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        start_new_session=True,
+    )

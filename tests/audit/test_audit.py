@@ -103,32 +103,14 @@ def test_the_json_counts_the_csv_and_the_settings(audited):
 @pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_in_a_headless_browser_escapes_names(audited, tmp_path):
-    from browser import BROWSER_SHELL, CHECK, chromium
+    from browser import CHECK, dump_dom
 
     planted, out = audited
     text = (out / "audit.html").read_text()
     assert HOSTILE not in text and "&lt;img src=x" in text
     page = tmp_path / "page.html"
     page.write_text(text.replace("</body>", CHECK + "</body>"))
-    done = subprocess.run(
-        [
-            *BROWSER_SHELL,
-            chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-            "--virtual-time-budget=5000",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        start_new_session=True,
-    )
+    done = dump_dom(page, tmp_path / "profile")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "<title>visiontune audit</title>" in done.stdout  # the hostile name's handler never ran
     shown = int(done.stdout.split('data-images="')[1].split('"')[0])

@@ -7,13 +7,12 @@ import html
 import json
 import re
 import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from browser import BROWSER_SHELL, CHECK, chromium
+from browser import CHECK, dump_dom
 from trained import one_thread  # noqa: F401  (one_thread: autouse fixture)
 from visiontune.cli.commands import main
 
@@ -116,28 +115,7 @@ def test_report_of_a_folder_that_is_no_run_is_a_user_error(tmp_path, capsys):
 def test_the_page_in_a_headless_browser(run, tmp_path):
     page = tmp_path / "page.html"
     page.write_text((run / "report.html").read_text().replace("</body>", CHECK + "</body>"))
-    done = subprocess.run(
-        [
-            *BROWSER_SHELL,
-            chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--enable-logging=stderr",
-            "--v=0",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--host-resolver-rules=MAP * ~NOTFOUND",  # any network request would fail loudly
-            "--virtual-time-budget=5000",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        start_new_session=True,
-    )
+    done = dump_dom(page, tmp_path / "profile", "--enable-logging=stderr", "--v=0")
     assert done.returncode == 0, done.stderr[-2000:]
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
     assert console == []

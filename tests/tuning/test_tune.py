@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -149,32 +148,11 @@ def test_tune_html_in_a_headless_browser(tuned, tmp_path):
 
     out, _ = tuned
     trials = load(out).get_trials()
-    from browser import BROWSER_SHELL, chromium
+    from browser import dump_dom
 
     page = out / "check.html"  # beside tune.html, so that its relative links resolve alike
     page.write_text((out / "tune.html").read_text().replace("</body>", CHECK + "</body>"))
-    done = subprocess.run(
-        [
-            *BROWSER_SHELL,
-            chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--enable-logging=stderr",
-            "--v=0",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-            "--virtual-time-budget=5000",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        start_new_session=True,
-    )
+    done = dump_dom(page, tmp_path / "profile", "--enable-logging=stderr", "--v=0")
     page.unlink()
     assert done.returncode == 0, done.stderr[-2000:]
     assert [line for line in done.stderr.splitlines() if ":CONSOLE" in line] == []

@@ -6,7 +6,6 @@ trials table that fits a 1280 px window."""
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import fields
 from pathlib import Path
 
@@ -122,7 +121,7 @@ def _wide_study(out: Path) -> optuna.Study:
 @pytest.mark.slow
 @pytest.mark.browser
 def test_the_trials_table_does_not_widen_the_page_at_1280_px(tmp_path):
-    from browser import BROWSER_SHELL, chromium
+    from browser import dump_dom
 
     s = _wide_study(tmp_path)
     page = results.page(s, store.trials(s), None, "accuracy", tmp_path)
@@ -131,27 +130,7 @@ def test_the_trials_table_does_not_widen_the_page_at_1280_px(tmp_path):
       document.body.setAttribute("data-table", document.getElementById("trials").scrollWidth);
     });</script>"""
     (tmp_path / "tune.html").write_text(page.replace("</body>", check + "</body>"))
-    done = subprocess.run(
-        [
-            *BROWSER_SHELL,
-            chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--window-size=1280,900",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-            "--virtual-time-budget=3000",
-            "--dump-dom",
-            (tmp_path / "tune.html").as_uri(),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        start_new_session=True,
-    )
+    done = dump_dom(tmp_path / "tune.html", tmp_path / "profile", "--window-size=1280,900", budget_ms=3000)
     assert done.returncode == 0, done.stderr[-2000:]
     width, window = map(int, re.search(r'data-page="(\d+)/(\d+)"', done.stdout).groups())
     table = int(re.search(r'data-table="(\d+)"', done.stdout).group(1))
