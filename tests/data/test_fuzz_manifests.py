@@ -130,3 +130,12 @@ def test_any_manifest_read_as_numbers_is_finite_targets_or_one_user_error(root, 
     assert found.values.dtype == np.float32 and np.isfinite(found.values).all()
     for path in found.paths:
         assert os.path.isfile(path) and os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
+
+
+def test_a_regression_row_naming_a_file_with_a_newline_is_still_one_line(root):
+    # Found by the fuzz target: the row's file name went into the message raw, newline and all.
+    with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
+        f.write('filename,value\n"0\n0",cat\n')
+    with pytest.raises(UserError) as e:
+        sources.discover(root, task="regress")
+    assert "not a finite number" in str(e.value) and "\n" not in str(e.value), str(e.value)

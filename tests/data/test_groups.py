@@ -268,3 +268,10 @@ def test_fuzz_any_group_by_pattern_gives_a_group_per_image_or_one_user_error(pat
     except UserError:
         return
     assert len(groups) == len(paths) and all(isinstance(g, str) and g for g in groups)
+
+
+def test_a_name_with_a_lone_surrogate_is_one_user_error():
+    # Found by the fuzz target: a JSON listing can hold "\ud800", which no file system name decodes to.
+    paths = ["/data/\ud800/0.png"]
+    with pytest.raises(UserError, match="not text a file system holds"):
+        ImageSet("/data", "imagefolder", paths, [0], ["a", "b"])

@@ -31,11 +31,11 @@ def client():
     info = describe("resnet18", "torchvision", CLASSES, 8, MEAN, STD, "bilinear")
     runtime = Runtime(info, None, "m.safetensors", "eager", torch.device("cpu"), lambda x: x.mean((2, 3))[:, :2])
     gate = build_app(runtime, ServeOptions(max_body_mb=LIMIT_MB))
-    gate.state.warm_up()  # ready without the lifespan's thread: nothing to wait for
-    try:
-        yield TestClient(gate)  # an exception the app does not answer is raised here: the test fails on it
-    finally:
-        gate.state.batcher.stop()
+    gate.state.warm_up()  # ready before the lifespan's own warm-up thread: nothing to wait for
+    # Entered, so that every request runs on one event loop, as under uvicorn (the decode pool's queue belongs
+    # to the loop it was made on; a client per request would bring a new loop each time).
+    with TestClient(gate) as client:
+        yield client  # an exception the app does not answer is raised here: the test fails on it
 
 
 def _png() -> bytes:

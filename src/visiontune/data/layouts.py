@@ -32,6 +32,7 @@ from visiontune.data.imageset import ImageSet, Source
 from visiontune.data.pathlist import PathList
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
+from visiontune.text import printable
 
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
@@ -221,8 +222,8 @@ def read_manifest(csv_path: Path, image_root: Path, task: str = "auto") -> Image
         if task == "regress":
             cells = (row[1:] + [""] * width)[:width] if len(row) - 1 <= width else row[1:]
             if len(cells) != width:
-                raise UserError(f"{csv_path} row {n} ({name}): {len(row) - 1} targets, expected {width}")
-            values.append(targets.parse(cells, f"{csv_path} row {n} ({name})"))
+                raise UserError(f"{csv_path} row {n} ({printable(name)}): {len(row) - 1} targets, expected {width}")
+            values.append(targets.parse(cells, f"{csv_path} row {n} ({printable(name)})"))
         norm = os.path.normpath(name)  # ./a.jpg and a//b.jpg name the same files as a.jpg and a/b.jpg
         if norm in seen:
             raise UserError(

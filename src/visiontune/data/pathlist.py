@@ -18,7 +18,18 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from visiontune.errors import UserError
+from visiontune.text import printable
+
 _CODEC = ("utf-8", "surrogateescape")  # any name the file system returns round-trips
+
+
+def _encodes(path: str) -> bool:
+    try:
+        path.encode(*_CODEC)
+    except UnicodeEncodeError:
+        return False
+    return True
 _CHUNK = 65536  # paths encoded or gathered at a time
 
 
@@ -40,7 +51,12 @@ class PathList(Sequence[str]):
         """The paths of ``chunks`` (lists of paths that all start with ``prefix``), in order."""
         blob, ends = bytearray(), [np.zeros(0, np.int64)]  # grown in place: no second copy of the bytes
         for chunk in chunks:
-            enc = [p[len(prefix) :].encode(*_CODEC) for p in chunk]
+            try:
+                enc = [p[len(prefix) :].encode(*_CODEC) for p in chunk]
+            except UnicodeEncodeError as e:  # a lone surrogate no file system name decodes to (a JSON "\ud800")
+                bad = next(p for p in chunk if not _encodes(p))
+                why = f"is not text a file system holds ({e.reason})"
+                raise UserError(f"the file name {printable(bad)} {why}") from None
             ends.append(np.cumsum(np.fromiter(map(len, enc), np.int64, len(enc))) + len(blob))
             blob += b"".join(enc)
         return cls(prefix, np.frombuffer(blob, np.uint8), np.concatenate(ends))
