@@ -30,6 +30,8 @@ def _encodes(path: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
 _CHUNK = 65536  # paths encoded or gathered at a time
 
 
