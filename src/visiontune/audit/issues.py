@@ -32,7 +32,7 @@ def _single(images, names: list[str], probs: np.ndarray, scored: np.ndarray) -> 
     from cleanlab.rank import get_label_quality_scores
 
     labels, p = images.labels[scored], probs[scored]
-    flagged = find_label_issues(labels, p)
+    flagged = find_label_issues(labels, p, n_jobs=1)  # no process pool: see _multi
     quality = get_label_quality_scores(labels, p)
     rows = []
     for j in np.flatnonzero(flagged)[np.argsort(quality[flagged], kind="stable")]:
@@ -57,7 +57,9 @@ def _multi(images, names: list[str], probs: np.ndarray, scored: np.ndarray) -> l
 
     sets = [np.flatnonzero(images.targets[i]).tolist() for i in scored]
     p = probs[scored]
-    flagged = find_label_issues(sets, p, multi_label=True)
+    # n_jobs=1: cleanlab's default forks a multiprocessing pool from this process, whose torch and loader
+    # threads may hold a lock at the fork; a pool worker then waits on it for ever (seen as a hung audit).
+    flagged = find_label_issues(sets, p, multi_label=True, n_jobs=1)
     quality = get_label_quality_scores(sets, p)
     words = lambda idx: ";".join(images.classes[k] for k in idx)  # noqa: E731 -- a label set as a manifest writes it
     rows = []
