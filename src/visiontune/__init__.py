@@ -29,10 +29,11 @@ def train(config: TrainConfig, on_epoch=None) -> dict:
     (``row["val"]["accuracy"]``, ``row["val"]["loss"]``, ``row["train"]``, ``row["lr"]``). A string it returns
     ends the run after that epoch, that string its reason (``summary["stopped"]``); None goes on. It runs in
     this process, so a job of several processes cannot take it."""
+    from visiontune import tasks
     from visiontune.settings.validation import validate
     from visiontune.training import job
 
-    config = validate(config)
+    config = validate(config, tasks.get)
     if on_epoch is None:
         return job.summary_of(job.run(config))
     from visiontune.cluster import launch

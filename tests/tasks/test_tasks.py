@@ -133,3 +133,32 @@ def test_the_answers_and_rows_of_each_task():
     ]
     kaggle = SINGLE_LABEL.csv_text(["1.jpg", "2.jpg"], ["cat", "dog"], probs[:, 1:], readable, None, 0.05, [1, 2])
     assert kaggle.splitlines() == ["id,label", "1,0.300000", "2,0.500000"]  # P(dog); unreadable: 0.5
+
+
+def test_a_recipes_label_smoothing_is_what_the_named_task_declares_not_its_name():
+    """``--recipe modern`` smooths the labels of a task whose loss takes smoothing, whatever the task is
+    called, and leaves it out for one that declares it does without; an explicit value is kept for the
+    task to refuse."""
+    from visiontune.settings.config import TrainConfig
+    from visiontune.settings.validation import validate
+    from visiontune.tasks.regress import Regression
+    from visiontune.tasks.single import SingleLabel
+
+    class Species(SingleLabel):
+        name = "species"
+
+    class Weight(Regression):
+        name = "weight"
+
+    added = [tasks.register(Species()), tasks.register(Weight())]
+    try:
+        modern = {"data": "d", "recipe": "modern"}
+        assert validate(TrainConfig(**modern, task="species"), tasks.get).label_smoothing == 0.1
+        assert validate(TrainConfig(**modern, task="weight"), tasks.get).label_smoothing == 0.0
+        assert validate(TrainConfig(**modern, task="regress"), tasks.get).label_smoothing == 0.0
+        assert validate(TrainConfig(**modern, task="multilabel"), tasks.get).label_smoothing == 0.1
+        given = validate(TrainConfig(**modern, task="weight", label_smoothing=0.2), tasks.get)
+        assert given.label_smoothing == 0.2 and "--label-smoothing" in tasks.get("weight").refusal(given)
+    finally:
+        for task in added:
+            del tasks.TASKS[task.name]

@@ -343,7 +343,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             "decode": earlier.decode,
             **merged,
         }
-    return validate(TrainConfig(**merged))
+    from visiontune import tasks  # torch: not imported before a command needs it
+
+    return validate(TrainConfig(**merged), tasks.get)
 
 
 def _add_inference_flags(p: argparse.ArgumentParser) -> None:

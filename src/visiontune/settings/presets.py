@@ -104,15 +104,17 @@ def _normalize(cfg) -> str:
     return "weights" if named else "data"
 
 
-def resolve(cfg):
-    """``cfg`` with every setting the preset governs filled in (explicit values kept)."""
+def resolve(cfg, task=None):
+    """``cfg`` with every setting the preset governs filled in (explicit values kept). ``task``: the task
+    ``--task`` names, when known (None: auto, told by the data later); a recipe setting it declares it
+    does without (``Task.supports_label_smoothing``) is left at its plain value."""
     from visiontune.errors import UserError
 
     if cfg.recipe not in PRESETS:
         raise UserError(f"--recipe must be one of {', '.join(PRESETS)}, got {cfg.recipe!r}")
     changes = {k: v for k, v in PRESETS[cfg.recipe].items() if getattr(cfg, k) is None}
-    if getattr(cfg, "task", "auto") not in ("auto", "classify", "multilabel") and "label_smoothing" in changes:
-        changes["label_smoothing"] = 0.0  # a recipe's smoothing is of classes: the classifiers' alone
+    if task is not None and not task.supports_label_smoothing and "label_smoothing" in changes:
+        changes["label_smoothing"] = 0.0  # a recipe's smoothing is of classes: a task without them declines it
     if "normalize" in changes and changes["normalize"] is None:
         changes["normalize"] = _normalize(cfg)
     augment = changes.get("augment", cfg.augment)

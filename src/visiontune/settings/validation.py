@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -98,8 +99,10 @@ def check_types(values: dict[str, Any], where: str) -> None:
             raise UserError(f"{where}: {name} = {shown} is not of type {kind}")
 
 
-def validate(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with its recipe's settings filled in, if it is usable; else raise ``UserError``."""
+def validate(cfg: TrainConfig, tasks: Callable[[str], Any] | None = None) -> TrainConfig:
+    """``cfg`` with its recipe's settings filled in, if it is usable; else raise ``UserError``. ``tasks``
+    (``visiontune.tasks.get``, which this wing cannot import) finds the task ``--task`` names, so that the
+    recipe asks it which of its settings apply (auto: the data tells the task later)."""
     from visiontune.settings.presets import resolve  # the presets live there, with the rest of the recipe
 
     if isinstance(cfg.augment, bool):  # `augment = true` from before the named augmentations: flip-crop
@@ -119,7 +122,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(f"--seed must be an integer from 0 to {SEEDS - 1}, got {cfg.seed}")
     if cfg.recipe not in choices()["recipe"]:
         raise UserError(f"--recipe must be one of {', '.join(choices()['recipe'])}, got {cfg.recipe!r}")
-    cfg = resolve(cfg)
+    cfg = resolve(cfg, tasks(cfg.task) if tasks is not None and cfg.task != "auto" else None)
     for name, (low, high, closed) in RANGES.items():
         v = getattr(cfg, name)
         if not (low <= v <= high if closed else low <= v < high):

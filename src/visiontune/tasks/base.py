@@ -37,6 +37,8 @@ class Task:
     # built on another one's labels inherits it. Its evaluation (the eval.json writer and the run page's
     # section) is found through its name in ``reports.evaluations``.
     reads: str
+    # Whether its loss takes --label-smoothing; a recipe's (``--recipe modern``) is dropped for a task without.
+    supports_label_smoothing: bool = True
     min_classes: int = 2  # the classes (a regression: the targets) its model has at least
     classes_word: str = "classes"  # what its model's outputs are, in words
     # What the "accuracy" of its epochs (the mean of ``hits``) is: its key in the summary and metrics.csv,

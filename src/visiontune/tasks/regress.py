@@ -49,6 +49,7 @@ def _finite_list(v, n: int | None) -> bool:
 class Regression(Task):
     name, title, min_classes, classes_word = "regress", "regression", 1, "targets"
     reads = "regress"
+    supports_label_smoothing = False
     # an exported file is scored by the share of images it answers within a tenth of a standard deviation
     ranks, thresholded, accuracy_name = True, False, "share_within_a_tenth_std"
     best_metric, metrics = "mae", ("mae", "rmse", "r2", "loss")
