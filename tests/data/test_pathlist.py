@@ -10,8 +10,9 @@ import pickle
 import torch
 
 from visiontune.data import imageset, layouts, sources
-from visiontune.data.split import make_split, read_record, split_summary, write_split
+from visiontune.data.split import make_split, split_summary, write_split
 from visiontune.loading import jobdata
+from visiontune.runs import runrecords
 
 # split.json's sha256 for odd_tree() (seed 3, val fraction 0.25), written by the code before the
 # compact listing (commit 0ac2dd9): resume compares it, so the same data must keep the same hash.
@@ -99,7 +100,7 @@ def test_split_record_is_unchanged_by_the_compact_listing(tmp_path):
     split = make_split(len(images), 0.25, 3)
     summary = split_summary(split, images.paths, images.root, 3, 0.25)
     write_split(str(tmp_path / "split.json"), summary, split, images.paths, images.root)
-    back = read_record(str(tmp_path / "split.json"))
+    back = runrecords.read_split_record(tmp_path / "split.json")
     # Independently: the seeded permutation, the plain walk's paths relative to the root, the json hash.
     _, pairs = walk_listing(root)
     perm = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(3))

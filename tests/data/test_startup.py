@@ -16,11 +16,11 @@ from visiontune.data import check, decode, sources
 from visiontune.data.sample import make_sample_data
 from visiontune.data.split import (
     make_split,
-    read_record,
     split_record,
     split_summary,
     write_split,
 )
+from visiontune.runs import runrecords
 
 TINY = [*SQUEEZENET, *flags(epochs=1, batch_size=4, num_workers=0)]
 
@@ -131,7 +131,7 @@ def test_split_record_round_trips_at_100k_files_with_a_stable_hash(tmp_path):
     record = split_record(split, paths, "/data", 7, 0.2)
     summary = split_summary(split, paths, "/data", 7, 0.2)
     write_split(str(tmp_path / "split.json"), summary, split, paths, "/data")  # streamed, chunk by chunk
-    back = read_record(str(tmp_path / "split.json"))
+    back = runrecords.read_split_record(tmp_path / "split.json")
     assert back == record and back["counts"] == {"train": 80_000, "val": 20_000}
     assert summary == {k: v for k, v in record.items() if k not in ("train", "val")}
     # The hash is the one every earlier release wrote (resume compares it): computed here independently.
@@ -148,4 +148,4 @@ def test_split_record_round_trips_at_100k_files_with_a_stable_hash(tmp_path):
     from visiontune.errors import UserError
 
     with pytest.raises(UserError, match="do not match its sha256"):
-        read_record(str(tmp_path / "edited.json"))
+        runrecords.read_split_record(tmp_path / "edited.json")

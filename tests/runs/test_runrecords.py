@@ -5,6 +5,7 @@ one line naming the file and the field, exit 2, never an AttributeError. The fuz
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -224,3 +225,61 @@ def test_fuzz_config_and_summary_json_read_back_or_one_line(config_changes, summ
             _pages(run, other)
         except UserError as e:
             assert "\n" not in str(e) and len(str(e)) < 1000
+
+
+def split_file(folder: Path, record=None) -> Path:
+    """A split.json as a run writes it (``data.split:write_split``), or ``record`` in its place."""
+    from visiontune.data.split import split_hash
+
+    train, val = ["cat/1.jpg", "dog/2.jpg"], ["cat/3.jpg"]
+    whole = {"seed": 0, "val_fraction": 0.25, "sha256": split_hash(train, val), "counts": {"train": 2, "val": 1},
+             "train": train, "val": val}  # fmt: skip
+    path = folder / "split.json"
+    path.write_text(json.dumps(whole if record is None else record))
+    return path
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ('{"train": [], "val": []}', "no train and val lists of file names with their sha256"),  # a KeyError before
+        ("[1]", "the record is [1], expected a JSON object"),  # a TypeError before
+        ('{"train": [1], "val": [], "sha256": "x"}', "train is [1], expected a list of file names"),
+        ("[" * 100_000, "is not JSON"),  # a RecursionError before
+        ("\xff{", "is not JSON"),
+    ],
+)
+def test_a_damaged_split_json_is_one_line(tmp_path, text, says):
+    (tmp_path / "split.json").write_text(text, encoding="latin-1")
+    with pytest.raises(UserError, match=re.escape(says)) as e:
+        runrecords.read_split_record(tmp_path / "split.json")
+    assert str(tmp_path / "split.json") in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_split_json_reads_back_checked_and_a_larger_one_than_any_run_writes_is_refused(tmp_path, monkeypatch):
+    path = split_file(tmp_path)
+    assert runrecords.read_split_record(path)["val"] == ["cat/3.jpg"]
+    monkeypatch.setattr(runrecords, "MAX_SPLIT", 100)
+    with pytest.raises(UserError, match="more than any run writes"):
+        runrecords.read_split_record(path)
+
+
+@fuzz_settings(100)
+@given(st.lists(st.tuples(st.sampled_from(["seed", "sha256", "counts", "train", "val", "method", "train.0"]), JSON),
+                max_size=3), st.binary(max_size=64))  # fmt: skip
+def test_fuzz_a_split_json_reads_back_checked_or_one_line(changes, tail):
+    with tempfile.TemporaryDirectory() as folder:
+        record = json.loads(split_file(Path(folder)).read_text())
+        for path, value in changes:
+            try:
+                record = _with(record, path, value)
+            except (TypeError, KeyError, IndexError):  # a parent already replaced by a non-list
+                pass
+        path = Path(folder) / "split.json"
+        path.write_bytes(json.dumps(record).encode() + tail)
+        try:
+            back = runrecords.read_split_record(path)
+        except UserError as e:
+            assert "\n" not in str(e) and len(str(e)) < 1000
+        else:
+            assert runrecords.SPLIT["train"][0](back["train"]) and runrecords.SPLIT["val"][0](back["val"])

@@ -32,11 +32,12 @@ from visiontune.cli.commands import main
 from visiontune.cluster import strategy
 from visiontune.data.sample import make_multilabel_data
 from visiontune.data.sources import discover
-from visiontune.data.split import make_multilabel_split, read_record, split_of
+from visiontune.data.split import make_multilabel_split, split_of
 from visiontune.errors import UserError
 from visiontune.loading.augment import BatchMix
 from visiontune.loading.jobdata import load_listing, save_listing
 from visiontune.reports.multilabel import multilabel_metrics
+from visiontune.runs import runrecords
 from visiontune.tasks import MULTI_LABEL
 from visiontune.tasks.multi import per_sample_bce, tune_thresholds
 
@@ -134,7 +135,7 @@ def test_the_split_is_stratified_per_label_seeded_and_recorded(tmp_path):
         images.paths,
         images.root,
     )
-    record = read_record(str(tmp_path / "split.json"))
+    record = runrecords.read_split_record(tmp_path / "split.json")
     assert "iterative stratification" in record["method"] and len(record["val"]) == 50
 
 

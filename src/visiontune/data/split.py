@@ -232,12 +232,3 @@ def write_split(path: str, summary: dict, split: Split, paths: Sequence[str], ro
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-def read_record(path: str) -> dict:
-    """``split.json`` back, its hash checked against its lists."""
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
-        record = json.load(f)
-    if split_hash(record["train"], record["val"]) != record["sha256"]:
-        raise UserError(f"{path}: its file lists do not match its sha256; the file was edited or damaged")
-    return record

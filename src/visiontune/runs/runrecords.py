@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from visiontune.data.split import split_hash
 from visiontune.errors import UserError
 from visiontune.runs import epochs
 from visiontune.runs.runinfo import RunInfo
@@ -279,6 +280,21 @@ def read_split_lists(run_dir: str | Path) -> dict[str, list[str]] | None:
     if not {"val", "train"} <= set(record):
         raise UserError(f"{Path(run_dir) / 'split.json'}: damaged run record: no val and train lists of file names")
     return {"val": record["val"], "train": record["train"]}
+
+
+def read_split_record(path: str | Path) -> dict:
+    """A ``split.json`` (at ``path``) whole, its lists checked against its sha256: one line when it is missing,
+    damaged, or its lists were edited."""
+    path = Path(path)
+    record = _load(path, MAX_SPLIT)
+    if record is None:
+        raise UserError(f"{path} is missing; use a run folder visiontune wrote")
+    record = _checked(record, SPLIT, str(path), "")
+    if not {"train", "val", "sha256"} <= set(record):
+        raise UserError(f"{path}: damaged run record: no train and val lists of file names with their sha256")
+    if split_hash(record["train"], record["val"]) != record["sha256"]:
+        raise UserError(f"{path}: its file lists do not match its sha256; the file was edited or damaged")
+    return record
 
 
 def read_run(run_dir: str) -> RunInfo:
