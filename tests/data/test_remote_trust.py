@@ -264,15 +264,16 @@ def test_command_run_schemes_and_gsutil_wildcards_are_not_opened(capsys):
     assert "gsutil would read * ? [ ] as wildcards" in _one_line(capsys)
 
 
-def test_hf_urls_are_fetched_from_the_hub_with_the_token_kept_from_redirects(monkeypatch):
+def test_hf_urls_are_fetched_from_the_hub_with_the_users_token(monkeypatch):
+    """The Hub's download URL (revision included) and huggingface_hub's headers, the token among them; that
+    the token never follows a redirect to another host is the test below, on real redirects."""
     pytest.importorskip("huggingface_hub")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
-    request = remote._request("hf://datasets/org/set@v1.0/shards/shards-000000.tar")
-    assert request.full_url.endswith("/datasets/org/set/resolve/v1.0/shards/shards-000000.tar")
-    assert request.unredirected_hdrs == {"Authorization": "Bearer hf_secret"}  # not copied into a redirect
-    assert "Authorization" not in request.headers
+    url, headers = remote._hub("hf://datasets/org/set@v1.0/shards/shards-000000.tar")
+    assert url.endswith("/datasets/org/set/resolve/v1.0/shards/shards-000000.tar")
+    assert {k.lower(): v for k, v in headers.items()}["authorization"] == "Bearer hf_secret"
     with pytest.raises(UserError, match="hf://datasets/ORG/NAME"):
-        remote._request("hf://one-part.tar")
+        remote._hub("hf://one-part.tar")
 
 
 class Redirects(http.server.BaseHTTPRequestHandler):
@@ -339,3 +340,83 @@ def test_the_hub_token_goes_to_the_hub_host_and_never_along_a_redirect_to_anothe
         f"hub/moved/org/set/{shard.name}": "Bearer hf_secret",  # the same host: still the Hub
         f"store/signed/{shard.name}": None,
     }
+
+
+@contextmanager
+def faulty(body: bytes, faults: list):
+    """A server answering a path with ``body`` (index.json, and a path with ``nowhere`` in it: 404), its first
+    GETs with ``faults`` in turn (a status, or "drop": half the body, then the connection closed): the base URL,
+    and the GETs of anything but an index."""
+    asked: list[str] = []
+
+    class Faulty(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if not self.path.endswith("index.json"):
+                asked.append(self.path)
+            if self.path.endswith("index.json") or "nowhere" in self.path:
+                self.send_error(404)
+                return
+            fault = faults.pop(0) if faults else None
+            if isinstance(fault, int):
+                self.send_error(fault)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2] if fault == "drop" else body)
+            self.close_connection = fault == "drop"
+
+    with serving(Faulty) as base:
+        yield base, asked
+
+
+def test_a_5xx_429_or_a_dropped_connection_is_retried_and_the_shard_comes_whole(sharded, monkeypatch):
+    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
+    shard = sorted(sharded.glob("*.tar"))[0]
+    with faulty(shard.read_bytes(), [503, "drop", 429]) as (base, asked):
+        local = remote.fetch(f"{base}/{shard.name}")
+    assert Path(local).read_bytes() == shard.read_bytes()
+    assert asked == [f"/{shard.name}"] * 4
+
+
+def test_a_server_failing_on_every_retry_is_one_line_naming_the_url(sharded, shard_cache, monkeypatch, capsys):
+    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
+    shard = sorted(sharded.glob("*.tar"))[0]
+    with faulty(shard.read_bytes(), [503] * 10) as (base, asked):
+        assert main(["check", f"{base}/{shard.name}"]) == 2
+        line = _one_line(capsys, fetching=True)
+        assert f"cannot download {base}/{shard.name} (the server answered HTTP 503 Service Unavailable)" in line
+        assert len(asked) == remote.RETRIES
+        asked.clear()
+        assert main(["check", f"{base}/nowhere/{shard.name}"]) == 2  # a 404: not asked again
+        assert "(the server answered HTTP 404 Not Found)" in _one_line(capsys, fetching=True)
+        assert asked == [f"/nowhere/{shard.name}"]
+    assert list(shard_cache.rglob("*")) == []
+
+
+def test_a_shard_longer_than_its_index_says_is_cut_off_and_refused(sharded, shard_cache, tmp_path, capsys):
+    """A server sending 64 MiB where the index says 1,000 bytes: the copy stops soon after 1,000 bytes came."""
+    sent = []
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.endswith("index.json"):
+                body = json.dumps({"shardlist": [{"url": "big.tar", "filesize": 1000}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(64 << 20))
+            self.end_headers()
+            for _ in range(64 << 4):
+                self.wfile.write(bytes(64 << 10))
+                sent.append(64 << 10)
+
+    with serving(Endless) as base:
+        assert main(["check", f"{base}/"]) == 2
+        line = _one_line(capsys, fetching=True)
+    assert f"{base}/big.tar: more than 1000 bytes came where its index.json says 1000" in line
+    assert sum(sent) < 16 << 20  # (what the sockets' buffers hold besides)
+    assert not list(shard_cache.rglob("*.tar"))

@@ -1,51 +1,51 @@
 """Remote tar shards (``https://``, ``http://``, ``hf://``, and ``pipe:`` behind ``--allow-pipe``),
-copied whole into a local folder and read from there.
+copied whole into the shard cache and read from there.
 
-Exact sampling, DDP sharding and resume need each sample's offset in its shard, which a
-stream does not give, so ``--data URL`` first copies the shards it names into the cache
--- ``$VISIONTUNE_SHARD_CACHE``, else ``shards/`` in the user's cache folder, a subfolder
-per URL -- then ``data/shards.py`` reads the copies as local shards. A file is written
-under a temporary name and renamed when it is whole, so a killed download, or two runs
-fetching at once, never leave a partial shard under a shard's name; a shard already there
-(of the size ``index.json`` gives, when it gives one) is not fetched again. The
-``index.json`` beside the shards (``visiontune shard`` writes one) is fetched with them;
-where there is none, that is noted once the shards are in, so every later run -- offline
-included -- reads the set the same way.
+Exact sampling, DDP sharding and resume need each sample's offset in its shard, which a stream does
+not give, so ``--data URL`` first copies the shards it names into ``$VISIONTUNE_SHARD_CACHE`` (else
+``shards/`` in the user's cache folder), a subfolder per URL; ``data/shards.py`` reads the copies. A
+file is renamed into place when whole (``atomic_file``), and one already there, of the size
+``index.json`` gives, is not fetched again. The ``index.json`` beside the shards is fetched with them;
+where there is none, that is noted once the shards are in, so every later run reads the set the same way.
 
-What a URL returns, and a URL read from a file (a run's ``config.json``, a config file, an
-``index.json``), is untrusted (DESIGN.md, "The trust boundary"):
+The HTTP is fsspec's HTTP file system (aiohttp): one streamed GET a file (``get_file``), the index
+first, then each shard named. ``hf://`` is the Hub's file URL and headers from huggingface_hub
+(``hf_hub_url``, ``HF_ENDPOINT`` honoured; ``build_hf_headers``: the user's token) read the same way;
+aiohttp follows redirects to http(s) alone and drops the token on one to another host (the Hub's file
+store: that URL is signed). What a URL returns, and a URL read from a file (a run's ``config.json``, a
+config file, an ``index.json``), is untrusted (DESIGN.md, "The trust boundary"), so this module adds
+what those libraries lack, each pinned by ``tests/data/test_remote_trust.py``:
 
-- http(s):// and hf:// are read by this module's one HTTP client (urllib, no curl: nothing
-  expands ``[1-100000000]`` or ``{a,b}`` in a URL): one GET a file -- the index, then each
-  shard named, at most ``braces.MAX_NAMES`` -- with a time-out, at most 5 redirects, an
-  index of at most ``MAX_INDEX_BYTES`` and a shard of at most the size its index gives.
-  The names an index lists must be plain file names (``_NAME``).
-- A ``pipe:`` command runs only when this process's own command line gave it as its data
-  together with ``--allow-pipe`` (``allow_command``); one read from any file never runs.
-  Webdataset's other command-run schemes (sftp://, scp://, ais://, ...) are not opened:
-  a trusted ``pipe:`` command reads them.
+- a size cut: the index at most ``MAX_INDEX_BYTES``, a shard at most the size its index gives (fsspec
+  reads whatever comes; huggingface_hub's ``hf_hub_download`` trusts the size the server states);
+- the GET alone: fsspec's ``open`` and huggingface_hub's ``hf_hub_download``/``HfFileSystem`` first ask
+  for the size (a HEAD, or the Hub's API), a request more a shard;
+- at most ``MAX_REDIRECTS`` redirects (aiohttp follows 10, huggingface_hub 20); a time-out on connecting
+  and on each read, and none on the whole file (aiohttp's default cuts every download at 5 minutes);
+- retries with backoff on 5xx, 429 and a connection dropped mid-file (fsspec's HTTP file system makes
+  none; huggingface_hub's are for its own client), then one line naming the URL;
+- the names an index lists are plain file names (``_NAME``): a copy's name and a request, never a
+  path, a URL or a glob; at most ``braces.MAX_NAMES``.
 
-Object stores (s3://, gs://, az://) are read through fsspec by ``data/stores.py``. http(s) and hf:// keep this
-client rather than fsspec's HTTP file system or huggingface_hub (``hf_hub_download``, ``HfFileSystem``) for
-guards those lack, each pinned by the trust tests (``tests/data/test_remote_trust.py``), which read this
-client's request as it is: exactly one GET a file and nothing else (fsspec's HTTP file system asks for the
-size first, then reads by ranges; ``hf_hub_download`` sends a HEAD for the file's metadata first, and
-``HfFileSystem`` lists through the Hub's API); at most 5 redirects, and only to http(s) (huggingface_hub
-follows up to 20); and a shard cut off at the size its ``index.json`` gives (huggingface_hub takes the size the
-server states). The Hub token goes to the Hub's host alone, never along a redirect to its file store, as
-huggingface_hub does too; what is taken from huggingface_hub is the Hub's URL for a file (``hf_hub_url``,
-``HF_ENDPOINT`` honoured) and the user's token (``get_token``).
+A ``pipe:`` command runs only when this process's own command line gave it as its data with
+``--allow-pipe`` (``allow_command``); one read from a file never runs. Webdataset's other
+command-run schemes (sftp://, scp://, ais://, ...) are not opened: a trusted ``pipe:`` command reads
+them. Object stores (s3://, gs://, az://) are ``data/stores.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
+import time
 from typing import BinaryIO
+from urllib.parse import unquote
 
 from visiontune.data.braces import MAX_NAMES, expand
 from visiontune.errors import UserError
@@ -59,6 +59,8 @@ INDEX = "index.json"
 NO_INDEX = ".no-index"  # the URL has no index.json: noted when its shards were fetched
 MAX_INDEX_BYTES = 256 << 20  # visiontune's own index of 1.28M samples is about 60 MB
 TIMEOUT_S = 60  # a server silent this long (connecting, or mid-file) is a failed download
+MAX_REDIRECTS = 5
+RETRIES, BACKOFF_S = 4, 1.0  # attempts at a GET that failed on the way (5xx, 429, a dropped connection)
 _TAR = re.compile(r"[^/\s'\"]+\.tar(?![\w.])")  # the shard file name in a URL or a pipe: command
 # A shard name an index.json may list: a plain file beside it (no separator, scheme, %-escape, glob or brace).
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=~-]*\.tar")
@@ -261,135 +263,105 @@ def _index(folder: str, url: str, required: bool) -> tuple[dict | None, bytes | 
     return index, raw.getvalue()
 
 
+class _Enough(Exception):
+    """More than the limit came: the copy stops there."""
+
+
+class _Sink(io.RawIOBase):
+    """Where a download is written: into ``out``, its first 512 bytes kept, stopped once more than ``limit``."""
+
+    def __init__(self, out: BinaryIO, limit: int | None):
+        self.out, self.limit, self.head = out, limit, b""
+
+    def write(self, chunk) -> int:
+        self.head = self.head or bytes(chunk[:512])
+        self.out.write(chunk)  # (a full disk is atomic_file's one line, not a failed download)
+        if self.limit is not None and self.out.tell() > self.limit:
+            raise _Enough
+        return len(chunk)
+
+
 def _copy(url: str, out: BinaryIO, limit: int | None = None) -> bytes:
     """``url``'s bytes into the file ``out`` (stopping once more than ``limit`` came), and their first 512;
     a failure is one line."""
-    if url.startswith(("http://", "https://", "hf://")):
-        return _http_copy(url, out, limit)
-    try:  # an allowed pipe: command, through webdataset's opener
-        from webdataset.gopen import gopen
-    except ImportError:
-        raise UserError("reading pipe: shards needs webdataset: pip install 'visiontune[formats]'") from None
-    head = b""
+    sink = _Sink(out, limit)
+    with contextlib.suppress(_Enough):
+        if url.startswith(("http://", "https://", "hf://")):
+            _http_copy(url, sink)
+            return sink.head
+        try:  # an allowed pipe: command, through webdataset's opener
+            from webdataset.gopen import gopen
+        except ImportError:
+            raise UserError("reading pipe: shards needs webdataset: pip install 'visiontune[formats]'") from None
+        try:
+            with gopen(url, "rb") as stream:
+                shutil.copyfileobj(stream, sink, 1 << 20)
+        except (OSError, ValueError) as e:
+            status = re.search(r"exit (\d+)", str(e))
+            raise _failed(url, f"the command's exit status {status[1]}" if status else _first_line(e)) from None
+    return sink.head
+
+
+def _hub(url: str) -> tuple[str, dict[str, str]]:
+    """The Hub's download URL for an hf:// file, and the headers huggingface_hub sends there (the token)."""
     try:
-        with gopen(url, "rb") as stream:
-            while chunk := stream.read(1 << 20):
-                head = head or chunk[:512]
-                out.write(chunk)
-                if limit is not None and out.tell() > limit:
-                    break
-    except (OSError, ValueError) as e:
-        status = re.search(r"exit (\d+)", str(e))
-        why = f"the command's exit status {status[1]}" if status else _first_line(e)
-        raise UserError(
-            f"cannot download {url} ({why}); check the URL and the network, or copy the shards to a folder and "
-            "pass --data FOLDER"
-        ) from None
-    return head
-
-
-def _opener():
-    """urllib's opener for http(s) alone (no file://, ftp:// or data: a redirect could lead to), following
-    at most 5 redirects; the Hub token goes along only to the host it was meant for."""
-    import urllib.request
-
-    class Redirects(urllib.request.HTTPRedirectHandler):
-        max_redirections = 5
-
-        def redirect_request(self, req, fp, code, msg, headers, newurl):
-            new = super().redirect_request(req, fp, code, msg, headers, newurl)
-            token = req.unredirected_hdrs.get("Authorization")
-            if new is not None and token and _host(newurl) == _host(req.full_url):
-                new.add_unredirected_header("Authorization", token)
-            return new
-
-    opener = urllib.request.OpenerDirector()
-    for handler in (
-        urllib.request.ProxyHandler(),
-        urllib.request.UnknownHandler(),
-        urllib.request.HTTPHandler(),
-        urllib.request.HTTPSHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        Redirects(),
-        urllib.request.HTTPErrorProcessor(),
-    ):
-        opener.add_handler(handler)
-    return opener
-
-
-def _host(url: str) -> str | None:
-    import urllib.parse
-
-    return urllib.parse.urlsplit(url).hostname
-
-
-def _request(url: str):
-    """The GET for an http(s) URL, or for an hf:// file on the Hub, with the user's token if they have one."""
-    import urllib.parse
-    import urllib.request
-
-    if not url.startswith("hf://"):
-        return urllib.request.Request(url, headers={"User-Agent": f"visiontune/{__version__}"})
-    try:
-        from huggingface_hub import get_token, hf_hub_url
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
     except ImportError:
         raise UserError("reading hf:// shards needs huggingface_hub: pip install 'visiontune[formats]'") from None
     m = re.fullmatch(r"hf://(?:(datasets|spaces)/)?([^/@]+/[^/@]+)(?:@([^/]+))?/(.+)", url)
     if m is None:
         raise UserError(f"{url}: an hf:// shard URL is hf://datasets/ORG/NAME[@REVISION]/PATH.tar")
     kind = {"datasets": "dataset", "spaces": "space"}.get(m[1])
-    revision = urllib.parse.unquote(m[3]) if m[3] else None
-    request = _request(hf_hub_url(m[2], m[4], repo_type=kind, revision=revision))
-    token = get_token()
-    if token:  # not in a redirect to the Hub's file store: that URL is signed
-        request.add_unredirected_header("Authorization", f"Bearer {token}")
-    return request
+    file_url = hf_hub_url(m[2], m[4], repo_type=kind, revision=unquote(m[3]) if m[3] else None)
+    return file_url, build_hf_headers(library_name="visiontune", library_version=__version__)
 
 
-def _http_copy(url: str, out: BinaryIO, limit: int | None) -> bytes:
-    """One GET of ``url`` into ``out``: ``_copy`` for http(s):// and hf://."""
-    import http.client
-
-    request = _request(url)
+def _http_copy(url: str, sink: _Sink) -> None:
+    """One streamed GET of ``url`` (http(s):// or hf://) into ``sink``, again after a transient failure."""
     try:
-        answer = _opener().open(request, timeout=TIMEOUT_S)
-    except (OSError, ValueError, http.client.HTTPException) as e:
-        raise _failed(url, e) from None
-    head, got = b"", 0
-    with answer:
-        while True:
-            try:
-                chunk = answer.read(1 << 20)
-            except (OSError, http.client.HTTPException) as e:
-                raise _failed(url, e) from None
-            if not chunk:
-                return head
-            head = head or chunk[:512]
-            out.write(chunk)  # (a full disk is atomic_file's one line, not a failed download)
-            got += len(chunk)
-            if limit is not None and got > limit:
-                return head
+        import aiohttp
+        import fsspec
+    except ImportError:
+        raise UserError("reading http(s):// shards needs aiohttp: pip install 'visiontune[formats]'") from None
+    # No time-out on the whole file (aiohttp's default cuts any download at 5 min); a proxy from the environment.
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=TIMEOUT_S, sock_read=TIMEOUT_S)
+    fs = fsspec.filesystem("http", client_kwargs={"timeout": timeout, "trust_env": True})
+    target, headers = _hub(url) if url.startswith("hf://") else (url, {"User-Agent": f"visiontune/{__version__}"})
+    # (aiohttp counts the answer that would be one redirect too many)
+    get = {"headers": headers, "max_redirects": MAX_REDIRECTS + 1, "chunk_size": 1 << 20}
+    for attempt in range(RETRIES):
+        sink.out.seek(0)
+        sink.out.truncate()
+        sink.head = b""
+        try:
+            return fs.get_file(target, sink, **get)
+        except (aiohttp.ClientError, FileNotFoundError, TimeoutError, asyncio.TimeoutError) as e:
+            status = getattr(e, "status", 0) if isinstance(e, aiohttp.ClientResponseError) else 0
+            dropped = isinstance(e, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError))
+            if attempt + 1 == RETRIES or not (status >= 500 or status == 429 or dropped):
+                raise _failed(url, _why(e)) from None
+        time.sleep(BACKOFF_S * 2**attempt)
 
 
-def _failed(url: str, e: BaseException) -> UserError:
-    """A failed GET as one line: the HTTP status, or what the network said."""
-    import socket
-    import urllib.error
+def _why(e: BaseException) -> str:
+    """What failed a GET, in a few words: the HTTP status, or what the network said."""
+    import aiohttp
 
-    reason = e.reason if isinstance(e, urllib.error.URLError) and not isinstance(e, urllib.error.HTTPError) else e
-    if isinstance(e, urllib.error.HTTPError):
-        e.close()  # (it holds the answer's connection)
-        why = f"the server answered HTTP {e.code} {_first_line(e.reason)}"
-        if 300 <= e.code < 400:  # urllib's own words span lines
-            why = f"the server answered HTTP {e.code}: more than 5 redirects, or one to a URL that is not http(s)"
-    elif isinstance(reason, socket.gaierror):
-        why = "host not found"
-    elif isinstance(reason, ConnectionRefusedError):
-        why = "connection refused"
-    elif isinstance(reason, TimeoutError):
-        why = f"nothing came for {TIMEOUT_S} s"
-    else:
-        why = _first_line(reason)
+    if isinstance(e, FileNotFoundError):  # (fsspec's word for a 404)
+        return "the server answered HTTP 404 Not Found"
+    if isinstance(e, (aiohttp.TooManyRedirects, aiohttp.RedirectClientError)):
+        status = e.history[-1].status if isinstance(e, aiohttp.TooManyRedirects) else "3xx"
+        many = f"more than {MAX_REDIRECTS} redirects, or one to a URL that is not http(s)"
+        return f"the server answered HTTP {status}: {many}"
+    if isinstance(e, aiohttp.ClientResponseError):
+        return f"the server answered HTTP {e.status} {_first_line(e.message)}"
+    if isinstance(e, (TimeoutError, asyncio.TimeoutError)) and not str(e):
+        return f"nothing came for {TIMEOUT_S} s"
+    return _first_line(e)
+
+
+def _failed(url: str, why: str) -> UserError:
     return UserError(
         f"cannot download {url} ({why}); check the URL and the network, or copy the shards to a folder and "
         "pass --data FOLDER"
