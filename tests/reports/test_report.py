@@ -162,20 +162,20 @@ def test_a_cropping_model_s_resize_is_named():
 
 
 @pytest.mark.parametrize(
-    "ev",
+    "ev,says",
     [
-        {"averages": {}},  # a single-label eval.json without its fields
-        {"report": "regress", "largest_residuals": [1]},  # a regression's, with a residual that is no record
-        {"report": "classify", "per_class": 3},
+        ({"averages": {}}, "a classify evaluation without its data, scored, tta, classes, ece_bins, per_class"),
+        ({"report": "regress", "largest_residuals": [1]}, "largest_residuals is [1], expected a list of objects"),
+        ({"report": "classify", "per_class": 3}, "per_class is 3, expected an object of classes"),
     ],
 )
-def test_an_eval_json_visiontune_did_not_write_is_one_line_and_no_page(tmp_path, capsys, ev):
+def test_an_eval_json_visiontune_did_not_write_is_one_line_and_no_page(tmp_path, capsys, ev, says):
     config = {"config": {"model": "resnet18", "epochs": 1}, "data": {"root": "/d", "layout": "kaggle"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"{tmp_path / 'eval.json'} is not an eval.json visiontune wrote" in err and len(err.splitlines()) == 1
+    assert f"{tmp_path / 'eval.json'}: damaged run record: " in err and says in err and len(err.splitlines()) == 1
     assert "Traceback" not in err and not (tmp_path / "report.html").exists()
 
 

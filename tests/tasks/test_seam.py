@@ -17,6 +17,7 @@ from PIL import Image
 from visiontune import tasks
 from visiontune.cli.commands import main
 from visiontune.reports import evaluations
+from visiontune.runs import runrecords
 from visiontune.tasks.regress import Regression
 
 
@@ -50,7 +51,10 @@ def blob_section(eval_json: Path, ev: dict) -> str:
 @pytest.fixture
 def blobs():
     task = tasks.register(BlobCount())
-    evaluations.register(task.name, write=write_blob_evaluation, section=blob_section)
+    # the fields its section shows: a regression's, and its own count accuracy (checked when eval.json is read back)
+    schema, needed = runrecords.EVALUATIONS[tasks.REGRESSION.name]
+    fields = ({**schema, "count_accuracy": (lambda v: isinstance(v, float), "a number")}, (*needed, "count_accuracy"))
+    evaluations.register(task.name, write=write_blob_evaluation, section=blob_section, fields=fields)
     yield task
     del tasks.TASKS[task.name], evaluations.EVALUATIONS[task.name]
 

@@ -16,7 +16,6 @@ guessing a cause. The results go to ``bench.md`` (the blog's table),
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -32,6 +31,7 @@ from visiontune.errors import UserError
 from visiontune.files import atomic_write, write_json
 from visiontune.models.build import get_spec
 from visiontune.reports.benchtable import batch_line, chart, load_line, table
+from visiontune.runs import runrecords
 from visiontune.settings.config import TrainConfig
 
 NOISY_SPREAD = 0.10  # (max - min) / median of a strategy's images/s across repeats
@@ -112,9 +112,12 @@ def run_one(row: dict, train_argv: list[str], out_dir: Path, repeat: int = 0) ->
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {**row, "failed": f"exit code {proc.returncode}: {tail}", "load_per_core": load}
-    summary = json.loads((run_dir / "summary.json").read_text())
-    last = json.loads((run_dir / "history.json").read_text())[-1]
-    epoch_seconds = sum(r["train"]["seconds"] for r in json.loads((run_dir / "history.json").read_text()))
+    # Written by the run this process just launched (exit 0); read back bounded and checked all the same.
+    summary, history = runrecords.read_summary(run_dir), runrecords.read_history(run_dir)
+    if summary is None or not history:
+        return {**row, "failed": f"no summary.json or history.json in {run_dir}", "load_per_core": load}
+    last = history[-1]
+    epoch_seconds = sum(r["train"]["seconds"] for r in history)
     return {
         **row,
         "lr": summary["lr"],

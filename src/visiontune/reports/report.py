@@ -3,7 +3,8 @@
 The page is built from the run folder's own files -- ``config.json``,
 ``summary.json``, ``eval.json``, the PNGs and, when the run belongs to a
 ``bench``, its ``bench.json`` -- so it can be rebuilt at any time
-(``visiontune report RUN``). Images are embedded as data URIs and the page has
+(``visiontune report RUN``). The JSON files are read back checked
+(``runs.runrecords``), the PNGs embedded up to ``MAX_PNG`` bytes each. Images are embedded as data URIs and the page has
 no script and no external reference: it opens the same offline, attached to
 an email or archived. Every number shown carries ``data-src``/``data-path``
 naming the JSON value it shows, which is how the browser test checks them.
@@ -23,14 +24,13 @@ from visiontune.files import atomic_write
 from visiontune.reports import evaluations, regression
 from visiontune.reports.style import CSS
 from visiontune.runs import runrecords
-from visiontune.tasks import MULTI_LABEL, REGRESSION, SINGLE_LABEL, recorded
+from visiontune.tasks import MULTI_LABEL, REGRESSION, SINGLE_LABEL
 
 
-def _read(path: Path) -> dict | list | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def _evaluation_of(path: Path) -> dict | None:
+    """``path``'s evaluation checked by its schema (``runs.runrecords``), or None: none there, or one no
+    evaluation this visiontune knows wrote."""
+    return runrecords.read_evaluation(path, evaluations.schemas())
 
 
 # A value whose key has one of these words is a score (an accuracy, a loss, an F1, a probability): 4
@@ -67,11 +67,21 @@ def _num(src: str, data: dict, *path) -> str:
     return f'<td data-src="{src}" data-path="{where}">{html.escape(_fmt(v, path[-1] if path else None))}</td>'
 
 
+MAX_PNG = 32 << 20  # bytes of one embedded figure: a run's largest (a 1,000-class confusion matrix) is a few MB
+
+
 def _img(path: Path, alt: str) -> str:
+    """``path`` embedded, or a note when it is larger than any figure visiontune draws (not read)."""
     if not path.is_file():
         return ""
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+    with open(path, "rb") as f:
+        data = f.read(MAX_PNG + 1)  # never more, whatever the file grew to since
+    if len(data) > MAX_PNG:
+        return (
+            f'<p class="note">{html.escape(path.name)} is larger than a page embeds ({MAX_PNG >> 20} MiB) and '
+            "is left out: open it beside the report.</p>"
+        )
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
 
 
 def _rows(pairs: list[tuple[str, str]]) -> str:
@@ -166,7 +176,7 @@ def _side_by_side(run: Path) -> str:
     """The run's own evaluation and those of its exported files (``eval-NAME.json``), one column each: which
     file each scored (name, sha256), on which images, and its headline figures."""
     found = [run / "eval.json", *sorted(run.glob(f"{BESIDE}*.json"))[:MAX_BESIDE]]
-    evals = [(p, ev) for p in found if isinstance(ev := _read(p), dict) and "averages" in ev]
+    evals = [(p, ev) for p in found if (ev := _evaluation_of(p)) and "averages" in ev]
     if not any(p.name != "eval.json" for p, _ in evals):
         return ""
     rows = [
@@ -242,30 +252,15 @@ def _multilabel_evaluation(eval_json: Path, ev: dict) -> str:
 
 
 def _evaluation(eval_json: Path, ev: dict) -> str:
-    """The section of an ``eval.json`` (its figures ``beside`` it), as its task's evaluation wrote it
-    (``evaluations``), and which model file it scored."""
-    scored = ev.get("model_file") if isinstance(ev.get("model_file"), dict) else {}
+    """The section of an ``eval.json`` read back checked (its figures ``beside`` it), as the evaluation that
+    wrote it (``evaluations``, by its name) shows it, and which model file it scored."""
+    scored = ev.get("model_file") or {}
     named_file = (
         f"<p>Model file: {html.escape(str(scored.get('name')))} (sha256 {html.escape(str(scored.get('sha256')))}).</p>"
         if scored
         else ""
     )
-    # the evaluation that wrote it, by name (eval.json's "report"); one from before that was recorded: its task's
-    found = evaluations.EVALUATIONS.get(ev.get("report"))
-    section = (found or evaluations.of(recorded(ev) or SINGLE_LABEL)).section
-    return named_file + section(eval_json, ev)
-
-
-def _shown(eval_json: Path, ev: dict) -> str:
-    """``_evaluation``, or one line when ``eval_json`` lacks what its evaluation writes (a file visiontune did
-    not write: a section reads the fields its writer wrote)."""
-    try:
-        return _evaluation(eval_json, ev)
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
-        raise UserError(
-            f"{eval_json} is not an eval.json visiontune wrote ({type(e).__name__} {str(e)[:80]}); "
-            "run visiontune evaluate again or delete it"
-        ) from None
+    return named_file + evaluations.EVALUATIONS[ev["report"]].section(eval_json, ev)
 
 
 def _single_label_evaluation(eval_json: Path, ev: dict) -> str:
@@ -343,9 +338,10 @@ def _regression_evaluation(eval_json: Path, ev: dict) -> str:
 
 # The page section of each built-in task's evaluation; its eval.json writer is registered beside it by
 # ``inference.evaluate``.
-evaluations.register(SINGLE_LABEL.name, section=_single_label_evaluation)
-evaluations.register(MULTI_LABEL.name, section=_multilabel_evaluation)
-evaluations.register(REGRESSION.name, section=_regression_evaluation)
+# The fields each shows are checked when its eval.json is read back (``runrecords.EVALUATIONS``).
+evaluations.register(SINGLE_LABEL.name, section=_single_label_evaluation, fields=runrecords.EVALUATIONS["classify"])
+evaluations.register(MULTI_LABEL.name, section=_multilabel_evaluation, fields=runrecords.EVALUATIONS["multilabel"])
+evaluations.register(REGRESSION.name, section=_regression_evaluation, fields=runrecords.EVALUATIONS["regress"])
 
 
 def _bench(bench: dict) -> str:
@@ -360,7 +356,7 @@ def _bench(bench: dict) -> str:
     ]
     from visiontune.reports.benchtable import unreliable_line
 
-    warning = unreliable_line(bench["rows"])
+    warning = unreliable_line(bench.get("rows", []))
     out = [
         f"<p>{html.escape(bench.get('load_note', ''))}</p>"
         + (f"<p class='note'><b>{html.escape(warning)}</b></p>" if warning else "")
@@ -368,7 +364,7 @@ def _bench(bench: dict) -> str:
         + "".join(f"<th>{c}</th>" for c, _ in cols)
         + "<th class='l'>note</th></tr>"
     ]
-    for i, r in enumerate(bench["rows"]):
+    for i, r in enumerate(bench.get("rows", [])):
         if "images_per_s" not in r:
             out.append(
                 f"<tr><td class='l'>{html.escape(r['strategy'])}</td><td colspan='{len(cols)}'></td>"
@@ -388,12 +384,12 @@ def _bench(bench: dict) -> str:
 
 def _bench_of(run: Path) -> tuple[Path | None, dict | None]:
     """The bench folder's own ``bench.json``, or the parent's when this run is one of its rows."""
-    own = _read(run / "bench.json")
-    if isinstance(own, dict):
+    own = runrecords.read_bench(run / "bench.json")
+    if own is not None:
         return run / "bench.json", own
-    parent = _read(run.parent / "bench.json")
-    mine = isinstance(parent, dict) and any(
-        Path(r.get("run_dir", "")).resolve() == run.resolve() for r in parent.get("rows", []) if r.get("run_dir")
+    parent = runrecords.read_bench(run.parent / "bench.json")
+    mine = parent is not None and any(
+        Path(r["run_dir"]).resolve() == run.resolve() for r in parent.get("rows", []) if r.get("run_dir")
     )
     return (run.parent / "bench.json", parent) if mine else (None, None)
 
@@ -459,11 +455,7 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
     if config is None and bench is None:
         raise UserError(f"{run} is not a visiontune run folder (no config.json) nor a bench folder (no bench.json)")
     eval_path = Path(eval_json) if eval_json else run / "eval.json"
-    ev = _read(eval_path)
-    # one that names the evaluation that wrote it, or has the averages every task's had before it named one; an
-    # older visiontune's eval.json: evaluate again
-    known = isinstance(ev, dict) and ("averages" in ev or ev.get("report") in evaluations.EVALUATIONS)
-    ev = ev if known else None
+    ev = _evaluation_of(eval_path)  # None: not evaluated, or by an older visiontune (evaluate again)
     title = f"visiontune run {run.name}" if config else f"visiontune bench {run.name}"
     body = [f"<h1>{html.escape(title)}</h1>"]
     if config:
@@ -478,7 +470,7 @@ def build(run_dir: str | Path, eval_json: str | Path | None = None) -> str:
         ]
         body.append(_side_by_side(run))
         body.append(
-            _shown(eval_path, ev)
+            _evaluation(eval_path, ev)
             if ev
             else f'<p class="note">Not evaluated yet: <code>visiontune evaluate --run {html.escape(str(run))} '
             f"--data DATA</code> adds per-class metrics, the confusion matrix and the top losses.</p>"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import json
 import math
 import os
 import re
@@ -36,6 +35,7 @@ from optuna.trial import TrialState
 from visiontune.cluster import launch
 from visiontune.cluster.host import available_cores
 from visiontune.errors import UserError
+from visiontune.runs import runrecords
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
 from visiontune.tasks import RANKED, read_as
@@ -207,7 +207,11 @@ class Tuner:
         toml = results.config_toml(settings, [f"visiontune tune: trial {trial.number}"])
         code = trialjob.run_as_job(toml, run_dir, self.opts.out, trial.number, spec, beat.paused)
         trialjob.outcome(code, trial.number)
-        return json.loads(Path(run_dir, "summary.json").read_text())
+        # Written by the job this tuner just launched; read back bounded and checked all the same, as any run's.
+        summary = runrecords.read_summary(run_dir)
+        if summary is None:
+            raise UserError(f"trial {trial.number} ended without its {Path(run_dir, 'summary.json')}")
+        return summary
 
 
 @contextlib.contextmanager
