@@ -6,13 +6,22 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := demo-data
 DEMO_RUN := runs/demo
 
-.PHONY: demo test test-fast test-under-load fuzz lint bench browser clean
+.PHONY: demo test test-fast test-under-load fuzz lint bench browser azurite clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt tests/azurite/package-lock.json
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,onnx,openvino,tensorboard,formats,serve,lora,tune,s3,audit]'
+	$(BIN)/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,onnx,openvino,tensorboard,formats,serve,lora,tune,s3,azure,audit]'
+	@$(MAKE) --no-print-directory azurite || echo "make: Azurite is not installed (it needs npm: as root, apt-get install npm, then make azurite); the az:// tests will fail"
 	touch $(STAMP)
+
+# Azure's storage emulator for the az:// tests (tests/azureserver.py), exactly as tests/azurite/package-lock.json
+# pins it, from npm into the virtual environment; npm from the distribution's packages when missing (apt-get: root).
+azurite:
+	command -v npm >/dev/null 2>&1 || (apt-get update && apt-get install -y npm)
+	mkdir -p $(VENV)/azurite
+	cp tests/azurite/package.json tests/azurite/package-lock.json $(VENV)/azurite/
+	npm ci --prefix $(VENV)/azurite --no-audit --no-fund --silent
 
 demo: $(STAMP)
 	$(BIN)/visiontune sample-data $(DEMO_DATA) --per-class 200 --force

@@ -245,16 +245,13 @@ def test_a_missing_store_package_is_one_line_naming_the_extra(monkeypatch, capsy
     import fsspec
 
     registry = sys.modules[fsspec.get_filesystem_class.__module__]._registry
-    monkeypatch.setitem(sys.modules, "s3fs", None)  # not installed (and not yet imported by fsspec)
-    monkeypatch.delitem(registry, "s3", raising=False)
+    for scheme, package in (("s3", "s3fs"), ("az", "adlfs"), ("gs", "gcsfs")):  # not installed, whether or not
+        monkeypatch.setitem(sys.modules, package, None)  # another test imported it (fsspec keeps the class)
+        monkeypatch.delitem(registry, scheme, raising=False)
     assert main(["check", "s3://data/shards/"]) == 2
     assert "reading s3:// needs s3fs: pip install 'visiontune[s3]'" in _one_line(capsys)
-    if "adlfs" not in sys.modules:
-        monkeypatch.setitem(sys.modules, "adlfs", None)
     assert main(["check", "az://container/set/"]) == 2
     assert "reading az:// needs adlfs: pip install 'visiontune[azure]'" in _one_line(capsys)
-    if "gcsfs" not in sys.modules:
-        monkeypatch.setitem(sys.modules, "gcsfs", None)
     for data in ("gs://bucket/set/", "gs://bucket/set/shards-{0..3}.tar"):  # (no gsutil is run for it)
         assert main(["check", data]) == 2
         assert "reading gs:// needs gcsfs: pip install 'visiontune[gcs]'" in _one_line(capsys)

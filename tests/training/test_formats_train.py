@@ -17,8 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import azureserver
+import s3server
 from conftest import FAST, _worker_env
-from s3server import CREDENTIALS, s3_server, upload
+from s3server import CREDENTIALS, s3_server
 from trainrun import PYTHON, SQUEEZENET, assert_same_weights, env_for, flags, run, start, wait_for
 from visiontune.cli.commands import main
 from visiontune.data.sample import make_sample_data
@@ -350,10 +352,18 @@ def s3():
         yield server
 
 
-def _from_s3(ref: dict, server, folder: Path, url: str, tmp_path: Path) -> dict:
-    """``folder`` uploaded to ``url`` on the local S3 server, and the reference with an environment that reaches
-    it (its endpoint and credentials, as the store's own chain reads them) and a shard cache of this test's."""
-    upload(server, folder, url)
+@pytest.fixture(scope="module")
+def az():
+    with azureserver.azurite_server() as server:
+        yield server
+
+
+def _from_store(ref: dict, server, folder: Path, url: str, tmp_path: Path) -> dict:
+    """``folder`` uploaded to ``url`` on the local S3 server or Azurite, and the reference with an environment
+    that reaches it (its endpoint and credentials, as the store's own chain reads them) and a shard cache of
+    this test's."""
+    (s3server if url.startswith("s3://") else azureserver).upload(server, folder, url)
+    getattr(server, "sync", lambda: None)()
     server.requests.clear()
     env = {**ref["env"], **server.env(), "VISIONTUNE_SHARD_CACHE": str(tmp_path / "shard-cache")}
     return {**ref, "env": env}
@@ -362,12 +372,14 @@ def _from_s3(ref: dict, server, folder: Path, url: str, tmp_path: Path) -> dict:
 def _fetched_once_and_no_credentials_recorded(server, folder: Path, url: str, run: Path) -> None:
     """Each object GET once for both jobs and all their processes (the shard cache), and nothing of the
     credentials anywhere in the run folder."""
-    prefix = url[len("s3:/") :].rstrip("/")
+    getattr(server, "sync", lambda: None)()
+    prefix = "/" + url.split("://", 1)[1].rstrip("/")
     files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
     assert {n: server.gets(f"{prefix}/{n}") for n in files} == dict.fromkeys(files, 1)
+    secrets = [*CREDENTIALS.values(), azureserver.KEY]
     for p in run.rglob("*"):
         if p.is_file():
-            assert not any(v.encode() in p.read_bytes() for v in CREDENTIALS.values()), p
+            assert not any(v.encode() in p.read_bytes() for v in secrets), p
 
 
 @pytest.mark.distributed
@@ -378,7 +390,7 @@ def test_ddp_on_s3_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_ea
     the local folder run's tensors, accuracy, reads and split record (``_killed_and_resumed``)."""
     shards, url = tmp_path / "shards", "s3://train/shards/"
     assert main(["shard", str(ddp_reference["data"]), "--out", str(shards), "--shard-size", "50KB"]) == 0
-    said, split = _killed_and_resumed(_from_s3(ddp_reference, s3, shards, url, tmp_path), url, tmp_path)
+    said, split = _killed_and_resumed(_from_store(ddp_reference, s3, shards, url, tmp_path), url, tmp_path)
     assert "the split recorded in index.json" in said and split["sha256"] == ddp_reference["split"]["sha256"]
     _fetched_once_and_no_credentials_recorded(s3, shards, url, tmp_path / "run")
 
@@ -387,6 +399,31 @@ def test_ddp_on_s3_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_ea
 def test_ddp_on_a_folder_in_s3_killed_mid_epoch_resumes_to_the_local_folder_runs_tensors(tmp_path, ddp_reference, s3):
     """The same, on the folder itself uploaded file by file: read in its layout, the local run to the tensor."""
     url = "s3://train/folder"
-    said, split = _killed_and_resumed(_from_s3(ddp_reference, s3, ddp_reference["data"], url, tmp_path), url, tmp_path)
+    said, split = _killed_and_resumed(
+        _from_store(ddp_reference, s3, ddp_reference["data"], url, tmp_path), url, tmp_path
+    )
     assert split["sha256"] == ddp_reference["split"]["sha256"]
     _fetched_once_and_no_credentials_recorded(s3, ddp_reference["data"], url, tmp_path / "run")
+
+
+@pytest.mark.distributed
+def test_ddp_on_azure_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_each_shard_fetched_once(
+    tmp_path, ddp_reference, az
+):
+    """The same on Azure's emulator (Azurite): the shards in a container, read through adlfs."""
+    shards, url = tmp_path / "shards", "az://train/shards/"
+    assert main(["shard", str(ddp_reference["data"]), "--out", str(shards), "--shard-size", "50KB"]) == 0
+    said, split = _killed_and_resumed(_from_store(ddp_reference, az, shards, url, tmp_path), url, tmp_path)
+    assert "the split recorded in index.json" in said and split["sha256"] == ddp_reference["split"]["sha256"]
+    _fetched_once_and_no_credentials_recorded(az, shards, url, tmp_path / "run")
+
+
+@pytest.mark.distributed
+def test_ddp_on_a_folder_in_azure_killed_mid_epoch_resumes_to_the_local_folder_runs_tensors(
+    tmp_path, ddp_reference, az
+):
+    url = "az://train/folder"
+    ref = _from_store(ddp_reference, az, ddp_reference["data"], url, tmp_path)
+    said, split = _killed_and_resumed(ref, url, tmp_path)
+    assert split["sha256"] == ddp_reference["split"]["sha256"]
+    _fetched_once_and_no_credentials_recorded(az, ddp_reference["data"], url, tmp_path / "run")

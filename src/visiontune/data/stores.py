@@ -103,7 +103,7 @@ def _failed(url: str, e: BaseException, doing: str = "read") -> UserError:
     """A failed request as one line naming the object (never the store's own words about credentials)."""
     if isinstance(e, FileNotFoundError):
         why = "not found"
-    elif isinstance(e, PermissionError):
+    elif isinstance(e, PermissionError) or getattr(e, "status_code", None) in (401, 403):  # (azure-core's own)
         why = "access denied: check the credentials the store's client finds (environment, profile or role)"
     else:
         why = mask_urls(remote._first_line(e)) if str(e).strip() else type(e).__name__  # (an endpoint's password)
