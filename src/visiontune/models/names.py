@@ -1,6 +1,7 @@
 """The model names ``--model`` accepts, for ``visiontune models``: torchvision's classifiers and timm's
 registry, listed once per installed version into a small JSON file and read from it after that, so
-the command answers without importing torch, torchvision or timm (seconds each). Names are sorted by
+the command answers without importing torch, torchvision or timm (seconds each); a file there that is not
+such a list (bounded, checked) is listed again and replaced. Names are sorted by
 name; matches that start with the text come before the ones that only contain it. ``pretrained=True``
 keeps the names with pretrained weights (timm's ``list_models(pretrained=True)``, torchvision's weight
 enums), each with its parameter count where the source records it (torchvision's weights' meta; timm
@@ -54,12 +55,47 @@ def _listed_pretrained(source: str) -> list[list]:
     return [[f"timm/{n}", None] for n in bare]
 
 
-def _cached(path: Path | None, make):
+MAX_LIST = 16 << 20  # bytes of a cached list: timm's ~1,600 names take ~50 KB
+MAX_NAME = 1000  # characters of one model name
+
+
+def _name(v) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= MAX_NAME
+
+
+def _names(listed) -> bool:
+    return isinstance(listed, list) and bool(listed) and all(_name(n) for n in listed)
+
+
+def _names_and_counts(listed) -> bool:
+    """[[name, parameters or None], ...]: what ``_listed_pretrained`` lists."""
+    return (
+        isinstance(listed, list)
+        and bool(listed)
+        and all(
+            isinstance(p, list) and len(p) == 2 and _name(p[0]) and (p[1] is None or type(p[1]) is int and p[1] >= 0)
+            for p in listed
+        )
+    )
+
+
+def _read_cached(path: Path, valid) -> list | None:
+    """The list cached at ``path`` when it is one ``valid`` accepts, else None (listed again). The file is any
+    file by then (a damaged disk, another tool, a hand), so it is read bounded and checked."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(MAX_LIST + 1)
+        listed = json.loads(text) if len(text) <= MAX_LIST else None
+    except (OSError, ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
+        return None
+    return listed if valid(listed) else None
+
+
+def _cached(path: Path | None, make, valid):
     if path is not None:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass
+        listed = _read_cached(path, valid)
+        if listed is not None:
+            return listed
     listed = make()
     if path is not None:
         try:
@@ -73,13 +109,13 @@ def _cached(path: Path | None, make):
 def pretrained_names(source: str, cache_dir: str | os.PathLike | None = None) -> dict[str, int | None]:
     """Each name of ``source`` with pretrained weights, and its parameter count when known."""
     path = Path(cache_dir) / f"model-names-{source}-pretrained-{_version(source)}.json" if cache_dir else None
-    return {name: params for name, params in _cached(path, lambda: _listed_pretrained(source))}
+    return {name: params for name, params in _cached(path, lambda: _listed_pretrained(source), _names_and_counts)}
 
 
 def all_names(source: str, cache_dir: str | os.PathLike | None = None) -> list[str]:
     """Every name of ``source`` (torchvision or timm), from ``cache_dir``'s list for the installed version."""
     path = Path(cache_dir) / f"model-names-{source}-{_version(source)}.json" if cache_dir else None
-    return _cached(path, lambda: _listed(source))
+    return _cached(path, lambda: _listed(source), _names)
 
 
 def matching(names: list[str], text: str) -> list[str]:
