@@ -5,12 +5,17 @@ from __future__ import annotations
 import csv
 import json
 import os
+import tempfile
 import zlib
+from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
 import visiontune.data.check as check
+from fuzzing import fuzz_settings
 from badfiles import EXPECTED_REASON, SMALL_MAX_PIXELS, make_bad_files, make_odd_mode_images, natural_ish
 from visiontune.data.check import scan, write_report
 
@@ -219,3 +224,64 @@ def test_check_writes_its_report_in_the_working_folder_never_into_the_data(tmp_p
     assert "report in bad_files.csv" in capsys.readouterr().out
     assert main(["check", str(data), "--out", str(tmp_path / "elsewhere.csv")]) == 1  # --out, as elsewhere
     assert (tmp_path / "elsewhere.csv").is_file()
+
+
+# The scan's cache is a file on disk that a crash, a full disk or another program may have left anything in:
+# whatever it holds, a scan gives the verdicts a scan without it gives (a damaged record's file decoded again).
+DAMAGED_BAD_LINES = [
+    "[Infinity, \"x\"]\n",  # an OverflowError before
+    "[-1, \"x\"]\n",  # a key no uint64 holds: an OverflowError before
+    "[" * 5000 + "\n",  # a RecursionError before
+    "[1, [\"x\"]]\n",  # a reason that is no text (was shown as one)
+    "[1, \"\\u001b[2J\"]\n",  # a terminal escape as a reason
+    "[1, \"" + "x" * 100_000 + "\"]\n",  # a line longer than any verdict
+]
+
+
+@pytest.mark.parametrize("line", DAMAGED_BAD_LINES)
+def test_a_damaged_bad_verdict_is_ignored_and_the_scan_gives_its_verdicts(tree, tmp_path, line):
+    paths, _ = tree
+    cache = str(tmp_path / "scan-cache")
+    first = scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS)
+    with open(cache + ".bad", "a") as f:
+        f.write(line)
+    assert scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS) == first
+    good, bad, _ = check._load_cache(cache, len(paths))
+    assert all(type(k) is int and 0 < k < 2**64 and r.isprintable() and len(r) < 5000 for k, r in bad.items())
+
+
+def test_a_scan_cache_larger_than_any_scan_leaves_is_read_up_to_its_bound_and_compacted(tree, tmp_path, monkeypatch):
+    paths, _ = tree
+    cache = str(tmp_path / "scan-cache")
+    first = scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS)
+    with open(cache, "ab") as f:  # stale keys past the bound: 4 x max(files, 1024)
+        f.write(b"\x07" * 8 * 4 * 1024)
+    with open(cache + ".bad", "a") as f:
+        f.write('[7, "stale"]\n' * 5)
+    monkeypatch.setattr(check, "MAX_BAD_VERDICTS", 3)
+    good, bad, compact = check._load_cache(cache, len(paths))
+    assert len(good) == 4 * 1024 and len(bad) <= 3 and compact
+    assert scan(paths, cache_path=cache, max_pixels=SMALL_MAX_PIXELS) == first
+    assert os.path.getsize(cache) // 8 <= len(paths)  # compacted to the live keys
+    monkeypatch.undo()  # every bad verdict of the tree read back: none stale left
+    good, bad, compact = check._load_cache(cache, len(paths))
+    assert not compact and 7 not in bad
+
+
+@fuzz_settings(60)
+@given(st.binary(max_size=200), st.lists(st.binary(max_size=40) | st.text(max_size=40), max_size=4), st.booleans())
+def test_fuzz_any_bytes_as_the_scan_cache_give_the_scan_s_verdicts(keys, lines, keep_real):
+    with tempfile.TemporaryDirectory() as folder:
+        good, bad = Path(folder) / "good.png", Path(folder) / "bad.png"
+        Image.fromarray(natural_ish(seed=1)[:16, :16]).save(good)
+        bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+        paths, cache = [str(good), str(bad)], str(Path(folder) / "scan-cache")
+        first = scan(paths, cache_path=cache)
+        with open(cache, "ab" if keep_real else "wb") as f:
+            f.write(keys)
+        with open(cache + ".bad", "ab" if keep_real else "wb") as f:
+            for line in lines:
+                f.write((line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")) + b"\n")
+        found = scan(paths, cache_path=cache)
+        assert [p for p, _ in found] == [p for p, _ in first] == [str(bad)]
+        assert all(isinstance(r, str) and r.isprintable() for _, r in found)

@@ -12,7 +12,9 @@ keys of good files as raw uint64, ``<cache>.bad`` one JSON line per bad file
 with its reason. A warm scan is one ``stat`` per file and a vectorised lookup;
 a changed file appends one record, never rewrites the cache; the key file is
 compacted only when stale keys outnumber live ones. A torn last record (a crash
-mid-append) is ignored and compacted away. Samples read through an
+mid-append) is ignored and compacted away. The files are read bounded and each
+record checked (``_load_cache``): one that is not a record ``scan`` writes is
+ignored, and its file decoded again. Samples read through an
 ``ImageSet``'s reader (datasets rows, shard members) are keyed by their name and
 the reader's content fingerprint instead of a ``stat``.
 """
@@ -119,25 +121,50 @@ def _isin(keys: np.ndarray, members: np.ndarray) -> np.ndarray:
     return members[pos] == keys
 
 
-def _load_cache(cache_path: str) -> tuple[np.ndarray, dict[int, str], bool]:
-    """(good keys, {bad key: reason}, whether the key file needs compacting)."""
+MAX_VERDICT = 4096  # bytes of one remembered bad verdict's line (longer: that file is decoded again)
+MAX_BAD_VERDICTS = 100_000  # bad verdicts read back at most (beyond: those files are decoded again)
+
+
+def _verdict(line: str) -> tuple[int, str] | None:
+    """A ``.bad`` line's (key, reason), or None when it is not one ``scan`` writes (a torn or damaged line)."""
     try:
-        raw = np.fromfile(cache_path, dtype="<u8")
-        torn = os.path.getsize(cache_path) % 8 != 0
+        key, reason = json.loads(line)
+    except (ValueError, TypeError, RecursionError):  # RecursionError: arrays nested past the parser
+        return None
+    if type(key) is not int or not 0 < key < 2**64 or not isinstance(reason, str) or not reason.isprintable():
+        return None
+    return key, reason
+
+
+def _load_cache(cache_path: str, count: int) -> tuple[np.ndarray, dict[int, str], bool]:
+    """(good keys, {bad key: reason}, whether the files need compacting) for a scan of ``count`` files.
+
+    The files are a cache on disk: a crash, a full disk or another program may have left anything there. Each
+    is read up to a bound (more keys than compaction ever leaves: the rest is stale, and compacted away) and
+    each bad verdict checked; a record that is not one ``scan`` writes is ignored, so its file is decoded again.
+    """
+    most = 4 * max(count, 1024)  # compaction keeps the key file under 2 x max(count, 1024) keys
+    try:
+        size = os.path.getsize(cache_path)
+        raw = np.fromfile(cache_path, dtype="<u8", count=min(size // 8, most))
+        compact = size % 8 != 0 or size // 8 > most
     except (OSError, ValueError):
-        raw, torn = np.zeros(0, np.uint64), False
+        raw, compact = np.zeros(0, np.uint64), False
     bad: dict[int, str] = {}
     try:
-        with open(cache_path + ".bad", encoding="utf-8") as f:
-            for line in f:
-                try:
-                    key, reason = json.loads(line)
-                    bad[int(key)] = str(reason)
-                except (ValueError, TypeError):
-                    continue  # a torn last line
+        with open(cache_path + ".bad", encoding="utf-8", errors="replace") as f:
+            for _ in range(min(most, MAX_BAD_VERDICTS)):
+                line = f.readline(MAX_VERDICT)
+                if not line:
+                    break
+                found = _verdict(line)
+                if found is not None:
+                    bad[found[0]] = found[1]
+            else:
+                compact = compact or bool(f.read(1))  # more than the bound: keep only the live verdicts
     except OSError:
         pass
-    return raw.astype(np.uint64), bad, torn
+    return raw.astype(np.uint64), bad, compact
 
 
 def _append(path: str, data: bytes) -> None:
@@ -164,7 +191,7 @@ def scan(
     keys = np.zeros(0, np.uint64)
     if cache_path:
         keys = file_keys(paths, max_pixels) if reader is None else name_keys(paths, reader.fingerprint, max_pixels)
-        good, bad, torn = _load_cache(cache_path)
+        good, bad, torn = _load_cache(cache_path, len(paths))
         unknown = ~_isin(keys, good) | (keys == 0)
         bad_keys = np.array(list(bad), np.uint64)
         for i in np.flatnonzero(unknown & np.isin(keys, bad_keys)).tolist():
