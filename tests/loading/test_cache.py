@@ -7,15 +7,19 @@ import os
 import pickle
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils.data import default_collate
 
 import visiontune.loading.cache as cache_mod
 from conftest import FAST, PYTHON
+from fuzzing import fuzz_settings
 from trainrun import flags, one_line, run
 from visiontune.cli.commands import main
 from visiontune.data.decode import read_image, resize_uint8
@@ -344,3 +348,108 @@ def test_a_world_writable_cache_folder_is_one_line_and_exit_2(sample_data, tmp_p
     assert main(["train", *argv, "--cache", str(folder)]) == 2
     one_line(capsys, f"--cache {folder}: the cache folder {folder} is writable by every user (mode 0777)", "chmod")
     assert list(folder.iterdir()) == [] and (not run.exists() or not any(run.iterdir()))
+
+
+def _header_of(cache) -> Path:
+    return Path(cache.array_path[:-3] + ".json")
+
+
+# A header with the right key but fields no build writes: read bounded and checked, rebuilt, never a traceback.
+DAMAGED_HEADERS = [
+    ("bad", [1]),  # an AttributeError before
+    ("bad", {"x": ["a", "b"]}),  # a ValueError before
+    ("bad", {"3": "broken"}),  # a ValueError (unpacking) before
+    ("bad", {"99": ["a", "b"]}),  # a row past the array's end
+    ("bad", {"3": [1, 2]}),  # a path and reason that are no texts
+    ("digest", 5),
+]
+
+
+@pytest.mark.parametrize("field,value", DAMAGED_HEADERS)
+def test_a_damaged_header_with_the_right_key_is_rebuilt(files, tmp_path, decodes, capsys, field, value):
+    folder = str(tmp_path / "c")
+    header = _header_of(open_or_build(folder, files, SIZE, threads=1))
+    head = json.loads(header.read_text())
+    header.write_text(json.dumps({**head, field: value}))
+    decodes.clear()
+    cache = open_or_build(folder, files, SIZE, threads=1)
+    assert len(decodes) == len(files) and cache.bad.keys() == {3} and cache.bad[3][0] == files[3]
+    assert f"the image cache header {header} is damaged: rebuilding it" in capsys.readouterr().out
+    assert json.loads(header.read_text())["bad"] == head["bad"]  # as the build writes it again
+
+
+def test_a_header_nested_past_the_parser_or_larger_than_any_build_writes_is_rebuilt(
+    files, tmp_path, decodes, monkeypatch
+):
+    folder = str(tmp_path / "c")
+    header = _header_of(open_or_build(folder, files, SIZE, threads=1))
+    good = header.read_text()
+    header.write_text("[" * 100_000)  # a RecursionError before
+    decodes.clear()
+    assert open_or_build(folder, files, SIZE, threads=1).bad.keys() == {3} and len(decodes) == len(files)
+    monkeypatch.setattr(cache_mod, "MAX_HEADER", len(good) - 1)
+    decodes.clear()
+    open_or_build(folder, files, SIZE, threads=1)  # the header just written is one byte over: not read
+    assert len(decodes) == len(files)
+
+
+def test_a_stamp_that_is_no_stamp_hashes_the_array_again(files, tmp_path, decodes, monkeypatch):
+    folder = str(tmp_path / "c")
+    cache = open_or_build(folder, files, SIZE, threads=1)
+    header, stamp = _header_of(cache), cache_mod._stamp(cache.array_path)
+    head = json.loads(header.read_text())
+    header.write_text(json.dumps({**head, "stamp": [*stamp[:5], "later"]}))  # a TypeError before
+    hashed = []
+    monkeypatch.setattr(cache_mod, "digest_file", lambda p: hashed.append(p) or digest_file(p))
+    decodes.clear()
+    assert open_or_build(folder, files, SIZE, threads=1).bad.keys() == {3}
+    assert decodes == [] and len(hashed) == 1  # reused once its bytes hash to the digest again
+
+
+# Any JSON value, to depth 3.
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=10,
+)
+HEADER_FIELDS = ["bad", "digest", "stamp", "count", "image_size", "version", "key"]
+
+
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory) -> list[str]:
+    """Three tiny images and a broken file: a cache that builds in milliseconds."""
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("small")
+    paths = []
+    for i in range(3):
+        Image.new("RGB", (12, 10), (40 * i, 80, 120)).save(folder / f"{i}.png")
+        paths.append(str(folder / f"{i}.png"))
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    return [*paths, str(folder / "broken.png")]
+
+
+@fuzz_settings(60)
+@given(
+    changes=st.lists(st.tuples(st.sampled_from(HEADER_FIELDS), JSON), max_size=3),
+    raw=st.none() | st.binary(max_size=120),
+)
+def test_fuzz_any_header_gives_a_checked_cache_or_a_rebuild(small_files, changes, raw):
+    with tempfile.TemporaryDirectory() as folder:
+        header = _header_of(open_or_build(folder, small_files, 8, threads=1))
+        head = json.loads(header.read_text())
+        for field, value in changes:
+            head[field] = value
+        header.write_bytes(json.dumps(head).encode() if raw is None else raw)
+        cache = open_or_build(folder, small_files, 8, threads=1)
+        assert cache.count == len(small_files)
+        assert all(0 <= i < len(small_files) and all(isinstance(x, str) for x in pr) for i, pr in cache.bad.items())
+        assert _load_back(cache) is not None  # what is there now is a cache the next start reads back whole
+
+
+def _load_back(cache):
+    return cache_mod._load(cache.array_path, str(_header_of(cache)), _key_of(cache), cache.count, cache.image_size)
+
+
+def _key_of(cache):
+    return json.loads(_header_of(cache).read_text())["key"]

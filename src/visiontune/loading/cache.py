@@ -22,7 +22,9 @@ after each read, so its resident memory does not grow with the data set. The fol
 user may write in (``host.untrusted``, the rule ssh has for ``~/.ssh``; made 0700 when missing): ``--cache
 DIR`` or ``auto`` in another is an error, ``fit`` goes on without a cache. The digest is no signature
 (whoever can write the array can write its header): the folder rule keeps other users out, the digest
-catches what changed an array in place since (a disk, a tool, a hand).
+catches what changed an array in place since (a disk, a tool, a hand). The header is read bounded
+(``MAX_HEADER``) and checked (its failed rows, digest and stamp); one that is not as ``build`` writes it is
+rebuilt.
 Files that fail to decode are stored as zeros, listed in the header, and skipped by
 ``CachedDataset`` exactly as ``ImageDataset`` skips them. Samples read through a reader (datasets
 rows, shard members) are keyed by their names and the reader's content fingerprint instead of each
@@ -149,8 +151,8 @@ def _stamp(path: str) -> list[int]:
 
 def _unchanged_since_hashed(array_path: str, stamp) -> bool:
     """Whether the array is the file its header's stamp saw when its bytes last hashed to the digest."""
-    if not isinstance(stamp, list) or len(stamp) != 6:
-        return False
+    if not isinstance(stamp, list) or len(stamp) != 6 or not all(type(x) is int for x in stamp):
+        return False  # none, or not one _stamp takes: the array is hashed
     now = _stamp(array_path)
     return now[:5] == stamp[:5] and stamp[4] + _RACY_NS < stamp[5]
 
@@ -184,15 +186,48 @@ def _write_header(header_path: str, head: dict) -> None:
         f.write(json.dumps(head).encode("utf-8", "surrogateescape"))
 
 
-def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) -> ImageCache | None:
-    """The cache in these files when its key matches and its array is whole and unchanged, else None."""
+MAX_HEADER = 64 << 20  # bytes of a header: only its list of the files that failed to decode grows
+
+
+def _read_header(header_path: str) -> dict | None:
+    """The header's JSON object, read bounded; None when there is none or it is no such object (rebuilt)."""
+    with open(header_path, "rb") as f:
+        text = f.read(MAX_HEADER + 1)
     try:
-        with open(header_path, encoding="utf-8") as f:
-            head = json.load(f)
-        size_ok = os.path.getsize(array_path) == n * 3 * image_size * image_size
-    except (OSError, ValueError):
+        head = json.loads(text) if len(text) <= MAX_HEADER else None
+    except (ValueError, RecursionError):  # RecursionError: arrays nested past the parser
         return None
-    if not isinstance(head, dict) or head.get("key") != key or not size_ok:
+    return head if isinstance(head, dict) else None
+
+
+def _bad_rows(bad, n: int) -> dict[int, tuple[str, str]] | None:
+    """The header's failed rows checked -- each a row of the array with the file's path and why it failed,
+    as ``build`` writes them -- or None."""
+    if not isinstance(bad, dict):
+        return None
+    rows = {}
+    for row, failed in bad.items():
+        if not (row.isascii() and row.isdigit() and int(row) < n and isinstance(failed, list) and len(failed) == 2):
+            return None
+        if not all(isinstance(x, str) for x in failed):
+            return None
+        rows[int(row)] = (failed[0], failed[1])
+    return rows
+
+
+def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) -> ImageCache | None:
+    """The cache in these files when its key matches, its header is whole and its array whole and unchanged,
+    else None."""
+    try:
+        head = _read_header(header_path)
+        size_ok = os.path.getsize(array_path) == n * 3 * image_size * image_size
+    except OSError:
+        return None
+    if head is None or head.get("key") != key or not size_ok:
+        return None
+    bad = _bad_rows(head.get("bad", {}), n)
+    if bad is None or not isinstance(head.get("digest"), str):
+        print(f"visiontune: the image cache header {header_path} is damaged: rebuilding it")
         return None
     try:
         problem = _changed(array_path, header_path, head)
@@ -201,7 +236,7 @@ def _load(array_path: str, header_path: str, key: str, n: int, image_size: int) 
     if problem:  # never reused: it may not hold the pixels it was built with
         print(f"visiontune: the image cache {problem}: rebuilding it")
         return None
-    return ImageCache(array_path, image_size, n, {int(i): (p, r) for i, (p, r) in head.get("bad", {}).items()})
+    return ImageCache(array_path, image_size, n, bad)
 
 
 def build(
