@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import visiontune.data.check as check
-from fuzzing import fuzz_settings
 from badfiles import EXPECTED_REASON, SMALL_MAX_PIXELS, make_bad_files, make_odd_mode_images, natural_ish
+from fuzzing import fuzz_settings
 from visiontune.data.check import scan, write_report
 
 
@@ -229,12 +229,12 @@ def test_check_writes_its_report_in_the_working_folder_never_into_the_data(tmp_p
 # The scan's cache is a file on disk that a crash, a full disk or another program may have left anything in:
 # whatever it holds, a scan gives the verdicts a scan without it gives (a damaged record's file decoded again).
 DAMAGED_BAD_LINES = [
-    "[Infinity, \"x\"]\n",  # an OverflowError before
-    "[-1, \"x\"]\n",  # a key no uint64 holds: an OverflowError before
+    '[Infinity, "x"]\n',  # an OverflowError before
+    '[-1, "x"]\n',  # a key no uint64 holds: an OverflowError before
     "[" * 5000 + "\n",  # a RecursionError before
-    "[1, [\"x\"]]\n",  # a reason that is no text (was shown as one)
-    "[1, \"\\u001b[2J\"]\n",  # a terminal escape as a reason
-    "[1, \"" + "x" * 100_000 + "\"]\n",  # a line longer than any verdict
+    '[1, ["x"]]\n',  # a reason that is no text (was shown as one)
+    '[1, "\\u001b[2J"]\n',  # a terminal escape as a reason
+    '[1, "' + "x" * 100_000 + '"]\n',  # a line longer than any verdict
 ]
 
 

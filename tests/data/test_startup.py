@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections import Counter
 
 import pytest
@@ -122,6 +123,32 @@ def test_first_cached_run_decodes_each_file_exactly_once(data, tmp_path, monkeyp
     assert main([*argv, "--output-dir", str(again)]) == 0
     assert decoded == []  # the warm cache decodes nothing, and still knows the bad file
     assert (again / "bad_files.csv").read_text() == (run / "bad_files.csv").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["dir", "off"])
+def test_a_damaged_cache_of_the_bad_files_is_read_again_and_the_run_names_the_same_bad_files(
+    data, tmp_path, monkeypatch, capsys, cache
+):
+    """The image cache's header (--cache DIR) and the bad-file scan's cache (--cache off), damaged between two
+    runs: the second run decodes again what it cannot trust and names the same bad files, without a traceback."""
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "user-cache"))
+    shutil.copytree(data, data_copy := tmp_path / "data")
+    (data_copy / "train" / "cat.99.jpg").write_bytes(b"not a jpeg")
+    folder = tmp_path / "c" if cache == "dir" else "off"
+    argv = ["train", *flags(data=data_copy, cache=folder, max_bad_fraction=0.1), *TINY]
+    assert main([*argv, "--output-dir", str(run := tmp_path / "run")]) == 0
+    if cache == "dir":
+        [header] = (tmp_path / "c").glob("*.json")
+        header.write_text(json.dumps({**json.loads(header.read_text()), "bad": {"0": "not a row"}}))
+    else:
+        [verdicts] = (tmp_path / "user-cache").glob("scan-*.bad")
+        with open(verdicts, "a") as f:
+            f.write('[-1, "x"]\n[Infinity, "y"]\n' + "[" * 5000 + "\n")
+    capsys.readouterr()
+    assert main([*argv, "--output-dir", str(again := tmp_path / "again")]) == 0
+    assert (again / "bad_files.csv").read_text() == (run / "bad_files.csv").read_text()
+    assert "cat.99.jpg" in (again / "bad_files.csv").read_text() and "Traceback" not in capsys.readouterr().err
 
 
 def test_split_record_round_trips_at_100k_files_with_a_stable_hash(tmp_path):
