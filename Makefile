@@ -11,7 +11,7 @@ DEMO_RUN := runs/demo
 $(STAMP): pyproject.toml constraints.txt tests/azurite/package-lock.json
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,onnx,openvino,tensorboard,formats,serve,lora,tune,s3,azure,audit]'
+	$(BIN)/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,onnx,openvino,tensorboard,formats,serve,lora,tune,s3,gcs,azure,audit]'
 	@$(MAKE) --no-print-directory azurite || echo "make: Azurite is not installed (it needs npm: as root, apt-get install npm, then make azurite); the az:// tests will fail"
 	touch $(STAMP)
 

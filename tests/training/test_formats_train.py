@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 import azureserver
+import gcsserver
 import s3server
 from conftest import FAST, _worker_env
 from s3server import CREDENTIALS, s3_server
@@ -358,11 +359,17 @@ def az():
         yield server
 
 
+@pytest.fixture(scope="module")
+def gs():
+    with gcsserver.gcs_server() as server:
+        yield server
+
+
 def _from_store(ref: dict, server, folder: Path, url: str, tmp_path: Path) -> dict:
-    """``folder`` uploaded to ``url`` on the local S3 server or Azurite, and the reference with an environment
-    that reaches it (its endpoint and credentials, as the store's own chain reads them) and a shard cache of
-    this test's."""
-    (s3server if url.startswith("s3://") else azureserver).upload(server, folder, url)
+    """``folder`` uploaded to ``url`` on the local S3 server, Azurite or the GCS emulator, and the reference with
+    an environment that reaches it (its endpoint and credentials, as the store's own chain reads them) and a
+    shard cache of this test's."""
+    {"s3": s3server, "az": azureserver, "gs": gcsserver}[url.split("://")[0]].upload(server, folder, url)
     getattr(server, "sync", lambda: None)()
     server.requests.clear()
     env = {**ref["env"], **server.env(), "VISIONTUNE_SHARD_CACHE": str(tmp_path / "shard-cache")}
@@ -427,3 +434,25 @@ def test_ddp_on_a_folder_in_azure_killed_mid_epoch_resumes_to_the_local_folder_r
     said, split = _killed_and_resumed(ref, url, tmp_path)
     assert split["sha256"] == ddp_reference["split"]["sha256"]
     _fetched_once_and_no_credentials_recorded(az, ddp_reference["data"], url, tmp_path / "run")
+
+
+@pytest.mark.distributed
+def test_ddp_on_gcs_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_each_shard_fetched_once(
+    tmp_path, ddp_reference, gs
+):
+    """The same on a Google Cloud Storage emulator: the shards in a bucket, read through gcsfs."""
+    shards, url = tmp_path / "shards", "gs://train/shards/"
+    assert main(["shard", str(ddp_reference["data"]), "--out", str(shards), "--shard-size", "50KB"]) == 0
+    said, split = _killed_and_resumed(_from_store(ddp_reference, gs, shards, url, tmp_path), url, tmp_path)
+    assert "the split recorded in index.json" in said and split["sha256"] == ddp_reference["split"]["sha256"]
+    _fetched_once_and_no_credentials_recorded(gs, shards, url, tmp_path / "run")
+
+
+@pytest.mark.distributed
+def test_ddp_on_a_folder_in_gcs_killed_mid_epoch_resumes_to_the_local_folder_runs_tensors(tmp_path, ddp_reference, gs):
+    url = "gs://train/folder"
+    said, split = _killed_and_resumed(
+        _from_store(ddp_reference, gs, ddp_reference["data"], url, tmp_path), url, tmp_path
+    )
+    assert split["sha256"] == ddp_reference["split"]["sha256"]
+    _fetched_once_and_no_credentials_recorded(gs, ddp_reference["data"], url, tmp_path / "run")
