@@ -58,6 +58,8 @@ def load(data: str) -> tuple[str, Any]:
         saved = any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json"))
         try:
             return "hf:" + path, _from_disk(ds, path) if saved else _from_files(ds, path)
+        except UserError:
+            raise
         except Exception as e:  # datasets' own reasons (no data files, mixed formats, ...)
             raise UserError(f"cannot read {data} with datasets ({_short(e)})") from None
     try:
@@ -71,25 +73,83 @@ def load(data: str) -> tuple[str, Any]:
         ) from None
 
 
+MAX_RECORD = 16 << 20  # bytes of a saved set's JSON record (dataset_dict.json, state.json, dataset_info.json)
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _record(path: str) -> dict:
+    """A saved set's JSON record (an object), read bounded: one line when it is too large, not JSON or no object."""
+    with open(path, "rb") as f:
+        text = f.read(MAX_RECORD + 1)
+    if len(text) > MAX_RECORD:
+        raise UserError(
+            f"{path} is larger than a datasets record is ({MAX_RECORD >> 20} MiB); save the set again with save_to_disk"
+        )
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested past the parser
+        raise UserError(f"{path} is not JSON ({_short(e)[:80]}); save the set again with save_to_disk") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path} is {_shown(record)}, not a JSON object; save the set again with save_to_disk")
+    return record
+
+
+def _plain(name: Any) -> bool:
+    """A file or folder name inside the saved set's folder (no path, so nothing outside it is read)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
+def _saved(path: str) -> dict[str | None, bool]:
+    """The splits of the set ``save_to_disk`` wrote in ``path`` (None: one Dataset there), each with whether it
+    has data files: every record datasets reads read here first, bounded, and the names in them checked."""
+    splits: list[str | None] = [None]
+    if os.path.isfile(listing := os.path.join(path, "dataset_dict.json")):
+        names = _record(listing).get("splits")
+        if not isinstance(names, list) or not all(_plain(n) for n in names):
+            raise UserError(
+                f"{listing}: its splits are {_shown(names)}, expected a list of the names of its split folders; "
+                "save the set again with save_to_disk"
+            )
+        splits = names
+    out = {}
+    for split in splits:
+        folder = path if split is None else os.path.join(path, split)
+        if os.path.isfile(info := os.path.join(folder, "dataset_info.json")):
+            _record(info)
+        state = os.path.join(folder, "state.json")
+        files = _record(state).get("_data_files", []) if os.path.isfile(state) else []
+        if not isinstance(files, list) or not all(isinstance(f, dict) and _plain(f.get("filename")) for f in files):
+            raise UserError(
+                f'{state}: its _data_files are {_shown(files)}, expected a list of {{"filename": NAME}} of files '
+                "in its folder; save the set again with save_to_disk"
+            )
+        out[split] = bool(files)
+    return out
+
+
 def _from_disk(ds, path: str):
-    """``load_from_disk``, but a split saved empty (``save_to_disk`` writes it no Arrow file, and datasets
-    fails to load it back: "list index out of range") is read as an empty Dataset of its features."""
+    """``load_from_disk``, its records checked first (``_saved``), but a split saved empty (``save_to_disk``
+    writes it no Arrow file, and datasets fails to load it back: "list index out of range") is read as an empty
+    Dataset of its features."""
+    splits = _saved(path)
     try:
         return ds.load_from_disk(path)
     except IndexError:
         pass
 
-    def one(folder: str):
-        with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
-            if json.load(f).get("_data_files"):
-                return ds.Dataset.load_from_disk(folder)
+    def one(folder: str, has_data: bool):
+        if has_data:
+            return ds.Dataset.load_from_disk(folder)
         features = ds.DatasetInfo.from_directory(folder).features
         return ds.Dataset.from_dict({k: [] for k in features}, features=features)
 
-    if not os.path.isfile(os.path.join(path, "dataset_dict.json")):
-        return one(path)
-    with open(os.path.join(path, "dataset_dict.json"), encoding="utf-8") as f:
-        return ds.DatasetDict({s: one(os.path.join(path, s)) for s in json.load(f)["splits"]})
+    if None in splits:
+        return one(path, splits[None])
+    return ds.DatasetDict({s: one(os.path.join(path, s), has_data) for s, has_data in splits.items()})
 
 
 def _from_files(ds, path: str):
