@@ -53,3 +53,54 @@ def test_a_job_from_python_that_failed_raises_and_one_that_ended_gives_its_summa
         job.summary_of(job.Ended(1, None))
     with pytest.raises(UserError, match="stopped by signal 15 "):
         job.summary_of(job.Ended(143, None))
+
+
+# Run in a fresh interpreter: each refusal, then which of the heavy modules had been imported when it came.
+_REFUSALS = r"""
+import contextlib, io, json, sys
+from visiontune.cli.commands import main
+
+HEAVY = ("torch", "torchvision", "timm", "accelerate", "matplotlib")
+seen = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train", *argv])
+    seen.append([code, err.getvalue(), sorted(m for m in HEAVY if m in sys.modules)])
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow
+def test_a_refused_run_is_refused_before_any_model_code_loads(sample_data, tmp_path, worker_env):
+    """A run that cannot start is told so before the model code's imports (torchvision pulls in
+    torch.compile's machinery: seconds, and 23 s on a busy machine), and flags or data wrong in themselves
+    before torch's. Checked by what the process had imported when the one line came, not by a clock."""
+    import json
+    import subprocess
+    import sys
+
+    regress = tmp_path / "regress"
+    from visiontune.data.sample import make_regression_data
+
+    make_regression_data(regress, count=8, seed=0)
+    out = ["--output-dir", str(tmp_path / "run"), "--weights", "none"]
+    cases = [  # in this order: the modules a refusal may import only grow
+        (["--data", str(tmp_path / "missing"), *out], "data folder not found", []),
+        (["--data", str(sample_data), "--strategy", "fsdp", "--nproc", "2", "--compile", *out], "--compile", []),
+        (["--data", str(sample_data), "--fsdp-offload", *out], "--fsdp-offload is an option of", []),
+        (["--data", str(regress), "--task", "regress", "--cutmix", "0.5", *out], "--cutmix has no meaning", ["torch"]),
+        (["--data", str(sample_data), "--model", "no_such_model", *out], "unknown model 'no_such_model'", ["torch"]),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", _REFUSALS, json.dumps([c[0] for c in cases])],
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    for (argv, message, imported), (code, err, heavy) in zip(cases, json.loads(done.stdout.splitlines()[-1])):
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (argv, err)
+        assert heavy == imported, (argv, heavy)
+    assert not (tmp_path / "run").exists()

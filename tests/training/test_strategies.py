@@ -27,7 +27,7 @@ from conftest import FAST, PYTHON, _worker_env
 from trained import independent_eval
 from trainrun import flags
 from visiontune.cli.commands import main
-from visiontune.cluster import strategy
+from visiontune.cluster import checks
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 from visiontune.training import trainer
@@ -276,10 +276,10 @@ def test_a_launcher_that_overrides_a_flag_says_so(monkeypatch, capsys):
     cfg = TrainConfig(data="d", nproc=4)
     for k, v in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(k, v)
-    strategy.check(cfg)
+    checks.check(cfg)
     assert "--nproc 4 ignored: the launcher started 2 process(es)" in capsys.readouterr().out
     monkeypatch.setenv("RANK", "1")
-    strategy.check(cfg)
+    checks.check(cfg)
     assert capsys.readouterr().out == ""  # one note per job
 
 
@@ -289,9 +289,9 @@ def test_accelerate_cpu_launch_of_one_process_is_pointed_out(monkeypatch, capsys
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    strategy.check(TrainConfig(data="d"))
+    checks.check(TrainConfig(data="d"))
     assert "accelerate launch started one process" in capsys.readouterr().out
-    strategy.check(TrainConfig(data="d", strategy="ddp"))  # visiontune then starts the processes itself
+    checks.check(TrainConfig(data="d", strategy="ddp"))  # visiontune then starts the processes itself
     assert capsys.readouterr().out == ""
 
 

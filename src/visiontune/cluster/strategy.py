@@ -8,25 +8,20 @@ processes, and loader workers come out of that budget.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, LoggerType
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 from torch import nn
 
-from visiontune.cluster import strategies
+from visiontune.cluster.checks import check_runnable, effective
 from visiontune.cluster.launch import (
-    accelerate_cpu_single,
     core_share,
     cpu_budget,
     default_threads,
-    inside_launcher,
-    local_world_size,
-    rank,
     threads_choice,
 )
 from visiontune.errors import UserError
@@ -47,16 +42,6 @@ class ProcessSettings:
     @classmethod
     def of(cls, cfg: TrainConfig) -> ProcessSettings:
         return cls(cfg.mixed_precision, cfg.timeout, cfg.threads, cfg.grad_accum, cfg.log_with)
-
-
-def effective(cfg: TrainConfig) -> strategies.Strategy:
-    """The strategy this process runs: --strategy's, except that a worker of a launcher's job of several
-    processes (torchrun, accelerate launch) runs the default one of several processes when --strategy
-    names a strategy of one."""
-    named = strategies.get(cfg.strategy)
-    if inside_launcher() and not named.several_processes:
-        return strategies.several_default()
-    return named
 
 
 @dataclass(frozen=True)
@@ -122,20 +107,6 @@ def enable_gpu_speedups() -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def check_runnable(cfg: TrainConfig | ProcessSettings) -> None:
-    """Refuse settings that would quietly do something else here: fp16 on a CPU, a missing tracker."""
-    if cfg.mixed_precision == "fp16" and not torch.cuda.is_available():
-        # Accelerate would train in fp32 on a CPU while config.json said fp16.
-        raise UserError(
-            "--mixed-precision fp16 needs a GPU (on a CPU it would train in fp32); use --mixed-precision bf16 or no"
-        )
-    trackers = {t.value for t in LoggerType} - {"all"}  # their values are also their module names
-    if cfg.log_with in trackers and importlib.util.find_spec(cfg.log_with) is None:
-        # Accelerate leaves out trackers it cannot import, so the run would log nothing.
-        extra = "'visiontune[tensorboard]'" if cfg.log_with == "tensorboard" else cfg.log_with
-        raise UserError(f"--log-with {cfg.log_with}: {cfg.log_with} is not installed; pip install {extra}")
-
-
 def make_accelerator(process: ProcessSettings, project_dir: str | None = None, **strategy_kwargs) -> Accelerator:
     """Create the process's only Accelerator (with a strategy's own arguments), then set its thread budget."""
     check_runnable(process)
@@ -162,31 +133,6 @@ def make_accelerator(process: ProcessSettings, project_dir: str | None = None, *
     # After Accelerate, which sets its own count on a CPU when OMP_NUM_THREADS is unset.
     torch.set_num_threads(cpu_budget(process.threads))
     return accelerator
-
-
-def check(cfg: TrainConfig) -> None:
-    """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
-    check_runnable(cfg)
-    effective(cfg).check(cfg)
-    if cfg.sync_batchnorm and effective(cfg).several_processes and not torch.cuda.is_available():
-        raise UserError(
-            "--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
-            "drop the flag (each process then normalises its own batch)"
-        )
-    if rank() != 0:
-        return  # one note per job, not one per process
-    if inside_launcher() and cfg.nproc is not None and cfg.nproc != local_world_size():
-        print(
-            f"visiontune: --nproc {cfg.nproc} ignored: the launcher started {local_world_size()} "
-            "process(es) on this machine"
-        )
-    elif accelerate_cpu_single() and not strategies.get(cfg.strategy).several_processes:
-        # `accelerate launch --cpu --num_processes N` needs mpirun to start N processes; without it, one runs.
-        print(
-            "visiontune: accelerate launch started one process (its --cpu mode needs mpirun for more); for N "
-            "CPU processes use `accelerate launch --multi_gpu --num_processes N` or "
-            f"--strategy {strategies.several_default().name} --nproc N"
-        )
 
 
 @dataclass(frozen=True)

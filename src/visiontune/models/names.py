@@ -152,9 +152,9 @@ def with_parameters(names: list[str], cache_dir: str | os.PathLike | None = None
 
 
 def check_model(name: str, weights: str, cache_dir: str | os.PathLike | None = None) -> None:
-    """Refuse what ``build.get_spec`` and ``build.ensure_weights`` refuse, and fetch named weights, in the
-    process that only launches the workers: a torchvision name is looked up in the cached list, so that
-    process imports neither torchvision nor the torch.compile machinery its import pulls in (seconds).
+    """Refuse what ``build.get_spec`` and ``build.ensure_weights`` refuse, and fetch named weights, before a
+    run imports its models: a torchvision name is looked up in the cached list, so that a refusal does not wait
+    for torchvision's import and the torch.compile machinery it pulls in (seconds).
     """
     if name.startswith(("hf-hub:", "timm/")) or not (weights.lower() == "none" or is_weights_file(weights)):
         from visiontune.models import build  # timm's and the Hub's names, and downloads, need the model code

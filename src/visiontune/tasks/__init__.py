@@ -23,10 +23,12 @@ __all__ = [
     "TASKS",
     "UNREADABLE",
     "Task",
+    "best_metric",
     "get",
     "read_as",
     "recorded",
     "register",
+    "task_of",
 ]
 
 TASKS: dict[str, Task] = {}
@@ -61,3 +63,30 @@ def recorded(model: dict | None) -> Task | None:
     if "task" in model:
         return TASKS.get(model["task"]) if isinstance(model["task"], str) else None
     return MULTI_LABEL if model.get("multi_label") is True else SINGLE_LABEL
+
+
+def task_of(cfg, images) -> Task:
+    """What a run on ``images`` learns to predict: ``--task``, or for ``auto`` what the data was read as (its
+    sources read the labels as ``--task`` asks, so the two agree unless a source cannot read them so)."""
+    task = get(images.task if cfg.task == "auto" else cfg.task)
+    if task.reads != images.task:
+        raise UserError(
+            f"--task {cfg.task}: {cfg.data} holds {get(images.task).title} data; drop --task or fix the data"
+        )
+    task = task.configured(cfg)
+    problem = task.refusal(cfg)
+    if problem:
+        raise UserError(problem)
+    return task
+
+
+def best_metric(cfg, task: Task) -> str:
+    """What picks the best epoch: ``--best-metric``, one the task measures, or for ``auto`` the task's own."""
+    if cfg.best_metric == "auto":
+        return task.best_metric
+    if cfg.best_metric not in task.metrics:
+        raise UserError(
+            f"--best-metric {cfg.best_metric} is not measured on {task.title} data ({cfg.data}): "
+            f"choose one of {', '.join(task.metrics)} or auto"
+        )
+    return cfg.best_metric

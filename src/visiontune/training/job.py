@@ -13,6 +13,7 @@ is allowed there too and no other.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import tempfile
@@ -36,34 +37,37 @@ class Ended:
 def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended:
     """Train ``cfg`` (validated). ``argv``: the command line's ``train`` arguments, for its workers (None: started from
     Python). ``on_epoch``: ``trainer.train``'s hook, for a run in this process (a worker computes its own)."""
-    from visiontune.cluster import host, jobplan, launch, strategy
+    from visiontune.cluster import checks, host, jobplan, launch
     from visiontune.data.sources import discover
+    from visiontune.models.names import check_model
     from visiontune.runs import runlock
-    from visiontune.tasks import read_as
 
+    _tasks = lambda: importlib.import_module("visiontune.tasks")  # noqa: E731  (its import is torch's)
+
+    # Up to the trainer, everything refuses what it can before the models load (seconds): the flags, the
+    # data's listing, what the flags ask of the task, the model's name (a cached list, not torchvision's
+    # import). A refusal is then one line within the first second or two, torch's import the only wait.
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
+    checks.check(cfg)
     # The listing is the job's only one: the run in this process or the workers take it over (a worker
-    # lists nothing here).
+    # lists nothing here). --task auto, the default, reads the data as it says itself without the tasks'
+    # code (which imports torch).
     columns = (cfg.image_column, cfg.label_column)
-    images = None if launch.is_worker() else discover(cfg.data, *columns, task=read_as(cfg.task))
+    reads = "auto" if cfg.task == "auto" else _tasks().read_as(cfg.task)
+    images = None if launch.is_worker() else discover(cfg.data, *columns, task=reads)
     if images is not None:  # --exclude/--relabel naming a file not in the data: one line before any worker
         from visiontune.data import filelist
 
         filelist.edit(images, cfg.exclude, cfg.relabel)
-    strategy.check(cfg)
+        tasks = _tasks()
+        tasks.best_metric(cfg, tasks.task_of(cfg, images))  # --cutmix with --task regress, say
+    check_model(cfg.model, cfg.weights, host.user_cache_dir())
     if not launch.needs_launcher(cfg):
-        from visiontune.models import build
-
-        build.get_spec(cfg.model)  # an unknown or unreachable model: one line before the trainer's imports
         from visiontune.training.trainer import train
 
         return Ended(0, train(cfg, images, on_epoch=on_epoch))
     from visiontune.data.listing import shared_listing
-    from visiontune.models.names import check_model
 
-    # This process only starts the workers: it checks the model's name without importing the models
-    # (torchvision's import alone is seconds).
-    check_model(cfg.model, cfg.weights, host.user_cache_dir())
     given_folder = cfg.output_dir is not None
     if not given_folder:  # fixed here, so that every worker writes the same folder
         cfg = cfg.replace(output_dir=launch.run_folder(cfg))

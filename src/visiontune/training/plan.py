@@ -27,13 +27,12 @@ from dataclasses import dataclass, replace
 
 from visiontune.cluster.strategy import ProcessSettings, Setup, Threads, describe, resolve_threads
 from visiontune.data.imageset import ImageSet
-from visiontune.errors import UserError
 from visiontune.loading.cache import CacheChoice
 from visiontune.models.build import get_spec, input_view
 from visiontune.runs import runrecords
 from visiontune.settings.config import TrainConfig, choices
 from visiontune.settings.validation import recorded_split_method
-from visiontune.tasks import Task, get
+from visiontune.tasks import Task, best_metric, task_of
 from visiontune.training import elastic
 
 
@@ -74,33 +73,6 @@ def for_process(asked: TrainConfig) -> Plan:
 def for_world(plan: Plan, accelerator) -> Plan:
     """What the joined processes resolve: this world's batch, lr and devices (``strategy.describe``)."""
     return replace(plan, setup=describe(plan.cfg, accelerator, plan.threads))
-
-
-def task_of(cfg: TrainConfig, images: ImageSet) -> Task:
-    """What a run on ``images`` learns to predict: ``--task``, or for ``auto`` what the data was read as (its
-    sources read the labels as ``--task`` asks, so the two agree unless a source cannot read them so)."""
-    task = get(images.task if cfg.task == "auto" else cfg.task)
-    if task.reads != images.task:
-        raise UserError(
-            f"--task {cfg.task}: {cfg.data} holds {get(images.task).title} data; drop --task or fix the data"
-        )
-    task = task.configured(cfg)
-    problem = task.refusal(cfg)
-    if problem:
-        raise UserError(problem)
-    return task
-
-
-def best_metric(cfg: TrainConfig, task: Task) -> str:
-    """What picks the best epoch: ``--best-metric``, one the task measures, or for ``auto`` the task's own."""
-    if cfg.best_metric == "auto":
-        return task.best_metric
-    if cfg.best_metric not in task.metrics:
-        raise UserError(
-            f"--best-metric {cfg.best_metric} is not measured on {task.title} data ({cfg.data}): "
-            f"choose one of {', '.join(task.metrics)} or auto"
-        )
-    return cfg.best_metric
 
 
 def for_data(plan: Plan, images: ImageSet, resumed_from: str | None, say: Callable[[str], None]) -> Plan:

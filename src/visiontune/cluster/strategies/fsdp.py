@@ -31,12 +31,13 @@ class FSDP(Strategy):
     sharded = True
 
     def check(self, cfg) -> None:
-        import torch
-
-        if cfg.fsdp_offload and not torch.cuda.is_available():
-            raise UserError("--fsdp-offload moves parameters from GPU to CPU memory; without a GPU: drop it")
         if cfg.compile:
             raise UserError("--compile does not run with --strategy fsdp yet: drop --compile or use --strategy ddp")
+        if cfg.fsdp_offload:
+            import torch  # only when the answer is the machine's
+
+            if not torch.cuda.is_available():
+                raise UserError("--fsdp-offload moves parameters from GPU to CPU memory; without a GPU: drop it")
 
     def wrap(self, accelerator, cfg, model, optimizer, loaders):
         import torch
