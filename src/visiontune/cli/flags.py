@@ -343,9 +343,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             "decode": earlier.decode,
             **merged,
         }
-    from visiontune import tasks  # torch: not imported before a command needs it
+    return validate(TrainConfig(**merged), _task)
 
-    return validate(TrainConfig(**merged), tasks.get)
+
+def _task(name: str):
+    """``tasks.get``, imported when a run names its task (``--task auto`` does not): the tasks import torch,
+    which a refused flag need not wait for."""
+    from visiontune import tasks
+
+    return tasks.get(name)
 
 
 def _add_inference_flags(p: argparse.ArgumentParser) -> None:
