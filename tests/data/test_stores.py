@@ -233,6 +233,20 @@ def test_an_object_key_that_would_leave_the_cache_folder_is_refused(s3, tmp_path
     assert not (tmp_path / "shard-cache" / "escape.jpg").exists() and s3.gets("/data/odd/cat/a.jpg") == 0
 
 
+def test_a_cache_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    """Something else where the URL's folder in the shard cache goes: one line, not the makedirs traceback."""
+    cache = tmp_path / "shard-cache"
+    assert main(["check", "s3://data/shards/"]) == 0
+    for p in list(cache.iterdir()):  # the copies, the staging folder and the listing gone; a file for the copies
+        copies = p.is_dir() and not p.name.endswith(".partial")
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+        if copies:
+            p.write_text("not a folder")
+    capsys.readouterr()
+    assert main(["check", "s3://data/shards/"]) == 2
+    assert f"cannot keep shards in {cache} (File exists); set VISIONTUNE_SHARD_CACHE" in _one_line(capsys)
+
+
 def test_a_listing_longer_than_the_bound_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(stores, "MAX_OBJECTS", 5)
     assert main(["check", "s3://data/folder"]) == 2  # 6 objects

@@ -105,16 +105,17 @@ def cache_root() -> str:
     return os.environ.get("VISIONTUNE_SHARD_CACHE") or os.path.join(user_cache_dir(), "shards")
 
 
-def _trusted_root(make: bool = False) -> str:
+def _trusted_root(*make: str) -> str:
     """The shard cache, held to the image cache's folder rule (``host.untrusted``) before anything in it is
-    read, and again once made (0700, with the folder of this URL): a shard or index that another user could
-    write there is what would be trained on. Not made before it is needed: a refused URL leaves nothing."""
+    read, and again once made (0700) with the folders ``make`` names in it: a shard or index that another
+    user could write there is what would be trained on. Not made before it is needed: a refused URL leaves
+    nothing."""
     from visiontune.cluster.host import untrusted
 
     root = cache_root()
     try:
-        if make:
-            os.makedirs(root, mode=0o700, exist_ok=True)
+        for folder in (root, *make) if make else ():
+            os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as e:
         reason = "Not a directory" if os.path.exists(root) and not os.path.isdir(root) else e.strerror
         raise UserError(
@@ -163,13 +164,7 @@ def fetch(data: str) -> str:
     if urls is None:
         urls = {n: f"{data.rstrip('/')}/{n}" for n in _listed(index, index_url)}
     sizes = _sizes(index)
-    _trusted_root(make=True)
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-    except OSError as e:
-        raise UserError(
-            f"cannot keep shards in {root} ({e.strerror}); set VISIONTUNE_SHARD_CACHE to a folder you can write"
-        ) from None
+    _trusted_root(folder)
     wanted = [n for n in urls if not _whole(os.path.join(folder, n), sizes.get(n))]
     if wanted:
         said = f"{len(wanted)} of {len(urls)} shard(s) of {shown(data)}"  # a password in the URL: masked

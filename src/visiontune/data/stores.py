@@ -260,13 +260,11 @@ def fetch(data: str) -> str:
             raise UserError(f"{url} holds more than the {MAX_NAMES:,} shards visiontune reads")
     todo = [n for n in wanted if not remote._whole(os.path.join(folder, n), wanted[n])]
     if todo:
-        remote._trusted_root(make=True)
+        staging = f"{folder}.partial"
+        remote._trusted_root(folder, staging)
         print(f"visiontune: copying {len(todo)} of {len(wanted)} object(s) of {url} into {folder}", flush=True)
         fs = fs or _filesystem(data)
         base = fs._strip_protocol(url).rstrip("/")
-        staging = f"{folder}.partial"
-        for made in (folder, staging):
-            os.makedirs(made, mode=0o700, exist_ok=True)
         _sweep(staging)
 
         def copy(n: str) -> None:
