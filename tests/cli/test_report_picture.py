@@ -55,14 +55,17 @@ def outline(page: str) -> dict:
     return {"title": o.title, "sections": o.sections, "setup_rows": o.setup_rows}
 
 
-def make_run(work: Path) -> Path:
+def make_run(work: Path, per_class: int = 200, image_size: int = 64) -> Path:
     """The picture's run: `make demo`'s (its synthetic data, its training), evaluated on a folder of class
-    subfolders where MISFILED images sit under the wrong class."""
+    subfolders where MISFILED images sit under the wrong class (``per_class``, ``image_size``: the test's
+    smaller copy of it)."""
     from visiontune.cli.commands import main
 
     data, run, pets = work / "demo-data", work / "runs" / "demo", work / "pets"
-    assert main(["sample-data", str(data), "--per-class", "200"]) == 0
-    assert main(["train", "--data", str(data), "--output-dir", str(run), *TRAIN]) == 0
+    train = [*TRAIN]
+    train[train.index("--image-size") + 1] = str(image_size)
+    assert main(["sample-data", str(data), "--per-class", str(per_class)]) == 0
+    assert main(["train", "--data", str(data), "--output-dir", str(run), *train]) == 0
     cats, dogs = (sorted((data / "train").glob(f"{c}.*.jpg"))[:40] for c in ("cat", "dog"))
     for folder, files in (("cat", cats[MISFILED:] + dogs[:MISFILED]), ("dog", dogs[MISFILED:])):
         (pets / folder).mkdir(parents=True)
@@ -94,8 +97,10 @@ def test_the_record_describes_the_picture_and_the_readme_shows_it():
 @pytest.mark.slow
 def test_the_picture_s_run_has_today_s_page(tmp_path):
     """The page of the picture's run, made again now, has the sections and Setup rows the picture shows: a
-    report that gains or loses a section or a row fails here until the picture is taken again (run this file)."""
-    assert outline((make_run(tmp_path) / "report.html").read_text()) == {
+    report that gains or loses a section or a row fails here until the picture is taken again (run this file).
+    The run is the picture's commands on 50 images a class at 32 px: which sections and rows a page has follows
+    from the commands' flags, not from the number or size of the images."""
+    assert outline((make_run(tmp_path, per_class=50, image_size=32) / "report.html").read_text()) == {
         k: v for k, v in json.loads(RECORD.read_text()).items() if k != "run"
     }, "docs/report.png is stale: run `python tests/cli/test_report_picture.py` to take it again"
 
