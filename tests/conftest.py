@@ -174,6 +174,29 @@ def trained_run(tmp_path_factory, sample_data) -> Path:
     return once(tmp_path_factory, "trained", make, heavy="trained a model (trained_run)") / "run"
 
 
+def _export(trained_run: Path, out: Path, *extra: str) -> None:
+    from visiontune.cli.commands import main
+
+    assert main(["export", "--run", str(trained_run), "--format", "onnx", *extra, "--out", str(out)]) == 0
+
+
+@pytest.fixture(scope="session")
+def exported_onnx(tmp_path_factory, trained_run) -> Path:
+    """``visiontune export --format onnx`` of ``trained_run``, made once for the export, deploy and int8 tests
+    that read a plain ONNX file back (an export takes seconds): read it, never write beside it."""
+    make = lambda tmp: _export(trained_run, tmp / "model.onnx")  # noqa: E731
+    return once(tmp_path_factory, "onnx", make) / "model.onnx"
+
+
+@pytest.fixture(scope="session")
+def exported_int8(tmp_path_factory, trained_run) -> Path:
+    """``export --format onnx --int8`` of ``trained_run`` on 40 calibration images, any accuracy drop allowed
+    (read only, as ``exported_onnx``)."""
+    flags = ("--int8", "--max-accuracy-drop", "100", "--calibration-images", "40")
+    make = lambda tmp: _export(trained_run, tmp / "model.int8.onnx", *flags)  # noqa: E731
+    return once(tmp_path_factory, "int8", make) / "model.int8.onnx"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _scan_cache_in_tmp(tmp_path_factory):
     """Keep the bad-file scan's cache and the default image cache (``--cache fit``) out of the user's home

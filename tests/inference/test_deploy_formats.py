@@ -46,30 +46,30 @@ def _evaluate(tmp_path: Path, run: Path, weights: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_openvino_and_onnx_files_predict_evaluate_and_serve_as_the_eager_model(trained_run, sample_data, tmp_path):
+def test_openvino_and_onnx_files_predict_evaluate_and_serve_as_the_eager_model(
+    trained_run, sample_data, tmp_path, exported_onnx, exported_int8
+):
     import shutil
 
     run = tmp_path / "run"  # evaluate rebuilds the run's report: a copy, not the shared run
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("checkpoints"))
-    xml, int8 = tmp_path / "m.xml", tmp_path / "m.int8.onnx"
+    # The ONNX files: the shared run's, exported once for the suite (conftest.py), plain and --int8.
+    xml, onnx, int8 = tmp_path / "m.xml", exported_onnx, exported_int8
     assert main(["export", "--run", str(run), "--format", "openvino", "--out", str(xml)]) == 0
     assert xml.with_suffix(".bin").is_file()
-    assert main(["export", "--run", str(run), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0
-    argv = ["export", "--run", str(run), "--format", "onnx", "--int8", "--out", str(int8)]
-    assert main([*argv, "--max-accuracy-drop", "100", "--calibration-images", "32"]) == 0
 
     images = [str(p) for p in sorted((sample_data / "test").iterdir())[:8]]
     labels, eager = _predict(tmp_path, "eager", ["--run", str(run)], images)
-    for name in ("m.xml", "m.onnx"):
-        got_labels, got = _predict(tmp_path, name, ["--weights", str(tmp_path / name)], images)
-        assert np.abs(got - eager).max() <= TOL and got_labels == labels, name
+    for path in (xml, onnx):
+        got_labels, got = _predict(tmp_path, path.name, ["--weights", str(path)], images)
+        assert np.abs(got - eager).max() <= TOL and got_labels == labels, path.name
 
     # The record of the IR: the accuracies evaluate gives, on the run's validation split, for each file.
     record = openvino_ir.record_of(xml)
     summary = json.loads((run / "summary.json").read_text())
     assert record["precision"] == "fp32" and record["val_images"] == summary["val_split_size"]
     assert _evaluate(tmp_path, run, xml)["accuracy"] == pytest.approx(record["val_accuracy_openvino"], abs=1e-9)
-    assert _evaluate(tmp_path, run, tmp_path / "m.onnx")["accuracy"] == pytest.approx(record["val_accuracy_fp32"])
+    assert _evaluate(tmp_path, run, onnx)["accuracy"] == pytest.approx(record["val_accuracy_fp32"])
     int8_record = quantize.record_of(int8)
     from_int8 = _evaluate(tmp_path, run, int8)
     assert from_int8["accuracy"] == pytest.approx(int8_record["val_accuracy_int8"], abs=1e-9)

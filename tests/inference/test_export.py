@@ -32,12 +32,11 @@ def batches(run, sample_data) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 @pytest.mark.slow
-def test_onnx_round_trip(run, batches, tmp_path):
+def test_onnx_round_trip(run, batches, exported_onnx):
     import onnx
     import onnxruntime
 
-    out = tmp_path / "model.onnx"
-    assert main(["export", "--run", str(run), "--format", "onnx", "--out", str(out)]) == 0
+    out = exported_onnx  # `export --run RUN --format onnx`, exit 0 (conftest.py)
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["images"]
     for x, eager in batches:
@@ -115,16 +114,15 @@ def test_onnx_with_preprocessing_takes_uint8_images_of_any_size_and_equals_predi
 
 @pytest.mark.slow
 def test_onnx_with_probabilities_gives_the_softmax_and_serves_the_runs_probabilities(
-    run, batches, sample_data, tmp_path
+    run, batches, sample_data, tmp_path, exported_onnx
 ):
     import onnx
     import onnxruntime
 
     from visiontune.inference.runtime import load_runtime
 
-    out, plain = tmp_path / "probs.onnx", tmp_path / "logits.onnx"
+    out, plain = tmp_path / "probs.onnx", exported_onnx  # the same run exported without --probabilities
     assert main(["export", "--run", str(run), "--format", "onnx", "--probabilities", "--out", str(out)]) == 0
-    assert main(["export", "--run", str(run), "--format", "onnx", "--out", str(plain)]) == 0
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == ["probabilities"]
     for x, eager in batches:

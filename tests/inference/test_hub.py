@@ -317,15 +317,15 @@ def test_push_uploads_the_hub_folder_in_one_commit(trained_run, tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_int8_onnx_records_the_accuracies_onnxruntime_gives_on_the_val_split(trained_run, sample_data, tmp_path):
+def test_int8_onnx_records_the_accuracies_onnxruntime_gives_on_the_val_split(
+    trained_run, sample_data, exported_onnx, exported_int8
+):
     import onnxruntime
 
     from trained import preprocess
     from visiontune.inference import quantize
 
-    out = tmp_path / "int8.onnx"
-    argv = ["export", "--run", str(trained_run), "--format", "onnx", "--int8", "--out", str(out)]
-    assert main([*argv, "--max-accuracy-drop", "100", "--calibration-images", "40"]) == 0
+    out = exported_int8  # `export --format onnx --int8 --max-accuracy-drop 100 --calibration-images 40` (conftest.py)
     record = quantize.record_of(out)
     summary = json.loads((trained_run / "summary.json").read_text())
     assert record["calibration_images"] == 40 and record["val_images"] == summary["val_split_size"]
@@ -333,8 +333,7 @@ def test_int8_onnx_records_the_accuracies_onnxruntime_gives_on_the_val_split(tra
     val = json.loads((trained_run / "split.json").read_text())["val"]
     x = preprocess([sample_data / f for f in val]).numpy()
     y = np.array([["cat", "dog"].index(Path(f).name.split(".")[0]) for f in val])
-    fp32 = tmp_path / "fp32.onnx"
-    assert main(["export", "--run", str(trained_run), "--format", "onnx", "--out", str(fp32)]) == 0
+    fp32 = exported_onnx
     for path, key in ((fp32, "val_accuracy_fp32"), (out, "val_accuracy_int8")):
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         assert (session.run(None, {"images": x})[0].argmax(1) == y).mean() == pytest.approx(record[key], abs=1e-9)
