@@ -68,11 +68,14 @@ def image_paths(data: Path) -> list[str]:
     return sorted(str(p) for p in (data / "train").glob("*.jpg"))
 
 
-def interleave(candidates: dict[str, Callable[[], float]], repeats: int = REPEATS, warmup: int = WARMUP) -> dict:
-    """Run each candidate (returns a rate, higher is better) in turn; medians after ``warmup`` rounds."""
+def interleave(
+    candidates: dict[str, Callable[[], float]], repeats: int = REPEATS, warmup: int = WARMUP, alternate: bool = False
+) -> dict:
+    """Run each candidate (returns a rate, higher is better) in turn; medians after ``warmup`` rounds.
+    ``alternate``: every other round in the reverse order, so that none always runs after the same one."""
     samples: dict[str, list[float]] = {k: [] for k in candidates}
     for r in range(warmup + repeats):
-        for name, fn in candidates.items():
+        for name, fn in list(candidates.items())[:: -1 if alternate and r % 2 else 1]:
             value = fn()
             if r >= warmup:
                 samples[name].append(value)
