@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from visiontune.cli.flags import config_from_args
 from visiontune.data import remote
@@ -75,7 +76,7 @@ print(json.dumps(seen))
 def test_a_refused_run_is_refused_before_any_model_code_loads(sample_data, tmp_path, worker_env):
     """A run that cannot start is told so before the model code's imports (torchvision pulls in
     torch.compile's machinery: seconds, and 23 s on a busy machine), and flags or data wrong in themselves
-    before torch's. Checked by what the process had imported when the one line came, not by a clock."""
+    before torch's (seconds more). Checked by what the process had imported when the one line came, not by a clock."""
     import json
     import subprocess
     import sys
@@ -89,9 +90,13 @@ def test_a_refused_run_is_refused_before_any_model_code_loads(sample_data, tmp_p
         (["--data", str(tmp_path / "missing"), *out], "data folder not found", []),
         (["--data", str(sample_data), "--strategy", "fsdp", "--nproc", "2", "--compile", *out], "--compile", []),
         (["--data", str(sample_data), "--fsdp-offload", *out], "--fsdp-offload is an option of", []),
-        (["--data", str(regress), "--task", "regress", "--cutmix", "0.5", *out], "--cutmix has no meaning", ["torch"]),
-        (["--data", str(sample_data), "--model", "no_such_model", *out], "unknown model 'no_such_model'", ["torch"]),
+        (["--data", str(regress), "--task", "regress", "--cutmix", "0.5", *out], "--cutmix has no meaning", []),
+        (["--data", str(regress), "--task", "regress", "--best-metric", "accuracy", *out], "is not measured on", []),
+        (["--data", str(sample_data), "--model", "no_such_model", *out], "unknown model 'no_such_model'", []),
+        (["--data", str(sample_data), "--model", "no_such_model", *out[:2]], "unknown model 'no_such_model'", []),
     ]
+    if not torch.cuda.is_available():  # only an answer that is the machine's needs torch: is there a GPU?
+        cases.append((["--data", str(sample_data), "--mixed-precision", "fp16", *out], "needs a GPU", ["torch"]))
     done = subprocess.run(
         [sys.executable, "-c", _REFUSALS, json.dumps([c[0] for c in cases])],
         env=worker_env,

@@ -343,15 +343,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             "decode": earlier.decode,
             **merged,
         }
-    return validate(TrainConfig(**merged), _task)
-
-
-def _task(name: str):
-    """``tasks.get``, imported when a run names its task (``--task auto`` does not): the tasks import torch,
-    which a refused flag need not wait for."""
     from visiontune import tasks
 
-    return tasks.get(name)
+    return validate(TrainConfig(**merged), tasks.get)
 
 
 def _add_inference_flags(p: argparse.ArgumentParser) -> None:

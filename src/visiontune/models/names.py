@@ -156,9 +156,10 @@ def check_model(name: str, weights: str, cache_dir: str | os.PathLike | None = N
     run imports its models: a torchvision name is looked up in the cached list, so that a refusal does not wait
     for torchvision's import and the torch.compile machinery it pulls in (seconds).
     """
-    if name.startswith(("hf-hub:", "timm/")) or not (weights.lower() == "none" or is_weights_file(weights)):
+    timm = name.startswith(("hf-hub:", "timm/"))
+    if not timm and name not in all_names("torchvision", cache_dir):
+        raise UserError(UNKNOWN.format(name))
+    if timm or not (weights.lower() == "none" or is_weights_file(weights)):
         from visiontune.models import build  # timm's and the Hub's names, and downloads, need the model code
 
         build.ensure_weights(name, weights)
-    elif name not in all_names("torchvision", cache_dir):
-        raise UserError(UNKNOWN.format(name))

@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import torch
-from torch import nn
+
+from visiontune.tasks._torch import nn, torch
 
 # The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count. A
 # multi-label image's label is its multi-hot float row; an unreadable one's is a row of UNREADABLE.
 UNREADABLE = -100
 
-Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Loss = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 # The metrics a task ranks a phase by beyond accuracy and loss (``ranking``), and which way is better: 1
 # higher, -1 lower. ``--best-metric`` picks a run's best epoch by one of them.

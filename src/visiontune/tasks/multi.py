@@ -13,10 +13,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
+from visiontune.tasks._torch import F, nn, torch
 from visiontune.tasks.base import UNREADABLE, Loss, Task
 
 DEFAULT_THRESHOLD = 0.5

@@ -17,25 +17,11 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
+from visiontune.tasks._torch import F, nn, torch
 from visiontune.tasks.base import Loss, Task
 
-LOSSES: dict[str, Callable[..., torch.Tensor]] = {"mse": F.mse_loss, "l1": F.l1_loss, "huber": F.huber_loss}
-
-
-class Destandardise(nn.Module):
-    """The standardised output back in the targets' units: ``z * std + mean``."""
-
-    def __init__(self, mean, std):
-        super().__init__()
-        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
-        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return z * self.std + self.mean
+LOSSES = {"mse": "mse_loss", "l1": "l1_loss", "huber": "huber_loss"}  # --loss: torch.nn.functional's
 
 
 def _finite_list(v, n: int | None) -> bool:
@@ -132,7 +118,7 @@ class Regression(Task):
         ok = self.readable(labels)
         mean, std = self._scale(out.float())
         z = ((labels.float() - mean) / std).nan_to_num(0.0)  # an unreadable row: 0, and left out below
-        per = LOSSES[self.loss](out.float(), z, reduction="none").mean(1)
+        per = getattr(F, LOSSES[self.loss])(out.float(), z, reduction="none").mean(1)
         return per * ok
 
     def mean_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -207,6 +193,8 @@ class Regression(Task):
     # -- what a trained model's output means --
 
     def activation(self) -> nn.Module:
+        from visiontune.tasks.heads import Destandardise
+
         mean, std = self._scale(torch.zeros(()))
         return Destandardise(mean, std)
 

@@ -13,7 +13,6 @@ is allowed there too and no other.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import tempfile
@@ -41,26 +40,24 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended
     from visiontune.data.sources import discover
     from visiontune.models.names import check_model
     from visiontune.runs import runlock
+    from visiontune.tasks import best_metric, read_as, task_of
 
-    _tasks = lambda: importlib.import_module("visiontune.tasks")  # noqa: E731  (its import is torch's)
-
-    # Up to the trainer, everything refuses what it can before the models load (seconds): the flags, the
-    # data's listing, what the flags ask of the task, the model's name (a cached list, not torchvision's
-    # import). A refusal is then one line within the first second or two, torch's import the only wait.
+    # Up to the trainer, everything refuses what it can before torch and the models load (seconds, tens of
+    # seconds on a busy machine): the flags, the data's listing, what the flags ask of the task, the model's
+    # name (a cached list, not torchvision's import). Only a refusal that is the machine's answer (fp16 with
+    # no GPU) waits for torch.
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     checks.check(cfg)
     # The listing is the job's only one: the run in this process or the workers take it over (a worker
-    # lists nothing here). --task auto, the default, reads the data as it says itself without the tasks'
-    # code (which imports torch).
+    # lists nothing here).
     columns = (cfg.image_column, cfg.label_column)
-    reads = "auto" if cfg.task == "auto" else _tasks().read_as(cfg.task)
-    images = None if launch.is_worker() else discover(cfg.data, *columns, task=reads)
-    if images is not None:  # --exclude/--relabel naming a file not in the data: one line before any worker
-        from visiontune.data import filelist
+    images = None if launch.is_worker() else discover(cfg.data, *columns, task=read_as(cfg.task))
+    if images is not None and (cfg.exclude or cfg.relabel):  # naming a file not in the data: one line now
+        from visiontune.data import filelist  # its split code imports torch: only when asked for
 
         filelist.edit(images, cfg.exclude, cfg.relabel)
-        tasks = _tasks()
-        tasks.best_metric(cfg, tasks.task_of(cfg, images))  # --cutmix with --task regress, say
+    if images is not None:
+        best_metric(cfg, task_of(cfg, images))  # --cutmix with --task regress, say
     check_model(cfg.model, cfg.weights, host.user_cache_dir())
     if not launch.needs_launcher(cfg):
         from visiontune.training.trainer import train
