@@ -193,6 +193,29 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# In the tuner that is killed (and its forks): a trial that has trained its epoch waits until the test has seen
+# two trials running at once (the file RELEASE), and the third trial waits until it is killed. Neither that
+# sight nor the kill can then come too late, however far apart a busy machine puts the test's looks.
+HOLD = """
+import os, time
+from visiontune.tuning import trialjob
+
+real = trialjob.pruning
+
+def pruning(trial, *args):
+    report = real(trial, *args)
+
+    def held(epoch, row):
+        while trial.number >= 2 or not os.path.exists(RELEASE):
+            time.sleep(0.05)
+        return report(epoch, row)
+
+    return held
+
+trialjob.pruning = pruning
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(small_data, tmp_path):
@@ -201,7 +224,11 @@ def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(smal
     argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "1", *SCHEDULING)]
     argv += ["--parallel", "2", "--pruner", "none", "--heartbeat", "1"]
     env = _env(tmp_path)
-    proc = trainrun.start(argv, env, tmp_path / "tuner.log")  # a fork of a process holding the imports
+    hooks, release = tmp_path / "hooks", tmp_path / "release"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(f"RELEASE = {str(release)!r}\n{HOLD}")
+    held = {**env, "PYTHONPATH": os.pathsep.join([str(hooks), env["PYTHONPATH"]])}
+    proc = trainrun.start(argv, held, tmp_path / "tuner.log")  # a fork of a process holding the imports
     # Kill once two trials have run at once (the --parallel) and one has finished while another runs.
     end, together = time.monotonic() + 300, False
     while True:
@@ -212,6 +239,8 @@ def test_parallel_2_killed_with_9_then_the_same_command_continues_the_study(smal
         except Exception:
             states = []
         together = together or states.count(TrialState.RUNNING) == 2
+        if together:
+            release.touch()
         if together and TrialState.COMPLETE in states and TrialState.RUNNING in states:
             break
         time.sleep(0.1)
