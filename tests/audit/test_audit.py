@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from PIL import Image
 
 from digits import write_digits
+from trainrun import start
 from visiontune.cli.commands import main
 
 # Small and fixed: resnet18 from scratch at 16 px, 2 epochs, one thread (the same sums in every run).
@@ -131,7 +131,8 @@ def test_a_killed_audit_resumes_to_the_same_rows(tmp_path, worker_env):
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     assert main(["audit", str(planted.root), "--folds", "3", "--out", str(whole), *SMALL]) == 0
     argv = ["audit", str(planted.root), "--folds", "3", "--out", str(stopped), *SMALL]
-    proc = subprocess.Popen([sys.executable, "-m", "visiontune", *argv], env=worker_env, start_new_session=True)
+    # A real process, forked from one holding the imports where it can be (tests/zygote.py).
+    proc = start([sys.executable, "-m", "visiontune", *argv], worker_env, tmp_path / "stopped.log")
     first = stopped / "folds" / "fold-0" / "oof.npz"
     while not first.exists() and proc.poll() is None:  # killed in fold 1, after fold 0 was scored
         time.sleep(0.2)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -167,7 +166,7 @@ def test_fsdp_resume_from_a_tampered_checkpoint_is_one_line_exit_2_and_runs_noth
     import hashlib
     import json
 
-    from trainrun import PYTHON, env_for, flags
+    from trainrun import PYTHON, env_for, flags, run
     from visiontune.data.sample import make_sample_data
     from visiontune.runs import checkpoint
 
@@ -176,7 +175,7 @@ def test_fsdp_resume_from_a_tampered_checkpoint_is_one_line_exit_2_and_runs_noth
     argv = [PYTHON, "-m", "visiontune", "train", *flags(data=tmp_path / "data", output_dir=out, strategy="fsdp")]
     argv += flags(nproc=1, model="squeezenet1_1", weights="none", image_size=32, no_progress=True, num_workers=0)
     argv += flags(batch_size=4, epochs=2, timeout=60)
-    first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    first = run(argv, env)  # forked from a process holding the imports where it can be (tests/zygote.py)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     shutil.rmtree(out / "checkpoints" / checkpoint.name(2, 0))  # the run is left after its first epoch
     good = out.with_name("good")
@@ -188,7 +187,7 @@ def test_fsdp_resume_from_a_tampered_checkpoint_is_one_line_exit_2_and_runs_noth
     meta["files"][".metadata"] = [len(data), hashlib.sha256(data).hexdigest()]
     (ckpt / "visiontune.json").write_text(json.dumps(meta))
 
-    tampered = subprocess.run([*argv, "--resume", "auto"], env=env, capture_output=True, text=True, timeout=600)
+    tampered = run([*argv, "--resume", "auto"], env)
     assert not marker.exists()
     assert tampered.returncode == 2, tampered.stdout[-2000:] + tampered.stderr[-2000:]
     assert tampered.stderr.strip().splitlines() == [
@@ -196,7 +195,7 @@ def test_fsdp_resume_from_a_tampered_checkpoint_is_one_line_exit_2_and_runs_noth
         "a checkpoint's index; the folder was altered or damaged (resume from another checkpoint, or start over)"
     ]
     argv[argv.index(str(out))] = str(good)
-    resumed = subprocess.run([*argv, "--resume", "auto"], env=env, capture_output=True, text=True, timeout=600)
+    resumed = run([*argv, "--resume", "auto"], env)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resuming from" in resumed.stdout and (good / "checkpoints" / checkpoint.name(2, 0)).is_dir()
 
