@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import get_args_parser
 
-from trainrun import TINY, env_for, flags
+from trainrun import TINY, env_for, flags, run
 from visiontune.cluster.jobplan import LaunchSettings
 from visiontune.cluster.launch import launcher_argv, needs_launcher, plan, this_machine_only, without_flags
 from visiontune.settings.config import TrainConfig
@@ -256,17 +256,11 @@ sys.exit(entry())
 @pytest.mark.distributed
 def test_a_bug_in_a_forked_worker_prints_its_traceback_and_the_job_names_the_worker(small_data, tmp_path, worker_env):
     """Raised in a forked worker, an exception reaches only torch's error file: the worker prints it itself."""
-    import subprocess
     import sys
 
     argv = ["train", *TINY, *flags(data=small_data, strategy="ddp", nproc=2, output_dir=tmp_path / "run")]
-    done = subprocess.run(
-        [sys.executable, "-c", _A_BUG_IN_RANK_1, *argv],
-        env=env_for(worker_env, tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # `python -c`, forked from a process holding the imports where it can be (tests/zygote.py)
+    done = run([sys.executable, "-c", _A_BUG_IN_RANK_1, *argv], env_for(worker_env, tmp_path), timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback (most recent call last)" in done.stderr
     assert "ZeroDivisionError: a bug in rank 1" in done.stderr
