@@ -142,6 +142,36 @@ def test_digits_learnt_as_numbers_under_ddp_beat_the_mean_and_count_each_val_ima
     assert summary["best_val_mae"] < 0.6 * baseline, (summary["best_val_mae"], baseline)
 
 
+@pytest.mark.distributed
+def test_regression_under_fsdp_counts_each_val_image_once_and_records_the_mae_of_its_predictions(tmp_path, worker_env):
+    """41 images, 9 in val (odd: 2 processes pad one); FSDP shards the model over 2 processes, and the MAE each
+    epoch records is over the 9 val images once, equal to the one computed here from evaluate's predictions."""
+    data, run = tmp_path / "data", tmp_path / "run"
+    values = make_regression_data(data, count=41, size=32, seed=2)["values"]
+    argv = ["-m", "visiontune", "train", "--data", str(data), "--task", "regress", "--output-dir", str(run)]
+    argv += [*TINY_VIT, *flags(epochs=2, batch_size=4, strategy="fsdp", nproc=2)]
+    import sys
+
+    job = start([sys.executable, *argv], env_for(worker_env, tmp_path), tmp_path / "log")
+    job.wait(900)
+    assert job.returncode == 0, (tmp_path / "log").read_text()[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    history = json.loads((run / "history.json").read_text())
+    assert summary["world_size"] == 2 and summary["strategy"] == "fsdp"
+    assert summary["val_images_counted"] == summary["val_split_size"] == 9
+    assert all(row["val"]["images"] == 9 for row in history)
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0
+    rows = _csv(run / "predictions.csv")
+    assert sorted(Path(r["path"]).name for r in rows) == sorted(
+        Path(p).name for p in json.loads((run / "split.json").read_text())["val"]
+    )
+    err = np.array([float(r["predicted_value"]) - values[Path(r["path"]).name] for r in rows])
+    assert summary["best_val_mae"] == pytest.approx(np.abs(err).mean(), rel=1e-4)
+    best = min(history, key=lambda row: row["val"]["mae"])
+    assert best["val"]["mae"] == pytest.approx(summary["best_val_mae"], rel=1e-6)
+    assert best["val"]["rmse"] == pytest.approx(np.sqrt(np.square(err).mean()), rel=1e-4)
+
+
 def _as_before_the_task_had_a_name(run: Path) -> None:
     """Rewrite a run's records as visiontune wrote them when the task was a boolean: ``multi_label`` in
     config.json's model description and in best.safetensors' metadata, no ``task``."""
