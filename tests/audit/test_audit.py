@@ -18,6 +18,7 @@ from PIL import Image
 from digits import write_digits
 from trainrun import start
 from visiontune.cli.commands import main
+from visiontune.tasks import AUTO
 
 # Small and fixed: resnet18 from scratch at 16 px, 2 epochs, one thread (the same sums in every run).
 FLAGS = [
@@ -70,7 +71,7 @@ def test_every_planted_copy_is_grouped_and_leaks_are_the_ones_across_the_split(a
     for original, copy in planted.copies:
         assert group.get(original) is not None and group.get(original) == group.get(copy), (original, copy)
     # The split train would make with these flags, computed here on its own.
-    images = discover(str(planted.root))
+    images = discover(str(planted.root), task=AUTO)
     split, _ = split_for(images, TrainConfig(data=str(planted.root)))
     names = relative_paths(images.paths, range(len(images)), images.root)
     side = {names[i]: "train" for i in split.train} | {names[i]: "val" for i in split.val}
@@ -164,7 +165,7 @@ def test_each_fold_is_the_run_train_makes_of_it(tmp_path):
     from visiontune.data.sources import discover
     from visiontune.data.split import relative_paths
 
-    images = discover(str(planted.root))
+    images = discover(str(planted.root), task=AUTO)
     names = relative_paths(images.paths, range(len(images)), images.root)
     with np.load(out / "folds" / "fold-1" / "oof.npz") as z:
         scored = {names[i] for i in z["index"]}
@@ -222,7 +223,7 @@ def test_each_fold_trains_under_ddp_and_scores_its_own_fold(tmp_path, worker_env
     flags = [*SMALL[: SMALL.index("--batch-size")], "--batch-size", "16", *SMALL[SMALL.index("--batch-size") + 2 :]]
     argv = ["audit", str(planted.root), "--folds", "2", "--out", str(out), "--strategy", "ddp", "--nproc", "2"]
     assert main([*argv, *flags]) == 0
-    images = discover(str(planted.root))
+    images = discover(str(planted.root), task=AUTO)
     names = relative_paths(images.paths, range(len(images)), images.root)
     for fold in (0, 1):
         run = out / "folds" / f"fold-{fold}"

@@ -12,7 +12,7 @@ from visiontune.data.sources import discover
 from visiontune.loading.augment import EpochIndex, sample_augment
 from visiontune.loading.pipeline import DeviceNormalize, EpochSampler, ImageDataset
 from visiontune.settings.config import MEAN, STD
-from visiontune.tasks import UNREADABLE
+from visiontune.tasks import AUTO, UNREADABLE
 
 
 def test_epoch_sampler_depends_only_on_seed_and_epoch():
@@ -28,7 +28,7 @@ def test_epoch_sampler_depends_only_on_seed_and_epoch():
 
 
 def test_dataset_matches_the_blogs_pipeline_after_normalisation(sample_data):
-    images = discover(str(sample_data))
+    images = discover(str(sample_data), task=AUTO)
     ds = ImageDataset(images.paths[:6], images.labels[:6], image_size=48)
     blog = transforms.Compose([transforms.Resize((48, 48)), transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
     norm = DeviceNormalize(torch.device("cpu"))
@@ -43,7 +43,7 @@ def test_dataset_matches_the_blogs_pipeline_after_normalisation(sample_data):
 
 
 def test_augment_is_random_per_epoch_and_index_and_train_only(sample_data):
-    images = discover(str(sample_data))
+    images = discover(str(sample_data), task=AUTO)
     aug = ImageDataset(images.paths[:1], [0], image_size=32, augment=sample_augment("flip-crop", 32, seed=0))
     plain = ImageDataset(images.paths[:1], [0], image_size=32)
     outs = [aug[EpochIndex(0, e)][0] for e in range(5)]
@@ -54,7 +54,7 @@ def test_augment_is_random_per_epoch_and_index_and_train_only(sample_data):
 
 
 def test_unreadable_file_keeps_its_slot_and_is_reported(tmp_path, sample_data, capsys):
-    images = discover(str(sample_data))
+    images = discover(str(sample_data), task=AUTO)
     broken = tmp_path / "cat.999.jpg"
     broken.write_bytes(b"\xff\xd8\xff garbage")
     ds = ImageDataset([images.paths[0], str(broken), images.paths[1]], [0, 0, 1], image_size=16)
@@ -90,7 +90,7 @@ def test_device_normalize_channels_last():
 
 
 def _batch_with_a_broken_file(tmp_path, sample_data, **kw) -> tuple[ImageDataset, list[int]]:
-    images = discover(str(sample_data))
+    images = discover(str(sample_data), task=AUTO)
     broken = tmp_path / "cat.999.jpg"
     broken.write_bytes(b"\xff\xd8\xff garbage")
     paths = images.paths[:5] + [str(broken)] + images.paths[5:8]

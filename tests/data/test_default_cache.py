@@ -17,6 +17,7 @@ from visiontune.cli.commands import main
 from visiontune.data import sources
 from visiontune.loading import jobdata
 from visiontune.settings.config import TrainConfig
+from visiontune.tasks import AUTO
 from visiontune.training import plan
 
 ARGS = [*SQUEEZENET, *flags(epochs=1, batch_size=4, num_workers=0)]
@@ -130,7 +131,7 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_scan(small_data
     cfg = plan.view(
         TrainConfig(data=str(data.parent), model="squeezenet1_1", image_size=32)
     ).cfg  # as train resolves it
-    bad, cache, choice = jobdata._screen(cfg, sources.discover(str(data.parent)))
+    bad, cache, choice = jobdata._screen(cfg, sources.discover(str(data.parent), task=AUTO))
     assert cache is None and choice.path is None and "no space was left" in choice.why
     assert [p for p, _ in bad] == [str(data / "cat.999.jpg")]  # found by the scan instead
     out = capsys.readouterr().out.splitlines()

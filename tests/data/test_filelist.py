@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzzing import fuzz_settings
+from visiontune import tasks
 from visiontune.data.filelist import edit
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
@@ -18,12 +19,14 @@ from visiontune.errors import UserError
 
 def _images() -> ImageSet:
     names = [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(3)]
-    return ImageSet("/d", "imagefolder", [f"/d/{n}" for n in names], [0, 0, 0, 1, 1, 1], ["cat", "dog"])
+    paths = [f"/d/{n}" for n in names]
+    return ImageSet("/d", "imagefolder", paths, [0, 0, 0, 1, 1, 1], ["cat", "dog"], reading=tasks.SINGLE_LABEL)
 
 
 def _multi() -> ImageSet:
     targets = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0]], np.uint8)
-    return ImageSet("/d", "manifest", ["/d/a.png", "/d/b.png", "/d/c.png"], [0, 1, 0], ["x", "y", "z"], targets=targets)
+    paths = ["/d/a.png", "/d/b.png", "/d/c.png"]
+    return ImageSet("/d", "manifest", paths, [0, 1, 0], ["x", "y", "z"], targets=targets, reading=tasks.MULTI_LABEL)
 
 
 def test_exclude_drops_the_files_and_says_how_many(tmp_path):
@@ -39,7 +42,8 @@ def test_names_audit_csv_kept_as_text_come_back(tmp_path):
     from visiontune.audit.pages import csv_text
 
     names = ["=1+2.png", "-x.png", "@a.png", "+b.png"]
-    images = ImageSet("/d", "imagefolder", [f"/d/{n}" for n in names], [0, 1, 0, 1], ["cat", "dog"])
+    paths = [f"/d/{n}" for n in names]
+    images = ImageSet("/d", "imagefolder", paths, [0, 1, 0, 1], ["cat", "dog"], reading=tasks.SINGLE_LABEL)
     csv = tmp_path / "audit.csv"
     csv.write_text(csv_text([{"file": n, "kind": "label", "suggested": "dog"} for n in names[:2]]))
     assert "'=1+2.png" in csv.read_text()  # a spreadsheet shows it as text, not a formula

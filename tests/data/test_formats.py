@@ -24,6 +24,7 @@ from visiontune.data.split import make_split, make_stratified_split, relative_pa
 from visiontune.errors import UserError
 from visiontune.loading import jobdata
 from visiontune.loading.cache import CachedDataset, open_or_build
+from visiontune.tasks import AUTO
 
 datasets = pytest.importorskip("datasets")
 webdataset = pytest.importorskip("webdataset")
@@ -56,7 +57,7 @@ def test_hf_saved_set_lists_rows_by_their_features_and_keeps_its_own_split(tmp_p
     val = hf_dict(images[6:], [1, 0, 1])
     datasets.DatasetDict({"train": train, "validation": val, "test": val}).save_to_disk(str(tmp_path / "hf"))
 
-    found = discover(f"hf:{tmp_path / 'hf'}")
+    found = discover(f"hf:{tmp_path / 'hf'}", task=AUTO)
     root = f"hf:{tmp_path / 'hf'}"
     assert (found.root, found.layout, found.classes) == (root, "hf", ["cat", "dog"])
     assert list(found.paths) == [f"{root}/train/{i}" for i in range(6)] + [f"{root}/validation/{i}" for i in range(3)]
@@ -70,18 +71,18 @@ def test_hf_saved_set_lists_rows_by_their_features_and_keeps_its_own_split(tmp_p
     assert list(part.paths) == [f"{root}/validation/2", f"{root}/train/2"]
     assert [part.reader[0], part.reader[1]] == [images[8], images[2]] and part.val_mask.tolist() == [True, False]
     # predict lists every split's rows.
-    assert len(discover(root, every_split=True)) == 12
+    assert len(discover(root, every_split=True, task=AUTO)) == 12
     # Columns chosen by name; an unknown one is one line naming the columns there are.
-    by_name = discover(root, "img", "note")
+    by_name = discover(root, "img", "note", task=AUTO)
     assert by_name.classes == [str(i) for i in range(6)] and by_name.labels.tolist()[:6] == list(range(6))
     with pytest.raises(UserError, match="no column 'pixels'.*img, note, y"):
-        discover(root, "pixels")
+        discover(root, "pixels", task=AUTO)
 
 
 def test_hf_parquet_folder_gets_the_seeded_split_and_broken_bytes_are_a_bad_file(tmp_path):
     images = [_png(20 * i) for i in range(9)] + [b"\xff\xd8\xff\xe0 not really a jpeg"]
     hf_dict(images, [i % 2 for i in range(10)]).to_parquet(str(tmp_path / "pq" / "train-00000.parquet"))
-    found = discover(f"hf:{tmp_path / 'pq'}")
+    found = discover(f"hf:{tmp_path / 'pq'}", task=AUTO)
     assert len(found) == 10 and found.val_mask is None and found.split_note == ""
     # Stratified by class (the default): one of each class's five images held out, in the seed's order.
     split = split_of(found, 0.2, seed=3)
@@ -97,7 +98,7 @@ def test_group_by_an_hf_column_follows_the_rows_through_take(tmp_path):
     from visiontune.data.groups import group_names
 
     hf_dict([_png(9 * i) for i in range(8)], [i % 2 for i in range(8)]).to_parquet(str(tmp_path / "pq" / "t.parquet"))
-    found = discover(f"hf:{tmp_path / 'pq'}")
+    found = discover(f"hf:{tmp_path / 'pq'}", task=AUTO)
     assert group_names(found, "note") == [str(i) for i in range(8)]  # the "note" column, row by row
     assert group_names(found.take([5, 2]), "note") == ["5", "2"]
 
@@ -109,9 +110,9 @@ def test_the_listing_hand_over_reopens_readers_with_their_split(tmp_path, folder
     ).save_to_disk(str(tmp_path / "hf"))
     assert main(["shard", str(folder), "--out", str(tmp_path / "sh"), "--shard-size", "50KB"]) == 0
     for data in (f"hf:{tmp_path / 'hf'}", str(tmp_path / "sh")):
-        found = discover(data).take([4, 0, 1, 3])  # a view, as after dropping bad files
+        found = discover(data, task=AUTO).take([4, 0, 1, 3])  # a view, as after dropping bad files
         jobdata.save_listing(found, str(tmp_path / "list.bin"))
-        back, _ = jobdata.load_listing(str(tmp_path / "list.bin"))
+        back, _ = jobdata.load_listing(str(tmp_path / "list.bin"), AUTO)
         assert list(back.paths) == list(found.paths) and back.labels.tolist() == found.labels.tolist()
         assert back.val_mask.tolist() == found.val_mask.tolist() and back.split_note == found.split_note
         assert [back.reader[i] for i in range(4)] == [found.reader[i] for i in range(4)]
@@ -126,21 +127,21 @@ def test_shard_writes_webdataset_shards_that_read_back_as_the_folder(tmp_path, f
     # --shard-size bounds the files (tar headers and padding included), unless one sample is larger alone.
     assert all((out / s["url"]).stat().st_size <= 150_000 or s["nsamples"] == 1 for s in index["shardlist"])
     assert any(s["nsamples"] > 1 for s in index["shardlist"])
-    source = discover(str(folder))
+    source = discover(str(folder), task=AUTO)
     assert sum(s["nsamples"] for s in index["shardlist"]) == len(source) == 20
     # webdataset's own reader sees KEY.jpg + KEY.cls samples with the folder's labels, in order.
     samples = list(webdataset.WebDataset([str(out / t) for t in tars], shardshuffle=False))
     assert [int(s["cls"]) for s in samples] == source.labels.tolist()
     assert [s["jpg"] for s in samples] == [Path(p).read_bytes() for p in source.paths]
 
-    found = discover(str(out))
+    found = discover(str(out), task=AUTO)
     assert found.layout == "shards" and found.classes == source.classes
     assert relative_paths(found.paths, range(20), found.root) == relative_paths(source.paths, range(20), source.root)
     assert [found.reader[i] for i in range(20)] == [Path(p).read_bytes() for p in source.paths]
     # The recorded split (what a run on the folder with seed 7 makes: stratified), whatever the run's seed.
     assert split_of(found, 0.5, seed=0) == make_stratified_split(source.labels, 0.2, 7)
     # A brace pattern over the same shards reads the same samples.
-    pattern = discover(str(out / f"shards-{{000000..{len(tars) - 1:06d}}}.tar"))
+    pattern = discover(str(out / f"shards-{{000000..{len(tars) - 1:06d}}}.tar"), task=AUTO)
     assert pattern.labels.tolist() == found.labels.tolist() and pattern.reader[5] == found.reader[5]
     # --cache on shards: the rows are what decoding each sample gives.
     cache = open_or_build(str(tmp_path / "cache"), found.paths, 16, threads=1, reader=found.reader)
@@ -156,7 +157,7 @@ def test_shards_written_by_shardwriter_with_a_corrupt_sample_and_a_truncated_sha
         for i in range(10):
             image = b"garbage, not an image" if i == 6 else _png(20 * i)
             w.write({"__key__": f"img{i:03d}", "png": image, "cls": 3 if i % 3 else 7})
-    found = discover(str(out))
+    found = discover(str(out), task=AUTO)
     assert found.classes == ["3", "7"] and found.val_mask is None
     assert found.labels.tolist() == [1 if i % 3 == 0 else 0 for i in range(10)]
     assert found.reader[4] == _png(80)
@@ -197,7 +198,7 @@ def test_the_shard_walk_finds_every_member_where_tarfile_does(tmp_path, fmt):
         assert list(shards._members(fd, path.stat().st_size)) == want and len(want) == 2 * len(names)
     finally:
         os.close(fd)
-    found = discover(str(path))
+    found = discover(str(path), task=AUTO)
     assert [p.rpartition("/")[2] for p in found.paths] == [n.rpartition("/")[2] for n in names]
     assert [found.reader[i] for i in range(len(names))] == [_png(20 * n) * (n + 1) for n in range(len(names))]
     # A header whose checksum does not add up is a damaged shard.
@@ -244,7 +245,7 @@ def test_hf_label_column_of_classlabel_lists_is_multi_label_and_gets_the_stratif
     sets = [[0, 2], [1], [], [0, 1, 2], [2], [0], [1, 2], [], [0, 2], [1]]
     rows = {"img": [{"bytes": _png(20 * i), "path": None} for i in range(len(sets))], "tags": sets}
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "hf"))
-    found = discover(f"hf:{tmp_path / 'hf'}")
+    found = discover(f"hf:{tmp_path / 'hf'}", task=AUTO)
     assert found.task == "multilabel" and found.classes == ["cloudy", "river", "road"]
     assert found.targets.tolist() == [[int(k in s) for k in range(3)] for s in sets]  # [] is all-negative
     split = split_of(found, 0.3, seed=0)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from fuzzing import fuzz_settings
 from visiontune.data import imageset, sources
 from visiontune.errors import UserError
+from visiontune.tasks import reader
 
 FILES = ("a.jpg", "b.jpg", "sub/c.png", "x y.jpg", "é.jpg", "7.jpg")
 
@@ -86,7 +87,7 @@ def test_any_manifest_is_a_listing_or_one_user_error(root, manifest, multi_label
     with open(os.path.join(root, "train.csv"), "wb") as f:
         f.write(manifest)
     try:
-        found = sources.discover(root, task="multilabel" if multi_label else "auto")
+        found = sources.discover(root, task=reader("multilabel" if multi_label else "auto"))
     except UserError as e:
         assert str(e) and "\n" not in str(e).strip()
         return
@@ -110,7 +111,7 @@ def test_what_the_fuzz_found_is_one_user_error(root, manifest, multi_label, said
     with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
         f.write(manifest)
     with pytest.raises(UserError) as e:
-        sources.discover(root, task="multilabel" if multi_label else "auto")
+        sources.discover(root, task=reader("multilabel" if multi_label else "auto"))
     assert said in str(e.value) and "\n" not in str(e.value), str(e.value)[:300]
 
 
@@ -121,13 +122,13 @@ def test_any_manifest_read_as_numbers_is_finite_targets_or_one_user_error(root, 
     with open(os.path.join(root, "train.csv"), "wb") as f:
         f.write(manifest)
     try:
-        found = sources.discover(root, task="regress")
+        found = sources.discover(root, task=reader("regress"))
     except UserError as e:
         assert str(e) and "\n" not in str(e).strip()
         return
     n, t = len(found.paths), len(found.classes)
-    assert found.task == "regress" and n > 0 and t >= 1 and found.values.shape == (n, t)
-    assert found.values.dtype == np.float32 and np.isfinite(found.values).all()
+    assert found.task == "regress" and n > 0 and t >= 1 and found.targets.shape == (n, t)
+    assert found.targets.dtype == np.float32 and np.isfinite(found.targets).all()
     for path in found.paths:
         assert os.path.isfile(path) and os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
 
@@ -137,5 +138,5 @@ def test_a_regression_row_naming_a_file_with_a_newline_is_still_one_line(root):
     with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
         f.write('filename,value\n"0\n0",cat\n')
     with pytest.raises(UserError) as e:
-        sources.discover(root, task="regress")
+        sources.discover(root, task=reader("regress"))
     assert "not a finite number" in str(e.value) and "\n" not in str(e.value), str(e.value)

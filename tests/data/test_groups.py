@@ -18,6 +18,7 @@ from visiontune.data.sources import discover
 from visiontune.data.split import split_record
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
+from visiontune.tasks import AUTO
 
 REGEX = r"/(p\d+)_"
 
@@ -130,7 +131,7 @@ def test_group_by_a_manifest_column(tmp_path):
             (tmp_path / f"{p}_{j}.png").write_bytes(b"")
             rows.append(f"{p}_{j}.png,{'ab'[p % 2]},P{p}")
     (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
-    images = discover(str(tmp_path))
+    images = discover(str(tmp_path), task=AUTO)
     names = group_names(images, "patient", str(tmp_path))
     assert names[:3] == ["P0", "P0", "P0"] and len(set(names)) == 12
     cfg = TrainConfig(data=str(tmp_path), group_by="patient", val_fraction=0.25, seed=1)
@@ -152,7 +153,7 @@ def test_evaluate_knows_moved_data_by_its_grouped_split(tmp_path):
         (data / f"{i}.png").write_bytes(b"")
     (data / "train.csv").write_text("\n".join(rows) + "\n")
     (run / "bad_files.csv").write_text("path,problem\n")
-    images = discover(str(data))
+    images = discover(str(data), task=AUTO)
     for cfg in (
         TrainConfig(data=str(data), group_by="patient", seed=3),
         TrainConfig(data=str(data), group_by="patient", folds=4, fold=1, seed=3),

@@ -14,6 +14,7 @@ from visiontune.cli.commands import main
 from visiontune.data.sources import discover
 from visiontune.data.split import make_split, make_stratified_split, split_of
 from visiontune.errors import UserError
+from visiontune.tasks import AUTO
 
 datasets = pytest.importorskip("datasets")
 
@@ -45,19 +46,19 @@ def test_rows_without_a_label_are_one_line_naming_column_and_row(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     missing = sum(v is None or v != v for v in labels)
     assert len(err) == 1 and f"{missing} rows have no label in column 'label'" in err[0]
-    assert "the first train/3" in err[0] and "Dataset.filter" in err[0]
+    assert f"the first hf:{tmp_path / 'hf'}/train row 3;" in err[0] and "Dataset.filter" in err[0]
     # predict does not use labels: it lists every row, the classes from the labelled ones.
-    found = discover(f"hf:{tmp_path / 'hf'}", every_split=True)
+    found = discover(f"hf:{tmp_path / 'hf'}", every_split=True, task=AUTO)
     assert len(found) == 6 and found.classes == sorted({str(v) for v in labels if v is not None and v == v})
 
 
 def test_labels_are_the_sorted_values_through_arrow(tmp_path):
     """Text and integers (not read through numpy, which turns an int column with nulls into floats)."""
     _set(["dog", "cat", "emu", "cat"], "string").save_to_disk(str(tmp_path / "s"))
-    found = discover(f"hf:{tmp_path / 's'}")
+    found = discover(f"hf:{tmp_path / 's'}", task=AUTO)
     assert found.classes == ["cat", "dog", "emu"] and found.labels.tolist() == [1, 0, 2, 0]
     _set([10, 2, 10, 2], "int64").to_parquet(str(tmp_path / "pq" / "train.parquet"))
-    found = discover(f"hf:{tmp_path / 'pq'}")
+    found = discover(f"hf:{tmp_path / 'pq'}", task=AUTO)
     assert found.classes == ["2", "10"] and found.labels.tolist() == [1, 0, 1, 0]
 
 
@@ -69,7 +70,7 @@ def test_a_classlabel_value_past_its_names_is_refused(tmp_path):
     table = table.map(lambda r: {"y": r["y"] * 5}).cast(features)  # 5 > 1: past the names, as a hand edit
     table.save_to_disk(str(tmp_path / "hf"))
     with pytest.raises(UserError, match="column 'y' holds class 5 of a ClassLabel of 2"):
-        discover(f"hf:{tmp_path / 'hf'}")
+        discover(f"hf:{tmp_path / 'hf'}", task=AUTO)
 
 
 @pytest.mark.parametrize("saved", ["save_to_disk", "parquet"])
@@ -80,7 +81,7 @@ def test_an_empty_validation_split_leaves_the_seeded_split_of_train(tmp_path, sa
     else:  # load_dataset refuses an empty split's file: 'Instruction "validation" corresponds to no data!'
         train.to_parquet(str(tmp_path / "hf" / "train-0.parquet"))
         empty.to_parquet(str(tmp_path / "hf" / "validation-0.parquet"))
-    found = discover(f"hf:{tmp_path / 'hf'}")
+    found = discover(f"hf:{tmp_path / 'hf'}", task=AUTO)
     assert len(found) == 10 and found.val_mask is None and found.labels.tolist() == [0, 1] * 5
     assert found.split_note == "its validation split is empty: the seeded split of train"  # start line, split.json
     assert split_of(found, 0.2, seed=4) == make_stratified_split(found.labels, 0.2, 4)  # the default

@@ -12,6 +12,7 @@ from visiontune.data.layouts import write_kaggle_manifest
 from visiontune.data.sources import discover
 from visiontune.data.split import make_split, split_record
 from visiontune.errors import UserError
+from visiontune.tasks import AUTO
 
 
 def _touch(path, data=b"x"):
@@ -24,7 +25,7 @@ def test_kaggle_layout_classes_order_and_numeric_test_ids(tmp_path):
         _touch(tmp_path / "train" / name)
     for i in [10, 2, 1]:
         _touch(tmp_path / "test" / f"{i}.jpg")
-    found = discover(str(tmp_path))
+    found = discover(str(tmp_path), task=AUTO)
     assert found.layout == "kaggle" and found.classes == ["cat", "dog"]
     assert [p.split("/")[-1] for p in found.paths] == ["cat.2.jpg", "cat.10.jpg", "dog.1.jpg"]
     assert found.labels.tolist() == [0, 0, 1]
@@ -36,7 +37,7 @@ def test_image_folder_layout_like_petimages(tmp_path):
     for cls in ["Dog", "Cat"]:
         for i in range(3):
             _touch(tmp_path / "PetImages" / cls / f"{i}.jpg")
-    found = discover(str(tmp_path / "PetImages"))
+    found = discover(str(tmp_path / "PetImages"), task=AUTO)
     assert found.layout == "imagefolder" and found.classes == ["Cat", "Dog"]
     assert found.labels.tolist() == [0, 0, 0, 1, 1, 1]
 
@@ -44,10 +45,10 @@ def test_image_folder_layout_like_petimages(tmp_path):
 def test_prepare_writes_a_manifest_that_reads_back_identically(tmp_path):
     for name in ["cat.0.jpg", "cat.1.jpg", "dog.0.jpg", "dog.5.jpg"]:
         _touch(tmp_path / "train" / name)
-    kaggle = discover(str(tmp_path))
+    kaggle = discover(str(tmp_path), task=AUTO)
     out, n = write_kaggle_manifest(str(tmp_path))
     assert n == 4 and open(out).readline().strip() == "filename,label"
-    manifest = discover(str(tmp_path))
+    manifest = discover(str(tmp_path), task=AUTO)
     assert manifest.layout == "manifest"
     assert (list(manifest.paths), manifest.labels.tolist(), manifest.classes) == (
         list(kaggle.paths),
@@ -60,7 +61,7 @@ def test_manifest_with_integer_labels(tmp_path):
     for i in range(4):
         _touch(tmp_path / "train" / f"img{i}.jpg")
     (tmp_path / "train.csv").write_text("filename,label\nimg0.jpg,1\nimg1.jpg,0\nimg2.jpg,1\nimg3.jpg,0\n")
-    found = discover(str(tmp_path))
+    found = discover(str(tmp_path), task=AUTO)
     assert found.classes == ["0", "1"] and found.labels.tolist() == [1, 0, 1, 0]
 
 
@@ -79,18 +80,18 @@ def test_manifest_row_errors_name_the_row(tmp_path, rows, msg):
     _touch(tmp_path / "train" / "b.jpg")
     (tmp_path / "train.csv").write_text("filename,label\n" + rows)
     with pytest.raises(UserError, match=msg):
-        discover(str(tmp_path))
+        discover(str(tmp_path), task=AUTO)
 
 
 def test_missing_empty_and_unknown_layouts(tmp_path):
     with pytest.raises(UserError, match="not found"):
-        discover(str(tmp_path / "nope"))
+        discover(str(tmp_path / "nope"), task=AUTO)
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="empty"):
-        discover(str(tmp_path / "empty"))
+        discover(str(tmp_path / "empty"), task=AUTO)
     _touch(tmp_path / "flat" / "a.jpg")
     with pytest.raises(UserError, match="cannot tell the layout"):
-        discover(str(tmp_path / "flat"))
+        discover(str(tmp_path / "flat"), task=AUTO)
 
 
 def test_split_is_seeded_private_and_blog_sized():
@@ -138,7 +139,7 @@ def _nested(root):
 
 
 def test_class_folders_whose_images_are_all_in_subfolders_are_classes(tmp_path):
-    found = discover(str(_nested(tmp_path / "data")))
+    found = discover(str(_nested(tmp_path / "data")), task=AUTO)
     assert found.classes == ["bird", "cat", "dog"]
     assert found.class_counts() == {"bird": 3, "cat": 4, "dog": 2}
     assert [found.classes[lab] for lab in found.labels] == [
@@ -181,11 +182,13 @@ def _manifest_dir(tmp_path, text: bytes):
 @pytest.mark.parametrize("rows", ["a.jpg,cat\nb.jpg,dog\n./a.jpg,dog\n", "a.jpg,cat\nb.jpg,dog\n.//a.jpg,dog\n"])
 def test_manifest_duplicate_spelt_differently_is_refused(tmp_path, rows):
     with pytest.raises(UserError, match=r"row 4: duplicate row for '\./+a\.jpg' \(same file as row 2\)"):
-        discover(_manifest_dir(tmp_path, ("filename,label\n" + rows).encode()))
+        discover(_manifest_dir(tmp_path, ("filename,label\n" + rows).encode()), task=AUTO)
 
 
 def test_manifest_with_bom_and_trailing_blank_lines_reads_normally(tmp_path):
-    found = discover(_manifest_dir(tmp_path, "\ufefffilename,label\na.jpg,cat\nb.jpg,dog\n\n\n".encode("utf-8")))
+    found = discover(
+        _manifest_dir(tmp_path, "\ufefffilename,label\na.jpg,cat\nb.jpg,dog\n\n\n".encode("utf-8")), task=AUTO
+    )
     assert found.layout == "manifest" and found.classes == ["cat", "dog"] and found.labels.tolist() == [0, 1]
     assert [p.split("/")[-1] for p in found.paths] == ["a.jpg", "b.jpg"]
 

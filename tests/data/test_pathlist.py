@@ -13,6 +13,7 @@ from visiontune.data import imageset, layouts, sources
 from visiontune.data.split import make_split, split_summary, write_split
 from visiontune.loading import jobdata
 from visiontune.runs import runrecords
+from visiontune.tasks import AUTO
 
 # split.json's sha256 for odd_tree() (seed 3, val fraction 0.25), written by the code before the
 # compact listing (commit 0ac2dd9): resume compares it, so the same data must keep the same hash.
@@ -64,7 +65,7 @@ def walk_listing(root: str) -> tuple[list[str], list[tuple[str, int]]]:
 
 def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
     root = odd_tree(tmp_path / "data")
-    found = sources.discover(root)
+    found = sources.discover(root, task=AUTO)
     classes, pairs = walk_listing(root)
     assert len(pairs) == 9 and classes == ["cat", "dög café", "日本"]
     assert found.classes == classes
@@ -76,7 +77,7 @@ def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
     assert len(found.paths.blob) == sum(len(os.fsencode(p)) - len(os.fsencode(root)) - 1 for p, _ in pairs)
     # Carried to another process (the launcher's hand-over) and back: the same pairs.
     jobdata.save_listing(found, str(tmp_path / "list.bin"), {"k": 1})
-    back, extra = jobdata.load_listing(str(tmp_path / "list.bin"))
+    back, extra = jobdata.load_listing(str(tmp_path / "list.bin"), AUTO)
     assert extra == {"k": 1} and back.classes == classes
     assert list(zip(back.paths, back.labels.tolist())) == pairs
     # A view (a split's subset): the chosen pairs, in order, and it travels the same way.
@@ -86,7 +87,7 @@ def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
     jobdata.save_listing(
         imageset.ImageSet(root, "imagefolder", view, found.labels[pick], classes), str(tmp_path / "v.bin")
     )
-    assert list(jobdata.load_listing(str(tmp_path / "v.bin"))[0].paths) == [pairs[i][0] for i in pick]
+    assert list(jobdata.load_listing(str(tmp_path / "v.bin"), AUTO)[0].paths) == [pairs[i][0] for i in pick]
     # A loader worker gets the arrays: pickling costs the bytes, not an object per file.
     from visiontune.loading.pipeline import ImageDataset
 
@@ -96,7 +97,7 @@ def test_compact_listing_gives_the_pairs_of_a_plain_walk(tmp_path):
 
 def test_split_record_is_unchanged_by_the_compact_listing(tmp_path):
     root = odd_tree(tmp_path / "data")
-    images = sources.discover(root)
+    images = sources.discover(root, task=AUTO)
     split = make_split(len(images), 0.25, 3)
     summary = split_summary(split, images.paths, images.root, 3, 0.25)
     write_split(str(tmp_path / "split.json"), summary, split, images.paths, images.root)

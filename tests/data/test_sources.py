@@ -15,6 +15,7 @@ from visiontune.data.shardwriter import write
 from visiontune.errors import UserError
 from visiontune.inference.predict import list_inputs
 from visiontune.reports.modelcard import dataset_name
+from visiontune.tasks import AUTO, reader
 
 
 def test_each_data_string_is_told_apart_once_and_described_by_its_source(tmp_path):
@@ -61,7 +62,7 @@ def test_each_data_string_is_told_apart_once_and_described_by_its_source(tmp_pat
     with pytest.raises(UserError, match="pass the path itself"):
         sources.find("file:///data")
     with pytest.raises(UserError, match="tar shards carry one class per sample"):
-        sources.discover(str(tars), task="multilabel")
+        sources.discover(str(tars), task=reader("multilabel"))
 
 
 def test_predict_lists_container_data_through_its_source_and_folders_itself(tmp_path):
@@ -69,9 +70,9 @@ def test_predict_lists_container_data_through_its_source_and_folders_itself(tmp_
     pytest.importorskip("webdataset")
     data = tmp_path / "data"
     make_sample_data(data, per_class=3, test_count=0, seed=2)
-    write(str(data), str(tmp_path / "sh"), workers=1)
+    write(str(data), str(tmp_path / "sh"), workers=1, task=AUTO)
     shards = list_inputs(str(tmp_path / "sh"))
-    listed = sources.discover(str(tmp_path / "sh"))
+    listed = sources.discover(str(tmp_path / "sh"), task=AUTO)
     assert shards.paths == list(listed.paths) and len(shards.paths) == 6
     assert [shards.reader[i] for i in range(6)] == [listed.reader[i] for i in range(6)]
     # The reader travels as its spec and is reopened by the source that named it.
@@ -88,7 +89,7 @@ def test_predict_lists_container_data_through_its_source_and_folders_itself(tmp_
     assert len(hf.paths) == 3 and hf.reader[2] == png.getvalue()
     # A folder is predict's own listing: its image files, no reader.
     folder = list_inputs(str(data))
-    assert folder.reader is None and sorted(folder.paths) == sorted(sources.discover(str(data)).paths)
+    assert folder.reader is None and sorted(folder.paths) == sorted(sources.discover(str(data), task=AUTO).paths)
 
 
 def test_only_a_source_that_copies_its_data_in_is_fetched_once_per_machine_before_listing(tmp_path, monkeypatch):

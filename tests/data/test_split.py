@@ -27,6 +27,7 @@ from visiontune.data.split import (
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import load_config_file, validate
+from visiontune.tasks import AUTO
 
 
 def _folder(counts: list[int]) -> ImageSet:
@@ -97,7 +98,7 @@ def test_multi_label_data_is_iteratively_stratified_unless_random_is_asked_for(t
     (tmp_path / "train.csv").write_text("filename,labels\n" + "".join(f"{i}.png,{'ab'[i % 2]};c\n" for i in range(10)))
     for i in range(10):
         (tmp_path / f"{i}.png").write_bytes(b"x")
-    images = discover(str(tmp_path))
+    images = discover(str(tmp_path), task=AUTO)
     assert split_of(images, 0.2, 0).method == ITERATIVE
     assert split_of(images, 0.2, 0, "random") == make_split(10, 0.2, 0)
 

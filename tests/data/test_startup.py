@@ -26,7 +26,7 @@ from visiontune.runs import runrecords
 TINY = [*SQUEEZENET, *flags(epochs=1, batch_size=4, num_workers=0)]
 
 # Run in the job's launching process (a sitecustomize on PYTHONPATH; its workers are forks of it, or run it too):
-# counts discover() calls and decodes, and makes each decode slow.
+# counts discover(task=AUTO) calls and decodes, and makes each decode slow.
 HOOKS = """
 import os, threading, time
 if os.environ.get("VT_TEST_LOG"):

@@ -21,6 +21,7 @@ from visiontune.cli.commands import main
 from visiontune.data import sources, stores
 from visiontune.data.sample import make_sample_data
 from visiontune.errors import UserError
+from visiontune.tasks import AUTO
 
 pytest.importorskip("webdataset")  # `visiontune shard` writes with its ShardWriter
 
@@ -70,8 +71,8 @@ def _same(got, local) -> None:
     "url", ["s3://data/shards/", "s3://data/shards", "s3://data/shards/shards-{000000..000005}.tar"]
 )
 def test_shards_in_a_bucket_are_listed_through_the_store_copied_once_and_read_as_the_local_shards(s3, url):
-    local = sources.discover(str(s3.local / "shards"))
-    got = sources.discover(url)
+    local = sources.discover(str(s3.local / "shards"), task=AUTO)
+    got = sources.discover(url, task=AUTO)
     _same(got, local)
     assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
     assert got.split_note == "the split recorded in index.json" and got.root == url.rstrip("/")
@@ -80,7 +81,7 @@ def test_shards_in_a_bucket_are_listed_through_the_store_copied_once_and_read_as
     assert len(names) == 7 and all(s3.gets(f"/data/shards/{n}") == 1 for n in names), s3.requests
     assert [r for r in s3.requests if r[1] == "/data"] == [("GET", "/data", "")]  # one LIST
     s3.requests.clear()
-    again = sources.discover(url)  # a later command, another process: from the cache, no request at all
+    again = sources.discover(url, task=AUTO)  # a later command, another process: from the cache, no request at all
     _same(again, local)
     assert s3.requests == []
     # A worker reopens the reader from its spec: the same bytes, no request.
@@ -106,7 +107,7 @@ def test_the_endpoint_and_credentials_come_from_the_store_s_own_chain(s3, tmp_pa
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         for k, v in CREDENTIALS.items():
             monkeypatch.setenv(k, v)
-    got = sources.discover("s3://data/shards/")
+    got = sources.discover("s3://data/shards/", task=AUTO)
     assert len(got) == 6 and s3.gets("/data/shards/shards-000000.tar") == 1
 
 
@@ -116,22 +117,22 @@ def test_shards_without_an_index_are_found_by_listing_the_prefix(s3, tmp_path):
     for p in shards:
         (tmp_path / "bare" / p.name).write_bytes(p.read_bytes())
     upload(s3, tmp_path / "bare", "s3://data/bare")
-    got = sources.discover("s3://data/bare/")
+    got = sources.discover("s3://data/bare/", task=AUTO)
     assert len(got) == 6 and got.classes == ["0", "1"] and got.split_note == ""
     assert all(s3.gets(f"/data/bare/{p.name}") == 1 for p in shards) and s3.gets("/data/bare/index.json") == 0
 
 
 @pytest.mark.parametrize("name, url", [("folder", "s3://data/folder"), ("manifest", "s3://data/manifest/labels.csv")])
 def test_a_folder_in_a_bucket_is_copied_once_and_read_in_its_layout(s3, name, url):
-    local = sources.discover(str(s3.local / name / ("labels.csv" if name == "manifest" else "")))
-    got = sources.discover(url)
+    local = sources.discover(str(s3.local / name / ("labels.csv" if name == "manifest" else "")), task=AUTO)
+    got = sources.discover(url, task=AUTO)
     _same(got, local)
     assert got.layout == local.layout == ("manifest" if name == "manifest" else "kaggle")
     assert [Path(p).read_bytes() for p in got.paths] == [Path(p).read_bytes() for p in local.paths]
     files = [p for p in (s3.local / name).rglob("*") if p.is_file()]
     assert all(s3.gets(f"/data/{name}/{p.relative_to(s3.local / name).as_posix()}") == 1 for p in files)
     s3.requests.clear()
-    _same(sources.discover(url), local)
+    _same(sources.discover(url, task=AUTO), local)
     assert s3.requests == []
     assert sources.find(url).name == "store" and sources.recorded(url) == url
 
@@ -157,7 +158,7 @@ def test_a_folder_s_copy_holds_whole_objects_only_at_every_moment_and_old_partia
         stale.parent.mkdir(parents=True)
         stale.write_bytes(b"x")
         os.utime(stale, (0, 0))
-        got = sources.discover(url)
+        got = sources.discover(url, task=AUTO)
     finally:
         s3.on_get = None
     assert len(seen) > 6 and all(size == sizes.get(n) for n, size in seen), seen
@@ -167,8 +168,8 @@ def test_a_folder_s_copy_holds_whole_objects_only_at_every_moment_and_old_partia
 
 def test_503s_and_a_connection_dropped_mid_object_are_retried(s3):
     s3.faults["/data/shards/shards-000001.tar"] = [503, "drop", 503]
-    local = sources.discover(str(s3.local / "shards"))
-    got = sources.discover("s3://data/shards/")
+    local = sources.discover(str(s3.local / "shards"), task=AUTO)
+    got = sources.discover("s3://data/shards/", task=AUTO)
     assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
     assert s3.gets("/data/shards/shards-000001.tar") == 4 and s3.gets("/data/shards/shards-000002.tar") == 1
 
@@ -280,11 +281,11 @@ def test_shard_out_to_a_bucket_writes_the_shards_then_their_index_and_they_read_
     url = "s3://data/written/"
     assert main(["shard", str(s3.local / "folder"), "--out", url, "--shard-size", "20KB"]) == 0
     assert f"in 6 shard(s) to {url}" in capsys.readouterr().out
-    local = sources.discover(str(s3.local / "shards"))  # the same command, to a local folder
+    local = sources.discover(str(s3.local / "shards"), task=AUTO)  # the same command, to a local folder
     puts = [p for m, p, _ in s3.requests if m == "PUT"]
     assert sorted(puts) == sorted(f"/data/written/{p.name}" for p in (s3.local / "shards").iterdir())
     assert puts[-1] == "/data/written/index.json" and list(staging.iterdir()) == []  # the index last; none kept
-    got = sources.discover(url)
+    got = sources.discover(url, task=AUTO)
     _same(got, local)
     assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
     assert got.split_note == "the split recorded in index.json"

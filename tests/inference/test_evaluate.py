@@ -16,6 +16,7 @@ from trained import independent_eval, one_thread, reference_probs  # noqa: F401 
 from trainrun import PYTHON, flags
 from visiontune.cli.commands import main
 from visiontune.inference.evaluate import recorded_data
+from visiontune.tasks import AUTO
 
 CLASSES = ["cat", "dog"]
 
@@ -278,7 +279,7 @@ def test_a_damaged_split_json_is_one_line_naming_the_field(tmp_path, sample_data
     from visiontune.errors import UserError
     from visiontune.inference.evaluate import select
 
-    images = discover(str(sample_data))
+    images = discover(str(sample_data), task=AUTO)
     run = tmp_path / "run"
     run.mkdir()
     root = images.root if recorded == "same" else str(tmp_path / "moved")
@@ -295,7 +296,7 @@ def test_a_split_json_larger_than_any_run_writes_is_refused_unread(tmp_path, sam
     from visiontune.inference.evaluate import select
     from visiontune.runs import runrecords
 
-    images = discover(str(sample_data))
+    images = discover(str(sample_data), task=AUTO)
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"config": {}, "data": {"root": images.root}}))

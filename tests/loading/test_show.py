@@ -19,7 +19,7 @@ from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.tasks import SINGLE_LABEL
+from visiontune.tasks import AUTO, SINGLE_LABEL
 from visiontune.training import plan
 
 FLAGS = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--batch-size", "8"]
@@ -30,7 +30,7 @@ def _batch(data, **kw) -> tuple[torch.Tensor, torch.Tensor, TrainConfig]:
     asked = TrainConfig(data=str(data), model="resnet18", weights="none", image_size=32, batch_size=8, **kw)
     shown = plan.view(validate(asked.replace(cache="off", num_workers=0)))
     cfg = shown.cfg
-    images = discover(str(data))
+    images = discover(str(data), task=AUTO)
     split, _ = split_for(images, cfg)
     stats, train_loader, _ = loaders(cfg, JobData(images, []), split, "/nonexistent", shown.threads, SINGLE_LABEL)
     cfg = cfg.replace(mean=stats[0], std=stats[1]) if stats else cfg
@@ -50,7 +50,7 @@ def test_show_draws_the_first_training_batch_with_its_labels(small_data, tmp_pat
         assert im.format == "PNG"
         drawn = json.loads(im.text["visiontune"])
         picture = np.asarray(im.convert("RGB"))
-    classes = discover(str(small_data)).classes
+    classes = discover(str(small_data), task=AUTO).classes
     assert [t["label"] for t in drawn["tiles"]] == [classes[y] for y in labels.tolist()]  # 8 tiles, the batch's
     mean, std = (torch.tensor(v, dtype=torch.float64).view(3, 1, 1) * 255 for v in presets.mean_std(cfg))
     scale = drawn["scale"]

@@ -22,6 +22,7 @@ from trainrun import (
 from visiontune import cli
 from visiontune.errors import UserError
 from visiontune.runs import checkpoint, resume
+from visiontune.tasks import AUTO
 
 
 class Killed(BaseException):
@@ -445,7 +446,7 @@ def test_a_run_from_before_the_stratified_split_resumes_and_reruns_with_its_shuf
     lists = json.loads((old / "split.json").read_text())
     del lists["method"]
     (old / "split.json").write_text(json.dumps(lists))
-    images = discover(str(small_data))
+    images = discover(str(small_data), task=AUTO)
     stratified = split_of(images, 0.2, 42)
     assert relative_paths(images.paths, stratified.val.tolist(), images.root) != lists["val"]  # a test that tells
     capsys.readouterr()

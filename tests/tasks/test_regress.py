@@ -20,6 +20,7 @@ from visiontune.data.split import split_of
 from visiontune.errors import UserError
 from visiontune.runs import runinfo
 from visiontune.settings.config import TrainConfig
+from visiontune.tasks import AUTO, reader
 from visiontune.tasks.regress import Regression
 
 
@@ -94,14 +95,16 @@ def _manifest(tmp_path, rows: list[str]) -> str:
 
 
 def test_a_manifest_of_several_targets_reads_their_names_and_numbers(tmp_path):
-    found = sources.discover(_manifest(tmp_path, ["filename,age,score", "a.png,3,0.5", "b.png,4,1e2"]), task="regress")
+    found = sources.discover(
+        _manifest(tmp_path, ["filename,age,score", "a.png,3,0.5", "b.png,4,1e2"]), task=reader("regress")
+    )
     assert found.task == "regress" and found.classes == ["age", "score"]
-    assert found.values.tolist() == [[3.0, 0.5], [4.0, 100.0]] and found.label_array.dtype == np.float32
+    assert found.targets.tolist() == [[3.0, 0.5], [4.0, 100.0]] and found.label_array.dtype == np.float32
 
 
 def test_a_regression_manifest_read_without_task_regress_says_to_ask_for_it(tmp_path):
     with pytest.raises(UserError) as e:
-        sources.discover(_manifest(tmp_path, ["filename,value", "a.png,1", "b.png,2"]))
+        sources.discover(_manifest(tmp_path, ["filename,value", "a.png,1", "b.png,2"]), task=AUTO)
     assert "row 1: header 'filename,value' names no label column" in str(e.value) and "--task regress" in str(e.value)
 
 
@@ -111,7 +114,7 @@ def test_a_regression_manifest_read_without_task_regress_says_to_ask_for_it(tmp_
 )
 def test_a_bad_target_is_one_line_naming_the_file_and_row(tmp_path, row, said):
     with pytest.raises(UserError) as e:
-        sources.discover(_manifest(tmp_path, ["filename,value", "a.png,1", row]), task="regress")
+        sources.discover(_manifest(tmp_path, ["filename,value", "a.png,1", row]), task=reader("regress"))
     assert "train.csv row 3 (b.png)" in str(e.value) and said in str(e.value) and "\n" not in str(e.value)
 
 
@@ -119,7 +122,8 @@ def test_the_split_holds_out_each_quantile_bin_of_the_target(tmp_path):
     from visiontune.data.imageset import ImageSet
 
     values = np.arange(100, dtype=np.float32)
-    images = ImageSet("/r", "manifest", [f"/r/{i}.png" for i in range(100)], np.zeros(100), ["v"], values=values)
+    paths = [f"/r/{i}.png" for i in range(100)]
+    images = ImageSet("/r", "manifest", paths, np.zeros(100), ["v"], targets=values, reading=tasks.REGRESSION)
     split = split_of(images, 0.2, seed=3)
     assert len(split.val) == 20 and "quantile" in split.method
     # two val images in each tenth of the range: the val split spans it as the train split does
@@ -180,9 +184,9 @@ def test_an_hf_numeric_column_is_a_regression_target_and_a_missing_value_is_one_
     rows = {"img": [{"bytes": png(i), "path": None} for i in range(4)], "age": [1.5, 2.0, None, 4.0]}
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "bad"))
     with pytest.raises(UserError) as e:
-        sources.discover(f"hf:{tmp_path / 'bad'}", label_column="age", task="regress")
+        sources.discover(f"hf:{tmp_path / 'bad'}", label_column="age", task=reader("regress"))
     assert "row 2: column 'age' holds 'None', not a finite number" in str(e.value) and "\n" not in str(e.value)
     rows["age"][2] = 3.0
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "ok"))
-    found = sources.discover(f"hf:{tmp_path / 'ok'}", label_column="age", task="regress")
-    assert found.task == "regress" and found.classes == ["age"] and found.values[:, 0].tolist() == [1.5, 2, 3, 4]
+    found = sources.discover(f"hf:{tmp_path / 'ok'}", label_column="age", task=reader("regress"))
+    assert found.task == "regress" and found.classes == ["age"] and found.targets[:, 0].tolist() == [1.5, 2, 3, 4]

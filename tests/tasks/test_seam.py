@@ -1,12 +1,14 @@
 """The task seam: a task defined entirely in this module -- counting the bright blobs of an image, a
-regression with a metric of its own (the share of images whose count, rounded, is right) and an evaluation
-of its own (a file beside eval.json, a section of the run's page) -- registered by name, then trained,
-predicted and evaluated through the command line with no other file knowing of it."""
+regression with labels of its own (counts written as words, "two blobs"), read and validated here, a split
+of its own (stratified by count), a metric of its own (the share of images whose count, rounded, is right)
+and an evaluation of its own (a file beside eval.json, a section of the run's page) -- registered by name,
+then listed, trained, predicted and evaluated through the command line with no other file knowing of it."""
 
 from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +18,16 @@ from PIL import Image
 
 from visiontune import tasks
 from visiontune.cli.commands import main
+from visiontune.data.imageset import Cells, Labelled
+from visiontune.data.sources import discover
+from visiontune.data.split import make_stratified_split
+from visiontune.errors import UserError
 from visiontune.reports import evaluations
 from visiontune.runs import runrecords
 from visiontune.tasks.regress import Regression
+
+WORDS = ("none", "one blob", "two blobs", "three blobs")
+BY_COUNT = "stratified by blob count: each count held out at --val-fraction"
 
 
 class BlobCount(Regression):
@@ -26,6 +35,23 @@ class BlobCount(Regression):
 
     name, title = "blobs", "blob count"
     curves = (*Regression.curves, ("count_accuracy", "count accuracy"))
+
+    def names_columns(self, row: list[str], where: str = "") -> bool:
+        return row[1:] == ["blobs"]
+
+    def parse(self, cells: Cells) -> Labelled:
+        """A manifest's ``filename,<count in words>``: a word that is no count is one line naming its row."""
+        counts = []
+        for i, row in enumerate(cells.rows):
+            said = row[0].strip().lower() if row else ""
+            if said not in WORDS:
+                raise UserError(f"{cells.where(i)}: {said!r} is not a count of blobs ({', '.join(WORDS)})")
+            counts.append(WORDS.index(said))
+        return Labelled(self, np.zeros(len(counts), np.int32), ["blobs"], np.asarray(counts, np.float32)[:, None])
+
+    def split(self, images, val_fraction: float, seed: int):
+        counts = images.targets[:, 0].astype(np.int64)
+        return replace(make_stratified_split(counts, val_fraction, seed), method=BY_COUNT)
 
     def ranking(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
         out = super().ranking(logits, labels)
@@ -60,7 +86,7 @@ def blobs():
 
 
 def write_blobs(out: Path, count: int, size: int = 32, seed: int = 0) -> dict[str, int]:
-    """Images of 0 to 3 bright 6 px squares on a dark ground, apart; train.csv ``filename,blobs``."""
+    """Images of 0 to 3 bright 6 px squares on a dark ground, apart; train.csv ``filename,blobs`` (in words)."""
     rng = np.random.default_rng(seed)
     (out / "train").mkdir(parents=True)
     counts, lines = {}, ["filename,blobs"]
@@ -73,7 +99,7 @@ def write_blobs(out: Path, count: int, size: int = 32, seed: int = 0) -> dict[st
         name = f"{i:04d}.png"
         Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(out / "train" / name)
         counts[name] = n
-        lines.append(f"{name},{n}")
+        lines.append(f"{name},{WORDS[n]}")
     (out / "train.csv").write_text("\n".join(lines) + "\n")
     return counts
 
@@ -93,6 +119,11 @@ def test_a_task_defined_in_a_test_module_trains_predicts_and_evaluates(blobs, tm
     assert main([*argv, "--batch-size", "8", "--recipe", "modern"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     history = json.loads((run / "history.json").read_text())
+    split = json.loads((run / "split.json").read_text())
+    assert split["method"] == BY_COUNT  # its own split: every count has its share of the val images
+    for n in range(4):
+        val = sum(counts[Path(p).name] == n for p in split["val"])
+        assert abs(val - 0.2 * sum(c == n for c in counts.values())) < 1, (n, val)
     assert summary["task"] == json.loads((run / "config.json").read_text())["model"]["task"] == "blobs"
     assert all(0 <= row["val"]["count_accuracy"] <= 1 for row in history)  # its own metric, recorded each epoch
     assert "count_accuracy" in (run / "metrics.csv").read_text().splitlines()[0]
@@ -116,3 +147,23 @@ def test_a_task_defined_in_a_test_module_trains_predicts_and_evaluates(blobs, tm
         name = Path(r["path"]).name
         if name in pred:
             assert float(r["blobs"]) == pytest.approx(pred[name], abs=1e-5)
+
+
+def test_a_tasks_own_labels_are_read_and_refused_by_it_alone(blobs, tmp_path):
+    """The data sources hand the cells to the task: its words are its counts, and a word it does not know is
+    one line naming the manifest's row."""
+    data = tmp_path / "data"
+    counts = write_blobs(data, 8, size=8)
+    images = discover(str(data), task=blobs)
+    assert images.task == "blobs" and images.classes == ["blobs"] and images.reading is blobs
+    assert images.targets[:, 0].tolist() == [counts[Path(p).name] for p in images.paths]
+    assert "blob count" not in images.describe() and "regression" in images.describe()
+    lines = (data / "train.csv").read_text().splitlines()
+    lines[3] = lines[3].split(",")[0] + ",four blobs"
+    (data / "train.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError) as e:
+        discover(str(data), task=blobs)
+    assert str(e.value) == f"{data / 'train.csv'} row 4: 'four blobs' is not a count of blobs ({', '.join(WORDS)})"
+    assert main(["train", "--data", str(data), "--task", "blobs", "--output-dir", str(tmp_path / "run")]) == 2
+    with pytest.raises(UserError, match="row 2 .*'three blobs', not a finite number"):  # words: no regression's
+        discover(str(data), task=tasks.REGRESSION)

@@ -28,6 +28,7 @@ from visiontune.data.sample import make_sample_data
 from visiontune.data.sources import discover
 from visiontune.data.split import relative_paths
 from visiontune.runs import checkpoint
+from visiontune.tasks import AUTO
 
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("webdataset")
@@ -38,7 +39,7 @@ ONE_EPOCH = [*FAST, *flags(num_workers=0, batch_size=4, epochs=1, timeout=60, ma
 def _hf_copy(folder: Path, out: Path, splits: dict[str, list[str]] | None = None) -> str:
     """The folder's listing (bad file included) as a datasets set saved with save_to_disk, rows in its order;
     with ``splits`` (split name: the folder's relative names), as those splits, rows in the names' order."""
-    images = discover(str(folder))
+    images = discover(str(folder), task=AUTO)
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=images.classes)})
     rows = {
         "image": [{"bytes": Path(p).read_bytes(), "path": None} for p in images.paths],

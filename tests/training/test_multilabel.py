@@ -38,7 +38,7 @@ from visiontune.loading.augment import BatchMix
 from visiontune.loading.jobdata import load_listing, save_listing
 from visiontune.reports.multilabel import multilabel_metrics
 from visiontune.runs import runrecords
-from visiontune.tasks import MULTI_LABEL
+from visiontune.tasks import AUTO, MULTI_LABEL, reader
 from visiontune.tasks.multi import per_sample_bce, tune_thresholds
 
 # The stated bar: chance (every image scored alike) gives each class's AP its prevalence, about 0.4 here.
@@ -58,36 +58,36 @@ def _manifest(folder: Path, rows: list[str], header: str = "filename,labels") ->
 
 def test_label_sets_are_read_from_semicolons_or_with_the_flag_from_spaces(tmp_path):
     semi = _manifest(tmp_path / "semi", ["a.png,cat;dog", "b.png,dog", "c.png,", "d.png,golden retriever;cat"])
-    images = discover(str(semi))
+    images = discover(str(semi), task=AUTO)
     assert images.task == "multilabel" and images.classes == ["cat", "dog", "golden retriever"]
     assert images.targets.tolist() == [[1, 1, 0], [0, 1, 0], [0, 0, 0], [1, 0, 1]]
     spaced = _manifest(tmp_path / "spaced", ["a.png,cloudy river", "b.png,road", "c.png,road road"])
-    assert discover(str(spaced)).task == "classify"  # a space alone is a class name's (single-label)
-    images = discover(str(spaced), task="multilabel")
+    assert discover(str(spaced), task=AUTO).task == "classify"  # a space alone is a class name's (single-label)
+    images = discover(str(spaced), task=reader("multilabel"))
     assert images.classes == ["cloudy", "river", "road"]
     assert images.targets.tolist() == [[1, 1, 0], [0, 0, 1], [0, 0, 1]]
     # The listing the launcher hands to its workers carries the label sets.
     save_listing(images, str(tmp_path / "list.bin"))
-    back, _ = load_listing(str(tmp_path / "list.bin"))
+    back, _ = load_listing(str(tmp_path / "list.bin"), AUTO)
     assert np.array_equal(back.targets, images.targets) and back.classes == images.classes
     for name in ("x", "y"):  # class subfolders hold one label per image
         (tmp_path / "folder" / name).mkdir(parents=True)
         (tmp_path / "folder" / name / "1.png").write_bytes(b"x")
     with pytest.raises(UserError, match="--task multilabel needs a manifest"):
-        discover(str(tmp_path / "folder"), task="multilabel")
+        discover(str(tmp_path / "folder"), task=reader("multilabel"))
 
 
 def test_empty_label_cells_are_images_without_labels_and_a_manifest_of_only_those_is_one_line(tmp_path):
     # Empty cells and a lone ';' are allowed (an all-negative image): the labelled rest is what is trained on.
     some = _manifest(tmp_path / "some", ["a.png,;", "b.png,", "c.png,cat", "d.png,;dog;", "e.png,;"])
-    images = discover(str(some))
+    images = discover(str(some), task=AUTO)
     assert images.classes == ["cat", "dog"] and images.targets.tolist() == [[0, 0], [0, 0], [1, 0], [0, 1], [0, 0]]
     assert images.labels.tolist() == [0, 0, 0, 1, 0]
     split = split_of(images, 0.4, seed=0)
     assert sorted([*split.train, *split.val]) == list(range(5))
     none = _manifest(tmp_path / "none", ["a.png,;", "b.png,", "c.png,;;", "d.png, ; "])
     with pytest.raises(UserError, match="no image has a label"):
-        discover(str(none))
+        discover(str(none), task=AUTO)
 
 
 def test_data_of_many_rare_labels_splits_into_a_train_and_a_val_set_of_the_planned_sizes():
@@ -119,7 +119,7 @@ def test_the_split_is_stratified_per_label_seeded_and_recorded(tmp_path):
     for i in range(200):
         labels = [c for c, p in zip("abcdef", (0.5, 0.3, 0.2, 0.1, 0.05, 0.03)) if rng.random() < p]
         rows.append(f"{i}.png,{';'.join(labels)}")
-    images = discover(str(_manifest(tmp_path, rows)))
+    images = discover(str(_manifest(tmp_path, rows)), task=AUTO)
     split = split_of(images, 0.25, seed=3)
     assert split == split_of(images, 0.25, seed=3) and split != split_of(images, 0.25, seed=4)
     assert len(split.val) == 50 and sorted([*split.train, *split.val]) == list(range(200))

@@ -15,6 +15,7 @@ from visiontune.cli.commands import main
 from visiontune.data.sources import discover
 from visiontune.loading.jobdata import limit
 from visiontune.runs import checkpoint
+from visiontune.tasks import AUTO
 
 
 @pytest.mark.slow
@@ -46,7 +47,7 @@ def test_max_steps_stops_mid_epoch_with_a_valid_run_folder_and_limit_images_reco
     # The subset: 80 images drawn with the seed, recorded, and the same when drawn again.
     split = json.loads((run / "split.json").read_text())
     assert split["limit_images"] == {"images": 80, "of": 120, "seed": 42}
-    listed = discover(str(sample_data))
+    listed = discover(str(sample_data), task=AUTO)
     again, _ = limit(listed, 80, 42)
     rel = sorted(p.split("/data/", 1)[-1].removeprefix("train/") for p in again.paths)
     recorded = sorted(p.removeprefix("train/") for p in split["train"] + split["val"])
@@ -54,7 +55,7 @@ def test_max_steps_stops_mid_epoch_with_a_valid_run_folder_and_limit_images_reco
 
 
 def test_limit_images_is_a_seeded_subset_in_listing_order(sample_data):
-    listed = discover(str(sample_data))
+    listed = discover(str(sample_data), task=AUTO)
     first, rec = limit(listed, 30, 5)
     second, _ = limit(listed, 30, 5)
     other, _ = limit(listed, 30, 6)
@@ -83,5 +84,5 @@ def test_max_steps_below_one_from_the_api_or_a_config_file_is_refused_before_the
     with pytest.raises(UserError, match="--max-steps must be a positive integer, got 0"):
         train(TrainConfig(data=str(sample_data), model="resnet18", weights="none", max_steps=0, output_dir=str(run)))
     with pytest.raises(UserError, match="--limit-images must be a positive integer, got -3"):
-        limit(discover(str(sample_data)), -3, 0)
+        limit(discover(str(sample_data), task=AUTO), -3, 0)
     assert not run.exists()

@@ -23,6 +23,7 @@ from trained import independent_eval
 from trainrun import flags
 from visiontune import TrainConfig, train
 from visiontune.cli.commands import main
+from visiontune.tasks import AUTO
 from visiontune.training import trainer
 
 
@@ -114,7 +115,7 @@ def test_two_runs_make_the_same_split_and_the_api_returns_the_summary(run, logge
     from visiontune.data.sources import discover
     from visiontune.data.split import relative_paths, split_of, split_summary
 
-    images = discover(str(sample_data))
+    images = discover(str(sample_data), task=AUTO)
     for folder, method in ((run, "random"), (logged.run_dir, "stratified")):
         record = json.loads((folder / "split.json").read_text())
         split = split_of(images, 0.2, 42, method)

@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 from visiontune.cli.commands import main
 from visiontune.errors import UserError
+from visiontune.tasks import AUTO
 from visiontune.tuning import space as space_mod
 from visiontune.tuning.tune import duration
 
@@ -111,13 +112,13 @@ def test_a_study_of_another_data_set_is_refused(sample_data, small_data, tmp_pat
     out = tmp_path / "t"
     out.mkdir()
     made = optuna.create_study(study_name="visiontune", storage=f"sqlite:///{out / 'study.db'}", direction="maximize")
-    made.set_user_attr(study.ATTR_DATA, study.data_identity(discover(str(small_data))))
+    made.set_user_attr(study.ATTR_DATA, study.data_identity(discover(str(small_data), task=AUTO)))
     assert main(_tune(sample_data, out)) == 2
     line = _error(capsys)
     assert "study 'visiontune' in sqlite:///" in line and "is of another data set (40 images" in line
     assert made.trials == [] and not list(out.glob("trial-*"))
     # The study of the right data, with other fixed settings: refused too, saying which.
-    made.set_user_attr(study.ATTR_DATA, study.data_identity(discover(str(sample_data))))
+    made.set_user_attr(study.ATTR_DATA, study.data_identity(discover(str(sample_data), task=AUTO)))
     made.set_user_attr(study.ATTR_DIRECTION, "maximize")
     made.set_user_attr(study.ATTR_FIXED, {"epochs": 3})
     assert main(_tune(sample_data, out)) == 2

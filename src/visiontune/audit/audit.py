@@ -57,13 +57,13 @@ def audit(
     from visiontune.data.groups import split_for
     from visiontune.data.sources import discover
     from visiontune.data.split import relative_paths
-    from visiontune.tasks import read_as
+    from visiontune.tasks import reader
     from visiontune.training.plan import task_of
 
     similarity = SIMILARITY if similarity is None else similarity
     if not 0.0 < similarity <= 1.0:
         raise UserError(f"--similarity must be above 0 and at most 1, got {similarity}")
-    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=read_as(cfg.task))
+    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=reader(cfg.task))
     task = task_of(cfg, images)  # as train resolves it: --task, or what the data was read as
     split_for(images, cfg.replace(fold=0))  # too few images (or groups) for the folds: one line now
     split, _ = split_for(images, cfg.replace(folds=0, fold=0))  # the split train would make: what a leak is

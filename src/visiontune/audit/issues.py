@@ -82,7 +82,7 @@ def _residuals(images, names: list[str], values: np.ndarray, scored: np.ndarray)
     """A regression's largest out-of-fold errors: those more than ``RESIDUAL_Z`` robust deviations (1.4826
     times the median absolute deviation) above the median error, largest first; the score is the error, in
     the targets' units (the mean over the targets)."""
-    given, predicted = images.values[scored].astype(np.float64), values[scored]
+    given, predicted = images.targets[scored].astype(np.float64), values[scored]
     error = np.abs(predicted - given).mean(1)
     spread = 1.4826 * np.median(np.abs(error - np.median(error))) or float(error.std()) or 1.0
     rows = []

@@ -128,15 +128,19 @@ def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.check import check_folder
+    from visiontune.tasks import AUTO
 
-    return check_folder(args.data, args.report, args.workers, (args.image_column, args.label_column))
+    return check_folder(args.data, args.report, args.workers, (args.image_column, args.label_column), task=AUTO)
 
 
 def cmd_shard(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.data.shardwriter import write
+    from visiontune.tasks import AUTO
 
     columns = (args.image_column, args.label_column)
-    write(args.data, args.out, args.shard_size, seed=args.seed, val_fraction=args.val_fraction, columns=columns)
+    write(
+        args.data, args.out, args.shard_size, seed=args.seed, val_fraction=args.val_fraction, columns=columns, task=AUTO
+    )
     return 0
 
 
@@ -144,10 +148,10 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.cluster import jobplan, launch
     from visiontune.data.sources import discover
     from visiontune.reports.bench import bench, train_flags
-    from visiontune.tasks import read_as
+    from visiontune.tasks import reader
 
     cfg = config_from_args(args)
-    discover(cfg.data, cfg.image_column, cfg.label_column, task=read_as(cfg.task))
+    discover(cfg.data, cfg.image_column, cfg.label_column, task=reader(cfg.task))
     # Each strategy re-runs `visiontune train` with these flags.
     cfg, train_argv = train_flags(cfg, argv, "epochs" in vars(args))
     out = cfg.output_dir or launch.default_output_dir().replace("runs", "runs/bench", 1)

@@ -35,6 +35,7 @@ import numpy as np
 from visiontune.cluster.host import user_cache_dir
 from visiontune.data import remote
 from visiontune.data.decode import MAX_PIXELS, BadImage, decode_bytes, read_image
+from visiontune.data.imageset import LabelReader
 from visiontune.data.sources import discover
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
@@ -265,9 +266,11 @@ def bad_fraction_error(n_bad: int, n_files: int, limit: float, report: str) -> s
     return None
 
 
-def check_folder(data: str, report: str | None, workers: int | None, columns: tuple = (None, None)) -> int:
+def check_folder(
+    data: str, report: str | None, workers: int | None, columns: tuple = (None, None), *, task: LabelReader
+) -> int:
     """``visiontune check``: list ``data``, name every bad file and write the report; 1 if any, else 0."""
-    images = discover(data, *columns)
+    images = discover(data, *columns, task=task)  # ``task``: what reads the labels (--task auto's reader)
     print(images.describe())
     # The working folder, never the data's: a data set may be read-only, shared, or listed again by the next
     # run, and a report is not one of its files.

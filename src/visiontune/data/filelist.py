@@ -90,45 +90,6 @@ def _index(images: ImageSet, rows, flag: str, path: str) -> dict[int, str]:
     return found
 
 
-def _relabelled(images: ImageSet, cells: dict[int, str], path: str) -> ImageSet:
-    from dataclasses import replace
-
-    if images.task == "regress":
-        return _revalued(images, cells, path)
-    index = {c: k for k, c in enumerate(images.classes)}
-    labels = images.labels.copy()
-    targets = None if images.targets is None else images.targets.copy()
-    for i, cell in cells.items():
-        names = [n for n in cell.split(";") if n] if images.task == "multilabel" else [cell]
-        unknown = [n for n in names if n not in index]
-        if unknown:
-            shown = printable(unknown[0])[:100]
-            raise UserError(f"--relabel {path}: '{shown}' (for {images.paths[i]}) is not a class of {images.root}")
-        if targets is not None:
-            targets[i] = 0
-            targets[i, [index[n] for n in names]] = 1
-        if names:
-            labels[i] = index[names[0]]
-    return replace(images, labels=labels, targets=targets)
-
-
-def _revalued(images: ImageSet, cells: dict[int, str], path: str) -> ImageSet:
-    """A regression set with the suggested numbers (one a target, joined by ``;``)."""
-    from dataclasses import replace
-
-    values = images.values.copy()
-    for i, cell in cells.items():
-        try:
-            row = [float(v) for v in cell.split(";")]
-        except ValueError:
-            row = []
-        if len(row) != values.shape[1] or not np.isfinite(row).all():
-            shown = printable(cell)[:100]
-            raise UserError(f"--relabel {path}: '{shown}' (for {images.paths[i]}) is not {values.shape[1]} number(s)")
-        values[i] = row
-    return replace(images, values=values)
-
-
 def edit(images: ImageSet, exclude: str | None, relabel: str | None) -> tuple[ImageSet, dict | None]:
     """``images`` less the ``exclude`` CSV's files, with the ``relabel`` CSV's suggested labels, and what
     ``split.json`` records of it (None when neither is given)."""
@@ -138,7 +99,7 @@ def edit(images: ImageSet, exclude: str | None, relabel: str | None) -> tuple[Im
     if relabel:
         rows, digest = read(relabel, "--relabel", "suggested")
         cells = {i: c for i, c in _index(images, rows, "--relabel", relabel).items() if c}
-        images = _relabelled(images, cells, relabel)
+        images = images.reading.relabelled(images, cells, f"--relabel {relabel}")  # the task reads the cells
         record["relabel"] = {"file": relabel, "sha256": digest, "images": len(cells)}
     if exclude:
         rows, digest = read(exclude, "--exclude")

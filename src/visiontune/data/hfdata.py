@@ -4,9 +4,9 @@ PATH is a folder written by ``save_to_disk``, a folder of Parquet files, or an
 image folder that ``load_dataset`` reads (its ``imagefolder`` builder); anything
 else after ``hf:`` is a Hub id, loaded through datasets' own cache. The image
 column is the one whose feature is ``Image`` and the label column the
-``ClassLabel`` one (or a list of ``ClassLabel``: multi-label, ``data/multilabel.py``),
-unless ``--image-column``/``--label-column`` say otherwise;
-class names come from the ClassLabel (other labels: their sorted values). A
+``ClassLabel`` one (or a list of ``ClassLabel``: multi-label), unless
+``--image-column``/``--label-column`` say otherwise; the task reads the column's values (class names from
+the ClassLabel, other labels their sorted values; a regression's numbers). A
 ``train`` split with a ``validation`` one is used as it is (``val_mask``); a
 lone split, or one beside an empty validation split, gets visiontune's seeded
 split. Images are read as the encoded bytes stored in the Arrow table
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from visiontune.data.imageset import ImageSet, Source
+from visiontune.data.imageset import Cells, ImageSet, LabelReader, Source
 from visiontune.errors import UserError
 
 INSTALL = "reading hf: data needs Hugging Face datasets: pip install 'visiontune[formats]'"
@@ -288,54 +289,33 @@ def _label_sets(feature):
     return inner if isinstance(inner, _datasets().ClassLabel) else None
 
 
-def _multi_hot(parts, column: str, names: list[str]) -> np.ndarray:
-    """``uint8 [rows, K]`` from a column of ClassLabel lists (an empty list: an image with no label)."""
-    out = np.zeros((sum(len(p) for _, p in parts), len(names)), np.uint8)
-    at = 0
-    for _, p in parts:
-        for row, values in enumerate(p.with_format(None)[column]):
-            out[at + row, [v for v in (values or []) if v >= 0]] = 1
-        at += len(p)
-    return out
+def _where(root: str, parts, i: int) -> str:
+    """Row ``i`` of the splits listed one after the other, as ``ROOT/<split> row <n>``."""
+    where = 0
+    while i >= len(parts[where][1]):
+        i -= len(parts[where][1])
+        where += 1
+    return f"{root}/{parts[where][0]} row {i}"
 
 
-def _labels(root: str, parts, column: str | None, allow_missing: bool) -> tuple[np.ndarray, list[str]]:
-    """Each row's class index and the class names. A row without a label (a ClassLabel's -1, None, NaN) is
-    refused, as a training set cannot use it, unless ``allow_missing`` (predict: its label is not used)."""
+def _cells(root: str, parts, column: str | None, optional: bool) -> Cells:
+    """The label column's values, for the task to read: a ClassLabel's indices (a list of ClassLabel: lists of
+    them) with its names, or any other column's values as Arrow gives them; None without a label column."""
     ds = _datasets()
+    n = sum(len(p) for _, p in parts)
+    where = partial(_where, root, parts)
     if column is None:
-        if allow_missing:
-            return np.zeros(sum(len(p) for _, p in parts), np.int32), []
-        raise UserError(f"{root}: no ClassLabel column; pass --label-column NAME")
+        return Cells(None, n, where, root, optional=optional)
     feature = parts[0][1].features[column]
+    sets = _label_sets(feature)
     if isinstance(feature, ds.ClassLabel):
-        classes = list(feature.names)
-        labels = np.concatenate([np.asarray(p.with_format("numpy")[column]) for _, p in parts]).astype(np.int64)
-        if len(labels) and labels.max() >= len(classes):
-            raise UserError(f"{root}: column {column!r} holds class {labels.max()} of a ClassLabel of {len(classes)}")
-    else:  # any other column: its sorted values are the classes (read through Arrow: numpy's strings are slow)
-        flat = [v for _, p in parts for v in p.with_format("arrow")[column].to_pylist()]
-        odd = next((v for v in flat if v is not None and not isinstance(v, (str, int, float))), None)
-        if odd is not None:
-            raise UserError(f"{root}: column {column!r} holds {type(odd).__name__} values, not class labels")
-        present = {v for v in flat if v is not None and v == v}  # (NaN != NaN: no label)
-        try:
-            uniq = sorted(present)
-        except TypeError:  # splits saved with different types (text in one, numbers in another)
-            raise UserError(f"{root}: column {column!r} mixes text and numbers across its splits") from None
-        classes, index = [str(u) for u in uniq], {u: i for i, u in enumerate(uniq)}
-        labels = np.fromiter((index.get(v, -1) if v == v else -1 for v in flat), np.int64, len(flat))
-    missing = np.flatnonzero(labels < 0)
-    if len(missing) and not allow_missing:
-        where, offset = 0, int(missing[0])
-        while offset >= len(parts[where][1]):
-            offset -= len(parts[where][1])
-            where += 1
-        raise UserError(
-            f"{root}: {len(missing)} rows have no label in column {column!r} (None, NaN or a ClassLabel's -1), "
-            f"the first {parts[where][0]}/{offset}; label them or leave them out (Dataset.filter) and save it again"
-        )
-    return np.maximum(labels, 0).astype(np.int32), classes
+        rows = np.concatenate([np.asarray(p.with_format("numpy")[column]) for _, p in parts]).astype(np.int64)
+        names = list(feature.names)
+    elif sets is not None:
+        rows, names = [v for _, p in parts for v in p.with_format(None)[column]], list(sets.names)
+    else:  # read through Arrow: numpy's strings are slow
+        rows, names = [v for _, p in parts for v in p.with_format("arrow")[column].to_pylist()], None
+    return Cells(rows, n, where, root, names=names, optional=optional, column=column)
 
 
 def read(
@@ -344,70 +324,27 @@ def read(
     label_column: str | None = None,
     *,
     every_split: bool = False,
-    task: str = "auto",
+    task: LabelReader,
 ) -> ImageSet:
-    """List ``hf:...`` as an ImageSet whose ``reader`` gives each row's image bytes."""
+    """List ``hf:...`` as an ImageSet whose ``reader`` gives each row's image bytes; ``task`` reads the label
+    column (a column that is a list of ClassLabel is a label set whether or not --task multilabel says so)."""
     root, loaded = load(data)
     parts, val, note = _parts(root, loaded, every_split)
     image_column, label_column = _columns(root, parts[0][1].features, image_column, label_column)
-    sets = _label_sets(parts[0][1].features[label_column]) if label_column is not None else None
-    values = None
-    if task == "regress":  # a numeric column: each row's number (data/targets.py)
-        values, classes, targets = _numbers(root, parts, label_column), [label_column], None
-        labels = np.zeros(len(values), np.int32)
-    elif sets is not None:  # multi-label: a list of ClassLabel per row
-        from visiontune.data.multilabel import first_labels
-
-        classes, targets = list(sets.names), _multi_hot(parts, label_column, list(sets.names))
-        labels = first_labels(targets)
-    else:
-        labels, classes = _labels(root, parts, label_column, allow_missing=every_split)
-        targets = None
+    labelled = task.parse(_cells(root, parts, label_column, optional=every_split))
     sizes = [len(p) for _, p in parts]
     part = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
     row = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes])
     names = [f"{root}/{name}/{r}" for name, p in parts for r in range(len(p))]
     reader = HFReader(root, [n for n, _ in parts], image_column, [p for _, p in parts], part, row)
-    return ImageSet(
-        root,
-        "hf",
-        names,
-        labels,
-        classes,
-        reader=reader,
-        val_mask=(part == len(parts) - 1) if val else None,
-        split_note=note,
-        targets=targets,
-        values=values,
+    return ImageSet.of(
+        root, "hf", names, labelled, reader=reader, val_mask=(part == len(parts) - 1) if val else None, split_note=note
     )
 
 
-def _numbers(root: str, parts, column: str | None) -> np.ndarray:
-    """float32 [N, 1] of a numeric column (``--task regress``); a missing or non-numeric value is one line
-    naming the split and row."""
-    from visiontune.data.targets import checked
-
-    if column is None:
-        raise UserError(f"{root}: regression needs a numeric column; pass --label-column NAME")
-    flat = [v for _, p in parts for v in p.with_format("arrow")[column].to_pylist()]
-    numbers = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan") for v in flat]
-    bad = next((i for i, v in enumerate(numbers) if not np.isfinite(v)), None)
-    if bad is not None:
-        where, offset = 0, bad
-        while offset >= len(parts[where][1]):
-            offset -= len(parts[where][1])
-            where += 1
-        raise UserError(
-            f"{root}/{parts[where][0]} row {offset}: column {column!r} holds {str(flat[bad])[:40]!r}, not a finite "
-            "number; give every row a number (regression data)"
-        )
-    return checked(numbers, root)
-
-
 def _read_source(
-    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: str
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: LabelReader
 ) -> ImageSet:
-    # A label column that is a sequence of ClassLabel is a label set whether or not --task multilabel says so.
     return read(data, image_column, label_column, every_split=every_split, task=task)
 
 

@@ -16,13 +16,20 @@ bad-file screen and the cache treat every source alike. Data kept in a container
 rows, shard members) has a ``Reader``: ``paths`` are then the samples' stable names and
 ``reader[i]`` sample i's encoded bytes, read at random by index. This module imports no
 other of ``data/`` but ``pathlist``: every source can import it.
+
+A source does not read its labels: it lists each image's raw label cells (``Cells``: a manifest row's cells
+after the file name, an ``hf:`` column's value, a class folder's index) and hands them to the
+``LabelReader`` it was given, which parses and validates them (one line naming the file and row) and later
+says how to split them. The tasks (``visiontune.tasks``, a wing above this one) are the readers: a task with
+a new kind of label needs no reader here. The reader that read a listing goes with it (``ImageSet.reading``),
+by name where the listing is written to a file (``data/listing.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,6 +54,72 @@ class Reader(Protocol):
 
     def spec(self) -> dict:
         """JSON that reopens this reader in another process: ``{"kind": <its Source's name>, ...}``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Cells:
+    """A source's label cells, before a ``LabelReader`` reads them: one entry per listed image."""
+
+    # Image i's cells: with ``per_row`` a manifest row's text cells after the file name (a list of str), else
+    # one value: an hf: column's, or with ``names`` a class index into them (-1: none) or a list of them
+    # (an int array when every image has one index). None: the data has no label column.
+    rows: Any
+    count: int  # how many images
+    where: Callable[[int], str]  # image i's place in words, for a one-line error: "DATA/train.csv row 4"
+    origin: str  # the data in words, for an error about all of it: "DATA/train.csv", "DATA (imagefolder layout)"
+    per_row: bool = False
+    line: Callable[[int], str] = lambda i: ""  # image i's row as written (file name and cells), for an error
+    header: list[str] | None = None  # the label columns' names, when the source has them
+    names: list[str] | None = None  # the class names the cells index, when the source holds classes as indices
+    optional: bool = False  # an image may have no label (predict lists a data set's unlabelled rows)
+    column: str | None = None  # the label column's name (hf:), for the errors
+    files: list[str] | None = None  # each image's file name as the source gives it (a manifest's), for the errors
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """What a ``LabelReader`` reads a source's cells as."""
+
+    reader: LabelReader  # the one that read them (``auto``: the task the cells say they are)
+    labels: np.ndarray  # int32 per image: its class index (a task without classes: its first class, or 0)
+    classes: list[str]  # the class names in index order (a regression's: its targets' names)
+    targets: np.ndarray | None = None  # [N, ...] the reader's own rows per image (multi-hot, numbers), or None
+
+
+class LabelReader(Protocol):
+    """What a source hands its label cells to (a task, or ``auto``): parsing, validation and the split."""
+
+    name: str  # what a listing file records it by
+    min_classes: int  # the classes (a regression: targets) its data needs at least
+
+    def names_columns(self, row: list[str]) -> bool:
+        """Whether a manifest's first row (all its cells) is a header naming its columns."""
+        ...
+
+    def parse(self, cells: Cells) -> Labelled:
+        """The cells read; one line (``UserError``) naming the file and row of the first that is wrong."""
+        ...
+
+    def read_as(self, name: str) -> LabelReader:
+        """The reader a listing file names (``auto``: the task it came to)."""
+        ...
+
+    def split(self, images: ImageSet, val_fraction: float, seed: int):
+        """The stratified train/val ``Split`` (``data/split.py``) of its images: by class, label sets, bins..."""
+        ...
+
+    def describe(self, images: ImageSet) -> str:
+        """One line naming the labels found (classes and their counts, a target's range)."""
+        ...
+
+    def class_counts(self, images: ImageSet, idx) -> dict[str, int]:
+        """Images of each class among ``images`` at ``idx`` (None: all); {} for labels without classes."""
+        ...
+
+    def relabelled(self, images: ImageSet, cells: dict[int, str], where: str) -> ImageSet:
+        """``images`` with image i given the label of its cell ``cells[i]`` (``--relabel``: audit's suggestions,
+        written as predict writes labels); one line naming ``where`` and the file of a cell it cannot read."""
         ...
 
 
@@ -86,10 +159,10 @@ class ImageSet:
     reader: Reader | None = None
     val_mask: np.ndarray | None = None  # bool per image: in the data's own validation split (None: ours)
     split_note: str = ""  # where the split comes from when the data brings one, for the start line and split.json
-    # Multi-label data (data/multilabel.py): uint8 [N, K] multi-hot, and ``labels`` each image's first class.
+    # The rows its reader keeps per image beyond a class index ([N, ...]: a multi-label set's uint8 multi-hot
+    # rows, a regression's float32 numbers); None: ``labels`` are all there is.
     targets: np.ndarray | None = None
-    # Regression data (data/targets.py): float32 [N, T], one number per target; ``classes`` names the targets.
-    values: np.ndarray | None = None
+    reading: LabelReader | None = None  # what read its label cells (None: class indices, read as classes)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", PathList.from_paths(self.paths, self.root))
@@ -97,21 +170,23 @@ class ImageSet:
         if self.val_mask is not None:
             object.__setattr__(self, "val_mask", np.asarray(self.val_mask, bool).reshape(-1))
         if self.targets is not None:
-            object.__setattr__(self, "targets", np.asarray(self.targets, np.uint8).reshape(len(self.labels), -1))
-        if self.values is not None:
-            object.__setattr__(self, "values", np.asarray(self.values, np.float32).reshape(len(self.labels), -1))
+            targets = np.asarray(self.targets)
+            object.__setattr__(self, "targets", targets.reshape(len(self.labels), *(targets.shape[1:] or (1,))))
+
+    @classmethod
+    def of(cls, root: str, layout: str, paths, labelled: Labelled, **more) -> ImageSet:
+        """The images at ``paths`` with the labels a reader read (``Labelled``)."""
+        return cls(root, layout, paths, **_labelled(labelled), **more)
 
     @property
     def task(self) -> str:
-        """What its labels are, as ``--task`` names it: classify, multilabel (multi-hot ``targets``) or regress
-        (numeric ``values``)."""
-        return "regress" if self.values is not None else "classify" if self.targets is None else "multilabel"
+        """The name of what read its labels (``--task``'s): classify when nothing but class indices did."""
+        return "classify" if self.reading is None else self.reading.name
 
     @property
     def label_array(self) -> np.ndarray:
-        """What a dataset hands out per image: the class index, the multi-hot row of a multi-label set, or the
-        numbers of a regression set."""
-        return self.values if self.values is not None else self.labels if self.targets is None else self.targets
+        """What a dataset hands out per image: its reader's row (multi-hot, numbers), else the class index."""
+        return self.labels if self.targets is None else self.targets
 
     def source(self, i: int) -> str | bytes:
         """What ``decode.try_read`` reads for image i: its path, or its bytes from the reader."""
@@ -127,36 +202,44 @@ class ImageSet:
             reader=None if self.reader is None else self.reader.take(idx),
             val_mask=None if self.val_mask is None else self.val_mask[idx],
             targets=None if self.targets is None else self.targets[idx],
-            values=None if self.values is None else self.values[idx],
         )
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def class_counts(self, idx=None) -> dict[str, int]:
-        """Images of each class (of the images at ``idx``, or all); multi-label: images that have the class;
-        regression: none (it has no classes)."""
-        if self.values is not None:
-            return {}
-        if self.targets is not None:
-            counts = (self.targets if idx is None else self.targets[idx]).sum(0, dtype=np.int64).tolist()
-        else:
-            labels = self.labels if idx is None else self.labels[idx]
-            counts = np.bincount(labels, minlength=len(self.classes)).tolist()
+        """Images of each class (of the images at ``idx``, or all), as its reader counts them (class indices:
+        their counts; a multi-label set: the images that have the class; a regression: none)."""
+        if self.reading is not None:
+            return self.reading.class_counts(self, idx)
+        labels = self.labels if idx is None else self.labels[idx]
+        counts = np.bincount(labels, minlength=len(self.classes)).tolist()
         return {name: counts[i] for i, name in enumerate(self.classes)}
 
     def describe(self) -> str:
-        """One line naming the classes found and how many images each has (regression: its targets' range)."""
-        if self.values is not None:
-            ranges = ", ".join(
-                f"{name} {lo:g} to {hi:g}" for name, lo, hi in zip(self.classes, self.values.min(0), self.values.max(0))
-            )
-            return f"visiontune: {len(self.paths)} images, regression ({self.layout}): {ranges}"
+        """One line naming the labels found, as its reader words them (class indices: each class's count)."""
+        if self.reading is not None:
+            return self.reading.describe(self)
         counts = ", ".join(f"{name} {n}" for name, n in self.class_counts().items())
-        if self.targets is not None:
-            none = int((self.targets.sum(1) == 0).sum())
-            return (
-                f"visiontune: {len(self.paths)} images, multi-label, {len(self.classes)} classes ({self.layout}): "
-                f"{counts}; {none} with no label"
-            )
         return f"visiontune: {len(self.paths)} images in {len(self.classes)} classes ({self.layout}): {counts}"
+
+
+def read_classes(found: ImageSet, reading: LabelReader, origin: str) -> ImageSet:
+    """``found``'s class indices (a layout of class folders, tar shards) read by ``reading``: a task whose labels
+    are not classes refuses them in one line. ``origin``: what holds them, in words ("DATA: tar shards")."""
+    cells = Cells(found.labels, len(found.labels), lambda i: found.paths[i], origin, names=found.classes)
+    return replace(found, **_labelled(reading.parse(cells)))
+
+
+def _labelled(labelled: Labelled) -> dict:
+    return {
+        "labels": labelled.labels,
+        "classes": labelled.classes,
+        "targets": labelled.targets,
+        "reading": labelled.reader,
+    }
+
+
+def refuse_unless_classes(reading: LabelReader, origin: str) -> None:
+    """One line before anything is read, when ``reading`` cannot read a class an image (``read_classes``)."""
+    reading.parse(Cells(np.zeros(0, np.int64), 0, str, origin, names=[]))

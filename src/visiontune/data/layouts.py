@@ -27,18 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from visiontune.data import multilabel, targets
-from visiontune.data.imageset import ImageSet, Source
+from visiontune.data.imageset import Cells, ImageSet, LabelReader, Source, read_classes
 from visiontune.data.pathlist import PathList
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
-from visiontune.text import printable
 
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
 OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"}
-_NAME_HEADERS = ("filename", "file", "path", "id")
-_HEADERS = tuple([name, label] for label in ("label", "labels", "tags") for name in _NAME_HEADERS)
 
 
 def _numeric_key(path: str) -> tuple:
@@ -181,49 +177,40 @@ def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
     return [(n, row) for n, row in rows if any(cell.strip() for cell in row)]
 
 
-def read_manifest(csv_path: Path, image_root: Path, task: str = "auto") -> ImageSet:
-    """Read ``filename,label`` rows; every bad row is an error naming its row number.
+def read_manifest(csv_path: Path, image_root: Path, task: LabelReader) -> ImageSet:
+    """Read ``filename,<label cells>`` rows; a bad row is an error naming its row number.
 
-    A label cell holding ``;`` (or any, with ``task`` multilabel) is a label set (``data/multilabel.py``);
-    an empty one is then an image with no label. With ``task`` regress the cells after the file name are
-    numbers (``data/targets.py``): ``filename,value`` or several columns, named by a header.
+    The file name is this module's to check; the cells after it are ``task``'s to read (``LabelReader``:
+    class names, label sets, numbers), as is whether the first row is a header naming the columns.
     """
     rows = _read_rows(csv_path)
     header = None
-    if task == "regress":
-        if rows and targets.is_header(rows[0][1][1:]):
-            header, rows = rows[0][1][1:], rows[1:]
-    elif rows and [c.strip().lower() for c in rows[0][1][:2]] in _HEADERS:
-        rows = rows[1:]
-    elif rows and len(rows[0][1]) > 1 and rows[0][1][0].strip().lower() in _NAME_HEADERS:
-        # a header whose label column is named otherwise: a regression's (filename,value) read as classes
-        first = ",".join(c.strip() for c in rows[0][1])[:80]
-        raise UserError(
-            f"{csv_path} row {rows[0][0]}: header {first!r} names no label column (label, labels or tags); "
-            "for numbers to predict pass --task regress, for classes name the column label"
-        )
+    if rows and task.names_columns(rows[0][1], f"{csv_path} row {rows[0][0]}"):
+        header, rows = rows[0][1][1:], rows[1:]
     if not rows:
         raise UserError(f"{csv_path}: no rows; expected 'filename,label' lines")
-    as_sets = task == "multilabel" or (
-        task == "auto" and multilabel.says_label_sets([row[1] for _, row in rows if len(row) > 1])
-    )
-    width = len(header) if header is not None else max(len(row) for _, row in rows) - 1
-    root = str(image_root.resolve())
-    paths, names, values, seen = [], [], [], {}
     for n, row in rows:
-        if len(row) < 2 and as_sets:
-            row = [*row, ""]  # a file alone on its row: an image with no label
-        if len(row) < 2 or not row[0].strip() or not (row[1].strip() or as_sets or task == "regress"):
+        if not row[0].strip():
             raise UserError(f"{csv_path} row {n}: expected 'filename,label', got {','.join(row)!r}")
-        name, label = row[0].strip(), row[1].strip()
+    # The label cells first (the task reads them, a bad one is its row), then the files they name.
+    cells = Cells(
+        [row[1:] for _, row in rows],
+        len(rows),
+        lambda i: f"{csv_path} row {rows[i][0]}",
+        str(csv_path),
+        per_row=True,
+        line=lambda i: ",".join(rows[i][1]),
+        header=header,
+        files=[row[0].strip() for _, row in rows],
+    )
+    labelled = task.parse(cells)
+    root = str(image_root.resolve())
+    paths, seen = [], {}
+    for n, row in rows:
+        name = row[0].strip()
         # Reject escaping paths before touching the file system with them.
         if os.path.isabs(name) or ".." in Path(name).parts:
             raise UserError(f"{csv_path} row {n}: path {name!r} leaves the image root {root}; use paths relative to it")
-        if task == "regress":
-            cells = (row[1:] + [""] * width)[:width] if len(row) - 1 <= width else row[1:]
-            if len(cells) != width:
-                raise UserError(f"{csv_path} row {n} ({printable(name)}): {len(row) - 1} targets, expected {width}")
-            values.append(targets.parse(cells, f"{csv_path} row {n} ({printable(name)})"))
         norm = os.path.normpath(name)  # ./a.jpg and a//b.jpg name the same files as a.jpg and a/b.jpg
         if norm in seen:
             raise UserError(
@@ -235,31 +222,12 @@ def read_manifest(csv_path: Path, image_root: Path, task: str = "auto") -> Image
             # a name from the file may hold a newline or other control characters: shown quoted, on one line
             raise UserError(f"{csv_path} row {n}: file not found: {path if path.isprintable() else repr(path)}")
         paths.append(path)
-        names.append(label)
     test_dir = image_root.parent / "test"
     test = sorted(_files(str(test_dir)), key=_numeric_key) if test_dir.is_dir() else []
-    if task == "regress":
-        target_names = targets.target_names(header, width)
-        return ImageSet(
-            str(image_root), "manifest", paths, np.zeros(len(paths), np.int32), target_names, test, values=values
-        )
-    spaces = not any(";" in c for c in names)  # a ';' anywhere: names are split on it alone
-    sets = multilabel.label_sets(names, spaces) if as_sets else [[x] for x in names]
-    every = [lab for labs in sets for lab in labs]
-    if every and all(lab.lstrip("-").isdigit() for lab in every):
-        sets = [[str(int(lab)) for lab in labs] for labs in sets]
-        classes = [str(c) for c in sorted({int(lab) for labs in sets for lab in labs})]
-    else:
-        classes = sorted({lab for labs in sets for lab in labs})
-    if as_sets:
-        multi_hot = multilabel.multi_hot(sets, classes)
-        labels = multilabel.first_labels(multi_hot)
-        return ImageSet(str(image_root), "manifest", paths, labels, classes, test, targets=multi_hot)
-    index = {c: i for i, c in enumerate(classes)}
-    return ImageSet(str(image_root), "manifest", paths, [index[labs[0]] for labs in sets], classes, test)
+    return ImageSet.of(str(image_root), "manifest", paths, labelled, test_files=test)
 
 
-def _manifest(root: Path, task: str = "auto") -> ImageSet | None:
+def _manifest(root: Path, task: LabelReader) -> ImageSet | None:
     if root.is_file() and root.suffix.lower() == ".csv":
         image_root = root.parent / "train" if (root.parent / "train").is_dir() else root.parent
         return read_manifest(root, image_root, task)
@@ -275,12 +243,12 @@ def read_folder(
     label_column: str | None = None,
     *,
     every_split: bool = False,
-    task: str = "auto",
+    task: LabelReader,
 ) -> ImageSet:
     """Detect the layout of the folder (or manifest) ``data`` and list its labelled images.
 
-    ``task`` says what a manifest's label cells are (``read_manifest``); the folder layouts hold classes.
-    The columns and ``every_split`` are other sources' (``data/sources.py`` gives each source the same call).
+    ``task`` reads the label cells: a manifest's (``read_manifest``), or the class of each file of the other
+    layouts. The columns and ``every_split`` are other sources' (``data/sources.py`` gives each the same call).
     """
     root = Path(data).expanduser()
     if not root.exists():
@@ -293,16 +261,14 @@ def read_folder(
                 found = _manifest(root, task)
             else:
                 found = finder(root) if root.is_dir() else None
+                found = (
+                    None if found is None else read_classes(found, task, f"{data}: the {found.layout} layout's files")
+                )
         except PermissionError as e:
             raise UserError(
                 f"cannot read {e.filename} (permission denied): fix its permissions or move it out of {data}"
             ) from None
         if found is not None:
-            if task != "auto" and found.task != task:
-                raise UserError(
-                    f"{data}: --task {task} needs a manifest (train.csv: filename,labels or filename,value) or "
-                    f"hf: data, not the {found.layout} layout"
-                )
             return found
     raise UserError(
         f"cannot tell the layout of {data}: expected train.csv, train/<class>.<n>.jpg "

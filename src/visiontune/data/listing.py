@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from visiontune.data import sources
-from visiontune.data.imageset import ImageSet
+from visiontune.data.imageset import ImageSet, LabelReader
 from visiontune.data.pathlist import PathList
 from visiontune.files import atomic_file
 
@@ -28,8 +28,8 @@ LISTING_ENV = "VISIONTUNE_IMAGE_LIST"  # {"data": abs path, "file": listing} set
 def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None:
     """Write ``images`` (and a small JSON-able ``extra``) compactly: a JSON header line, then the
     paths' bytes, their int64 end offsets, the int32 labels, when the data has its own split one
-    byte per image for it and, multi-label, the uint8 multi-hot rows (regression: the float32 targets).
-    A reader travels as its ``spec()``, reopened on loading."""
+    byte per image for it, and the rows its label reader keeps (``targets``: their dtype and shape in the
+    header). A reader travels as its ``spec()``, reopened on loading, and the label reader by name."""
     paths = images.paths.compact()
     head = {
         "root": images.root,
@@ -44,38 +44,37 @@ def save_listing(images: ImageSet, path: str, extra: dict | None = None) -> None
         "reader": None if images.reader is None else images.reader.spec(),
         "val_mask": images.val_mask is not None,
         "split_note": images.split_note,
-        "task": images.task,
+        "reading": None if images.reading is None else images.reading.name,
+        "targets": None if images.targets is None else [images.targets.dtype.str, list(images.targets.shape[1:])],
     }
     arrays = [paths.blob, paths.ends.astype("<i8"), images.labels.astype("<i4")]
     if images.val_mask is not None:
         arrays.append(images.val_mask.astype(np.uint8))
     if images.targets is not None:
-        arrays.append(images.targets.astype(np.uint8))
-    if images.values is not None:
-        arrays.append(images.values.astype("<f4"))
+        arrays.append(images.targets)
     with atomic_file(path) as f:
         f.write(json.dumps(head).encode() + b"\n")
         for array in arrays:
             f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
-def load_listing(path: str) -> tuple[ImageSet, dict]:
-    """The ``ImageSet`` and ``extra`` that ``save_listing`` wrote."""
+def load_listing(path: str, task: LabelReader) -> tuple[ImageSet, dict]:
+    """The ``ImageSet`` and ``extra`` that ``save_listing`` wrote; ``task``: the reader the job's listing was
+    read with (``auto`` finds the task it came to by the name written)."""
     with open(path, "rb") as f:
         head = json.loads(f.readline())
         raw = f.read()
     n, size, has_mask = head["count"], head["paths_bytes"], head.get("val_mask", False)
-    k = len(head["classes"]) if head.get("task") == "multilabel" else 0
-    t = len(head["classes"]) if head.get("task") == "regress" else 0
+    dtype, shape = head["targets"] if head.get("targets") else (None, [])
+    row_bytes = np.dtype(dtype).itemsize * int(np.prod(shape)) if dtype else 0
     end = size + (13 if has_mask else 12) * n
-    if len(raw) != end + k * n + 4 * t * n:
+    if len(raw) != end + row_bytes * n:
         raise ValueError(f"{path}: truncated image list")
     blob = np.frombuffer(raw, np.uint8, size)
     ends = np.frombuffer(raw, "<i8", n, size).astype(np.int64, copy=False)
     labels = np.frombuffer(raw, "<i4", n, size + 8 * n).astype(np.int32, copy=False)
     mask = np.frombuffer(raw, np.uint8, n, size + 12 * n).astype(bool) if has_mask else None
-    targets = np.frombuffer(raw, np.uint8, n * k, end).reshape(n, k).copy() if k else None
-    values = np.frombuffer(raw, "<f4", n * t, end).reshape(n, t).astype(np.float32) if t else None
+    targets = np.frombuffer(raw, dtype, n * int(np.prod(shape)), end).reshape(n, *shape).copy() if dtype else None
     return ImageSet(
         head["root"],
         head["layout"],
@@ -88,7 +87,7 @@ def load_listing(path: str) -> tuple[ImageSet, dict]:
         val_mask=mask,
         split_note=head.get("split_note", ""),
         targets=targets,
-        values=values,
+        reading=None if head.get("reading") is None else task.read_as(head["reading"]),
     ), head["extra"]
 
 
@@ -113,12 +112,12 @@ def shared_listing(images: ImageSet, data: str) -> Iterator[None]:
                 os.environ[LISTING_ENV] = before
 
 
-def listed(data: str, image_column: str | None = None, label_column: str | None = None, task: str = "auto") -> ImageSet:
+def listed(data: str, image_column: str | None, label_column: str | None, task: LabelReader) -> ImageSet:
     """The listing the launching command shared, else ``discover(data, image_column, label_column, ...)``."""
     try:
         spec = json.loads(os.environ.get(LISTING_ENV) or "null")
         if spec and spec["data"] == _data_key(data):
-            return load_listing(spec["file"])[0]
+            return load_listing(spec["file"], task)[0]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # gone or damaged: list again
     return sources.discover(data, image_column, label_column, task=task)

@@ -1,14 +1,5 @@
-"""Multi-label data: parsing label sets, the multi-hot matrix, and the iteratively stratified split.
-
-An image of a multi-label set has any number of labels, none included (an
-all-negative image). Its labels travel as one ``uint8 [N, K]`` multi-hot matrix
-(``ImageSet.targets``) beside the usual int32 ``labels``, which then hold each
-image's first label (0 for none) and are read by nothing that matters.
-
-A manifest row's label cell is a set: names separated by ``;`` (then a name may
-hold spaces), or by spaces when ``--multi-label`` is given and no row holds a
-``;``. A ``;`` anywhere makes the manifest multi-label without the flag; a space
-alone does not, since single-label class names may hold spaces ("golden retriever").
+"""Multi-label data's split: iterative stratification of its multi-hot rows [N, K] (``tasks/multi.py`` reads
+the label sets and picks this split).
 
 The split is iterative stratification (Sechidis, Tsoumakas and Vlahavas, 2011,
 "On the stratification of multi-label data"), the method scikit-multilearn and
@@ -30,43 +21,7 @@ whatever the method.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
-
-SEPARATORS = re.compile(r"[;\s]+")
-
-
-def label_sets(cells: list[str], spaces: bool) -> list[list[str]]:
-    """Each cell's label names: split on ``;`` (and on spaces too with ``spaces``), empty names dropped,
-    repeats kept once, in order."""
-    split = SEPARATORS if spaces else re.compile(r";")
-    out = []
-    for cell in cells:
-        names = [name.strip() for name in split.split(cell)]
-        out.append(list(dict.fromkeys(name for name in names if name)))
-    return out
-
-
-def says_label_sets(cells: list[str]) -> bool:
-    """Whether a manifest's label cells are label sets without being told: some cell holds a ``;``."""
-    return any(";" in cell for cell in cells)
-
-
-def multi_hot(sets: list[list[str]], classes: list[str]) -> np.ndarray:
-    """``uint8 [N, K]``: 1 where image n has class k."""
-    index = {c: i for i, c in enumerate(classes)}
-    out = np.zeros((len(sets), len(classes)), np.uint8)
-    for n, names in enumerate(sets):
-        out[n, [index[name] for name in names]] = 1
-    return out
-
-
-def first_labels(targets: np.ndarray) -> np.ndarray:
-    """Each image's first class (0 for an image without any): the ``labels`` of a multi-label set."""
-    if not targets.shape[1]:  # no classes at all (every label cell empty): argmax has nothing to pick from
-        return np.zeros(len(targets), np.int32)
-    return np.where(targets.any(1), targets.argmax(1), 0).astype(np.int32)
 
 
 def iterative_split(targets: np.ndarray, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

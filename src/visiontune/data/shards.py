@@ -30,7 +30,14 @@ import numpy as np
 
 from visiontune.data import remote
 from visiontune.data.braces import expand
-from visiontune.data.imageset import IMAGE_EXTENSIONS, ImageSet, Source
+from visiontune.data.imageset import (
+    IMAGE_EXTENSIONS,
+    ImageSet,
+    LabelReader,
+    Source,
+    read_classes,
+    refuse_unless_classes,
+)
 from visiontune.errors import UserError
 from visiontune.files import atomic_file
 
@@ -350,11 +357,10 @@ def read(data: str, local: str | None = None, kind: str = "shards") -> ImageSet:
 
 
 def _read_source(
-    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: str
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: LabelReader
 ) -> ImageSet:
-    if task not in ("auto", "classify"):
-        raise UserError(f"{data}: tar shards carry one class per sample; give {task} data as a manifest")
-    return read(data)
+    refuse_unless_classes(task, f"{data}: tar shards")  # before a shard is opened
+    return read_classes(read(data), task, f"{data}: tar shards")
 
 
 SOURCE = Source(

@@ -20,6 +20,7 @@ import numpy as np
 
 from visiontune.data import stores
 from visiontune.data.check import scan, scan_cache_path
+from visiontune.data.imageset import LabelReader
 from visiontune.data.shards import IMAGE_MEMBERS, INDEX
 from visiontune.data.sources import discover
 from visiontune.data.split import relative_paths, split_of
@@ -61,6 +62,7 @@ def write(
     val_fraction: float = 0.2,
     columns: tuple[str | None, str | None] = (None, None),
     workers: int = 2,
+    task: LabelReader,
 ) -> dict:
     """``visiontune shard``: ``data``'s usable images into WebDataset shards in ``out``, with ``index.json``."""
     try:
@@ -73,8 +75,8 @@ def write(
     put = stores.uploader(out) if stores.is_store(out) else None
     if put is None and os.path.isdir(out) and any(n.endswith(".tar") or n == INDEX for n in os.listdir(out)):
         raise UserError(f"{out} already holds shards; choose an empty or new folder")
-    images = discover(data, *columns)
-    if images.task != "classify":  # a shard's .cls holds one class: the label sets would be lost
+    images = discover(data, *columns, task=task)
+    if images.targets is not None:  # a shard's .cls holds one class: label sets or numbers would be lost
         raise UserError(f"{data} is {images.task} data; tar shards carry one class per sample: train on it as it is")
     print(images.describe())
     bad = list(images.rejects) + scan(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from visiontune.data import hfdata, layouts, shards, stores
-from visiontune.data.imageset import ImageSet, Reader, Source
+from visiontune.data.imageset import ImageSet, LabelReader, Reader, Source
 from visiontune.errors import UserError
 
 # Object stores first (told by their scheme alone), hf: before the URLs (hf:// is both; hfdata claims it
@@ -38,14 +38,14 @@ def discover(
     label_column: str | None = None,
     *,
     every_split: bool = False,
-    task: str = "auto",
+    task: LabelReader,
 ) -> ImageSet:
     """List ``data``'s labelled images, from whichever source it names.
 
     ``image_column``/``label_column`` pick an ``hf:`` data set's columns when its features do not;
-    ``every_split`` lists its test rows too, for predict. ``task`` (``--task``) says what the label cells
-    are; ``auto`` reads them as class names, or as label sets where they say so themselves (a ``;`` in a
-    manifest's cell, a Hugging Face column that is a sequence of ``ClassLabel``).
+    ``every_split`` lists its test rows too, for predict. ``task`` reads the label cells the source lists
+    (``imageset.LabelReader``: ``visiontune.tasks.reader(--task)``; ``auto`` reads them as class names, or as
+    label sets where they say so themselves).
     """
     source = find(data)
     found = source.read(data, image_column, label_column, every_split=every_split, task=task)
@@ -57,7 +57,8 @@ def _checked(found: ImageSet, data: str, unlabelled_ok: bool = False) -> ImageSe
         raise UserError(f"no labelled images found in {data}")
     if not found.classes and not unlabelled_ok:  # a multi-label manifest whose label cells are all empty
         raise UserError(f"{data}: no image has a label; a classifier needs at least two classes")
-    if len(found.classes) < 2 and not unlabelled_ok and found.values is None:  # one target is regression's own
+    least = 2 if found.reading is None else found.reading.min_classes  # a regression's one target is enough
+    if len(found.classes) < least and not unlabelled_ok:
         raise UserError(f"{data}: found only one class ({found.classes[0]}); a classifier needs at least two")
     return found
 

@@ -5,9 +5,11 @@ By default (``--split-method stratified``) each class is held out at
 class gives each class 4 validation images, where a shuffle of all the images
 gave some classes none and others 8. ``--split-method random`` is that shuffle
 (``make_split``), the split of every run before the stratified one, kept so that
-such runs reproduce. Multi-label data is split by iterative stratification
-(``data/multilabel.py``). ``"method"`` in ``split.json`` says which; a record
-without one is a shuffle's (``method_of``).
+such runs reproduce. How the stratified split strata are drawn is the task's to
+say (``Task.split``: by class with ``make_stratified_split``, by label sets with
+``make_multilabel_split``, by quantile bins of a target...), handed down as the
+listing's reader. ``"method"`` in ``split.json`` says which; a record without one
+is a shuffle's (``method_of``).
 
 The permutations come from a private ``torch.Generator`` so that they neither
 read nor advance the global RNG; the same seed and file list give the same
@@ -24,12 +26,12 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from visiontune.data import multilabel, targets
+from visiontune.data import multilabel
 from visiontune.data.pathlist import PathList, root_prefixes
 from visiontune.errors import UserError
 
@@ -51,7 +53,6 @@ class Split:
 RANDOM = "random: a seeded shuffle of all the images (data/split.py)"
 STRATIFIED = "stratified by class: each class held out at --val-fraction in a seeded order (data/split.py)"
 ITERATIVE = "iterative stratification (Sechidis et al. 2011), data/multilabel.py"
-QUANTILES = "stratified by quantile bins of the target: each bin held out at --val-fraction (data/targets.py)"
 
 
 def method_of(record: dict) -> str:
@@ -130,16 +131,13 @@ def make_multilabel_split(targets: np.ndarray, val_fraction: float, seed: int) -
 
 
 def split_of(images, val_fraction: float, seed: int, method: str = "stratified") -> Split:
-    """The data's own train/validation split when it brings one (an ``ImageSet``'s ``val_mask``), else
-    by ``method``: ``make_stratified_split`` (multi-label data: ``make_multilabel_split``) or the shuffle
-    ``make_split`` (``random``)."""
+    """The data's own train/validation split when it brings one (an ``ImageSet``'s ``val_mask``), else by
+    ``method``: stratified as the reader of its labels says (``LabelReader.split``; class indices alone:
+    ``make_stratified_split``) or the shuffle ``make_split`` (``random``)."""
     if images.val_mask is None and method == "random":
         return make_split(len(images), val_fraction, seed)
-    if images.val_mask is None and getattr(images, "values", None) is not None:
-        bins = targets.quantile_bins(images.values, val_fraction)
-        return replace(make_stratified_split(bins, val_fraction, seed), method=QUANTILES)
-    if images.val_mask is None and getattr(images, "targets", None) is not None:
-        return make_multilabel_split(images.targets, val_fraction, seed)
+    if images.val_mask is None and images.reading is not None:
+        return images.reading.split(images, val_fraction, seed)
     if images.val_mask is None:
         return make_stratified_split(images.labels, val_fraction, seed)
     split = Split(np.flatnonzero(~images.val_mask), np.flatnonzero(images.val_mask))

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from visiontune.data import layouts, remote, shards
 from visiontune.data.braces import MAX_NAMES, expand
-from visiontune.data.imageset import ImageSet, Source
+from visiontune.data.imageset import ImageSet, LabelReader, Source, read_classes
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 from visiontune.text import mask_urls
@@ -303,12 +303,13 @@ def uploader(url: str) -> Callable[[str], None]:
     return put
 
 
-def _read(data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: str) -> ImageSet:
+def _read(
+    data: str, image_column: str | None, label_column: str | None, *, every_split: bool, task: LabelReader | None
+) -> ImageSet:
     local = fetch(data)
     if shards.is_shards(local):
-        if task not in ("auto", "classify"):
-            raise UserError(f"{data}: tar shards carry one class per sample; give {task} data as a manifest")
-        return shards.read(data.rstrip("/"), local=local, kind=SOURCE.name)  # (names are URL/NAME)
+        found = shards.read(data.rstrip("/"), local=local, kind=SOURCE.name)  # (names are URL/NAME)
+        return found if task is None else read_classes(found, task, f"{data}: tar shards")
     return layouts.read_folder(local, image_column, label_column, every_split=every_split, task=task)
 
 
@@ -319,7 +320,8 @@ def _folder_copy(data: str) -> str | None:
 
 
 def _reopen(spec: dict) -> shards.ShardReader:
-    return shards.reopen(spec, lambda data: _read(data, None, None, every_split=False, task="auto"))
+    # (the shards' reader alone: what the labels are was read with the listing)
+    return shards.reopen(spec, lambda data: _read(data, None, None, every_split=False, task=None))
 
 
 SOURCE = Source(

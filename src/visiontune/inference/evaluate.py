@@ -283,12 +283,8 @@ def evaluate(
     if top_n < 0:
         raise UserError(f"--top-losses must be 0 or more, got {top_n}")
     task = loaded.info.task
-    images, classes = discover(data, *columns, task=task.reads), loaded.classes
-    if images.task != task.reads:
-        raise UserError(
-            f"{data} has {tasks.get(images.task).labels_per_image} per image but the model is {task.title}; "
-            "evaluate on data of its kind"
-        )
+    # the model's task reads the data's labels: labels of another kind are refused as it lists them
+    images, classes = discover(data, *columns, task=task), loaded.classes
     # Case aside (Kaggle's cat/dog, PetImages' Cat/Dog), the names (a regression's targets) and their order
     # must agree.
     if [c.lower() for c in images.classes] != [c.lower() for c in classes]:

@@ -43,7 +43,9 @@ def list_inputs(data: str, columns: tuple[str | None, str | None] = (None, None)
         names = [f"{data.rstrip('/')}/{Path(p).relative_to(local).as_posix()}" for p in inputs.paths]
         return Inputs(names, inputs.kaggle_ids, inputs.paths)
     if source.container:  # hf: data, shards: listed as train lists them
-        images = sources.discover(data, *columns, every_split=True)
+        from visiontune.tasks import AUTO  # the labels are not used: read as they say they are
+
+        images = sources.discover(data, *columns, every_split=True, task=AUTO)
         return Inputs(list(images.paths), None, images.reader)
     p = Path(data)
     if p.is_dir():

@@ -42,7 +42,7 @@ def batches(loaded: LoadedModel, run_dir: str, split: str, limit: int | None = N
     """(normalised float32 NCHW array, labels array) over ``split`` of the run's own data (``limit``: a
     seeded choice of that many), unreadable files left out."""
     data, columns = recorded_data(run_dir)
-    chosen, _ = select(discover(data, *columns, task=loaded.info.task.reads), run_dir, split)
+    chosen, _ = select(discover(data, *columns, task=loaded.info.task), run_dir, split)
     if limit is not None and limit < len(chosen.paths):
         chosen = chosen.take(np.sort(np.random.default_rng(0).choice(len(chosen.paths), limit, replace=False)))
     info = loaded.info

@@ -161,7 +161,7 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet):
     if accelerator.is_local_main_process:
         images, bad, cache, choice = screened["images"], screened["bad"], screened["cache"], screened["choice"]
     else:
-        images, extra = load_listing(path)
+        images, extra = load_listing(path, images.reading)
         bad, cache = [tuple(b) for b in extra["bad"]], _cache_from(extra["cache"])
         choice = CacheChoice(**extra["choice"])
     accelerator.wait_for_everyone()  # every process has read the file: quick, they all started together

@@ -5,10 +5,17 @@ multi-hot rows), ``regress`` (``regress``: one or more numbers an image).
 A run's task is resolved once (``training.plan``: ``--task``, or for ``auto`` the one its data was read as)
 and handed to everything downstream; a run's records name it (``recorded`` also reads the records of
 runs from before the name, which said ``multi_label``). A new task is one module here and one line below.
+
+A task reads its own labels: the data sources list each image's raw label cells and hand them to the task
+(``Task.parse``), which also says how they are split; ``reader`` gives the sources what ``--task`` names,
+``AUTO`` for ``auto`` (the cells say which task they are: class names, or label sets where they say so).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from visiontune.data.imageset import Cells, Labelled
 from visiontune.errors import UserError
 from visiontune.tasks.base import RANKED, UNREADABLE, Task
 from visiontune.tasks.multi import MULTI_LABEL
@@ -23,9 +30,10 @@ __all__ = [
     "TASKS",
     "UNREADABLE",
     "Task",
+    "AUTO",
     "best_metric",
     "get",
-    "read_as",
+    "reader",
     "recorded",
     "register",
     "task_of",
@@ -51,9 +59,32 @@ def get(name: str) -> Task:
     return TASKS[name]
 
 
-def read_as(name: str) -> str:
-    """What ``--task name``'s data sources read the label cells as (``auto``: as they say themselves)."""
-    return name if name == "auto" else get(name).reads
+class Auto:
+    """``--task auto``: label cells read as the task they say they are. Label sets where they say so (a ``;`` in
+    a manifest's label cell, an hf: column of ClassLabel lists), else class names."""
+
+    name = "auto"
+
+    def names_columns(self, row: list[str], where: str = "") -> bool:
+        return SINGLE_LABEL.names_columns(row, where)
+
+    def parse(self, cells: Cells) -> Labelled:
+        if cells.per_row:
+            sets = any(row and ";" in row[0] for row in cells.rows)
+        else:
+            sets = cells.rows is not None and cells.names is not None and not isinstance(cells.rows, np.ndarray)
+        return (MULTI_LABEL if sets else SINGLE_LABEL).parse(cells)
+
+    def read_as(self, name: str) -> Task:
+        return get(name)
+
+
+AUTO = Auto()
+
+
+def reader(name: str) -> Task | Auto:
+    """What the data sources hand their label cells to under ``--task name``."""
+    return AUTO if name == "auto" else get(name)
 
 
 def recorded(model: dict | None) -> Task | None:
@@ -66,10 +97,10 @@ def recorded(model: dict | None) -> Task | None:
 
 
 def task_of(cfg, images) -> Task:
-    """What a run on ``images`` learns to predict: ``--task``, or for ``auto`` what the data was read as (its
-    sources read the labels as ``--task`` asks, so the two agree unless a source cannot read them so)."""
+    """What a run on ``images`` learns to predict: ``--task``, or for ``auto`` what the data was read as (the
+    task ``--task`` names reads the labels itself, so the two agree unless the listing came from elsewhere)."""
     task = get(images.task if cfg.task == "auto" else cfg.task)
-    if task.reads != images.task:
+    if task.name != images.task:
         raise UserError(
             f"--task {cfg.task}: {cfg.data} holds {get(images.task).title} data; drop --task or fix the data"
         )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from visiontune.data.imageset import Cells, Labelled
 from visiontune.tasks._torch import nn, torch
 
 # The label of an unreadable image: F.cross_entropy's ignore_index, and left out of every count. A
@@ -33,10 +34,8 @@ class Task:
 
     name: str  # its name in ``tasks.TASKS``, ``--task`` and the run's records
     title: str  # its data in words: "single-label"
-    # What its data's label cells are read as (``data``'s kinds: classify, multilabel or regress): a task
-    # built on another one's labels inherits it. Its evaluation (the eval.json writer and the run page's
-    # section) is found through its name in ``reports.evaluations``.
-    reads: str
+    # Its evaluation (the eval.json writer and the run page's section) is found through its name in
+    # ``reports.evaluations``.
     # Whether its loss takes --label-smoothing; a recipe's (``--recipe modern``) is dropped for a task without.
     supports_label_smoothing: bool = True
     min_classes: int = 2  # the classes (a regression: the targets) its model has at least
@@ -87,6 +86,41 @@ class Task:
 
     def best_figures(self, row: dict) -> dict:
         """What a summary adds of the best epoch's val ``row`` to its accuracy and loss."""
+        raise NotImplementedError
+
+    # -- its label cells, as the data sources list them (``data.imageset.LabelReader``) --
+
+    def names_columns(self, row: list[str], where: str = "") -> bool:
+        """Whether a manifest's first ``row`` (all its cells) names its columns; ``where``: that row, in words."""
+        raise NotImplementedError
+
+    def parse(self, cells: Cells) -> Labelled:
+        """The images' label cells read, as its ``label_array`` keeps them; one line (``UserError``) naming the
+        file and row of the first that is wrong."""
+        raise NotImplementedError
+
+    def read_as(self, name: str) -> Task:
+        """Itself, for a listing file that names it (a listing is read back with the reader that wrote it)."""
+        if name != self.name:
+            raise ValueError(f"a listing read as {name!r} is not {self.name} data")
+        return self
+
+    def split(self, images, val_fraction: float, seed: int):
+        """The seeded train/val ``data.split.Split`` of its ``images`` (an ``ImageSet``), stratified as its labels
+        allow (by class, by label sets, by bins of a number), with ``make_split``'s sizes."""
+        raise NotImplementedError
+
+    def class_counts(self, images, idx) -> dict[str, int]:
+        """Images of each class among ``images`` at ``idx`` (None: all); {} when its labels have no classes."""
+        raise NotImplementedError
+
+    def describe(self, images) -> str:
+        """One line naming what its ``images`` hold (classes and their counts, a target's range)."""
+        raise NotImplementedError
+
+    def relabelled(self, images, cells: dict[int, str], where: str):
+        """``images`` with image i given the label its cell ``cells[i]`` says (``--relabel``: audit's suggested
+        labels, as predict writes them); one line naming ``where`` and the file of a cell it cannot read."""
         raise NotImplementedError
 
     def label_array(self, labels) -> np.ndarray:

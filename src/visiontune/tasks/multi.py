@@ -3,6 +3,13 @@
 Its loss is the binary cross-entropy of each class, its "accuracy" the exact-match ratio (every class on
 the right side of probability 0.5), and an evaluation also ranks: the mAP and each class's F1-tuned
 threshold, from every gathered output (``reports.multilabel`` states the conventions, sklearn's).
+
+Its labels are label sets, kept as ``uint8`` multi-hot rows (each image's first class as its index). A
+manifest row's label cell is a set: names separated by ``;`` (then a name may hold spaces), or by spaces
+when no row holds a ``;`` (and ``--task multilabel`` says so); an empty cell, or a file alone on its row,
+is an image with no label. A ``;`` anywhere makes a manifest multi-label under ``--task auto``; a space
+alone does not, since single-label class names may hold spaces ("golden retriever"). An ``hf:`` column
+of ``ClassLabel`` lists is one too. Its split is iterative stratification (``data/multilabel.py``).
 """
 
 from __future__ import annotations
@@ -10,12 +17,61 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from visiontune.data.imageset import Cells, Labelled
+from visiontune.errors import UserError
 from visiontune.tasks._torch import F, nn, torch
 from visiontune.tasks.base import UNREADABLE, Loss, Task
+from visiontune.tasks.single import class_names, names_class_columns, refuse_class_cells
+from visiontune.text import printable
+
+SEPARATORS = re.compile(r"[;\s]+")
+
+
+def label_sets(cells: list[str], spaces: bool) -> list[list[str]]:
+    """Each cell's label names: split on ``;`` (and on spaces too with ``spaces``), empty names dropped,
+    repeats kept once, in order."""
+    split = SEPARATORS if spaces else re.compile(r";")
+    out = []
+    for cell in cells:
+        names = [name.strip() for name in split.split(cell)]
+        out.append(list(dict.fromkeys(name for name in names if name)))
+    return out
+
+
+def says_label_sets(cells: list[str]) -> bool:
+    """Whether a manifest's label cells are label sets without being told: some cell holds a ``;``."""
+    return any(";" in cell for cell in cells)
+
+
+def multi_hot(sets: list[list[str]], classes: list[str]) -> np.ndarray:
+    """``uint8 [N, K]``: 1 where image n has class k."""
+    index = {c: i for i, c in enumerate(classes)}
+    out = np.zeros((len(sets), len(classes)), np.uint8)
+    for n, names in enumerate(sets):
+        out[n, [index[name] for name in names]] = 1
+    return out
+
+
+def first_labels(targets: np.ndarray) -> np.ndarray:
+    """Each image's first class (0 for an image without any): the ``labels`` of a multi-label set."""
+    if not targets.shape[1]:  # no classes at all (every label cell empty): argmax has nothing to pick from
+        return np.zeros(len(targets), np.int32)
+    return np.where(targets.any(1), targets.argmax(1), 0).astype(np.int32)
+
+
+def multi_hot_of_indices(rows, classes: int) -> np.ndarray:
+    """``uint8 [rows, K]`` from lists of class indices (an hf: column of ClassLabel lists; -1 dropped)."""
+    out = np.zeros((len(rows), classes), np.uint8)
+    for n, values in enumerate(rows):
+        out[n, [v for v in (values or []) if v >= 0]] = 1
+    return out
+
 
 DEFAULT_THRESHOLD = 0.5
 
@@ -96,7 +152,6 @@ def tune_thresholds(probs: torch.Tensor, targets: torch.Tensor) -> list[float]:
 class MultiLabel(Task):
     name, title, ranks, thresholded, accuracy_name = "multilabel", "multi-label", True, True, "label_accuracy"
     # mAP: the exact-match ratio (its accuracy) says little until nearly every label set is right
-    reads = "multilabel"
     best_metric, metrics = "map", ("accuracy", "loss", "map")
     curves, accuracy_title, labels_per_image = (("map", "mAP"),), "Accuracy (exact match)", "several labels"
     card_verb, activation_code = "tag images with any of", "logits.sigmoid()"
@@ -109,6 +164,63 @@ class MultiLabel(Task):
         if "thresholds" not in row:  # an epoch without a readable val image
             return {}
         return {"best_val_map": row["map"], "thresholds": row["thresholds"]}  # the thresholds the model keeps
+
+    # -- its label cells --
+
+    def names_columns(self, row: list[str], where: str = "") -> bool:
+        return names_class_columns(row, where)
+
+    def parse(self, cells: Cells) -> Labelled:
+        if cells.rows is None:
+            if not cells.optional:
+                raise UserError(f"{cells.origin}: no ClassLabel column; pass --label-column NAME")
+            return Labelled(self, np.zeros(cells.count, np.int32), [], np.zeros((cells.count, 0), np.uint8))
+        if not cells.per_row:
+            if cells.names is None or isinstance(cells.rows, np.ndarray):  # one class a row
+                refuse_class_cells(cells, self.name, "a manifest (train.csv: filename,labels) or an hf: label list")
+            targets = multi_hot_of_indices(cells.rows, len(cells.names))
+            return Labelled(self, first_labels(targets), list(cells.names), targets)
+        texts = [row[0] if row else "" for row in cells.rows]  # a file alone on its row: no label
+        spaces = not any(";" in c for c in texts)  # a ';' anywhere: names are split on it alone
+        sets, classes = class_names(label_sets(texts, spaces))
+        targets = multi_hot(sets, classes)
+        return Labelled(self, first_labels(targets), classes, targets)
+
+    def split(self, images, val_fraction: float, seed: int):
+        from visiontune.data.split import make_multilabel_split  # (torch: imported when a split is made)
+
+        return make_multilabel_split(images.targets, val_fraction, seed)
+
+    def class_counts(self, images, idx) -> dict[str, int]:
+        """The images that have each class."""
+        counts = (images.targets if idx is None else images.targets[idx]).sum(0, dtype=np.int64).tolist()
+        return {name: counts[i] for i, name in enumerate(images.classes)}
+
+    def describe(self, images) -> str:
+        counts = ", ".join(f"{name} {n}" for name, n in self.class_counts(images, None).items())
+        none = int((images.targets.sum(1) == 0).sum())
+        return (
+            f"visiontune: {len(images.paths)} images, multi-label, {len(images.classes)} classes ({images.layout}): "
+            f"{counts}; {none} with no label"
+        )
+
+    def relabelled(self, images, cells: dict[int, str], where: str):
+        """A cell is a label set, its names joined by ``;`` (empty: no label)."""
+        index = {c: k for k, c in enumerate(images.classes)}
+        labels, targets = images.labels.copy(), images.targets.copy()
+        for i, cell in cells.items():
+            names = [n for n in cell.split(";") if n]
+            unknown = [n for n in names if n not in index]
+            if unknown:
+                shown = printable(unknown[0])[:100]
+                raise UserError(f"{where}: '{shown}' (for {images.paths[i]}) is not a class of {images.root}")
+            targets[i] = 0
+            targets[i, [index[n] for n in names]] = 1
+            if names:
+                labels[i] = index[names[0]]
+        return replace(images, labels=labels, targets=targets)
+
+    # -- its labels in a run --
 
     def label_array(self, labels) -> np.ndarray:
         return np.asarray(labels).astype(np.float32)

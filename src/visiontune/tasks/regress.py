@@ -1,4 +1,10 @@
-"""Image regression: one or more numbers an image, float32 rows [N, T] (``data/targets.py`` reads them).
+"""Image regression: one or more numbers an image, float32 rows [N, T].
+
+Its labels are numbers: a manifest's columns after the file name (``filename,value`` or
+``filename,age,score``: a header names them, else they are ``value`` or ``value1``, ``value2``...), or an
+``hf:`` numeric column. Every cell must be a finite number: an empty, NaN or non-numeric one is one line
+naming its file and row. The split holds out the same share of each quantile bin of the (first) target, so
+that the val split spans the range as the train split does.
 
 The model learns the targets standardised by the train split's mean and standard deviation (``fitted``),
 so one lr suits targets in any unit; its output is that standardised value, and everything a person or a
@@ -15,13 +21,59 @@ import csv
 import io
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from visiontune.data.imageset import Cells, Labelled
+from visiontune.errors import UserError
 from visiontune.tasks._torch import F, nn, torch
 from visiontune.tasks.base import Loss, Task
+from visiontune.tasks.single import refuse_class_cells
+from visiontune.text import printable
 
 LOSSES = {"mse": "mse_loss", "l1": "l1_loss", "huber": "huber_loss"}  # --loss: torch.nn.functional's
+
+
+BINS = 10  # quantile bins the split stratifies by (fewer when there are few images)
+QUANTILES = "stratified by quantile bins of the target: each bin held out at --val-fraction (tasks/regress.py)"
+
+
+def target_names(header: list[str] | None, count: int) -> list[str]:
+    """The targets' names: a header's, else ``value`` (one) or ``value1``.. (several)."""
+    if header is not None:
+        return [c.strip() for c in header]
+    return ["value"] if count == 1 else [f"value{i + 1}" for i in range(count)]
+
+
+def _number(cell) -> float | None:
+    if isinstance(cell, bool):
+        return None
+    try:
+        v = float(cell.strip() if isinstance(cell, str) else cell)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def parse_numbers(cells: list[str], where: str) -> list[float]:
+    """A row's target cells as numbers; else one line naming ``where`` (the file and row)."""
+    out = []
+    for cell in cells:
+        v = _number(cell)
+        if v is None:
+            what = "empty" if not cell.strip() else f"{cell.strip()[:40]!r}, not a finite number"
+            raise UserError(f"{where}: target {what}; give every image a number (regression data)")
+        out.append(v)
+    return out
+
+
+def quantile_bins(values: np.ndarray, val_fraction: float) -> np.ndarray:
+    """int per image: its quantile bin of the first target (as many bins as keep two val images in each)."""
+    first = np.asarray(values, np.float64).reshape(len(values), -1)[:, 0]
+    bins = max(1, min(BINS, int(len(first) * val_fraction) // 2))
+    edges = np.quantile(first, np.linspace(0, 1, bins + 1)[1:-1]) if bins > 1 else np.array([])
+    return np.searchsorted(edges, first, side="right").astype(np.int64)
 
 
 def _finite_list(v, n: int | None) -> bool:
@@ -34,7 +86,6 @@ def _finite_list(v, n: int | None) -> bool:
 
 class Regression(Task):
     name, title, min_classes, classes_word = "regress", "regression", 1, "targets"
-    reads = "regress"
     supports_label_smoothing = False
     # an exported file is scored by the share of images it answers within a tenth of a standard deviation
     ranks, thresholded, accuracy_name = True, False, "share_within_a_tenth_std"
@@ -100,6 +151,71 @@ class Regression(Task):
 
     def best_figures(self, row: dict) -> dict:
         return {f"best_val_{k}": row.get(k) for k in ("rmse", "r2")}
+
+    # -- its label cells --
+
+    def names_columns(self, row: list[str], where: str = "") -> bool:
+        """A header's target cells are not numbers."""
+        return any(_number(c) is None for c in row[1:])
+
+    def parse(self, cells: Cells) -> Labelled:
+        if cells.rows is None:
+            raise UserError(f"{cells.origin}: regression needs a numeric column; pass --label-column NAME")
+        if cells.names is not None:
+            refuse_class_cells(
+                cells, self.name, "numbers: a manifest (train.csv: filename,value) or an hf: numeric column"
+            )
+        if not cells.per_row:  # an hf: column: one number a row
+            for i, v in enumerate(cells.rows):
+                if not isinstance(v, (int, float)) or _number(v) is None:  # text is not a number column
+                    raise UserError(
+                        f"{cells.where(i)}: column {cells.column!r} holds {str(v)[:40]!r}, not a finite number; "
+                        "give every row a number (regression data)"
+                    )
+            values = np.asarray([float(v) for v in cells.rows], np.float32).reshape(-1, 1)
+            return Labelled(self, np.zeros(len(values), np.int32), [cells.column], values)
+        width = len(cells.header) if cells.header is not None else max((len(r) for r in cells.rows), default=1)
+        values = []
+        for i, row in enumerate(cells.rows):
+            where = cells.where(i) if cells.files is None else f"{cells.where(i)} ({printable(cells.files[i])})"
+            row = (row + [""] * width)[:width] if len(row) <= width else row
+            if len(row) != width:
+                raise UserError(f"{where}: {len(row)} targets, expected {width}")
+            values.append(parse_numbers(row, where))
+        values = np.asarray(values, np.float32).reshape(len(values), width)
+        return Labelled(self, np.zeros(len(values), np.int32), target_names(cells.header, width), values)
+
+    def split(self, images, val_fraction: float, seed: int):
+        from visiontune.data.split import make_stratified_split  # (torch: imported when a split is made)
+
+        bins = quantile_bins(images.targets, val_fraction)
+        return replace(make_stratified_split(bins, val_fraction, seed), method=QUANTILES)
+
+    def class_counts(self, images, idx) -> dict[str, int]:
+        return {}  # no classes
+
+    def describe(self, images) -> str:
+        values = images.targets
+        ranges = ", ".join(
+            f"{printable(name)} {lo:g} to {hi:g}" for name, lo, hi in zip(images.classes, values.min(0), values.max(0))
+        )
+        return f"visiontune: {len(images.paths)} images, regression ({images.layout}): {ranges}"
+
+    def relabelled(self, images, cells: dict[int, str], where: str):
+        """A cell is the suggested numbers, one a target, joined by ``;``."""
+        values = images.targets.copy()
+        for i, cell in cells.items():
+            try:
+                row = [float(v) for v in cell.split(";")]
+            except ValueError:
+                row = []
+            if len(row) != values.shape[1] or not np.isfinite(row).all():
+                shown = printable(cell)[:100]
+                raise UserError(f"{where}: '{shown}' (for {images.paths[i]}) is not {values.shape[1]} number(s)")
+            values[i] = row
+        return replace(images, targets=values)
+
+    # -- its labels in a run --
 
     def label_array(self, labels) -> np.ndarray:
         arr = np.asarray(labels, np.float32)

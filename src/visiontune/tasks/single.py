@@ -1,4 +1,9 @@
-"""Single-label classification: one class an image, int64 class indices, softmax cross-entropy."""
+"""Single-label classification: one class an image, int64 class indices, softmax cross-entropy.
+
+Its labels are class names: a manifest's label cell (``filename,label``; class names that are all whole
+numbers are sorted as numbers), a class folder, an ``hf:`` ``ClassLabel`` column or any column of names;
+its split holds each class out at ``--val-fraction`` (``data.split.make_stratified_split``).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,76 @@ import csv
 import io
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from visiontune.data.imageset import Cells, Labelled
+from visiontune.errors import UserError
 from visiontune.tasks._torch import F, nn, torch
 from visiontune.tasks.base import UNREADABLE, Loss, Task
+from visiontune.text import printable
+
+_NAME_HEADERS = ("filename", "file", "path", "id")
+_HEADERS = tuple([name, label] for label in ("label", "labels", "tags") for name in _NAME_HEADERS)
+
+
+def names_class_columns(row: list[str], where: str) -> bool:
+    """Whether a manifest's first ``row`` is a header naming a file column and a label column; one line when it
+    names a file column and no label column (numbers to predict, read as classes)."""
+    first = [c.strip().lower() for c in row[:2]]
+    if first in _HEADERS:
+        return True
+    if len(row) > 1 and first[0] in _NAME_HEADERS:
+        shown = ",".join(c.strip() for c in row)[:80]
+        raise UserError(
+            f"{where}: header {shown!r} names no label column (label, labels or tags); "
+            "for numbers to predict pass --task regress, for classes name the column label"
+        )
+    return False
+
+
+def class_names(sets: list[list[str]]) -> tuple[list[list[str]], list[str]]:
+    """The label sets with their names as classes, and the classes in index order: sorted by name, or as
+    numbers when every name is a whole number ("10" after "9"; "07" is then "7")."""
+    every = [lab for labs in sets for lab in labs]
+    if every and all(lab.lstrip("-").isdigit() for lab in every):
+        sets = [[str(int(lab)) for lab in labs] for labs in sets]
+        return sets, [str(c) for c in sorted({int(lab) for labs in sets for lab in labs})]
+    return sets, sorted({lab for labs in sets for lab in labs})
+
+
+def column_classes(cells: Cells) -> tuple[np.ndarray, list[str]]:
+    """int64 class index per row of an ``hf:`` column (-1: none) and the classes: a ClassLabel's, or the
+    column's sorted values."""
+    if cells.names is not None:
+        classes = list(cells.names)
+        labels = np.asarray(cells.rows, np.int64).reshape(-1)
+        if len(labels) and labels.max() >= len(classes):
+            raise UserError(
+                f"{cells.origin}: column {cells.column!r} holds class {labels.max()} of a ClassLabel of {len(classes)}"
+            )
+        return labels, classes
+    flat = list(cells.rows)
+    odd = next((v for v in flat if v is not None and not isinstance(v, (str, int, float))), None)
+    if odd is not None:
+        raise UserError(f"{cells.origin}: column {cells.column!r} holds {type(odd).__name__} values, not class labels")
+    present = {v for v in flat if v is not None and v == v}  # (NaN != NaN: no label)
+    try:
+        uniq = sorted(present)
+    except TypeError:  # splits saved with different types (text in one, numbers in another)
+        raise UserError(f"{cells.origin}: column {cells.column!r} mixes text and numbers across its splits") from None
+    index = {u: i for i, u in enumerate(uniq)}
+    return np.fromiter((index.get(v, -1) if v == v else -1 for v in flat), np.int64, len(flat)), [str(u) for u in uniq]
+
+
+def refuse_class_cells(cells: Cells, task: str, needs: str) -> None:
+    """One line: cells that are class indices (a class folder, tar shards, a ClassLabel) are not ``task``'s."""
+    if cells.column is not None:
+        what = f"{cells.origin}: column {cells.column!r} holds one class a row"
+    else:
+        what = f"{cells.origin} carry one class per sample"
+    raise UserError(f"{what}; --task {task} needs {needs}")
 
 
 def per_sample_loss(label_smoothing: float) -> Loss:
@@ -47,13 +117,72 @@ def positive_class(classes: list[str]) -> int:
 
 class SingleLabel(Task):
     name, title, ranks, thresholded, accuracy_name = "classify", "single-label", False, False, "accuracy"
-    reads = "classify"
     best_metric, metrics = "accuracy", ("accuracy", "loss")
     curves, accuracy_title, labels_per_image = (), "Training and Validation Accuracy", "one label"
     card_verb, activation_code, card_note = "classify images into", "logits.softmax(-1)", ""
 
     def best_figures(self, row: dict) -> dict:
         return {}
+
+    # -- its label cells --
+
+    def names_columns(self, row: list[str], where: str = "") -> bool:
+        return names_class_columns(row, where)
+
+    def parse(self, cells: Cells) -> Labelled:
+        if cells.rows is None:  # an hf: data set with no label column
+            if not cells.optional:
+                raise UserError(f"{cells.origin}: no ClassLabel column; pass --label-column NAME")
+            return Labelled(self, np.zeros(cells.count, np.int32), [])
+        if not cells.per_row:  # one value an image: a class index into names (a folder, a ClassLabel) or a name
+            if cells.names is not None and not isinstance(cells.rows, np.ndarray):
+                raise UserError(
+                    f"{cells.origin}: column {cells.column!r} holds label sets (several classes a row); "
+                    "pass --task multilabel or auto"
+                )
+            labels, classes = column_classes(cells)
+            missing = np.flatnonzero(labels < 0)
+            if len(missing) and not cells.optional:
+                raise UserError(
+                    f"{cells.origin}: {len(missing)} rows have no label in column {cells.column!r} (None, NaN or a "
+                    f"ClassLabel's -1), the first {cells.where(int(missing[0]))}; label them or leave them out "
+                    "(Dataset.filter) and save it again"
+                )
+            return Labelled(self, np.maximum(labels, 0).astype(np.int32), classes)
+        names = []
+        for i, row in enumerate(cells.rows):  # a manifest's cells after the file name
+            if not row or not row[0].strip():
+                raise UserError(f"{cells.where(i)}: expected 'filename,label', got {cells.line(i)!r}")
+            names.append(row[0].strip())
+        sets, classes = class_names([[x] for x in names])
+        index = {c: i for i, c in enumerate(classes)}
+        return Labelled(self, np.fromiter((index[labs[0]] for labs in sets), np.int32, len(sets)), classes)
+
+    def split(self, images, val_fraction: float, seed: int):
+        from visiontune.data.split import make_stratified_split  # (torch: imported when a split is made)
+
+        return make_stratified_split(images.labels, val_fraction, seed)
+
+    def class_counts(self, images, idx) -> dict[str, int]:
+        labels = images.labels if idx is None else images.labels[idx]
+        counts = np.bincount(labels, minlength=len(images.classes)).tolist()
+        return {name: counts[i] for i, name in enumerate(images.classes)}
+
+    def describe(self, images) -> str:
+        counts = ", ".join(f"{name} {n}" for name, n in self.class_counts(images, None).items())
+        return f"visiontune: {len(images.paths)} images in {len(images.classes)} classes ({images.layout}): {counts}"
+
+    def relabelled(self, images, cells: dict[int, str], where: str):
+        index = {c: k for k, c in enumerate(images.classes)}
+        labels = images.labels.copy()
+        for i, cell in cells.items():
+            if cell not in index:
+                shown = printable(cell)[:100]
+                raise UserError(f"{where}: '{shown}' (for {images.paths[i]}) is not a class of {images.root}")
+            labels[i] = index[cell]
+        return replace(images, labels=labels)
+
+    # -- its labels in a run --
 
     def label_array(self, labels) -> np.ndarray:
         return np.asarray(labels).astype(np.int64).reshape(-1)

@@ -40,7 +40,7 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended
     from visiontune.data.sources import discover
     from visiontune.models.names import check_model
     from visiontune.runs import runlock
-    from visiontune.tasks import best_metric, read_as, task_of
+    from visiontune.tasks import best_metric, reader, task_of
 
     # Up to the trainer, everything refuses what it can before torch and the models load (seconds, tens of
     # seconds on a busy machine): the flags, the data's listing, what the flags ask of the task, the model's
@@ -49,9 +49,9 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended
     launch.join_cluster(cfg)  # Slurm started every process: take the rank it gave this one
     checks.check(cfg)
     # The listing is the job's only one: the run in this process or the workers take it over (a worker
-    # lists nothing here).
+    # lists nothing here). The task reads the label cells (the tasks import torch on first use only).
     columns = (cfg.image_column, cfg.label_column)
-    images = None if launch.is_worker() else discover(cfg.data, *columns, task=read_as(cfg.task))
+    images = None if launch.is_worker() else discover(cfg.data, *columns, task=reader(cfg.task))
     if images is not None and (cfg.exclude or cfg.relabel):  # naming a file not in the data: one line now
         from visiontune.data import filelist  # its split code imports torch: only when asked for
 

@@ -39,7 +39,7 @@ from visiontune.runs import runrecords
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.tasks import read_as
+from visiontune.tasks import reader
 from visiontune.training import imbalance, optim, plan
 
 START, END, STEPS = 1e-7, 10.0, 100  # fastai's lr_find range and length; --lr auto sweeps the same
@@ -132,7 +132,7 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     out = cfg.output_dir or default_output_dir().replace("runs", "runs/lr-find", 1)
     os.makedirs(out, exist_ok=True)
     accelerator = make_accelerator(resolved.process())
-    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=read_as(cfg.task))
+    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=reader(cfg.task))
     set_seed(cfg.seed)  # the model's init, as train's main process draws it
     model = build_model(cfg.model, len(images.classes), cfg.weights, cfg.freeze_backbone, image_size=cfg.image_size)
     data = prepare_data(accelerator, cfg, out, images)

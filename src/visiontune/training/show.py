@@ -22,7 +22,7 @@ from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.settings import presets
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.tasks import Task, read_as
+from visiontune.tasks import Task, reader
 from visiontune.training import plan
 
 
@@ -36,7 +36,7 @@ def first_batch(
     # No cache and no loader processes: the batch is decoded here, as a run without a cache would.
     shown = plan.view(validate(cfg.replace(cache="off", num_workers=0)))
     cfg = shown.cfg
-    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, read_as(cfg.task))
+    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, reader(cfg.task))
     images, _ = limit(images, cfg.limit_images, cfg.seed)
     task = plan.task_of(cfg, images)
     split, _ = split_for(images, cfg)
@@ -61,7 +61,7 @@ def show(cfg: TrainConfig, out: str, count: int) -> str:
     """Write the grid of the first ``count`` images of the first training batch to ``out``; the line to print."""
     from visiontune.reports.batchgrid import write_grid
 
-    images = listed(cfg.data, cfg.image_column, cfg.label_column, read_as(validate(cfg).task))
+    images = listed(cfg.data, cfg.image_column, cfg.label_column, reader(validate(cfg).task))
     cfg, x, labels, task = first_batch(cfg, images)
     n = min(count, len(x))
     write_grid(pixels(cfg, x[:n]), task.label_text(labels[:n], images.classes), out)

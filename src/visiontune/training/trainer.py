@@ -296,7 +296,7 @@ def _train(
     # checked against it before the bad-file scan, which can take minutes on a large folder.
     if images is None:  # workers started by torchrun or srun: remote shards are downloaded once per machine
         fetch_per_machine(accelerator, cfg.data)
-    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, tasks.read_as(cfg.task))
+    images = images or listed(cfg.data, cfg.image_column, cfg.label_column, tasks.reader(cfg.task))
     images, limited = limit(images, cfg.limit_images, cfg.seed)  # a smoke run's subset, before the bad-file screen
     images, edited = filelist.edit(images, cfg.exclude, cfg.relabel)  # --exclude/--relabel: an audit's findings
     resolved = plan.for_data(job.plan, images, resume.resumed_folder(cfg, run_dir), accelerator.print)

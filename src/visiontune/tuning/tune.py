@@ -38,7 +38,7 @@ from visiontune.errors import UserError
 from visiontune.runs import runrecords
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
-from visiontune.tasks import RANKED, read_as
+from visiontune.tasks import RANKED, reader
 from visiontune.text import mask_urls, shown
 from visiontune.tuning import results, space, store, study, trialjob
 
@@ -253,7 +253,7 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
         raise UserError("each trial of `visiontune tune` runs on this machine: drop --nnodes (one tuner per machine)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner says what happens, one line a trial
     params = space.resolve(cfg, fixed, opts.space_file, models)
-    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=read_as(cfg.task))
+    images = discover(cfg.data, cfg.image_column, cfg.label_column, task=reader(cfg.task))
     metric = plan.best_metric(cfg, plan.task_of(cfg, images))
     cfg = cfg.replace(best_metric=metric)
     Path(opts.out).mkdir(parents=True, exist_ok=True)
