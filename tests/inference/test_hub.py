@@ -24,7 +24,7 @@ from trained import one_thread  # noqa: F401  (autouse: one thread)
 from visiontune import load
 from visiontune.cli.commands import main
 from visiontune.cluster import strategy
-from visiontune.data.sample import make_multilabel_data
+from visiontune.data.sample import make_multilabel_data, make_regression_data
 from visiontune.inference import hub
 from visiontune.inference.loaded import LoadedModel
 from visiontune.models.build import build_model
@@ -43,7 +43,7 @@ def _pngs(sample_data: Path, folder: Path, size: int = 32, count: int = 6) -> li
     return out
 
 
-def _timm_probabilities(folder: Path, paths: list[Path], multi_label: bool = False):
+def _timm_probabilities(folder: Path, paths: list[Path], multi_label: bool = False, identity: bool = False):
     """What a timm user gets: the folder loaded by timm, fed by timm's transforms from its config."""
     import timm
     from timm.data import create_transform, resolve_data_config
@@ -52,7 +52,7 @@ def _timm_probabilities(folder: Path, paths: list[Path], multi_label: bool = Fal
     transform = create_transform(**resolve_data_config(model=model))
     with torch.no_grad():
         logits = model(torch.stack([transform(Image.open(p).convert("RGB")) for p in paths]))
-    return model, (logits.sigmoid() if multi_label else logits.softmax(1))
+    return model, (logits if identity else logits.sigmoid() if multi_label else logits.softmax(1))
 
 
 def _assert_same_as_visiontune(run: Path, folder: Path, paths: list[Path], multi_label: bool = False):
@@ -126,6 +126,39 @@ def test_a_multi_label_folder_carries_its_thresholds(tmp_path, monkeypatch):
     metrics = {m["type"]: m["value"] for m in meta["model-index"][0]["results"][0]["metrics"]}
     assert metrics["map"] == summary["best_val_map"] and "map" in meta["metrics"]
     assert f"| validation mAP | {summary['best_val_map']:.4f} |" in body and "thresholds" in body
+
+
+@pytest.mark.slow
+def test_a_regression_folder_answers_in_the_targets_units_through_timm_as_predict_does(tmp_path, monkeypatch):
+    """The map back from the standardised targets is folded into the last layer: timm's model, fed by timm's
+    own transforms, outputs the values predict writes; visiontune reading the folder's file applies no map
+    again; the card's snippet uses the output as it is."""
+    import csv
+
+    monkeypatch.setattr(strategy, "cpu_budget", lambda *_: 1)
+    data, run, out = tmp_path / "data", tmp_path / "run", tmp_path / "hub"
+    truth = make_regression_data(data, count=40, size=32, seed=1)["values"]
+    argv = ["train", "--data", str(data), "--task", "regress", "--output-dir", str(run), "--model", "timm/test_vit"]
+    argv += ["--weights", "none", "--image-size", "32", "--epochs", "1", "--batch-size", "8", "--num-workers", "0"]
+    assert main([*argv, "--no-progress"]) == 0
+    assert main(["export", "--run", str(run), "--format", "hub", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    scale = json.loads((run / "config.json").read_text())["model"]["task_state"]
+    assert config["visiontune"]["task_state"] == {**scale, "folded": True}
+    paths = sorted((data / "train").glob("*.png"))[:8]
+    assert main(["predict", "--run", str(run), "--data", str(data / "train"), "--out", str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv", newline="") as f:
+        predicted = {Path(r["path"]).name: float(r["value"]) for r in csv.DictReader(f)}
+    model, got = _timm_probabilities(out, paths, identity=True)
+    assert model.pretrained_cfg["label_names"] == ["value"]
+    want = torch.tensor([[predicted[p.name]] for p in paths], dtype=torch.float64)
+    spread = float(np.std(list(truth.values())))  # the values are in the targets' units, not standardised
+    # (timm's transforms and visiontune's decode round the input differently: about 1e-5, as for ONNX)
+    assert (got.double() - want).abs().max().item() <= 1e-4 * max(1.0, want.abs().max().item())
+    assert abs(float(got.mean()) - float(np.mean([truth[p.name] for p in paths]))) < 5 * spread
+    rows = load(out / "model.safetensors").predict([str(p) for p in paths])
+    assert [r["value"] for r in rows] == pytest.approx(want[:, 0].tolist(), abs=1e-5)
+    assert "logits[0].tolist()" in (out / "README.md").read_text()
 
 
 def _squeezenet(monkeypatch) -> None:

@@ -190,3 +190,26 @@ def test_an_hf_numeric_column_is_a_regression_target_and_a_missing_value_is_one_
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "ok"))
     found = sources.discover(f"hf:{tmp_path / 'ok'}", label_column="age", task=reader("regress"))
     assert found.task == "regress" and found.classes == ["age"] and found.targets[:, 0].tolist() == [1.5, 2, 3, 4]
+
+
+def test_the_map_back_folds_into_the_last_layer_exactly_and_is_applied_once():
+    """``folded_into``: the Linear head then gives the values themselves (float64 fold, float32 weights); the
+    folded task's state says so, and a model described by it is read with no map again."""
+    task = tasks.REGRESSION.fitted(np.array([[10.0, -3.0], [30.0, 5.0], [20.0, 1.0]]))
+    head = torch.nn.Linear(4, 2)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = task.values(head(x))
+        folded_head = torch.nn.Linear(4, 2)
+        folded_head.load_state_dict(head.state_dict())
+        folded = task.folded_into(folded_head)
+        got = folded_head(x).double()
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+    assert folded.state() == {**task.state(), "folded": True}
+    back = tasks.REGRESSION.restored(folded.state(), 2)
+    assert back.values(got).tolist() == got.tolist() and isinstance(back.activation(), torch.nn.Identity)
+    assert tasks.SINGLE_LABEL.folded_into(torch.nn.Linear(4, 2)) is None  # a classifier keeps its logits
+    with pytest.raises(TypeError, match="not a Linear layer"):
+        task.folded_into(torch.nn.Identity())
+    with pytest.raises(ValueError, match="folded"):
+        tasks.REGRESSION.restored({**task.state(), "folded": "yes"}, 2)

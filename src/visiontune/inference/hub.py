@@ -8,12 +8,15 @@ interpolation, crop (``crop_pct`` and ``crop_mode``: ``squash`` for visiontune's
 ``center`` for timm's eval crop) and mean/std are the run's, so timm's ``resolve_data_config`` feeds the
 model as it was trained -- and ``model.safetensors`` in timm's keys, carrying the run's description under
 the metadata key ``visiontune`` as every visiontune model file does (``visiontune.load`` reads it back).
-config.json holds that description too, under ``"visiontune"``: a multi-label model's per-class
-thresholds are there. A timm or Hub model is saved as it is. torchvision's ResNet family has timm twins
-with the same state-dict keys, shapes and forward pass (``TIMM_TWINS``: checked key by key, and output
-by output), so those weights load into the timm model unchanged; any other architecture is refused in
-one line naming the formats that fit. Before the folder takes its name it is loaded back through timm's
-``local-dir:`` and its logits compared with the run's model (``TOLERANCE``), so a folder on disk is one
+config.json holds that description too, under ``"visiontune"``: a multi-label model's per-class thresholds
+are there. The folder's model gives what its task answers with no code after it where the task says so
+(``Task.folded_into``): a regression's map back to the targets' units is folded into its last Linear layer,
+so timm's model outputs the values as ONNX and OpenVINO files do (its description then says ``folded``, and
+``visiontune.load`` applies no map again). A timm or Hub model is saved as it is. torchvision's ResNet
+family has timm twins with the same state-dict keys, shapes and forward pass (``TIMM_TWINS``: checked key by
+key, and output by output), so those weights load into the timm model unchanged; any other architecture is
+refused in one line naming the formats that fit. Before the folder takes its name it is loaded back through
+timm's ``local-dir:`` and its output compared with the run's (``TOLERANCE``), so a folder on disk is one
 that timm loads. ``README.md`` is the model card (``reports.modelcard``), beside the curves picture.
 transformers' timm wrapper (``AutoModelForImageClassification``) loads the same folder.
 
@@ -24,6 +27,8 @@ token, offline, or when the Hub cannot be reached, it says which in one line and
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -105,8 +110,7 @@ def _write_folder(loaded: LoadedModel, run_dir: str, folder: Path, repo: str | N
     from safetensors.torch import save_file
     from timm.models._hub import save_config_for_hf
 
-    info = loaded.info
-    model = timm_model(loaded).float().eval().cpu()
+    model, info = _folded(timm_model(loaded).float().eval().cpu(), loaded.info)
     # A model built for another size than its pretrained one (a ViT's position embeddings) is built so again.
     sized = {"img_size": info.image_size} if resized_from(info.model, info.image_size) else None
     labels = {"label_names": list(info.classes)}
@@ -145,11 +149,29 @@ def _write_folder(loaded: LoadedModel, run_dir: str, folder: Path, repo: str | N
             f"{str(e)[:80]}); use a run folder visiontune finished"
         ) from None
     (folder / "README.md").write_text(text)
-    return _check(loaded, folder)
+    return _check(loaded, folder, info)
 
 
-def _check(loaded: LoadedModel, folder: Path) -> float:
-    """The folder loaded back as timm loads it, against the run's model on a random batch."""
+def _folded(model: nn.Module, info: RunInfo) -> tuple[nn.Module, RunInfo]:
+    """The model as the folder holds it, and its description: with its task's output map folded into its last
+    layer (a regression's map back to the targets' units: the folder's model answers with the values, as
+    ONNX and OpenVINO files do), or as it is (a classifier's logits)."""
+    head = copy.deepcopy(model.get_classifier())
+    try:
+        task = info.task.folded_into(head)
+    except TypeError as e:
+        raise UserError(f"{info.model}: {e}; export it with --format onnx or --format openvino") from None
+    if task is None:
+        return model, info
+    model = copy.deepcopy(model)
+    model.get_classifier().load_state_dict(head.state_dict())
+    return model.eval(), dataclasses.replace(info, task_state=task.state())
+
+
+def _check(loaded: LoadedModel, folder: Path, held: RunInfo) -> float:
+    """The folder loaded back as timm loads it, against the run's model on a random batch: its output as the
+    folder's description ``held`` says it is (logits, or a regression's values), within TOLERANCE of the
+    output's scale; the largest difference."""
     import timm
 
     with warnings.catch_warnings():
@@ -158,8 +180,11 @@ def _check(loaded: LoadedModel, folder: Path) -> float:
     s = loaded.info.image_size
     x = torch.randn(2, 3, s, s, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        diff = (back(x) - loaded.model.float().eval().cpu()(x)).abs().max().item()
-    if not diff <= TOLERANCE:
+        want = loaded.model.float().eval().cpu()(x)
+        if held is not loaded.info:  # its task's output map folded in: the run's answer (a regression's values)
+            want = loaded.info.task.probabilities(want)
+        diff = (back(x).double() - want.double()).abs().max().item()
+    if not diff <= TOLERANCE * max(1.0, want.abs().max().item()):
         raise RuntimeError(f"timm's reading of the Hub folder differs from the run's model by {diff:.2e}")
     return diff
 

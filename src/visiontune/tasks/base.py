@@ -213,6 +213,13 @@ class Task:
         """The module that turns the model's logits into its probabilities."""
         raise NotImplementedError
 
+    def folded_into(self, head: nn.Module) -> Task | None:
+        """Its output's map folded into the model's last layer ``head`` (changed in place), for a file whose
+        model gives what the task answers with no code after it (the Hub folder): the task of the folded
+        model, or None when the output is kept as it is (logits, whose activation a reader applies). A
+        ``TypeError`` when ``head`` cannot hold the map."""
+        return None
+
     def logits_of(self, probs: torch.Tensor) -> torch.Tensor:
         """Logits again from probabilities (the inverse of ``activation``): an exported file that ends in
         its activation then gives what the eager model gives."""

@@ -93,14 +93,17 @@ class Regression(Task):
     score_key, score_name, lower_is_better = "mae", "MAE", True
     curves = (("rmse", "RMSE"), ("r2", "R²"))
     accuracy_title, labels_per_image = "Mean absolute error (the targets' units)", "numbers"
-    card_verb, activation_code = "predict", "logits * std + mean  # std, mean: visiontune.task_state"
+    # the Hub folder's model answers in the targets' units: the map back is folded into its last layer
+    card_verb, activation_code = "predict", "logits"
     card_note = (
-        "A regression model: its output is each target in its own units (an exported file's too); the "
-        "model file records the train split's mean and std it was standardised by (`visiontune.task_state`)."
+        "A regression model: its output is each target in its own units (the map back from the standardised "
+        "targets it learnt is folded into its last layer; an exported file ends in it too); the model file "
+        "records the train split's mean and std (`visiontune.task_state`)."
     )
 
-    def __init__(self, loss: str = "mse", mean=None, std=None):
-        self.loss, self.mean, self.std = loss, mean, std
+    def __init__(self, loss: str = "mse", mean=None, std=None, folded: bool = False):
+        # ``folded``: the model's output is already in the targets' units (``folded_into`` its last layer)
+        self.loss, self.mean, self.std, self.folded = loss, mean, std, folded
 
     # -- the run's settings and its train split --
 
@@ -113,7 +116,7 @@ class Regression(Task):
         return None
 
     def configured(self, cfg) -> Regression:
-        return type(self)(cfg.loss or "mse", self.mean, self.std)
+        return type(self)(cfg.loss or "mse", self.mean, self.std)  # (a folded model is not trained on)
 
     def fitted(self, labels) -> Regression:
         y = np.asarray(labels, np.float64).reshape(len(labels), -1)
@@ -124,7 +127,14 @@ class Regression(Task):
         return type(self)(self.loss, mean.tolist(), std.tolist())
 
     def state(self) -> dict:
-        return {} if self.mean is None else {"mean": list(self.mean), "std": list(self.std), "loss": self.loss}
+        if self.mean is None:
+            return {}
+        return {
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "loss": self.loss,
+            **({"folded": True} if self.folded else {}),
+        }
 
     def restored(self, state: dict, outputs: int) -> Regression:
         mean, std, loss = state.get("mean"), state.get("std"), state.get("loss", "mse")
@@ -132,7 +142,9 @@ class Regression(Task):
             raise ValueError("task_state needs mean and std, one finite number each per target (std above 0)")
         if not isinstance(loss, str) or loss not in LOSSES:
             raise ValueError(f"task_state's loss must be one of {', '.join(LOSSES)}")
-        return type(self)(loss, mean, std)
+        if not isinstance(state.get("folded", False), bool):
+            raise ValueError("task_state's folded must be true or false")
+        return type(self)(loss, mean, std, state.get("folded", False))
 
     def _scale(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mean is None:
@@ -143,9 +155,27 @@ class Regression(Task):
         )
 
     def values(self, out: torch.Tensor) -> torch.Tensor:
-        """The model's standardised output in the targets' units."""
+        """The model's standardised output in the targets' units (a folded model's: itself)."""
+        if self.folded:
+            return out.double()
         mean, std = self._scale(out.double())
         return out.double() * std + mean
+
+    def folded_into(self, head: nn.Module) -> Regression:
+        """The map back to the targets' units folded into the model's last layer ``head`` (changed in place):
+        ``W' = std W``, ``b' = std b + mean`` row by row, in float64, so that the model's output is the values."""
+        if not isinstance(head, nn.Linear) or head.out_features != len(self.std):
+            raise TypeError(f"the model's last layer is {type(head).__name__}, not a Linear layer of its targets")
+        mean, std = self._scale(torch.zeros((), dtype=torch.float64))
+        with torch.no_grad():
+            weight = head.weight.double() * std[:, None]
+            bias = (head.bias.double() if head.bias is not None else torch.zeros_like(mean)) * std + mean
+            head.weight.copy_(weight.to(head.weight.dtype))
+            if head.bias is None:
+                head.bias = nn.Parameter(bias.to(head.weight.dtype))
+            else:
+                head.bias.copy_(bias.to(head.bias.dtype))
+        return type(self)(self.loss, self.mean, self.std, folded=True)
 
     # -- labels, loss, counts --
 
@@ -311,10 +341,14 @@ class Regression(Task):
     def activation(self) -> nn.Module:
         from visiontune.tasks.heads import Destandardise
 
+        if self.folded:
+            return nn.Identity()
         mean, std = self._scale(torch.zeros(()))
         return Destandardise(mean, std)
 
     def logits_of(self, probs: torch.Tensor) -> torch.Tensor:
+        if self.folded:
+            return probs.double()
         mean, std = self._scale(probs.double())
         return (probs.double() - mean) / std
 
