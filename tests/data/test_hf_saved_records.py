@@ -22,6 +22,7 @@ from visiontune.cli.commands import main
 from visiontune.data import hfdata
 from visiontune.data.sources import discover
 from visiontune.errors import UserError
+from visiontune.tasks import AUTO
 
 datasets = pytest.importorskip("datasets")
 
@@ -83,7 +84,7 @@ def test_a_saved_record_larger_than_any_datasets_writes_is_refused_unread(saved,
 
 
 def test_a_saved_set_reads_back_whole(saved):
-    found = discover(f"hf:{saved}")
+    found = discover(f"hf:{saved}", task=AUTO)
     assert len(found) == 4 and found.classes == ["cat", "dog"]
 
 
@@ -110,7 +111,7 @@ def test_fuzz_any_saved_record_gives_a_listing_or_one_line(saved, data):
             record[data.draw(st.sampled_from(FIELDS[file]))] = data.draw(JSON)
             (folder / file).write_text(json.dumps(record))
         try:
-            found = discover(f"hf:{folder}")
+            found = discover(f"hf:{folder}", task=AUTO)
         except UserError as e:
             assert "\n" not in str(e) and len(str(e)) < 1000
         else:

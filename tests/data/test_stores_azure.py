@@ -12,6 +12,7 @@ from azureserver import KEY, azurite_server, upload
 from visiontune.cli.commands import main
 from visiontune.data import sources
 from visiontune.data.sample import make_sample_data
+from visiontune.tasks import AUTO
 
 pytest.importorskip("webdataset")  # `visiontune shard` writes with its ShardWriter
 
@@ -65,8 +66,8 @@ def _no_request_but_the_sync(az) -> None:
 @pytest.mark.slow  # Azurite is a process of its own (Node.js)
 @pytest.mark.parametrize("url", ["az://data/shards/", "abfs://data/shards/shards-{000000..000005}.tar"])
 def test_shards_in_a_container_are_listed_through_the_store_copied_once_and_read_as_the_local_shards(az, url):
-    local = sources.discover(str(az.local / "shards"))
-    got = sources.discover(url)
+    local = sources.discover(str(az.local / "shards"), task=AUTO)
+    got = sources.discover(url, task=AUTO)
     _same(got, local)
     assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
     assert got.split_note == "the split recorded in index.json" and got.root == url.rstrip("/")
@@ -74,15 +75,17 @@ def test_shards_in_a_container_are_listed_through_the_store_copied_once_and_read
     names = sorted(p.name for p in (az.local / "shards").iterdir())
     assert len(names) == 7 and {n: az.gets(f"/data/shards/{n}") for n in names} == dict.fromkeys(names, 1)
     az.requests.clear()
-    _same(sources.discover(url), local)  # a later command, another process: from the cache, no request at all
+    _same(
+        sources.discover(url, task=AUTO), local
+    )  # a later command, another process: from the cache, no request at all
     _no_request_but_the_sync(az)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, url", [("folder", "az://data/folder"), ("manifest", "az://data/manifest/labels.csv")])
 def test_a_folder_in_a_container_is_copied_once_and_read_in_its_layout(az, name, url):
-    local = sources.discover(str(az.local / name / ("labels.csv" if name == "manifest" else "")))
-    got = sources.discover(url)
+    local = sources.discover(str(az.local / name / ("labels.csv" if name == "manifest" else "")), task=AUTO)
+    got = sources.discover(url, task=AUTO)
     _same(got, local)
     assert got.layout == local.layout == ("manifest" if name == "manifest" else "kaggle")
     assert [Path(p).read_bytes() for p in got.paths] == [Path(p).read_bytes() for p in local.paths]
@@ -90,7 +93,7 @@ def test_a_folder_in_a_container_is_copied_once_and_read_in_its_layout(az, name,
     files = [p.relative_to(az.local / name).as_posix() for p in (az.local / name).rglob("*") if p.is_file()]
     assert {f: az.gets(f"/data/{name}/{f}") for f in files} == dict.fromkeys(files, 1)
     az.requests.clear()
-    _same(sources.discover(url), local)
+    _same(sources.discover(url, task=AUTO), local)
     _no_request_but_the_sync(az)
     assert sources.find(url).name == "store" and sources.recorded(url) == url
 

@@ -12,6 +12,7 @@ from gcsserver import gcs_server, upload
 from visiontune.cli.commands import main
 from visiontune.data import sources
 from visiontune.data.sample import make_sample_data
+from visiontune.tasks import AUTO
 
 pytest.importorskip("webdataset")  # `visiontune shard` writes with its ShardWriter
 
@@ -59,30 +60,32 @@ def _same(got, local) -> None:
 @pytest.mark.slow  # (the emulator and gcsfs: a few seconds a test)
 @pytest.mark.parametrize("url", ["gs://data/shards/", "gs://data/shards/shards-{000000..000005}.tar"])
 def test_shards_in_a_bucket_are_listed_through_the_store_copied_once_and_read_as_the_local_shards(gs, url):
-    local = sources.discover(str(gs.local / "shards"))
-    got = sources.discover(url)
+    local = sources.discover(str(gs.local / "shards"), task=AUTO)
+    got = sources.discover(url, task=AUTO)
     _same(got, local)
     assert [got.reader[i] for i in range(len(got))] == [local.reader[i] for i in range(len(local))]
     assert got.split_note == "the split recorded in index.json" and got.root == url.rstrip("/")
     names = sorted(p.name for p in (gs.local / "shards").iterdir())
     assert len(names) == 7 and {n: gs.gets(f"/data/shards/{n}") for n in names} == dict.fromkeys(names, 1)
     gs.requests.clear()
-    _same(sources.discover(url), local)  # a later command, another process: from the cache, no request at all
+    _same(
+        sources.discover(url, task=AUTO), local
+    )  # a later command, another process: from the cache, no request at all
     assert gs.requests == []
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, url", [("folder", "gs://data/folder"), ("manifest", "gs://data/manifest/labels.csv")])
 def test_a_folder_in_a_bucket_is_copied_once_and_read_in_its_layout(gs, name, url):
-    local = sources.discover(str(gs.local / name / ("labels.csv" if name == "manifest" else "")))
-    got = sources.discover(url)
+    local = sources.discover(str(gs.local / name / ("labels.csv" if name == "manifest" else "")), task=AUTO)
+    got = sources.discover(url, task=AUTO)
     _same(got, local)
     assert got.layout == local.layout == ("manifest" if name == "manifest" else "kaggle")
     assert [Path(p).read_bytes() for p in got.paths] == [Path(p).read_bytes() for p in local.paths]
     files = [p.relative_to(gs.local / name).as_posix() for p in (gs.local / name).rglob("*") if p.is_file()]
     assert {f: gs.gets(f"/data/{name}/{f}") for f in files} == dict.fromkeys(files, 1)
     gs.requests.clear()
-    _same(sources.discover(url), local)
+    _same(sources.discover(url, task=AUTO), local)
     assert gs.requests == []
     assert sources.find(url).name == "store" and sources.recorded(url) == url
 
