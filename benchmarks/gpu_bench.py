@@ -62,6 +62,7 @@ def measure(args, mode: str) -> list[dict]:
     from visiontune.loading.pipeline import DeviceNormalize, ImageDataset, make_loader
     from visiontune.models.build import build_model
     from visiontune.settings.config import TrainConfig
+    from visiontune.tasks import AUTO
     from visiontune.training.engine import Learner, LoopOptions, train_one_epoch
 
     precision, channels_last, compile_ = MODES[mode]
@@ -78,7 +79,7 @@ def measure(args, mode: str) -> list[dict]:
     )
     accelerator = make_accelerator(ProcessSettings.of(cfg))
     device = accelerator.device
-    images = discover(args.data)
+    images = discover(args.data, task=AUTO)
     cache = open_or_build(args.cache, images.paths, args.image_size)
     cores = resolve_threads(cfg, args.workers if args.workers >= 0 else None)
     workers = cores.loader_workers
@@ -140,11 +141,12 @@ def prepare_data(args) -> None:
     from visiontune.data.sample import make_sample_data
     from visiontune.data.sources import discover
     from visiontune.loading.cache import open_or_build
+    from visiontune.tasks import AUTO
 
     if not Path(args.data, "train").is_dir():
         make_sample_data(args.data, per_class=args.images // 2, test_count=0, seed=0)
     t0 = time.perf_counter()
-    open_or_build(args.cache, discover(args.data).paths, args.image_size)
+    open_or_build(args.cache, discover(args.data, task=AUTO).paths, args.image_size)
     print(
         f"cache of {args.images} images at {args.image_size} px ready in {time.perf_counter() - t0:.1f} s", flush=True
     )

@@ -29,6 +29,7 @@ from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models.build import build_model
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import validate
+from visiontune.tasks import AUTO
 from visiontune.training.trainer import train
 
 # 480 train images (30 steps an epoch): with fewer, one-off stalls on a shared machine swing the ratio by 10%.
@@ -80,7 +81,7 @@ def cached_images(data) -> tuple[TrainConfig, torch.Tensor, torch.Tensor]:
             progress=False,
         )
     )
-    images_set = discover(str(data))
+    images_set = discover(str(data), task=AUTO)
     split = make_split(len(images_set), cfg.val_fraction, cfg.seed)
     cache = open_or_build(cache_dir, images_set.paths, SIZE)
     ds = CachedDataset(cache, split.train, [images_set.labels[i] for i in split.train])

@@ -126,8 +126,9 @@ def seed_split(data: Path, seed: int, out: Path) -> dict[str, Path]:
 
     from visiontune.data.sources import discover
     from visiontune.data.split import make_split
+    from visiontune.tasks import AUTO
 
-    images = discover(str(data))
+    images = discover(str(data), task=AUTO)
     paths, labels = [str(p) for p in images.paths], list(images.labels)
     rest, test = train_test_split(range(len(paths)), test_size=TEST_FRACTION, random_state=seed, stratify=labels)
     name = {i: f"{images.classes[labels[i]]}/{i}.png" for i in range(len(paths))}
@@ -135,7 +136,7 @@ def seed_split(data: Path, seed: int, out: Path) -> dict[str, Path]:
         link(paths[i], out / "test" / name[i])
     for i in rest:
         link(paths[i], out / "pool" / name[i])
-    pool = discover(str(out / "pool"))  # in visiontune's own order, which its split indexes
+    pool = discover(str(out / "pool"), task=AUTO)  # in visiontune's own order, which its split indexes
     split = make_split(len(pool), VAL_FRACTION, seed)
     for part, idx in (("train", split.train), ("validation", split.val)):
         for i in idx:

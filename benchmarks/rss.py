@@ -21,6 +21,7 @@ import tempfile
 from common import ROOT, WORK, run, sample_data, write_result
 from visiontune.data.sources import discover
 from visiontune.loading.cache import open_or_build
+from visiontune.tasks import AUTO
 
 # 128 px: the larger set's cache is 84 MiB bigger, well above the few MiB that peaks vary by run to run.
 SIZE, SETS, WORKERS = 128, (300, 1200), ("0", "1")
@@ -57,7 +58,7 @@ def main() -> None:
     rows = []
     for per_class in SETS:
         data = sample_data(per_class)
-        cache = open_or_build(str(WORK / "cache"), discover(str(data)).paths, SIZE)
+        cache = open_or_build(str(WORK / "cache"), discover(str(data), task=AUTO).paths, SIZE)
         for workers in WORKERS:
             for label, extra in (("no cache", []), ("cache", ["--cache", str(WORK / "cache")])):
                 rows.append(

@@ -30,6 +30,7 @@ from PIL import Image
 from common import WORK, interleave, write_result
 from visiontune.data import sources
 from visiontune.data.shardwriter import write
+from visiontune.tasks import AUTO
 
 N = int(os.environ.get("VT_S3_N", "20000"))
 PX = int(os.environ.get("VT_S3_PX", "96"))
@@ -79,7 +80,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
 def epoch(data: str) -> float:
     """Images/s: list ``data`` and read every sample's image bytes in a seeded random order."""
     start = time.perf_counter()
-    images = sources.discover(data)
+    images = sources.discover(data, task=AUTO)
     n = 0
     for i in np.random.default_rng(0).permutation(len(images)).tolist():
         n += len(images.reader[i]) > 0

@@ -47,6 +47,7 @@ from common import RESULTS, WORK, write_result
 from visiontune.data.shardwriter import write
 from visiontune.data.sources import discover
 from visiontune.loading.pipeline import ImageDataset, make_loader
+from visiontune.tasks import AUTO
 
 N = int(os.environ.get("VT_SHARDS_N", "25000"))
 PX = int(os.environ.get("VT_SHARDS_PX", "96"))
@@ -150,7 +151,7 @@ def rate(images, world: int, what: str) -> float:
 def read_rates() -> dict:
     data = make_folder()
     shards = make_shards(data, WORK / f"shards-read-{N}-{PX}" / "shards")
-    sets = {"folder": discover(str(data)), "shards": discover(str(shards))}
+    sets = {"folder": discover(str(data), task=AUTO), "shards": discover(str(shards), task=AUTO)}
     assert len(sets["folder"]) == len(sets["shards"]) == N
     files = {
         "folder": [str(p) for p in sets["folder"].paths],

@@ -129,6 +129,7 @@ def seed_split(data: Path, seed: int, shots: int, out: Path) -> dict[str, Path]:
 
     from visiontune.data.sources import discover
     from visiontune.data.split import make_split
+    from visiontune.tasks import AUTO
 
     draw = random.Random(seed)
     for c in NOVEL:
@@ -136,7 +137,7 @@ def seed_split(data: Path, seed: int, shots: int, out: Path) -> dict[str, Path]:
         chosen = set(draw.sample(range(len(files)), shots))
         for i, f in enumerate(files):
             link(str(f), out / ("pool" if i in chosen else "test") / str(c) / f.name)
-    pool = discover(str(out / "pool"))  # in visiontune's own order, which its split indexes
+    pool = discover(str(out / "pool"), task=AUTO)  # in visiontune's own order, which its split indexes
     split = make_split(len(pool), VAL_FRACTION, seed)
     for part, idx in (("train", split.train), ("validation", split.val)):
         for i in idx:
