@@ -18,10 +18,24 @@ from pathlib import Path
 MODEL_YAML = """\
 nc: {nc}
 backbone:
-  - [-1, 1, TorchVision, [512, resnet18, null, True, 2]]
+  - [-1, 1, TorchVision, [512, resnet18, {weights}, True, 2]]
 head:
   - [-1, 1, Classify, [nc]]
 """
+
+
+def prepare(root: Path, test: Path, out: Path, weights: str) -> tuple[Path, Path]:
+    """The data folder Ultralytics reads and the model yaml (torchvision's resnet18 with ``weights``)."""
+    # Ultralytics reads a classification set as DIR/{train,val,test}: links to the benchmark's folders.
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for part, src in (("train", root / "train"), ("val", root / "validation"), ("test", test)):
+        if not (data / part).exists():
+            (data / part).symlink_to(src.resolve())
+    classes = sorted(d.name for d in (data / "train").iterdir() if d.is_dir())
+    yaml = out / "resnet18-cls.yaml"
+    yaml.write_text(MODEL_YAML.format(nc=len(classes), weights=weights))
+    return data, yaml
 
 
 def main() -> None:
@@ -34,17 +48,7 @@ def main() -> None:
     p.add_argument("--size", type=int, required=True)
     args = p.parse_args()
     out = Path(args.out).parent
-    # Ultralytics reads a classification set as DIR/{train,val,test}: links to the benchmark's folders.
-    data = out / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    for part, src in (("train", Path(args.root) / "train"), ("val", Path(args.root) / "validation")):
-        if not (data / part).exists():
-            (data / part).symlink_to(src.resolve())
-    if not (data / "test").exists():
-        (data / "test").symlink_to(Path(args.test).resolve())
-    classes = sorted(d.name for d in (data / "train").iterdir() if d.is_dir())
-    yaml = out / "resnet18-cls.yaml"
-    yaml.write_text(MODEL_YAML.format(nc=len(classes)))
+    data, yaml = prepare(Path(args.root), Path(args.test), out, "null")
     os.environ.setdefault("YOLO_OFFLINE", "1")
 
     from ultralytics import YOLO

