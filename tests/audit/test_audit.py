@@ -20,10 +20,11 @@ from trainrun import start
 from visiontune.cli.commands import main
 from visiontune.tasks import AUTO
 
-# Small and fixed: resnet18 from scratch at 16 px, 2 epochs, one thread (the same sums in every run).
+# Small and fixed: timm's test_resnet from scratch at 16 px, 3 epochs at lr 0.01, one thread (the same sums in
+# every run). Its folds train in a third of resnet18's time and rank the flipped labels as well.
 FLAGS = [
-    *("--model", "resnet18", "--weights", "none", "--image-size", "16", "--epochs", "2", "--batch-size", "32"),
-    *("--num-workers", "0", "--threads", "1", "--no-progress"),
+    *("--model", "timm/test_resnet", "--weights", "none", "--image-size", "16", "--epochs", "3"),
+    *("--batch-size", "32", "--lr", "0.01", "--num-workers", "0", "--threads", "1", "--no-progress"),
 ]
 HOSTILE = "<img src=x onerror=document.title='pwned'>"
 TOP = 150  # the audit's top list: about 1.5 times the flipped files
