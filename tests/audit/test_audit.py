@@ -254,7 +254,7 @@ def test_multi_label_and_regression_data_are_audited_by_their_task(tmp_path):
     given = np.full((20, 1), 0.5)
     given[:, 0] += np.random.default_rng(0).uniform(-0.02, 0.02, 20).round(3)
     given[7] = 0.9
-    images = type("Values", (), {"values": given})()
+    images = type("Targets", (), {"targets": given})()
     rows = issues.LABELS["regress"](images, [f"f{i}" for i in range(20)], np.full((20, 1), 0.5), np.arange(20))
     assert [(r["file"], r["given"], r["suggested"]) for r in rows] == [("f7", "0.9", "0.5")]
     assert "0.9 → 0.5</b>" in pages.page(
