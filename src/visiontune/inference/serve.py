@@ -109,10 +109,17 @@ class State:
         self.batcher = Batcher(runtime.probabilities, options.max_batch, options.max_wait_ms / 1000, self.metrics.batch)
         self.decoders = DecodePool(options.decoders, self.metrics.decoder_restart)
         self.ready = self.draining = False
+        self._warming = threading.Lock()
         self.in_flight = 0
         self.pixels_in_flight = 0  # declared pixels of the images being decoded now
 
     def warm_up(self) -> None:
+        """Once: a second call (an embedding app warmed it before the lifespan's thread) finds it ready."""
+        with self._warming:
+            if not self.ready:
+                self._warm_up()
+
+    def _warm_up(self) -> None:
         sizes = (1, 2, self.options.max_batch) if self.runtime.backend == "compile" else (1,)
         self.runtime.warm_up(tuple(sorted(set(sizes))))
         self.decoders.warm_up()
