@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from fuzzing import fuzz_settings
 from s3server import CREDENTIALS, s3_server, upload
+from storefiles import FOLDERS, make_store_files
+from storefiles import one_line as _one_line
+from storefiles import same as _same
 from visiontune.cli.commands import main
 from visiontune.data import sources, stores
-from visiontune.data.sample import make_sample_data
 from visiontune.errors import UserError
 from visiontune.tasks import AUTO
 
@@ -31,16 +33,9 @@ def s3(tmp_path_factory):
     """The server, with a folder of 6 images (Kaggle layout), its shards (one or two images each, with
     visiontune's index.json) and a class-subfolder copy with a manifest, uploaded to bucket ``data``."""
     tmp = tmp_path_factory.mktemp("stores")
-    make_sample_data(tmp / "folder", per_class=3, test_count=0, seed=2)
-    assert main(["shard", str(tmp / "folder"), "--out", str(tmp / "shards"), "--shard-size", "20KB"]) == 0
-    (tmp / "manifest").mkdir()
-    rows = ["filename,label"]
-    for p in sorted((tmp / "folder" / "train").iterdir()):
-        (tmp / "manifest" / p.name).write_bytes(p.read_bytes())
-        rows.append(f"{p.name},{p.name.split('.')[0]}")
-    (tmp / "manifest" / "labels.csv").write_text("\n".join(rows) + "\n")
+    make_store_files(tmp)
     with s3_server() as server:
-        for name in ("folder", "shards", "manifest"):
+        for name in FOLDERS:
             upload(server, tmp / name, f"s3://data/{name}")
         server.local = tmp
         yield server
@@ -54,17 +49,6 @@ def store_env(tmp_path, monkeypatch, s3):
         monkeypatch.setenv(k, v)
     s3.requests.clear()
     s3.faults.clear()
-
-
-def _one_line(capsys) -> str:
-    said = capsys.readouterr()
-    lines = said.err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in said.err, said.err
-    return lines[0]
-
-
-def _same(got, local) -> None:
-    assert (got.classes, got.labels.tolist(), len(got)) == (local.classes, local.labels.tolist(), len(local))
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from azureserver import KEY, azurite_server, upload
+from storefiles import FOLDERS, make_store_files
+from storefiles import one_line as _one_line
+from storefiles import same as _same
 from visiontune.cli.commands import main
 from visiontune.data import sources
-from visiontune.data.sample import make_sample_data
 from visiontune.tasks import AUTO
 
 pytest.importorskip("webdataset")  # `visiontune shard` writes with its ShardWriter
@@ -22,16 +24,9 @@ def az(tmp_path_factory):
     """Azurite, with a folder of 6 images (Kaggle layout), its shards (one or two images each, with
     visiontune's index.json) and a class-subfolder copy with a manifest, uploaded to container ``data``."""
     tmp = tmp_path_factory.mktemp("azure")
-    make_sample_data(tmp / "folder", per_class=3, test_count=0, seed=2)
-    assert main(["shard", str(tmp / "folder"), "--out", str(tmp / "shards"), "--shard-size", "20KB"]) == 0
-    (tmp / "manifest").mkdir()
-    rows = ["filename,label"]
-    for p in sorted((tmp / "folder" / "train").iterdir()):
-        (tmp / "manifest" / p.name).write_bytes(p.read_bytes())
-        rows.append(f"{p.name},{p.name.split('.')[0]}")
-    (tmp / "manifest" / "labels.csv").write_text("\n".join(rows) + "\n")
+    make_store_files(tmp)
     with azurite_server() as server:
-        for name in ("folder", "shards", "manifest"):
+        for name in FOLDERS:
             upload(server, tmp / name, f"az://data/{name}")
         server.local = tmp
         yield server
@@ -45,17 +40,6 @@ def store_env(tmp_path, monkeypatch, az):
         monkeypatch.setenv(k, v)
     az.sync()
     az.requests.clear()
-
-
-def _one_line(capsys) -> str:
-    said = capsys.readouterr()
-    lines = said.err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in said.err, said.err
-    return lines[0]
-
-
-def _same(got, local) -> None:
-    assert (got.classes, got.labels.tolist(), len(got)) == (local.classes, local.labels.tolist(), len(local))
 
 
 def _no_request_but_the_sync(az) -> None:
