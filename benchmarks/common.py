@@ -10,6 +10,7 @@ job's ``DogCatDataset`` with its transform: PIL open, ``Resize((s, s))``,
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -131,3 +132,15 @@ def run(cmd: list[str], env: dict | None = None, **kw) -> subprocess.CompletedPr
         sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
         raise SystemExit(f"benchmark command failed ({out.returncode}): {' '.join(cmd)}")
     return out
+
+
+def peer_args(doc: str, size: bool = True, epochs_help: str | None = None) -> argparse.Namespace:
+    """A peer script's command line, as ``recipe.py`` and ``transfer.py`` call each peer: its data folder, test
+    folder and result file, then ``--epochs``, ``--batch``, ``--seed`` (and ``--size``)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for name in ("root", "test", "out"):
+        p.add_argument(name)
+    p.add_argument("--epochs", type=int, required=True, help=epochs_help)
+    for name in ("batch", "seed", *(("size",) if size else ())):
+        p.add_argument(f"--{name}", type=int, required=True)
+    return p.parse_args()

@@ -8,7 +8,6 @@ batch statistics for the normalisation, no augmentation (the other tools get non
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -28,16 +27,11 @@ from fastai.vision.all import (
     parent_label,
 )
 
+from common import peer_args
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("root", "test", "out"):
-        p.add_argument(name)
-    p.add_argument("--epochs", type=int, required=True)
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--size", type=int, required=True)
-    args = p.parse_args()
+    args = peer_args(__doc__)
     torch.manual_seed(args.seed)
     block = DataBlock(
         blocks=(ImageBlock, CategoryBlock),

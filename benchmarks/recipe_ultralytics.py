@@ -10,10 +10,11 @@ the benchmark shares is set: epochs, batch, image size, seed, the CPU, no loader
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
+
+from common import peer_args
 
 MODEL_YAML = """\
 nc: {nc}
@@ -39,14 +40,7 @@ def prepare(root: Path, test: Path, out: Path, weights: str) -> tuple[Path, Path
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("root", "test", "out"):
-        p.add_argument(name)
-    p.add_argument("--epochs", type=int, required=True)
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--size", type=int, required=True)
-    args = p.parse_args()
+    args = peer_args(__doc__)
     out = Path(args.out).parent
     data, yaml = prepare(Path(args.root), Path(args.test), out, "null")
     os.environ.setdefault("YOLO_OFFLINE", "1")

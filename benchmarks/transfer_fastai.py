@@ -11,7 +11,6 @@ the accuracy is written to ``OUT``.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -30,15 +29,11 @@ from fastai.vision.all import (
     vision_learner,
 )
 
+from common import peer_args
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("root", "test", "out"):
-        p.add_argument(name)
-    p.add_argument("--epochs", type=int, required=True, help="in all: one frozen, then the rest")
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    args = p.parse_args()
+    args = peer_args(__doc__, size=False, epochs_help="in all: one frozen, then the rest")
     set_seed(args.seed)
     block = DataBlock(
         blocks=(ImageBlock, CategoryBlock),

@@ -16,11 +16,11 @@ written to ``OUT``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
 
+from common import peer_args
 from recipe_ultralytics import prepare
 
 
@@ -57,14 +57,7 @@ def check_body(body, path: Path) -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("root", "test", "out"):
-        p.add_argument(name)
-    p.add_argument("--epochs", type=int, required=True)
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--size", type=int, required=True)
-    args = p.parse_args()
+    args = peer_args(__doc__)
     out = Path(args.out).parent
     data, yaml = prepare(Path(args.root), Path(args.test), out, "DEFAULT")
     os.environ.setdefault("YOLO_OFFLINE", "1")
