@@ -271,3 +271,31 @@ def test_the_python_api_chooses_its_threads_once_when_the_model_is_loaded(monkey
     assert Predictor(SimpleNamespace(batch_size=8))._config(None).threads == 1  # loaded beside two busy processes
     launch.ENV["OMP_NUM_THREADS"] = "2"
     assert Predictor(SimpleNamespace(batch_size=8))._config(None).threads == 2
+
+
+@pytest.mark.parametrize(
+    "files, none",
+    [
+        ((), True),
+        (("null", "tty0", "shm"), True),
+        (("nvidiactl", "nvidia0"), False),
+        (("kfd",), False),
+        (("dxg",), False),
+    ],
+)
+def test_a_machine_without_a_gpus_device_files_has_no_gpu_without_asking_torch(tmp_path, monkeypatch, files, none):
+    import sys
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    for name in files:
+        (tmp_path / name).touch()
+    monkeypatch.setattr(host, "DEVICES", str(tmp_path))
+    assert host.no_gpu_here() is none
+    monkeypatch.setattr(host, "DEVICES", str(tmp_path / "absent"))  # no /dev to read: torch is asked
+    assert host.no_gpu_here() is False
+
+
+def test_the_gpus_counted_are_torchs_count():
+    import torch
+
+    assert host.gpus() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)

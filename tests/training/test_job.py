@@ -95,8 +95,18 @@ def test_a_refused_run_is_refused_before_any_model_code_loads(sample_data, tmp_p
         (["--data", str(sample_data), "--model", "no_such_model", *out], "unknown model 'no_such_model'", []),
         (["--data", str(sample_data), "--model", "no_such_model", *out[:2]], "unknown model 'no_such_model'", []),
     ]
-    if not torch.cuda.is_available():  # only an answer that is the machine's needs torch: is there a GPU?
-        cases.append((["--data", str(sample_data), "--mixed-precision", "fp16", *out], "needs a GPU", ["torch"]))
+    if not torch.cuda.is_available():
+        # Is there a GPU? The machine's device files answer where they say no; elsewhere torch is asked.
+        from visiontune.cluster import host
+
+        asked = [] if host.no_gpu_here() else ["torch"]
+        data = ["--data", str(sample_data), *out]
+        cases += [
+            ([*data, "--mixed-precision", "fp16"], "needs a GPU", asked),
+            ([*data, "--strategy", "fsdp", "--fsdp-offload"], "without a GPU", asked),
+            ([*data, "--strategy", "ddp", "--sync-batchnorm"], "needs GPUs", asked),
+            ([*data, "--strategy", "ddp", "--mixed-precision", "fp16"], "needs a GPU", asked),  # --nproc not given
+        ]
     done = subprocess.run(
         [sys.executable, "-c", _REFUSALS, json.dumps([c[0] for c in cases])],
         env=worker_env,

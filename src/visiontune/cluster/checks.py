@@ -1,16 +1,16 @@
 """What a run's settings are refused for before anything heavy loads: the strategy, the precision, the tracker.
 
 A refusal here is one line within the command's first second: this module imports neither torch nor
-Accelerate unless the answer depends on the machine (is there a GPU, for fp16, ``--fsdp-offload``,
-``--sync-batchnorm``), so that a flag combination that cannot run is not refused after seconds of loading.
-``strategy`` builds the Accelerator from settings that passed here.
+Accelerate, and asks torch whether there is a GPU (fp16, ``--fsdp-offload``, ``--sync-batchnorm``) only on a
+machine whose device files say there may be one (``host.gpus``), so that a flag combination that cannot run
+is not refused after seconds of loading. ``strategy`` builds the Accelerator from settings that passed here.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-from visiontune.cluster import strategies
+from visiontune.cluster import host, strategies
 from visiontune.cluster.launch import accelerate_cpu_single, inside_launcher, local_world_size, rank
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
@@ -26,16 +26,10 @@ def effective(cfg: TrainConfig) -> strategies.Strategy:
     return named
 
 
-def _gpu() -> bool:
-    import torch  # only for the refusals whose answer is the machine's
-
-    return torch.cuda.is_available()
-
-
 def check_runnable(cfg) -> None:
     """Refuse settings (a ``TrainConfig``, or ``strategy.ProcessSettings``) that would quietly do something else
     here: fp16 on a CPU, a missing tracker."""
-    if cfg.mixed_precision == "fp16" and not _gpu():
+    if cfg.mixed_precision == "fp16" and not host.gpus():
         # Accelerate would train in fp32 on a CPU while config.json said fp16.
         raise UserError(
             "--mixed-precision fp16 needs a GPU (on a CPU it would train in fp32); use --mixed-precision bf16 or no"
@@ -55,7 +49,7 @@ def check(cfg: TrainConfig) -> None:
     """Refuse what cannot run here before any worker starts; note what a launcher overrides."""
     effective(cfg).check(cfg)
     check_runnable(cfg)
-    if cfg.sync_batchnorm and effective(cfg).several_processes and not _gpu():
+    if cfg.sync_batchnorm and effective(cfg).several_processes and not host.gpus():
         raise UserError(
             "--sync-batchnorm needs GPUs: torch's SyncBatchNorm does not run on the CPU; "
             "drop the flag (each process then normalises its own batch)"

@@ -21,6 +21,10 @@ from visiontune.errors import UserError
 CGROUP_ROOT = "/sys/fs/cgroup"
 LOADAVG = "/proc/loadavg"  # read at each call: tests point it at a file of their own
 OWN_TASKS = "/proc/self/task"
+DEVICES = "/dev"  # where a GPU driver's device files are; tests point it at a folder of their own
+# A GPU torch.cuda can use has one of these device files on Linux: NVIDIA's driver (nvidiactl, nvidia0, ...),
+# ROCm's kernel driver (kfd), WSL2's GPU paravirtualisation (dxg).
+_GPU_FILES = ("nvidia", "kfd", "dxg")
 
 
 def _quota(text: str) -> float | None:
@@ -86,6 +90,31 @@ def available_cores() -> int:
 def machine_cores() -> int:
     """The machine's online cores, whatever this process may use: what the load on it is shared by."""
     return os.cpu_count() or 1
+
+
+def gpus() -> int:
+    """The CUDA (or ROCm) GPUs torch sees, asking torch only where there may be one: a refusal or a job's plan
+    that needs the answer on a machine without a GPU gets it without torch's import (seconds, tens on a busy
+    machine)."""
+    if no_gpu_here():
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def no_gpu_here() -> bool:
+    """True where this machine surely has no GPU for torch.cuda, told from the device files a driver makes
+    (Linux) or the platform (macOS has no CUDA); False where there may be one, and torch must be asked."""
+    if sys.platform == "darwin":
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        names = os.listdir(DEVICES)
+    except OSError:
+        return False  # no /dev to read: ask torch
+    return not any(name.startswith(_GPU_FILES) for name in names)
 
 
 def running_elsewhere(samples: int = 3, interval: float = 0.01) -> int | None:

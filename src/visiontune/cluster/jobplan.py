@@ -10,15 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from visiontune.cluster import slurm, strategies
+from visiontune.cluster import host, slurm, strategies
 from visiontune.errors import UserError
 from visiontune.settings.config import TrainConfig
 
 
 def default_nproc() -> int:
-    import torch
-
-    return torch.cuda.device_count() or 2
+    """Processes on this machine when --nproc is not given: one per GPU, else two."""
+    return host.gpus() or 2
 
 
 @dataclass(frozen=True)

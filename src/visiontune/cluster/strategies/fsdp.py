@@ -34,9 +34,9 @@ class FSDP(Strategy):
         if cfg.compile:
             raise UserError("--compile does not run with --strategy fsdp yet: drop --compile or use --strategy ddp")
         if cfg.fsdp_offload:
-            import torch  # only when the answer is the machine's
+            from visiontune.cluster import host
 
-            if not torch.cuda.is_available():
+            if not host.gpus():
                 raise UserError("--fsdp-offload moves parameters from GPU to CPU memory; without a GPU: drop it")
 
     def wrap(self, accelerator, cfg, model, optimizer, loaders):
