@@ -2,10 +2,10 @@
 dependency: GCS's JSON API, in memory) in a thread of this process, which gcsfs reaches through
 ``STORAGE_EMULATOR_HOST``, with every request it answered logged.
 
-gcsfs first asks GCS's storage-control API (gRPC) whether a bucket is hierarchical, which no emulator
-answers: it logs a warning and reads the bucket as a flat one, as it reads any bucket that is not. The
-tests turn that question off (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, read when gcsfs is imported);
-the listing and the reads are the same JSON API either way. The emulator checks no credentials.
+gcsfs's default file system first asks GCS's storage-control API (gRPC) what kind each bucket is, which no
+emulator answers (nor anonymous credentials): it logs a warning on every request. visiontune opens gcsfs's
+JSON API file system, which never asks (``data/stores.py``); the tests set nothing to quiet gcsfs, so that
+what they see on stderr is what a user sees. The emulator checks no credentials.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from urllib.parse import unquote
 
 import pytest
 
-ENV = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 _LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>[^? ]*)(?:\?(?P<query>\S*))? HTTP/[\d.]+" (?P<status>\d+)')
 
 
@@ -39,7 +38,7 @@ class GcsServer(logging.Handler):
 
     def env(self) -> dict[str, str]:
         """What a process needs to reach the emulator through gcsfs's own chain."""
-        return {"STORAGE_EMULATOR_HOST": self.endpoint, **ENV}
+        return {"STORAGE_EMULATOR_HOST": self.endpoint}
 
     def gets(self, path: str) -> int:
         """How many GETs read the object at ``path`` (``/bucket/name``): media downloads."""
@@ -51,11 +50,8 @@ class GcsServer(logging.Handler):
 @contextmanager
 def gcs_server() -> Iterator[GcsServer]:
     """gcp-storage-emulator on a free port of 127.0.0.1, in memory, in a thread of this process."""
-    os.environ.update(ENV)  # (before gcsfs is imported)
-    gcsfs = pytest.importorskip("gcsfs")
+    pytest.importorskip("gcsfs")
     emulator = pytest.importorskip("gcp_storage_emulator.server")
-    if gcsfs.GCSFileSystem is not gcsfs.core.GCSFileSystem:
-        pytest.fail("gcsfs was imported before GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set (tests/gcsserver.py)")
     server = emulator.create_server("127.0.0.1", 0, in_memory=True)
     server.start()
     log = logging.getLogger(emulator.__name__)
@@ -74,12 +70,12 @@ def gcs_server() -> Iterator[GcsServer]:
 
 def upload(server: GcsServer, folder: Path, url: str) -> None:
     """Every file below ``folder`` to ``url`` (``gs://bucket/prefix``), the bucket made if it is missing."""
-    import gcsfs
+    from gcsfs.core import GCSFileSystem  # (the JSON API's, as visiontune's: no question of the bucket's kind)
 
     old = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = server.endpoint
     try:
-        fs = gcsfs.GCSFileSystem(token="anon", skip_instance_cache=True)
+        fs = GCSFileSystem(token="anon", skip_instance_cache=True)
         bucket, _, prefix = url.split("://", 1)[1].partition("/")
         if not fs.exists(bucket):
             fs.mkdir(bucket)

@@ -4,6 +4,9 @@ once, a missing one one line. (The emulator checks no credentials: wrong ones ar
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,32 @@ def test_a_folder_in_a_bucket_is_copied_once_and_read_in_its_layout(gs, name, ur
     _same(sources.discover(url, task=AUTO), local)
     assert gs.requests == []
     assert sources.find(url).name == "store" and sources.recorded(url) == url
+
+
+@pytest.mark.slow  # (a process of its own: gcsfs imported as a user's command imports it)
+def test_a_gs_command_says_nothing_of_gcsfs_on_stderr(gs, tmp_path):
+    """gcsfs's default file system asks GCS's storage-control API what kind each bucket is and, where it
+    cannot (an emulator, anonymous or object-only credentials), logs a warning on every request: a user of
+    ``--data gs://...`` sees visiontune's lines alone."""
+    env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
+    argv = [sys.executable, "-m", "visiontune", "check", "gs://data/shards/"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "6 images in 2 classes (shards)" in done.stdout
+    assert [line for line in done.stderr.splitlines() if not line.startswith("visiontune")] == [], done.stderr
+
+
+@pytest.mark.slow
+def test_gcsfs_chooses_its_file_system_only_when_its_own_variable_is_set(monkeypatch):
+    import gcsfs
+    from gcsfs.core import GCSFileSystem
+
+    from visiontune.data import stores
+
+    monkeypatch.delenv(stores.ZONAL_SWITCH, raising=False)
+    assert type(stores._filesystem("gs://data/shards/")) is GCSFileSystem
+    monkeypatch.setenv(stores.ZONAL_SWITCH, "true")  # (read by gcsfs at its import: its class then, whichever)
+    assert type(stores._filesystem("gs://data/shards/")) is gcsfs.GCSFileSystem
 
 
 @pytest.mark.slow

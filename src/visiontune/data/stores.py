@@ -60,6 +60,12 @@ CHUNK = 16 << 20  # one ranged GET: the memory an object's copy holds at once
 PARALLEL = 16  # objects copied at once
 RETRIES = 5  # attempts at a request (5xx, throttling, a dropped connection), with exponential backoff
 _BAD_SEGMENT = re.compile(r"^\.{1,2}$|[\0\\]")
+# gcsfs's default file system asks GCS's storage-control API (gRPC) what kind each bucket is before it reads
+# it; where it cannot ask (anonymous or object-only credentials, an emulator, no gRPC route) it logs a
+# warning on every request, asks again on the next, and reads through the JSON API anyway. Its JSON API
+# file system never asks. gcsfs's own variable, set either way (true: a zonal bucket, Rapid Storage, read
+# through gcsfs's gRPC reader), hands the choice back to gcsfs.
+ZONAL_SWITCH = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 
 
 def is_store(data: str) -> bool:
@@ -73,6 +79,10 @@ def _filesystem(data: str):
     try:
         import fsspec
 
+        if scheme == "gs" and ZONAL_SWITCH not in os.environ:
+            from gcsfs.core import GCSFileSystem  # (the JSON API's: see ZONAL_SWITCH)
+
+            return GCSFileSystem(skip_instance_cache=True)
         if scheme != "s3":  # (a new instance each time: the credentials are read when it is made)
             return fsspec.filesystem(scheme, skip_instance_cache=True)
         timeouts = {"connect_timeout": remote.TIMEOUT_S, "read_timeout": remote.TIMEOUT_S}
