@@ -5,6 +5,8 @@ name is made; an unusable shard cache is one line."""
 
 from __future__ import annotations
 
+import base64
+import email.message
 import http.server
 import json
 import os
@@ -420,3 +422,81 @@ def test_a_shard_longer_than_its_index_says_is_cut_off_and_refused(sharded, shar
     assert f"{base}/big.tar: more than 1000 bytes came where its index.json says 1000" in line
     assert sum(sent) < 16 << 20  # (what the sockets' buffers hold besides)
     assert not list(shard_cache.rglob("*.tar"))
+
+
+@contextmanager
+def recording(body: bytes):
+    """A server answering any path with ``body`` (index.json: 404): the base URL, and each request's path (as
+    asked: a proxy is asked for a whole URL) with its headers."""
+    asked: list[tuple[str, email.message.Message]] = []
+
+    class Recording(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append((self.path, self.headers))  # (its get: any case)
+            if self.path.endswith("index.json"):
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Recording) as base:
+        yield base, asked
+
+
+@pytest.fixture
+def no_proxy_env(monkeypatch):
+    """No proxy but the test's own: the machine's variables would send its requests elsewhere."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+def test_a_netrc_login_is_never_sent_to_a_shard_url_or_beside_the_hub_token(
+    sharded, tmp_path, monkeypatch, no_proxy_env
+):
+    """aiohttp's ``trust_env`` (for the proxy variables) also sends the ``~/.netrc`` login of a URL's host: a
+    URL from a run folder or an index would get the user's password, in clear text over http://. None goes;
+    the Hub's token goes alone (aiohttp refuses a netrc login beside an Authorization header: a crash)."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login alice password s3cret\nmachine localhost login alice password s3cret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    shard = sorted(sharded.glob("*.tar"))[0]
+    with recording(shard.read_bytes()) as (base, asked):
+        assert Path(remote.fetch(f"{base}/{shard.name}")).read_bytes() == shard.read_bytes()
+        assert [(path, headers.get("Authorization")) for path, headers in asked] == [
+            ("/index.json", None),
+            (f"/{shard.name}", None),
+        ]
+        asked.clear()
+        monkeypatch.setattr(huggingface_hub, "hf_hub_url", lambda repo, name, **kw: f"{base}/hub/{repo}/{name}")
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")
+        assert Path(remote.fetch(f"hf://datasets/org/set/{shard.name}")).read_bytes() == shard.read_bytes()
+        assert [(path, headers.get("Authorization")) for path, headers in asked] == [
+            ("/hub/org/set/index.json", "Bearer hf_secret"),
+            (f"/hub/org/set/{shard.name}", "Bearer hf_secret"),
+        ]
+
+
+def test_shard_urls_go_through_the_environments_proxy_with_its_login_unless_no_proxy_names_the_host(
+    sharded, monkeypatch, no_proxy_env
+):
+    shard = sorted(sharded.glob("*.tar"))[0]
+    with recording(shard.read_bytes()) as (proxy, asked):
+        port = proxy.rsplit(":", 1)[1]
+        monkeypatch.setenv("http_proxy", f"http://carol:pa55@127.0.0.1:{port}")
+        local = remote.fetch(f"http://shards.invalid/set/{shard.name}")  # (a name only the proxy answers)
+        assert Path(local).read_bytes() == shard.read_bytes()
+        assert [path for path, _ in asked] == [
+            "http://shards.invalid/set/index.json",
+            f"http://shards.invalid/set/{shard.name}",
+        ]
+        login = "Basic " + base64.b64encode(b"carol:pa55").decode()
+        assert [headers.get("Proxy-Authorization") for _, headers in asked] == [login, login]
+        with recording(shard.read_bytes()) as (direct, direct_asked):
+            monkeypatch.setenv("no_proxy", "127.0.0.1")
+            remote.fetch(f"{direct}/{shard.name}")
+        assert len(asked) == 2 and [path for path, _ in direct_asked] == ["/index.json", f"/{shard.name}"]

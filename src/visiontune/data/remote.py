@@ -24,6 +24,8 @@ what those libraries lack, each pinned by ``tests/data/test_remote_trust.py``:
   and on each read, and none on the whole file (aiohttp's default cuts every download at 5 minutes);
 - retries with backoff on 5xx, 429 and a connection dropped mid-file (fsspec's HTTP file system makes
   none; huggingface_hub's are for its own client), then one line naming the URL;
+- the proxy the environment names, and no ``~/.netrc`` login (``_proxy``: aiohttp's ``trust_env`` sends
+  both);
 - the names an index lists are plain file names (``_NAME``): a copy's name and a request, never a
   path, a URL or a glob; at most ``braces.MAX_NAMES``.
 
@@ -319,12 +321,12 @@ def _http_copy(url: str, sink: _Sink) -> None:
         import fsspec
     except ImportError:
         raise UserError("reading http(s):// shards needs aiohttp: pip install 'visiontune[formats]'") from None
-    # No time-out on the whole file (aiohttp's default cuts any download at 5 min); a proxy from the environment.
+    # No time-out on the whole file (aiohttp's default cuts any download at 5 min).
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=TIMEOUT_S, sock_read=TIMEOUT_S)
-    fs = fsspec.filesystem("http", client_kwargs={"timeout": timeout, "trust_env": True})
+    fs = fsspec.filesystem("http", client_kwargs={"timeout": timeout})
     target, headers = _hub(url) if url.startswith("hf://") else (url, {"User-Agent": f"visiontune/{__version__}"})
     # (aiohttp counts the answer that would be one redirect too many)
-    get = {"headers": headers, "max_redirects": MAX_REDIRECTS + 1, "chunk_size": 1 << 20}
+    get = {"headers": headers, "max_redirects": MAX_REDIRECTS + 1, "chunk_size": 1 << 20, **_proxy(target)}
     for attempt in range(RETRIES):
         sink.out.seek(0)
         sink.out.truncate()
@@ -337,6 +339,20 @@ def _http_copy(url: str, sink: _Sink) -> None:
             if attempt + 1 == RETRIES or not (status >= 500 or status == 429 or dropped):
                 raise _failed(url, _why(e)) from None
         time.sleep(BACKOFF_S * 2**attempt)
+
+
+def _proxy(url: str) -> dict:
+    """The proxy the environment names for ``url`` (``http_proxy``, ``https_proxy``, ``no_proxy``, read by
+    urllib as aiohttp's ``trust_env`` reads them), as aiohttp's request argument; a login in the proxy's URL
+    goes to the proxy alone (aiohttp's ``Proxy-Authorization``). Not ``trust_env`` itself: it also sends the
+    ``~/.netrc`` login of the URL's host (and fails on one beside the Hub's token), where a URL here may
+    come from a run folder or an index, over plain http://. A redirect goes through the same proxy."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    target = urlsplit(url)
+    proxy = getproxies().get(target.scheme)
+    return {"proxy": proxy} if proxy and not (target.hostname and proxy_bypass(target.hostname)) else {}
 
 
 def _why(e: BaseException) -> str:
