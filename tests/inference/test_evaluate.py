@@ -318,3 +318,37 @@ def test_a_damaged_config_json_is_one_line_before_the_model_loads(tmp_path, samp
     assert main(["evaluate", "--run", str(run), "--data", str(sample_data), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(run / "config.json") in err and says in err
+
+
+# evaluate --nproc N: the workers wrote eval.json, and the launching process reads back how many images they
+# skipped through the run folder's reader (runs.evalrecords): bounded, checked, one line when damaged.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ("[" * 100_000, "is not JSON"),  # before: RecursionError, a traceback
+        ('{"skipped": 5}', "skipped is 5"),  # before: exit 1, "5 skipped" taken as true
+        ('{"skipped": [{"path": 7}]}', "skipped is [{'path': 7}]"),  # before: exit 1
+        ('{"report": "classify"}', "no list of the images it skipped"),  # before: KeyError, a traceback
+        ('{"skipped": []}' + " " * 300_000, "more than any run writes"),  # (the bound lowered)
+        (None, "no list of the images it skipped"),  # none written: before, FileNotFoundError
+    ],
+)
+def test_a_damaged_eval_json_after_a_launched_evaluate_is_one_line(run, tmp_path, monkeypatch, capsys, text, says):
+    from visiontune.cluster import launch
+    from visiontune.runs import runrecords
+
+    out = tmp_path / "eval.json"
+
+    def workers(cfg, argv, command):
+        if text is not None:
+            out.write_text(text)
+        monkeypatch.setattr(runrecords, "MAX_RECORD", 200_000)  # (the run's own config.json was read at its size)
+        return 0
+
+    monkeypatch.setattr(launch, "needs_launcher", lambda *a: True)
+    monkeypatch.setattr(launch, "relaunch", workers)
+    argv = ["evaluate", "--run", str(run), "--data", str(tmp_path), "--out", str(out), "--nproc", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and says in err, err

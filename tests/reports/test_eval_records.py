@@ -1,5 +1,5 @@
 """An evaluation's ``eval.json`` (and a bench's ``bench.json``) from someone else: ``visiontune report`` reads them
-through ``runs.runrecords`` -- bounded, each field the page shows checked by the schema of the evaluation that
+through ``runs.evalrecords`` -- bounded, each field the page shows checked by the schema of the evaluation that
 wrote it -- so a damaged one is one line naming the file and the field, exit 2, and no page; the PNGs beside a
 run are embedded up to a size. The fuzz targets feed the page any JSON in any field of each kind."""
 
@@ -20,7 +20,7 @@ from trainrun import one_line
 from visiontune import cli
 from visiontune.errors import UserError
 from visiontune.reports import metrics, multilabel, regression, report
-from visiontune.runs import runrecords
+from visiontune.runs import evalrecords, runrecords
 
 CLASSES = ["cat", "dog", "fox"]
 SCORED = {"split": "val", "own_data": True, "model_file": {"name": "best.safetensors", "sha256": "ab" * 32}}
@@ -102,7 +102,7 @@ def _with(record, path: str, value):
 def test_an_eval_json_of_each_kind_as_its_writer_writes_it_reads_back_and_shows(tmp_path, kind):
     ev = KINDS[kind]()
     run = write_run(tmp_path / "run", ev)
-    back = runrecords.read_evaluation(run / "eval.json")
+    back = evalrecords.read_evaluation(run / "eval.json")
     shown = {k: v for k, v in ev.items() if k not in ("world_size", "skipped", "split", "own_data")}
     shown = {k: v for k, v in shown.items() if k not in ("confusion_matrix", "confusion_matrix_normalized")}
     shown = {k: v for k, v in shown.items() if k != "thresholds"}  # the page shows each class's, in per_class
@@ -162,7 +162,7 @@ def test_an_eval_json_larger_than_any_run_writes_is_refused_unread(tmp_path, cap
 
 def test_an_eval_json_of_an_evaluation_this_visiontune_does_not_know_is_not_shown(tmp_path):
     run = write_run(tmp_path / "run", {**single_label(), "report": "detect"})
-    assert runrecords.read_evaluation(run / "eval.json") is None
+    assert evalrecords.read_evaluation(run / "eval.json") is None
     assert "Not evaluated yet" in report.build(run)
 
 

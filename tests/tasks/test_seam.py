@@ -23,7 +23,7 @@ from visiontune.data.sources import discover
 from visiontune.data.split import make_stratified_split
 from visiontune.errors import UserError
 from visiontune.reports import evaluations
-from visiontune.runs import runrecords
+from visiontune.runs import evalrecords
 from visiontune.tasks.regress import Regression
 
 WORDS = ("none", "one blob", "two blobs", "three blobs")
@@ -78,7 +78,7 @@ def blob_section(eval_json: Path, ev: dict) -> str:
 def blobs():
     task = tasks.register(BlobCount())
     # the fields its section shows: a regression's, and its own count accuracy (checked when eval.json is read back)
-    schema, needed = runrecords.EVALUATIONS[tasks.REGRESSION.name]
+    schema, needed = evalrecords.EVALUATIONS[tasks.REGRESSION.name]
     fields = ({**schema, "count_accuracy": (lambda v: isinstance(v, float), "a number")}, (*needed, "count_accuracy"))
     evaluations.register(task.name, write=write_blob_evaluation, section=blob_section, fields=fields)
     yield task

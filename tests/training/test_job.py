@@ -119,3 +119,55 @@ def test_a_refused_run_is_refused_before_any_model_code_loads(sample_data, tmp_p
         assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (argv, err)
         assert heavy == imported, (argv, heavy)
     assert not (tmp_path / "run").exists()
+
+
+# A job of several processes: the workers wrote summary.json, and the launching process reads it back as any
+# other run folder's record (runs.runrecords): bounded, each field checked, one line when it is damaged.
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ("[" * 100_000, "is not JSON"),  # before: RecursionError out of json.loads
+        ('{"epochs": "two"}', "epochs is 'two'"),  # before: handed to the caller as the run's summary
+        ("[]", "expected a JSON object"),
+        ('{"epochs": 2}' + " " * 300_000, "more than any run writes"),  # (the bound lowered)
+    ],
+)
+def test_a_damaged_summary_json_after_a_launched_job_is_one_line(tmp_path, monkeypatch, sample_data, text, says):
+    from visiontune.cluster import launch
+    from visiontune.models import names
+    from visiontune.runs import runrecords
+
+    run = tmp_path / "run"
+    cfg = validate(TrainConfig(data=str(sample_data), model="resnet18", strategy="ddp", nproc=2))
+    cfg = cfg.replace(output_dir=str(run))
+
+    def workers(cfg, argv):  # what the workers left: a summary.json, and exit 0
+        (run / "summary.json").write_text(text)
+        return 0
+
+    monkeypatch.setattr(names, "check_model", lambda *a: None)
+    monkeypatch.setattr(launch, "needs_launcher", lambda *a: True)
+    monkeypatch.setattr(launch, "can_fork_workers", lambda: False)
+    monkeypatch.setattr(launch, "relaunch", workers)
+    monkeypatch.setattr(runrecords, "MAX_RECORD", 200_000)
+    with pytest.raises(UserError) as e:
+        job.summary_of(job.run(cfg))
+    assert str(run / "summary.json") in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_launched_jobs_summary_reads_back_checked(tmp_path, monkeypatch, sample_data):
+    from visiontune.cluster import launch
+    from visiontune.models import names
+
+    run = tmp_path / "run"
+    cfg = validate(TrainConfig(data=str(sample_data), model="resnet18", strategy="ddp", nproc=2))
+    cfg = cfg.replace(output_dir=str(run))
+    monkeypatch.setattr(names, "check_model", lambda *a: None)
+    monkeypatch.setattr(launch, "needs_launcher", lambda *a: True)
+    monkeypatch.setattr(launch, "can_fork_workers", lambda: False)
+    monkeypatch.setattr(launch, "relaunch", lambda cfg, argv: (run / "summary.json").write_text('{"epochs": 2}') and 0)
+    assert job.summary_of(job.run(cfg)) == {"epochs": 2}
+    (run / "summary.json").unlink()
+    monkeypatch.setattr(launch, "relaunch", lambda cfg, argv: 0)  # the workers ended with none written here
+    with pytest.raises(UserError, match="without a summary.json"):
+        job.summary_of(job.run(cfg))

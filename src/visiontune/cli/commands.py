@@ -228,11 +228,9 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
-    import json
-    from pathlib import Path
-
     from visiontune.cluster import launch
     from visiontune.inference.evaluate import default_out, evaluate, recorded_data
+    from visiontune.runs import evalrecords
 
     data, columns = args.data, (args.image_column, args.label_column)
     if not data:  # the run's own data, listed as training listed it (hf: columns included unless given)
@@ -244,7 +242,7 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
         args.nproc,
         argv,
         "evaluate",
-        lambda: json.loads(Path(out).read_text())["skipped"],
+        lambda: evalrecords.read_skipped(out),  # the workers' eval.json, read back checked
         lambda: evaluate(
             loaded,
             icfg,

@@ -6,9 +6,9 @@ The two halves live where their imports allow -- a writer scores gathered output
 its task's name keys here; a task defined elsewhere (a test module) registers both halves at once. A task
 with no evaluation of its own has the one of the task it is built on (its nearest parent class that has
 one), and its ``eval.json`` names the evaluation that wrote it (``report``), so the page finds the section
-again in a process that never heard of the task. An ``eval.json`` is read back checked (``runs.runrecords:
+again in a process that never heard of the task. An ``eval.json`` is read back checked (``runs.evalrecords:
 read_evaluation``): a section is given only the fields its evaluation's schema checked, the built-in ones' in
-``runrecords.EVALUATIONS``, another's registered with it (``fields``).
+``evalrecords.EVALUATIONS``, another's registered with it (``fields``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Evaluation:
     write: Callable | None = None
     section: Callable | None = None  # (eval_json path, eval.json's dict) -> the page's HTML
     # (schema, fields the section cannot do without) of the eval.json fields the section shows beyond every
-    # evaluation's (runrecords.EVALUATION); the built-in evaluations' are runrecords.EVALUATIONS
+    # evaluation's (evalrecords.EVALUATION); the built-in evaluations' are evalrecords.EVALUATIONS
     fields: tuple[dict, tuple[str, ...]] | None = None
 
 

@@ -4,9 +4,9 @@ The page is built from the run folder's own files -- ``config.json``,
 ``summary.json``, ``eval.json``, the PNGs and, when the run belongs to a
 ``bench``, its ``bench.json`` -- so it can be rebuilt at any time
 (``visiontune report RUN``). The JSON files are read back checked
-(``runs.runrecords``), the PNGs embedded up to ``MAX_PNG`` bytes each. Images are embedded as data URIs and the page has
-no script and no external reference: it opens the same offline, attached to
-an email or archived. Every number shown carries ``data-src``/``data-path``
+(``runs.runrecords``, ``runs.evalrecords``), the PNGs embedded up to ``MAX_PNG`` bytes each.
+Images are embedded as data URIs and the page has no script and no external reference: it opens the
+same offline, attached to an email or archived. Every number shown carries ``data-src``/``data-path``
 naming the JSON value it shows, which is how the browser test checks them.
 """
 
@@ -23,14 +23,14 @@ from visiontune.errors import UserError
 from visiontune.files import atomic_write
 from visiontune.reports import evaluations, regression
 from visiontune.reports.style import CSS
-from visiontune.runs import runrecords
+from visiontune.runs import evalrecords, runrecords
 from visiontune.tasks import MULTI_LABEL, REGRESSION, SINGLE_LABEL
 
 
 def _evaluation_of(path: Path) -> dict | None:
-    """``path``'s evaluation checked by its schema (``runs.runrecords``), or None: none there, or one no
+    """``path``'s evaluation checked by its schema (``runs.evalrecords``), or None: none there, or one no
     evaluation this visiontune knows wrote."""
-    return runrecords.read_evaluation(path, evaluations.schemas())
+    return evalrecords.read_evaluation(path, evaluations.schemas())
 
 
 # A value whose key has one of these words is a score (an accuracy, a loss, an F1, a probability): 4
@@ -338,10 +338,10 @@ def _regression_evaluation(eval_json: Path, ev: dict) -> str:
 
 # The page section of each built-in task's evaluation; its eval.json writer is registered beside it by
 # ``inference.evaluate``.
-# The fields each shows are checked when its eval.json is read back (``runrecords.EVALUATIONS``).
-evaluations.register(SINGLE_LABEL.name, section=_single_label_evaluation, fields=runrecords.EVALUATIONS["classify"])
-evaluations.register(MULTI_LABEL.name, section=_multilabel_evaluation, fields=runrecords.EVALUATIONS["multilabel"])
-evaluations.register(REGRESSION.name, section=_regression_evaluation, fields=runrecords.EVALUATIONS["regress"])
+# The fields each shows are checked when its eval.json is read back (``evalrecords.EVALUATIONS``).
+evaluations.register(SINGLE_LABEL.name, section=_single_label_evaluation, fields=evalrecords.EVALUATIONS["classify"])
+evaluations.register(MULTI_LABEL.name, section=_multilabel_evaluation, fields=evalrecords.EVALUATIONS["multilabel"])
+evaluations.register(REGRESSION.name, section=_regression_evaluation, fields=evalrecords.EVALUATIONS["regress"])
 
 
 def _bench(bench: dict) -> str:
@@ -384,10 +384,10 @@ def _bench(bench: dict) -> str:
 
 def _bench_of(run: Path) -> tuple[Path | None, dict | None]:
     """The bench folder's own ``bench.json``, or the parent's when this run is one of its rows."""
-    own = runrecords.read_bench(run / "bench.json")
+    own = evalrecords.read_bench(run / "bench.json")
     if own is not None:
         return run / "bench.json", own
-    parent = runrecords.read_bench(run.parent / "bench.json")
+    parent = evalrecords.read_bench(run.parent / "bench.json")
     mine = parent is not None and any(
         Path(r["run_dir"]).resolve() == run.resolve() for r in parent.get("rows", []) if r.get("run_dir")
     )

@@ -80,8 +80,10 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended
         shared_listing(images, cfg.data),
     ):
         code = launch.relaunch(cfg, workers)
-    summary = Path(cfg.output_dir, "summary.json")
-    return Ended(code, json.loads(summary.read_text()) if code == 0 and summary.is_file() else None)
+    # The workers wrote it: read back as any run folder's record, bounded and checked (one line when damaged).
+    from visiontune.runs import runrecords  # (its imports reach torch: not before the refusals above)
+
+    return Ended(code, runrecords.read_summary(cfg.output_dir) if code == 0 else None)
 
 
 def summary_of(ended: Ended) -> dict:
