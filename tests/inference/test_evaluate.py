@@ -352,3 +352,67 @@ def test_a_damaged_eval_json_after_a_launched_evaluate_is_one_line(run, tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(out) in err and says in err, err
+
+
+def _own_run(tmp_path, images) -> tuple[Path, dict]:
+    """A run folder of ``images`` (recorded at their folder) with the split.json training writes."""
+    from visiontune.data.split import split_of, split_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"config": {}, "data": {"root": images.root}}))
+    record = split_record(split_of(images, 0.2, 0), images.paths, images.root, 0, 0.2)
+    (run / "split.json").write_text(json.dumps(record))
+    (run / "bad_files.csv").write_text("path,reason\n")  # none: every image of the data was split
+    return run, record
+
+
+@pytest.mark.parametrize("recorded", ["same", "other"])  # the run's data as recorded, or moved: told by the hash
+def test_a_split_json_whose_lists_do_not_match_its_sha256_is_one_line(tmp_path, sample_data, recorded):
+    """--split val scores the run's held-out images: a val list edited after training (training images moved
+    into it) no longer hashes to the sha256 the run wrote. Before: scored, silently, as the val split."""
+    from visiontune.data.sources import discover
+    from visiontune.errors import UserError
+    from visiontune.inference.evaluate import select
+
+    images = discover(str(sample_data), task=AUTO)
+    run, record = _own_run(tmp_path, images)
+    if recorded == "other":
+        (run / "config.json").write_text(json.dumps({"config": {}, "data": {"root": str(tmp_path / "moved")}}))
+    chosen, scored = select(images, str(run), "val")
+    assert (len(chosen), scored["split"]) == (len(record["val"]), "val")
+    edited = {**record, "val": record["val"] + record["train"][:10], "train": record["train"][10:]}
+    (run / "split.json").write_text(json.dumps(edited))
+    with pytest.raises(UserError) as e:
+        select(images, str(run), "val")
+    said = str(e.value)
+    assert str(run / "split.json") in said and "do not match its sha256" in said and "\n" not in said
+
+
+@pytest.mark.slow
+def test_evaluate_refuses_a_val_split_edited_after_training(run, tmp_path, capsys):
+    """The trained run's split.json, its val list given training images: one line, exit 2, nothing written."""
+    run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "eval*.json")))
+    record = json.loads((run / "split.json").read_text())
+    record["val"], record["train"] = record["val"] + record["train"][:20], record["train"][20:]
+    (run / "split.json").write_text(json.dumps(record))
+    assert main(["evaluate", "--run", str(run), "--split", "val", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / 'split.json'}: its file lists do not match its sha256" in err, err
+    assert not (run / "eval.json").exists()
+
+
+def test_a_damaged_bad_files_csv_of_a_moved_run_is_one_line(tmp_path, sample_data):
+    """Told by the hash whether moved data is the run's own, its bad_files.csv is read: a cell over csv's field
+    limit was a csv.Error traceback before."""
+    from visiontune.data.sources import discover
+    from visiontune.errors import UserError
+    from visiontune.inference.evaluate import select
+
+    images = discover(str(sample_data), task=AUTO)
+    run, _ = _own_run(tmp_path, images)
+    (run / "config.json").write_text(json.dumps({"config": {}, "data": {"root": str(tmp_path / "moved")}}))
+    (run / "bad_files.csv").write_text("path,reason\n" + "x" * 200_000 + ",bad\n")
+    with pytest.raises(UserError) as e:
+        select(images, str(run), "val")
+    assert f"{run / 'bad_files.csv'}: damaged run record: not a CSV" in str(e.value) and "\n" not in str(e.value)

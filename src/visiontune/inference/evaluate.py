@@ -70,12 +70,15 @@ def recorded_data(run_dir: str) -> tuple[str, tuple[str | None, str | None]]:
 def _same_listing(images: ImageSet, run_dir: str, record: dict, root: str | None) -> bool:
     """Whether ``images``, less the run's bad files, split as the run split its data, give ``split.json``'s
     sha256: the run's own data, wherever it is now."""
+    bad_files = Path(run_dir) / "bad_files.csv"
     try:
         seed, fraction, want = int(record["seed"]), float(record["val_fraction"]), record["sha256"]
-        with open(Path(run_dir) / "bad_files.csv", newline="", encoding="utf-8", errors="surrogateescape") as f:
+        with open(bad_files, newline="", encoding="utf-8", errors="surrogateescape") as f:
             bad = {os.path.relpath(row[0], root or images.root) for row in list(csv.reader(f))[1:] if row}
     except (OSError, KeyError, TypeError, ValueError, IndexError):
         return False
+    except csv.Error as e:  # a cell over csv's field limit: no file name is that long
+        raise UserError(f"{bad_files}: damaged run record: not a CSV of file names ({e})") from None
     names = relative_paths(images.paths, range(len(images)), images.root)
     kept = images.take([i for i, name in enumerate(names) if name not in bad])
     try:  # as the run split it: grouped or a fold when its split.json says so
@@ -127,6 +130,8 @@ def select(images: ImageSet, run_dir: str | None, split: str | None) -> tuple[Im
     lists = runrecords.read_split(run_dir) or {}
     if split not in lists:
         raise UserError(f"cannot read the {split} list of {split_file} (it has none); pass --split all")
+    # The lists as the run wrote them: a val list edited since (training images in it) would be scored as held out.
+    runrecords.held_to_sha256(lists, split_file)
     wanted = set(lists[split])
     keep = [i for i, p in enumerate(relative_paths(images.paths, range(len(images)), images.root)) if p in wanted]
     if not keep:

@@ -292,7 +292,13 @@ def read_split_record(path: str | Path) -> dict:
     record = _load(path, MAX_SPLIT)
     if record is None:
         raise UserError(f"{path} is missing; use a run folder visiontune wrote")
-    record = _checked(record, SPLIT, str(path), "")
+    return held_to_sha256(_checked(record, SPLIT, str(path), ""), path)
+
+
+def held_to_sha256(record: dict, path: str | Path) -> dict:
+    """A checked ``split.json`` record (from ``path``) whose train and val lists hash to the sha256 the run
+    wrote beside them; one line when they do not (the file was edited: training images in the val list) or
+    it has not both lists and the sha256."""
     if not {"train", "val", "sha256"} <= set(record):
         raise UserError(f"{path}: damaged run record: no train and val lists of file names with their sha256")
     if split_hash(record["train"], record["val"]) != record["sha256"]:
