@@ -40,6 +40,8 @@ def test_a_regression_run_predicts_evaluates_and_exports_values_in_the_targets_u
     summary = json.loads((run / "summary.json").read_text())
     config = json.loads((run / "config.json").read_text())
     assert summary["task"] == config["model"]["task"] == "regress" and summary["best_metric"] == "mae"
+    # --recipe modern's label smoothing (0.1 on classes) is left out for a task without classes
+    assert config["config"]["recipe"] == "modern" and config["config"]["label_smoothing"] == 0.0
     scale = config["model"]["task_state"]
     train_values = [truth[Path(p).name] for p in json.loads((run / "split.json").read_text())["train"]]
     assert scale["mean"] == pytest.approx([np.mean(train_values)]) and scale["loss"] == "huber"
@@ -94,12 +96,25 @@ def _served_value_is(run: Path, image: Path, value: float) -> None:
 
 
 @pytest.mark.slow
-def test_cutmix_on_regression_data_is_one_line_and_exit_2(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--task", "regress", "--cutmix", "1.0"], "--cutmix has no meaning for regression"),
+        # asked for, not a recipe's: refused (--recipe modern's own smoothing is left out, above)
+        (["--task", "regress", "--recipe", "modern", "--label-smoothing", "0.1"], "--label-smoothing has no meaning"),
+        # --task auto never reads numbers as a regression: the data's line, not the recipe's smoothing
+        (["--recipe", "modern"], "data/train.csv row 1: header 'filename,value' names no label column"),
+    ],
+)
+def test_what_regression_refuses_and_regression_data_under_task_auto_are_one_line_and_exit_2(
+    tmp_path, capsys, extra, said
+):
     make_regression_data(tmp_path / "data", count=20)
-    argv = ["train", "--data", str(tmp_path / "data"), "--task", "regress", "--output-dir", str(tmp_path / "run")]
-    assert main([*argv, *TINY_VIT, "--cutmix", "1.0"]) == 2
+    argv = ["train", "--data", str(tmp_path / "data"), "--output-dir", str(tmp_path / "run")]
+    assert main([*argv, *TINY_VIT, *extra]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("visiontune: error: --cutmix has no meaning for regression") and "\n" not in err
+    assert err.startswith("visiontune: error: ") and said in err and "\n" not in err
+    assert not (tmp_path / "run").exists()
 
 
 def write_digits(out: Path, count: int) -> None:

@@ -75,6 +75,41 @@ def test_the_default_space_leaves_out_what_is_fixed_and_adds_the_models():
     assert (lr.name, lr.log, lr.low, lr.high) == ("lr", True, 1e-5, 3e-3)
 
 
+def test_the_default_space_leaves_out_what_the_task_refuses_and_a_space_file_searching_it_is_one_line(tmp_path):
+    """A regression refuses label smoothing and CutMix: the recipe's space searches neither (as ``train``
+    drops the recipe's label smoothing there); classification keeps the whole space."""
+    from visiontune import tasks
+    from visiontune.settings.config import TrainConfig
+    from visiontune.settings.validation import validate
+
+    for task, left_out in (("regress", {"label_smoothing", "cutmix"}), ("classify", set())):
+        cfg = validate(TrainConfig(data="d", recipe="modern", task=task), tasks.get)
+        whole = space_mod.resolve(cfg, set(), None, None)
+        kept = space_mod.for_task(whole, cfg, tasks.get(task), None)
+        assert {p.name for p in whole} - {p.name for p in kept} == left_out and "mixup" in {p.name for p in kept}
+    f = tmp_path / "space.toml"
+    f.write_text("[lr]\nlow = 1e-4\nhigh = 1e-2\n[label_smoothing]\nlow = 0.0\nhigh = 0.2\n")
+    cfg = validate(TrainConfig(data="d", task="regress"), tasks.get)
+    with pytest.raises(UserError) as e:
+        space_mod.for_task(space_mod.resolve(cfg, set(), str(f), None), cfg, tasks.get("regress"), str(f))
+    assert f"{f} searches [label_smoothing], which regression data refuses: --label-smoothing" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_regression_study_on_the_recipes_default_space_runs_its_trials(tmp_path, capsys):
+    """``tune --task regress`` without --space: each trial draws from the recipe's space, less what a
+    regression refuses (drawn, a label smoothing stopped the study at its second trial)."""
+    from visiontune.data.sample import make_regression_data
+
+    make_regression_data(tmp_path / "data", count=24)
+    vit = ["--model", "timm/test_vit", "--weights", "none", "--image-size", "32", "--epochs", "1", "--batch-size", "8"]
+    argv = ["tune", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "t"), "--task", "regress"]
+    assert main([*argv, *vit, "--recipe", "modern", "--trials", "2", "--num-workers", "0", "--no-progress"]) == 0
+    study = optuna.load_study(study_name="visiontune", storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert all("mixup" in t.params and not {"label_smoothing", "cutmix"} & set(t.params) for t in study.trials)
+
+
 def test_values_sampled_from_a_space_file_are_of_each_setting_s_type(tmp_path):
     f = tmp_path / "space.toml"
     f.write_text(

@@ -35,6 +35,7 @@ from visiontune.errors import UserError
 from visiontune.models.names import check_model
 from visiontune.settings.config import TrainConfig
 from visiontune.settings.validation import check_types, validate
+from visiontune.tasks import Task
 from visiontune.text import printable
 
 if sys.version_info >= (3, 11):
@@ -222,8 +223,7 @@ def resolve(cfg: TrainConfig, fixed: set[str], path: str | None, models: list[st
         space = [p for p in default_space(cfg.recipe) if p.name not in fixed]
     if models:
         space = [p for p in space if p.name != "model"] + [Param("model", "categorical", tuple(models))]
-    if not space:
-        raise UserError("the search space is empty: every setting it would search is fixed; pass --space FILE")
+    _not_empty(space)
     for p in space:
         for value in p.extremes():
             where = f"the search space's [{p.name}] value {printable(repr(value))}"
@@ -234,6 +234,29 @@ def resolve(cfg: TrainConfig, fixed: set[str], path: str | None, models: list[st
                     check_model(value, "none", user_cache_dir())  # (its weights are fetched by its trials)
             except UserError as e:
                 raise UserError(f"{where}: {e}") from None
+    return space
+
+
+def for_task(space: list[Param], cfg: TrainConfig, task: Task, path: str | None) -> list[Param]:
+    """``space`` less what the run's task refuses at some value it holds (``Task.refusal``: a regression's
+    label smoothing and CutMix), once the data has told the task: the recipe's default space leaves such a
+    setting out, as ``train`` leaves out the recipe's label smoothing; a space file's is one line."""
+    kept = []
+    for p in space:
+        problem = next(filter(None, (task.refusal(cfg.replace(**{p.name: v})) for v in p.extremes())), None)
+        if problem is None:
+            kept.append(p)
+        elif path:
+            raise UserError(f"{path} searches [{p.name}], which {task.title} data refuses: {problem}")
+    return _not_empty(kept)
+
+
+def _not_empty(space: list[Param]) -> list[Param]:
+    if not space:
+        raise UserError(
+            "the search space is empty: every setting it would search is fixed (or refused on this data); "
+            "pass --space FILE"
+        )
     return space
 
 

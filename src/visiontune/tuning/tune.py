@@ -254,7 +254,9 @@ def prepare(cfg: TrainConfig, fixed: set[str], opts: TuneOptions, models: list[s
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the tuner says what happens, one line a trial
     params = space.resolve(cfg, fixed, opts.space_file, models)
     images = discover(cfg.data, cfg.image_column, cfg.label_column, task=reader(cfg.task))
-    metric = plan.best_metric(cfg, plan.task_of(cfg, images))
+    task = plan.task_of(cfg, images)
+    params = space.for_task(params, cfg, task, opts.space_file)
+    metric = plan.best_metric(cfg, task)
     cfg = cfg.replace(best_metric=metric)
     Path(opts.out).mkdir(parents=True, exist_ok=True)
     url = study.storage_url(opts.storage, opts.out)
