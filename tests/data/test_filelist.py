@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from fuzzing import fuzz_settings
 from visiontune import tasks
+from visiontune.data import filelist
 from visiontune.data.filelist import edit
 from visiontune.data.imageset import ImageSet
 from visiontune.errors import UserError
@@ -80,6 +81,23 @@ def test_bad_csv_is_one_line_naming_the_flag(tmp_path, flag, text, says):
     args = (str(csv), None) if flag == "exclude" else (None, str(csv))
     with pytest.raises(UserError, match=rf"^--{flag} {csv}: ") as e:
         edit(_images(), *args)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "bound, value, says",
+    [
+        ("MAX_BYTES", 20, "larger than"),
+        ("MAX_ROWS", 2, "more than 2 rows"),
+        ("MAX_CELL", 5, "row 2 has a cell longer than 5 or a NUL byte"),
+    ],
+)
+def test_a_csv_past_a_bound_is_one_line_naming_it(tmp_path, monkeypatch, bound, value, says):
+    csv = tmp_path / "x.csv"
+    csv.write_text("file\ncat/1.png\ncat/2.png\ndog/1.png\n")
+    monkeypatch.setattr(filelist, bound, value)
+    with pytest.raises(UserError, match=rf"^--exclude {csv}: ") as e:
+        edit(_images(), str(csv), None)
     assert says in str(e.value) and "\n" not in str(e.value)
 
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzzing import fuzz_settings
-from visiontune.data import imageset, sources
+from visiontune.data import imageset, layouts, sources
 from visiontune.errors import UserError
 from visiontune.tasks import reader
 
@@ -140,3 +140,56 @@ def test_a_regression_row_naming_a_file_with_a_newline_is_still_one_line(root):
     with pytest.raises(UserError) as e:
         sources.discover(root, task=reader("regress"))
     assert "not a finite number" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+# The manifest's bounds (data/layouts.py: bytes, rows, characters a line), each one line naming the file and
+# the bound. Before them, a line of millions of cells was read whole (the extra cells ignored), and a manifest
+# of any size became Python rows.
+def test_a_manifest_line_longer_than_any_file_name_and_labels_is_one_line(root):
+    with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
+        f.write("a.jpg,cat\nb.jpg,dog" + "," * (2 << 20) + "\n")
+    with pytest.raises(UserError) as e:
+        sources.discover(root, task=reader("auto"))
+    said = str(e.value)
+    assert f"train.csv line 2: longer than {layouts.MAX_MANIFEST_LINE:,} characters" in said and "\n" not in said
+
+
+@pytest.mark.parametrize(
+    "bound,value,says",
+    [
+        ("MAX_MANIFEST_ROWS", 3, "more than the 3 rows of a manifest visiontune reads"),
+        ("MAX_MANIFEST_BYTES", 40, "is 46 bytes, more than the 40 of a manifest visiontune reads"),
+        ("MAX_MANIFEST_LINE", 8, "line 1: longer than 8 characters"),
+    ],
+)
+def test_a_manifest_past_a_bound_is_one_line_naming_it(root, monkeypatch, bound, value, says):
+    with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
+        f.write("a.jpg,cat\nb.jpg,dog\n\n\nsub/c.png,cat\n7.jpg,dog\n")  # 4 rows (blank lines are none), 46 bytes
+    monkeypatch.setattr(layouts, bound, value)
+    with pytest.raises(UserError) as e:
+        sources.discover(root, task=reader("auto"))
+    assert says in str(e.value) and "train.csv" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    monkeypatch.setattr(layouts, bound, value * 2)  # under it: the listing
+    assert len(sources.discover(root, task=reader("auto")).paths) == 4
+
+
+@fuzz_settings(100)
+@given(manifests(), st.booleans(), st.integers(1, 400), st.integers(1, 8), st.integers(1, 200))
+def test_any_manifest_past_small_bounds_is_a_listing_or_one_user_error(root, manifest, multi, size, rows, line):
+    """The bounds lowered so that the fuzz's manifests reach them: still a listing or one line."""
+    with open(os.path.join(root, "train.csv"), "wb") as f:
+        f.write(manifest)
+    bounds = {"MAX_MANIFEST_BYTES": size, "MAX_MANIFEST_ROWS": rows, "MAX_MANIFEST_LINE": line}
+    saved = {k: getattr(layouts, k) for k in bounds}
+    try:
+        for k, v in bounds.items():
+            setattr(layouts, k, v)
+        found = sources.discover(root, task=reader("multilabel" if multi else "auto"))
+    except UserError as e:
+        assert str(e) and "\n" not in str(e).strip()
+        return
+    finally:
+        for k, v in saved.items():
+            setattr(layouts, k, v)
+    assert len(manifest) <= size and len(found.paths) <= rows
+    assert_valid(found, root, multi or found.task == "multilabel")

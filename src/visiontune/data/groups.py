@@ -15,7 +15,6 @@ deals each class's images, in a seeded order, round the folds: a stratified k-fo
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import re2
 import torch
 
 from visiontune.data.imageset import ImageSet
+from visiontune.data.layouts import read_rows
 from visiontune.data.split import Split, relative_paths, split_of, split_summary
 from visiontune.errors import UserError
 
@@ -47,8 +47,7 @@ def _column(images: ImageSet, data: str, column: str) -> list[str] | None:
     ]
     if not found:
         return None
-    with open(found[0], newline="", encoding="utf-8-sig") as f:
-        rows = [row for row in csv.reader(f) if any(cell.strip() for cell in row)]
+    rows = [row for _, row in read_rows(found[0])]  # the manifest's one reader, bounded
     header = [c.strip() for c in rows[0]] if rows else []
     if column not in header:
         return None

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +37,11 @@ from visiontune.files import atomic_write
 KAGGLE_NAME = re.compile(r"^(?P<cls>[A-Za-z]+)\.(?P<num>\d+)\.[A-Za-z]+$")
 # What operating systems leave in folders (macOS, Windows, KDE): never data, so never counted bad.
 OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directory"}
+# A manifest comes from elsewhere: bounded before its rows are Python objects. ImageNet's 1.28M rows are about
+# 60 MB; tens of millions of rows fit; a runaway file, or one line without an end, does not.
+MAX_MANIFEST_BYTES = 1 << 30
+MAX_MANIFEST_ROWS = 20_000_000
+MAX_MANIFEST_LINE = 1 << 20  # characters: a file name and its label cells (csv refuses a cell over 128 KiB)
 
 
 def _numeric_key(path: str) -> tuple:
@@ -161,12 +168,48 @@ def _image_folder(root: Path) -> ImageSet | None:
     return ImageSet(str(root), "imagefolder", paths, labels, names, rejects=sorted(rejects))
 
 
-def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
-    """(line number, cells) of every non-blank row; a BOM is dropped, a non-UTF-8 file is refused."""
+def _lines(f, csv_path: Path) -> Iterator[str]:
+    """``f``'s lines, each at most ``MAX_MANIFEST_LINE`` characters and all of them ``MAX_MANIFEST_BYTES``: a
+    line is read no further than its bound, so one without an end (or a file still growing) is refused."""
+    read = 0
+    for number in itertools.count(1):
+        line = f.readline(MAX_MANIFEST_LINE + 1)
+        if not line:
+            return
+        read += len(line)
+        if len(line) > MAX_MANIFEST_LINE:
+            raise UserError(
+                f"{csv_path} line {number}: longer than {MAX_MANIFEST_LINE:,} characters; a manifest's line is "
+                "a file name and its label cells"
+            )
+        if read > MAX_MANIFEST_BYTES:
+            raise UserError(f"{csv_path}: more than the {MAX_MANIFEST_BYTES:,} bytes of a manifest visiontune reads")
+        yield line
+
+
+def read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, cells) of every non-blank row of the manifest ``csv_path``, its one reader (``groups``
+    reads its columns here too): at most ``MAX_MANIFEST_BYTES``, ``MAX_MANIFEST_ROWS`` rows, ``MAX_MANIFEST_LINE``
+    characters a line, one line naming the file and the bound past them. A BOM is dropped, a non-UTF-8 file is
+    refused."""
+    size = csv_path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:  # refused unread
+        raise UserError(
+            f"{csv_path} is {size:,} bytes, more than the {MAX_MANIFEST_BYTES:,} of a manifest visiontune reads; "
+            "is it the manifest?"
+        )
+    rows = []
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            rows = [(reader.line_num, row) for row in reader]
+            reader = csv.reader(_lines(f, csv_path))
+            for row in reader:
+                if not any(cell.strip() for cell in row):
+                    continue
+                if len(rows) == MAX_MANIFEST_ROWS:
+                    raise UserError(
+                        f"{csv_path}: more than the {MAX_MANIFEST_ROWS:,} rows of a manifest visiontune reads"
+                    )
+                rows.append((reader.line_num, row))
     except UnicodeDecodeError as e:
         raise UserError(
             f"{csv_path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
@@ -174,7 +217,7 @@ def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
         ) from None
     except csv.Error as e:  # e.g. a cell over csv's 128 KiB limit: no file name or label is that long
         raise UserError(f"{csv_path} line {reader.line_num}: not a CSV row ({e}); fix the manifest") from None
-    return [(n, row) for n, row in rows if any(cell.strip() for cell in row)]
+    return rows
 
 
 def read_manifest(csv_path: Path, image_root: Path, task: LabelReader) -> ImageSet:
@@ -183,7 +226,7 @@ def read_manifest(csv_path: Path, image_root: Path, task: LabelReader) -> ImageS
     The file name is this module's to check; the cells after it are ``task``'s to read (``LabelReader``:
     class names, label sets, numbers), as is whether the first row is a header naming the columns.
     """
-    rows = _read_rows(csv_path)
+    rows = read_rows(csv_path)
     header = None
     if rows and task.names_columns(rows[0][1], f"{csv_path} row {rows[0][0]}"):
         header, rows = rows[0][1][1:], rows[1:]
