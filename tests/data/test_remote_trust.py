@@ -18,8 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import FAST
+from fuzzing import fuzz_settings
 from visiontune.cli.commands import main
 from visiontune.data import braces, remote, shards
 from visiontune.data.sample import make_sample_data
@@ -500,3 +503,118 @@ def test_shard_urls_go_through_the_environments_proxy_with_its_login_unless_no_p
             monkeypatch.setenv("no_proxy", "127.0.0.1")
             remote.fetch(f"{direct}/{shard.name}")
         assert len(asked) == 2 and [path for path, _ in direct_asked] == ["/index.json", f"/{shard.name}"]
+
+
+# A shard's name is its copy's file in the cache folder: from an index or a brace pattern (a URL from a run's
+# config.json or a config file too), one that cannot be one file there is one line, before any shard is asked
+# for. Before: OSError (name too long) or ValueError (a NUL) out of the copy's open, a traceback.
+def test_an_index_listing_a_name_too_long_for_a_file_is_one_line_after_one_request(tmp_path, shard_cache, capsys):
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "index.json").write_text(json.dumps({"shardlist": [{"url": "a" * 300 + ".tar"}]}))
+    with served(tmp_path / "set") as (base, asked):
+        assert main(["check", f"{base}/"]) == 2
+        assert asked == ["/index.json"]
+    line = _one_line(capsys)
+    assert f"{base}/index.json lists 'aaa" in line and f"at most {remote.MAX_SHARD_NAME} characters" in line
+    assert list(shard_cache.rglob("*.tar")) == []
+
+
+@pytest.mark.parametrize("name", ["a\x00b.tar", "b" * 300 + ".tar", "{x,\x07}.tar", "\udcff.tar"])
+def test_a_pattern_naming_a_shard_that_cannot_be_a_file_is_one_line_before_any_request(name, shard_cache, capsys):
+    with served(shard_cache.parent) as (base, asked):
+        with pytest.raises(UserError) as e:
+            remote.fetch(f"{base}/set/{name}")
+        assert asked == []
+    said = str(e.value)
+    assert "cannot be a file of the shard cache" in said and "\n" not in said and not shard_cache.exists()
+
+
+def test_a_cached_index_larger_than_a_download_may_be_is_one_line(sharded, shard_cache, monkeypatch, capsys):
+    with served(sharded) as (base, _):
+        folder = remote.fetch(f"{base}/")  # the shards and index.json, cached
+        capsys.readouterr()
+        monkeypatch.setattr(remote, "MAX_INDEX_BYTES", 100)
+        assert main(["check", f"{base}/"]) == 2
+    assert f"{folder}/index.json is damaged (larger than 0 MiB); delete it" in _one_line(capsys)
+
+
+class Listing(http.server.BaseHTTPRequestHandler):
+    """Answers any ``.../index.json`` with ``body`` and anything else with 404; keeps every path asked for."""
+
+    body = b""
+    asked: list[str] = []
+
+    def do_GET(self):
+        self.asked.append(self.path)
+        body = type(self).body if self.path.endswith("/index.json") else b""
+        self.send_response(200 if self.path.endswith("/index.json") else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+PLAIN = st.sampled_from(["a.tar", "s-000.tar", "b" * 196 + ".tar", "a" * 300 + ".tar"])  # short and long
+SHARD_ENTRY = st.one_of(
+    PLAIN,
+    PLAIN,  # (twice: a listing of plain names alone, within reach)
+    st.sampled_from(["../x.tar", "x/y.tar", ".tar", "a\x00.tar", "é.tar", "*.tar", "%2e.tar", "\udcff.tar"]),
+    st.text(max_size=12),
+    st.integers() | st.none(),
+)
+INDEXES = st.one_of(
+    st.binary(max_size=200),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda c: st.lists(c) | st.dictionaries(st.text(max_size=6), c),
+    ).map(lambda v: json.dumps(v).encode()),
+    st.lists(
+        SHARD_ENTRY | st.fixed_dictionaries({"url": SHARD_ENTRY}, optional={"filesize": st.integers() | st.text()}),
+        min_size=1,
+        max_size=3,
+    ).map(lambda shards: json.dumps({"shardlist": shards}).encode()),
+)
+
+
+@fuzz_settings(100)
+@given(INDEXES)
+def test_fuzz_any_bytes_as_a_folder_urls_index_give_plain_shards_in_the_cache_or_one_line(tmp_path_factory, raw):
+    """Whatever a server answers for index.json: the shards it lists, each asked for once by its plain name beside
+    the index and kept in the URL's cache folder, or one line -- never another exception, never a request or a
+    file outside them."""
+    cache = tmp_path_factory.mktemp("cache")
+    Listing.body, Listing.asked = raw, []
+    with serving(Listing) as base, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VISIONTUNE_SHARD_CACHE", str(cache))
+        try:
+            folder = remote.fetch(f"{base}/set/")
+        except UserError as e:
+            assert str(e) and "\n" not in str(e)
+            folder = None
+    for path in Listing.asked:  # the index, then each shard it lists by its plain name
+        assert path == "/set/index.json" or (path.startswith("/set/") and remote._NAME.fullmatch(path[5:])), path
+    for file in cache.rglob("*"):  # nothing outside the URL's own folder of the cache
+        assert file.parent == cache or file.parent.parent == cache, file
+    if folder is not None:  # a listing with no shards to fetch: the folder, its index kept
+        assert Path(folder).parent == cache and Listing.asked == ["/set/index.json"]
+
+
+@fuzz_settings(200)
+@given(st.text(st.characters(codec="utf-8") | st.sampled_from(list("{},..-/%?#\\")), max_size=24))
+def test_fuzz_any_text_as_a_shard_pattern_names_files_of_the_cache_folder_or_is_one_line(text):
+    """A URL's brace pattern (its last ``.tar`` word) names files of the cache folder, each beside the index it
+    is fetched with, or is one line."""
+    data = f"http://127.0.0.1:9/set/{text}.tar"
+    try:
+        index_url, urls, pattern = remote.named(data)
+    except UserError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert index_url.endswith(remote.INDEX)
+    if urls is None:  # no word ending .tar: a folder URL, whose index names its shards
+        assert pattern is None
+        return
+    assert pattern.endswith(".tar") and len(urls) >= 1
+    folder = "/cache/0123456789abcdef"
+    for name, url in urls.items():
+        assert os.path.dirname(os.path.normpath(os.path.join(folder, name))) == folder, name
+        assert len(name.encode()) <= remote.MAX_SHARD_NAME and name.isprintable() and url.endswith(name)

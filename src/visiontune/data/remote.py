@@ -27,7 +27,9 @@ what those libraries lack, each pinned by ``tests/data/test_remote_trust.py``:
 - the proxy the environment names, and no ``~/.netrc`` login (``_proxy``: aiohttp's ``trust_env`` sends
   both);
 - the names an index lists are plain file names (``_NAME``): a copy's name and a request, never a
-  path, a URL or a glob; at most ``braces.MAX_NAMES``.
+  path, a URL or a glob; at most ``braces.MAX_NAMES``; the names a brace pattern makes (``named``), and
+  those, are each one file of the cache folder (``_cache_name``: printable, at most ``MAX_SHARD_NAME``
+  bytes); the cached ``index.json`` is read with the download's bound.
 
 A ``pipe:`` command runs only when this process's own command line gave it as its data with
 ``--allow-pipe`` (``allow_command``); one read from a file never runs. Webdataset's other
@@ -66,6 +68,7 @@ RETRIES, BACKOFF_S = 4, 1.0  # attempts at a GET that failed on the way (5xx, 42
 _TAR = re.compile(r"[^/\s'\"]+\.tar(?![\w.])")  # the shard file name in a URL or a pipe: command
 # A shard name an index.json may list: a plain file beside it (no separator, scheme, %-escape, glob or brace).
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=~-]*\.tar")
+MAX_SHARD_NAME = 200  # bytes of a shard's name, its copy's file name in the cache (a file name is 255 at most)
 _allowed_commands: set[str] = set()  # (set by the command line: ``allow_command``)
 
 
@@ -151,15 +154,7 @@ def fetch(data: str) -> str:
     """The local copy of the shards ``data`` names: a brace pattern, a ``.tar`` or a folder in the cache,
     for ``shards.read``; what is missing is downloaded first (one line, exit 2, when that fails)."""
     _check_source(data)
-    found = list(_TAR.finditer(data))
-    if found:  # a pattern, or one shard: the index is the file beside them
-        m = found[-1]
-        index_url = data[: m.start()] + INDEX + data[m.end() :]
-        urls = {n: data[: m.start()] + n + data[m.end() :] for n in expand(m[0])}
-    elif data.startswith("pipe:"):
-        raise UserError(f"{data}: name the .tar files in the command, e.g. 'pipe:curl -s URL/shards-{{0..9}}.tar'")
-    else:  # a folder: its index lists the shards
-        index_url, urls = f"{data.rstrip('/')}/{INDEX}", None
+    index_url, urls, pattern = named(data)
     root = _trusted_root()
     folder = os.path.join(root, hashlib.sha256(index_url.encode()).hexdigest()[:16])
     index, raw = _index(folder, index_url, required=urls is None)
@@ -183,7 +178,39 @@ def fetch(data: str) -> str:
         atomic_write(os.path.join(folder, INDEX), raw)
     elif index is None and not os.path.exists(os.path.join(folder, NO_INDEX)):
         atomic_write(os.path.join(folder, NO_INDEX), index_url)
-    return os.path.join(folder, found[-1][0]) if found else folder
+    return os.path.join(folder, pattern) if pattern else folder
+
+
+def named(data: str) -> tuple[str, dict[str, str] | None, str | None]:
+    """What the URL ``data`` names: the URL of the index beside its shards; each shard's name (its copy's file in
+    the cache folder) and URL, or None for a folder URL, whose index names them; and the brace pattern (or the
+    one ``.tar``) among its words, None for a folder. A pattern's names are expanded here, each one file of the
+    cache folder (``_cache_name``): one line for one that is not."""
+    found = list(_TAR.finditer(data))
+    if not found:
+        if data.startswith("pipe:"):
+            raise UserError(f"{data}: name the .tar files in the command, e.g. 'pipe:curl -s URL/shards-{{0..9}}.tar'")
+        return f"{data.rstrip('/')}/{INDEX}", None, None
+    m = found[-1]  # a pattern, or one shard: the index is the file beside them
+    names = expand(m[0])
+    odd = next((n for n in names if not _cache_name(n)), None)
+    if odd is not None:
+        raise UserError(
+            f"{shown(data)[:200]} names the shard {odd!r:.80}, which cannot be a file of the shard cache "
+            f"(printable, at most {MAX_SHARD_NAME} bytes); rename the shards or copy them to a folder"
+        )
+    before, after = data[: m.start()], data[m.end() :]
+    return before + INDEX + after, {n: before + n + after for n in names}, m[0]
+
+
+def _cache_name(name: str) -> bool:
+    """Whether ``name`` is one file in the shard cache's folder: no separator, not ``.`` or ``..``, printable
+    (no NUL), UTF-8 and at most ``MAX_SHARD_NAME`` bytes (its temporary copy's name adds 19 to that)."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate, from JSON's \udcxx
+        return False
+    return 0 < size <= MAX_SHARD_NAME and name.isprintable() and "/" not in name and name not in (".", "..")
 
 
 def _listed(index: dict, url: str) -> list[str]:
@@ -192,11 +219,11 @@ def _listed(index: dict, url: str) -> list[str]:
     if len(shardlist) > MAX_NAMES:
         raise UserError(f"{url} lists {len(shardlist):,} shards, more than the {MAX_NAMES:,} visiontune reads")
     names = [s.get("url") if isinstance(s, dict) else s for s in shardlist]
-    odd = [n for n in names if not (isinstance(n, str) and _NAME.fullmatch(n))]
+    odd = [n for n in names if not (isinstance(n, str) and _NAME.fullmatch(n) and _cache_name(n))]
     if odd:  # the name a copy is written under, and a request: never a path, a URL or a glob
         raise UserError(
-            f"{url} lists {odd[0]!r:.80}, not a shard file beside it (letters, digits, _ . + = ~ -, ending .tar); "
-            "pass a brace pattern"
+            f"{url} lists {odd[0]!r:.80}, not a shard file beside it (letters, digits, _ . + = ~ -, ending .tar, "
+            f"at most {MAX_SHARD_NAME} characters); pass a brace pattern"
         )
     return list(dict.fromkeys(names))
 
@@ -237,7 +264,10 @@ def _index(folder: str, url: str, required: bool) -> tuple[dict | None, bytes | 
     if os.path.exists(cached):
         try:
             with open(cached, "rb") as f:
-                return _parse_index(f.read()), None
+                raw = f.read(MAX_INDEX_BYTES + 1)  # (a cache on a shared disk is read as a download is)
+            if len(raw) > MAX_INDEX_BYTES:
+                raise ValueError(f"larger than {MAX_INDEX_BYTES >> 20} MiB")
+            return _parse_index(raw), None
         except (OSError, ValueError) as e:
             raise UserError(f"{cached} is damaged ({e}); delete it to fetch {url} again") from None
     if os.path.exists(os.path.join(folder, NO_INDEX)) and not required:
