@@ -27,9 +27,9 @@ what those libraries lack, each pinned by ``tests/data/test_remote_trust.py``:
 - the proxy the environment names, and no ``~/.netrc`` login (``_proxy``: aiohttp's ``trust_env`` sends
   both);
 - the names an index lists are plain file names (``_NAME``): a copy's name and a request, never a
-  path, a URL or a glob; at most ``braces.MAX_NAMES``; the names a brace pattern makes (``named``), and
-  those, are each one file of the cache folder (``_cache_name``: printable, at most ``MAX_SHARD_NAME``
-  bytes); the cached ``index.json`` is read with the download's bound.
+  path, a URL or a glob; at most ``braces.MAX_NAMES``; every shard name, an index's or a brace pattern's
+  (``named``), is one file of the cache folder (``_cache_name``: printable, at most ``MAX_SHARD_NAME``
+  bytes); the kept ``index.json`` is read within the download's bound.
 
 A ``pipe:`` command runs only when this process's own command line gave it as its data with
 ``--allow-pipe`` (``allow_command``); one read from a file never runs. Webdataset's other
@@ -205,7 +205,7 @@ def named(data: str) -> tuple[str, dict[str, str] | None, str | None]:
 
 def _cache_name(name: str) -> bool:
     """Whether ``name`` is one file in the shard cache's folder: no separator, not ``.`` or ``..``, printable
-    (no NUL), UTF-8 and at most ``MAX_SHARD_NAME`` bytes (its temporary copy's name adds 19 to that)."""
+    (no NUL), UTF-8 and at most ``MAX_SHARD_NAME`` bytes (its temporary copy's name adds 18 to that)."""
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:  # a lone surrogate, from JSON's \udcxx
