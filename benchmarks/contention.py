@@ -18,7 +18,8 @@ affects each alike; the table gives each variant's median as a ratio to the fast
 ``--threads N`` (1.00: as fast as the better fixed choice). The load average is recorded before and after
 each condition. ``VT_CONTENTION_PER_CLASS`` (default 40), ``VT_CONTENTION_REPEATS`` (default 3) and
 ``VT_CONTENTION_REQUESTS`` (default 120 per round) size it; ``VT_CONTENTION_WORKLOADS`` (default
-"train,evaluate,predict,serve") picks the rows.
+"train,evaluate,predict,serve") picks the rows and ``VT_CONTENTION_BUSY`` (default "0,1,2") the conditions;
+a run of only some conditions writes ``results/contention-busy<N...>.json``, not the full table's file.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ N = len(os.sched_getaffinity(0))
 VARIANTS = {"default": None, "--threads 1": 1, f"--threads {N}": N}
 BUSY = "while True:\n    pass\n"
 WORKLOADS = tuple(os.environ.get("VT_CONTENTION_WORKLOADS", "train,evaluate,predict,serve").split(","))
+BUSY_COUNTS = tuple(int(n) for n in os.environ.get("VT_CONTENTION_BUSY", "0,1,2").split(","))
 
 
 def loadavg() -> str:
@@ -180,11 +182,11 @@ def main() -> None:
         root = Path(tmp)
         run = trained_run(cfg, root)
         torch.set_num_threads(N)
-        results = [condition(busy, cfg, run, paths, bodies, root) for busy in (0, 1, 2)]
+        results = [condition(busy, cfg, run, paths, bodies, root) for busy in BUSY_COUNTS]
     text = table(results)
     print(f"contention: rates as a ratio to the faster of --threads 1 and --threads {N} ({N} cores)\n{text}")
     write_result(
-        "contention",
+        "contention" if BUSY_COUNTS == (0, 1, 2) else "contention-busy" + "".join(map(str, BUSY_COUNTS)),
         {
             "what": f"default threads against --threads 1 and --threads {N}, quiet and beside 1 and 2 busy "
             "processes; train images/s (2nd epoch), evaluate and predict images/s, serve requests/s",
