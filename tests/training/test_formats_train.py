@@ -390,70 +390,32 @@ def _fetched_once_and_no_credentials_recorded(server, folder: Path, url: str, ru
             assert not any(v.encode() in p.read_bytes() for v in secrets), p
 
 
+# One killed-and-resumed ddp job per store, the two layouts between them: what is the store's own is its
+# client's listing and copy into the shard cache, which tests/data/test_stores*.py hold to "each object once,
+# then no request" for every store and layout; once copied, a job reads local files as any other.
+STORE_JOBS = [
+    ("s3", "shards", "s3://train/shards/"),
+    ("az", "folder", "az://train/folder"),
+    ("gs", "shards", "gs://train/shards/"),
+]
+
+
 @pytest.mark.distributed
-def test_ddp_on_s3_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_each_shard_fetched_once(
-    tmp_path, ddp_reference, s3
+@pytest.mark.parametrize("store, layout, url", STORE_JOBS, ids=[f"{s}-{layout}" for s, layout, _ in STORE_JOBS])
+def test_ddp_on_data_in_a_store_killed_mid_epoch_resumes_to_the_local_folder_runs_tensors_each_object_fetched_once(
+    tmp_path, ddp_reference, request, store, layout, url
 ):
-    """ddp x2 on the folder's shards in a bucket of a real S3-protocol server, killed with kill -9 and resumed:
-    the local folder run's tensors, accuracy, reads and split record (``_killed_and_resumed``)."""
-    shards, url = tmp_path / "shards", "s3://train/shards/"
-    assert main(["shard", str(ddp_reference["data"]), "--out", str(shards), "--shard-size", "50KB"]) == 0
-    said, split = _killed_and_resumed(_from_store(ddp_reference, s3, shards, url, tmp_path), url, tmp_path)
-    assert "the split recorded in index.json" in said and split["sha256"] == ddp_reference["split"]["sha256"]
-    _fetched_once_and_no_credentials_recorded(s3, shards, url, tmp_path / "run")
-
-
-@pytest.mark.distributed
-def test_ddp_on_a_folder_in_s3_killed_mid_epoch_resumes_to_the_local_folder_runs_tensors(tmp_path, ddp_reference, s3):
-    """The same, on the folder itself uploaded file by file: read in its layout, the local run to the tensor."""
-    url = "s3://train/folder"
-    said, split = _killed_and_resumed(
-        _from_store(ddp_reference, s3, ddp_reference["data"], url, tmp_path), url, tmp_path
-    )
+    """ddp x2 on the folder's shards, or the folder itself uploaded file by file, in a bucket of a real
+    S3-protocol server, Azure's emulator (Azurite, read through adlfs) or a Google Cloud Storage emulator (read
+    through gcsfs), killed with kill -9 and resumed: the local folder run's tensors, accuracy, reads and split
+    record (``_killed_and_resumed``), each object fetched once by both jobs and all their processes."""
+    server = request.getfixturevalue(store)
+    folder = ddp_reference["data"]
+    if layout == "shards":
+        folder = tmp_path / "shards"
+        assert main(["shard", str(ddp_reference["data"]), "--out", str(folder), "--shard-size", "50KB"]) == 0
+    said, split = _killed_and_resumed(_from_store(ddp_reference, server, folder, url, tmp_path), url, tmp_path)
     assert split["sha256"] == ddp_reference["split"]["sha256"]
-    _fetched_once_and_no_credentials_recorded(s3, ddp_reference["data"], url, tmp_path / "run")
-
-
-@pytest.mark.distributed
-def test_ddp_on_azure_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_each_shard_fetched_once(
-    tmp_path, ddp_reference, az
-):
-    """The same on Azure's emulator (Azurite): the shards in a container, read through adlfs."""
-    shards, url = tmp_path / "shards", "az://train/shards/"
-    assert main(["shard", str(ddp_reference["data"]), "--out", str(shards), "--shard-size", "50KB"]) == 0
-    said, split = _killed_and_resumed(_from_store(ddp_reference, az, shards, url, tmp_path), url, tmp_path)
-    assert "the split recorded in index.json" in said and split["sha256"] == ddp_reference["split"]["sha256"]
-    _fetched_once_and_no_credentials_recorded(az, shards, url, tmp_path / "run")
-
-
-@pytest.mark.distributed
-def test_ddp_on_a_folder_in_azure_killed_mid_epoch_resumes_to_the_local_folder_runs_tensors(
-    tmp_path, ddp_reference, az
-):
-    url = "az://train/folder"
-    ref = _from_store(ddp_reference, az, ddp_reference["data"], url, tmp_path)
-    said, split = _killed_and_resumed(ref, url, tmp_path)
-    assert split["sha256"] == ddp_reference["split"]["sha256"]
-    _fetched_once_and_no_credentials_recorded(az, ddp_reference["data"], url, tmp_path / "run")
-
-
-@pytest.mark.distributed
-def test_ddp_on_gcs_shards_killed_mid_epoch_resumes_to_the_folder_runs_tensors_each_shard_fetched_once(
-    tmp_path, ddp_reference, gs
-):
-    """The same on a Google Cloud Storage emulator: the shards in a bucket, read through gcsfs."""
-    shards, url = tmp_path / "shards", "gs://train/shards/"
-    assert main(["shard", str(ddp_reference["data"]), "--out", str(shards), "--shard-size", "50KB"]) == 0
-    said, split = _killed_and_resumed(_from_store(ddp_reference, gs, shards, url, tmp_path), url, tmp_path)
-    assert "the split recorded in index.json" in said and split["sha256"] == ddp_reference["split"]["sha256"]
-    _fetched_once_and_no_credentials_recorded(gs, shards, url, tmp_path / "run")
-
-
-@pytest.mark.distributed
-def test_ddp_on_a_folder_in_gcs_killed_mid_epoch_resumes_to_the_local_folder_runs_tensors(tmp_path, ddp_reference, gs):
-    url = "gs://train/folder"
-    said, split = _killed_and_resumed(
-        _from_store(ddp_reference, gs, ddp_reference["data"], url, tmp_path), url, tmp_path
-    )
-    assert split["sha256"] == ddp_reference["split"]["sha256"]
-    _fetched_once_and_no_credentials_recorded(gs, ddp_reference["data"], url, tmp_path / "run")
+    if layout == "shards":
+        assert "the split recorded in index.json" in said
+    _fetched_once_and_no_credentials_recorded(server, folder, url, tmp_path / "run")
