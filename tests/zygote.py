@@ -30,7 +30,9 @@ from pathlib import Path
 from visiontune.cluster import launch
 
 # What a run imports before its first step; reading them again is what every interpreter spends its seconds on.
-PRELOAD = ["visiontune.cli.commands", "visiontune.training.trainer", "torch.distributed.run"]
+# And pyplot, which each run's figures import after its last epoch (a quarter of a second of a tiny run's CPU);
+# its backend is not chosen at import, so a run still sets the file-only one itself.
+PRELOAD = ["visiontune.cli.commands", "visiontune.training.trainer", "torch.distributed.run", "matplotlib.pyplot"]
 # The modules a fork may run as ``python -m``: visiontune, and the launchers that start its workers (their
 # workers are new interpreters all the same; only the launcher's own imports are saved).
 MODULES = ("visiontune", "torch.distributed.run", "accelerate.commands.accelerate_cli")
