@@ -182,10 +182,16 @@ def _export(trained_run: Path, out: Path, *extra: str) -> None:
 
 @pytest.fixture(scope="session")
 def exported_onnx(tmp_path_factory, trained_run) -> Path:
-    """``visiontune export --format onnx`` of ``trained_run``, made once for the export, deploy and int8 tests
-    that read a plain ONNX file back (an export takes seconds): read it, never write beside it."""
-    make = lambda tmp: _export(trained_run, tmp / "model.onnx")  # noqa: E731
-    return once(tmp_path_factory, "onnx", make) / "model.onnx"
+    """``visiontune export --format onnx`` of ``trained_run``, made once for the export, deploy, int8 and evaluate
+    tests that read a plain ONNX file back (an export takes seconds): read it, never write beside it. Exported
+    without ``--out`` from a copy of the run (no checkpoints), so it is that copy's ``best.onnx``."""
+    from visiontune.cli.commands import main
+
+    def make(tmp: Path) -> None:
+        run = shutil.copytree(trained_run, tmp / "run", ignore=shutil.ignore_patterns("checkpoints"))
+        assert main(["export", "--run", str(run), "--format", "onnx"]) == 0
+
+    return once(tmp_path_factory, "onnx", make) / "run" / "best.onnx"
 
 
 @pytest.fixture(scope="session")

@@ -221,17 +221,18 @@ def test_without_data_the_run_lists_what_training_was_given_and_an_older_manifes
 
 @pytest.mark.slow
 def test_an_exported_model_s_evaluation_goes_beside_the_run_s_own_and_each_names_its_file(
-    trained_run, tmp_path, capsys
+    exported_onnx, tmp_path, capsys
 ):
     """`evaluate --run R --weights R/best.onnx` writes R/eval-best.json (and its figures, named after it) beside
     R/eval.json, which it leaves as it was; each records the file it scored (name, sha256), and the report
     shows both side by side while its detailed section stays the run's own evaluation."""
     import hashlib
 
-    run = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints")))
+    # The shared run's copy that `export --format onnx` (no --out) wrote its best.onnx into (conftest.py).
+    run = Path(shutil.copytree(exported_onnx.parent, tmp_path / "run"))
+    assert sorted(p.name for p in run.glob("*.onnx")) == ["best.onnx"]
     assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0
     own = {name: (run / name).read_bytes() for name in ("eval.json", "confusion_matrix.png", "top_losses.csv")}
-    assert main(["export", "--run", str(run), "--format", "onnx"]) == 0
     assert main(["evaluate", "--run", str(run), "--weights", str(run / "best.onnx"), "--no-progress"]) == 0
     assert {name: (run / name).read_bytes() for name in own} == own  # the run's own evaluation untouched
     exported = json.loads((run / "eval-best.json").read_text())
