@@ -19,8 +19,8 @@ from visiontune.training import lrfind
 @pytest.mark.slow
 def test_lr_auto_uses_lr_finds_suggestion_records_it_and_a_resume_reuses_it(small_data, tmp_path, monkeypatch):
     common = [*flags(data=small_data, batch_size=8, num_workers=0, seed=3), *FAST]
-    monkeypatch.setattr(lrfind, "STEPS", 30)  # a shorter sweep for the test, the same for both commands
-    assert main(["lr-find", *common, *flags(output_dir=tmp_path / "lrf", steps=30)]) == 0
+    monkeypatch.setattr(lrfind, "STEPS", 12)  # a shorter sweep for the test, the same for both commands
+    assert main(["lr-find", *common, *flags(output_dir=tmp_path / "lrf", steps=12)]) == 0
     found = json.loads((tmp_path / "lrf" / "lr_find.json").read_text())
 
     run = tmp_path / "run"
