@@ -3,7 +3,8 @@
 Names and values visiontune did not write (a study store's choices and folders, a client's request path, a
 server's answer) may hold a newline that forges a second line, an escape sequence that retitles or clears
 the terminal, or U+202E that turns the rest of a line around; a storage or data URL may carry a password.
-Every line that shows such text goes through these two, so each concern has one place. Imports nothing.
+Every line that shows such text goes through these two, so each concern has one place; ``byte_size`` says a
+size (a bound a line names) in its unit. Imports nothing.
 """
 
 from __future__ import annotations
@@ -30,3 +31,11 @@ def mask_urls(text: object) -> str:
 def shown(text: object) -> str:
     """Stored or received text as a line shows it: passwords masked, control characters escaped."""
     return printable(mask_urls(text))
+
+
+def byte_size(n: int) -> str:
+    """A byte count, exactly, in the largest binary unit that divides it: ``64 MiB``, ``512 KiB``, ``1,500 bytes``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift:,} {unit}"
+    return f"{n:,} bytes"

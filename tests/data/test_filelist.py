@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bounded import past_and_under
 from fuzzing import fuzz_settings
 from visiontune import tasks
 from visiontune.data import filelist
@@ -87,18 +88,24 @@ def test_bad_csv_is_one_line_naming_the_flag(tmp_path, flag, text, says):
 @pytest.mark.parametrize(
     "bound, value, says",
     [
-        ("MAX_BYTES", 20, "larger than"),
+        ("MAX_BYTES", 20, "larger than 20 bytes;"),  # its unit: "0 MiB" before
         ("MAX_ROWS", 2, "more than 2 rows"),
         ("MAX_CELL", 5, "row 2 has a cell longer than 5 or a NUL byte"),
     ],
 )
 def test_a_csv_past_a_bound_is_one_line_naming_it(tmp_path, monkeypatch, bound, value, says):
     csv = tmp_path / "x.csv"
-    csv.write_text("file\ncat/1.png\ncat/2.png\ndog/1.png\n")
-    monkeypatch.setattr(filelist, bound, value)
-    with pytest.raises(UserError, match=rf"^--exclude {csv}: ") as e:
-        edit(_images(), str(csv), None)
-    assert says in str(e.value) and "\n" not in str(e.value)
+    csv.write_text("file\ncat/1.png\ncat/2.png\ndog/1.png\n")  # 35 bytes, 3 rows, 9 characters a cell
+    kept, _ = past_and_under(monkeypatch, filelist, bound, value, lambda: edit(_images(), str(csv), None),
+                             f"--exclude {csv}: ", says)  # fmt: skip
+    assert len(kept) == 3
+
+
+def test_a_size_bound_is_said_exactly_in_its_unit():
+    from visiontune.text import byte_size
+
+    sizes = [filelist.MAX_BYTES, 20, 512 << 10, 1536, 3 << 29, 1 << 20]
+    assert [byte_size(n) for n in sizes] == ["64 MiB", "20 bytes", "512 KiB", "1,536 bytes", "1,536 MiB", "1 MiB"]
 
 
 @fuzz_settings(200)

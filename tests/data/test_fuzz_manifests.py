@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bounded import past_and_under
 from fuzzing import fuzz_settings
 from visiontune.data import imageset, layouts, sources
 from visiontune.errors import UserError
@@ -165,12 +166,9 @@ def test_a_manifest_line_longer_than_any_file_name_and_labels_is_one_line(root):
 def test_a_manifest_past_a_bound_is_one_line_naming_it(root, monkeypatch, bound, value, says):
     with open(os.path.join(root, "train.csv"), "w", encoding="utf-8", newline="") as f:
         f.write("a.jpg,cat\nb.jpg,dog\n\n\nsub/c.png,cat\n7.jpg,dog\n")  # 4 rows (blank lines are none), 46 bytes
-    monkeypatch.setattr(layouts, bound, value)
-    with pytest.raises(UserError) as e:
-        sources.discover(root, task=reader("auto"))
-    assert says in str(e.value) and "train.csv" in str(e.value) and "\n" not in str(e.value), str(e.value)
-    monkeypatch.setattr(layouts, bound, value * 2)  # under it: the listing
-    assert len(sources.discover(root, task=reader("auto")).paths) == 4
+    listed = past_and_under(monkeypatch, layouts, bound, value, lambda: sources.discover(root, task=reader("auto")),
+                            "train.csv", says)  # fmt: skip
+    assert len(listed.paths) == 4
 
 
 @fuzz_settings(100)

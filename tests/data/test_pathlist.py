@@ -1,4 +1,5 @@
-"""The compact listing: the same (path, label) pairs as a plain listing, and the same split record."""
+"""The compact listing: the same (path, label) pairs as a plain listing, and the same split record; a text file
+listing image paths (``predict --data FILE``) read bounded, any bytes as one a listing or one line."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ import json
 import os
 import pickle
 
+import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from visiontune.data import imageset, layouts, sources
+from bounded import past_and_under
+from fuzzing import fuzz_settings
+from visiontune.data import imageset, layouts, pathlist, sources
 from visiontune.data.split import make_split, split_summary, write_split
+from visiontune.errors import UserError
+from visiontune.inference.predict import list_inputs
 from visiontune.loading import jobdata
 from visiontune.runs import runrecords
 from visiontune.tasks import AUTO
@@ -151,3 +159,70 @@ def test_image_cache_file_name_is_unchanged_for_a_compact_listing(tmp_path):
             expected + ".json",
         )
     )
+
+
+# A list of image paths (predict --data FILE) comes from elsewhere: read bounded (data/pathlist.py), each bound
+# one line naming the file. Before, it was read whole with read_text, any size, and a NUL or a line longer than
+# any path became a path.
+LIST = "a.jpg\n\n#c\n  sub/b c.png  \r\nd.jpg\n"  # 3 paths, 33 bytes, 16 characters its longest line (read)
+
+
+@pytest.mark.parametrize(
+    "bound,value,says",
+    [
+        ("MAX_LIST_BYTES", 20, "is 33 bytes, more than the 20 of a list of image paths visiontune reads"),
+        ("MAX_LIST_PATHS", 2, "more than the 2 paths of a list of image paths visiontune reads"),
+        ("MAX_LIST_LINE", 8, "line 4: longer than 8 characters; a list's line is one image path"),
+    ],
+)
+def test_a_path_list_past_a_bound_is_one_line_naming_it(tmp_path, monkeypatch, bound, value, says):
+    listed = tmp_path / "list.txt"
+    listed.write_bytes(LIST.encode())
+    inputs = past_and_under(monkeypatch, pathlist, bound, value, lambda: list_inputs(str(listed)), str(listed), says)
+    assert inputs.paths == ["a.jpg", "sub/b c.png", "d.jpg"] and inputs.reader is None
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ("a.jpg\n" + "x" * 5000 + ".jpg\n", "line 2: longer than 4,096 characters"),  # no path is that long
+        ("a.jpg\nb\x00.jpg\n", "line 2: holds a NUL character, which no path does"),
+        ("\n# only a comment\n", "no paths listed; expected one image path per line"),
+    ],
+)
+def test_a_path_list_no_file_system_could_hold_is_one_line(tmp_path, text, says):
+    listed = tmp_path / "list.txt"
+    listed.write_text(text)
+    with pytest.raises(UserError) as e:
+        list_inputs(str(listed))
+    assert f"{listed}" in str(e.value) and says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_huge_path_list_is_refused_unread_in_one_line(tmp_path):
+    listed = tmp_path / "list.txt"
+    with open(listed, "wb") as f:  # sparse: no disk, and nothing of it is read
+        f.truncate(pathlist.MAX_LIST_BYTES + 1)
+    with pytest.raises(UserError) as e:
+        list_inputs(str(listed))
+    assert f"{listed} is {pathlist.MAX_LIST_BYTES + 1:,} bytes, more than the" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+# Any bytes, and lines of the pieces a list's lines are made of (paths, comments, blanks, line ends, NUL, non-UTF-8).
+PIECES = st.lists(st.sampled_from([b"a.jpg", b"#", b" ", b"\n", b"\r", b"\x00", b"\xff"])).map(b"".join)
+
+
+@fuzz_settings(200)
+@given(st.binary(max_size=600) | PIECES)
+def test_fuzz_any_bytes_as_a_path_list_give_a_listing_or_one_line(tmp_path_factory, data):
+    listed = tmp_path_factory.mktemp("fuzz") / "list.txt"
+    listed.write_bytes(data)
+    try:
+        inputs = list_inputs(str(listed))
+    except UserError as e:
+        assert "\n" not in str(e)
+        return
+    assert inputs.paths and inputs.reader is None and inputs.kaggle_ids is None
+    for path in inputs.paths:
+        assert path == path.strip() and not path.startswith("#") and "\n" not in path and "\x00" not in path
+        assert len(path) <= pathlist.MAX_LIST_LINE

@@ -21,7 +21,7 @@ import numpy as np
 from visiontune.data.imageset import ImageSet
 from visiontune.data.split import relative_paths
 from visiontune.errors import UserError
-from visiontune.text import printable
+from visiontune.text import byte_size, printable
 
 MAX_BYTES = 64 << 20  # an audit of millions of images fits; a runaway file does not
 MAX_CELL = 4096  # a path or a label set longer than this is not one
@@ -37,7 +37,7 @@ def read(path: str, flag: str, column: str | None = None) -> tuple[list[tuple[in
     except OSError as e:
         raise UserError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
     if len(data) > MAX_BYTES:
-        raise UserError(f"{flag} {path}: larger than {MAX_BYTES >> 20} MiB; give a CSV of file names")
+        raise UserError(f"{flag} {path}: larger than {byte_size(MAX_BYTES)}; give a CSV of file names")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from visiontune.data.imageset import Cells, ImageSet, LabelReader, Source, read_classes
-from visiontune.data.pathlist import PathList
+from visiontune.data.pathlist import PathList, bounded_lines, refuse_larger, too_many
 from visiontune.errors import UserError
 from visiontune.files import atomic_write
 
@@ -42,6 +40,7 @@ OS_METADATA = {".DS_Store", "Thumbs.db", "ehthumbs.db", "desktop.ini", ".directo
 MAX_MANIFEST_BYTES = 1 << 30
 MAX_MANIFEST_ROWS = 20_000_000
 MAX_MANIFEST_LINE = 1 << 20  # characters: a file name and its label cells (csv refuses a cell over 128 KiB)
+_MANIFEST = "a manifest"
 
 
 def _numeric_key(path: str) -> tuple:
@@ -168,47 +167,22 @@ def _image_folder(root: Path) -> ImageSet | None:
     return ImageSet(str(root), "imagefolder", paths, labels, names, rejects=sorted(rejects))
 
 
-def _lines(f, csv_path: Path) -> Iterator[str]:
-    """``f``'s lines, each at most ``MAX_MANIFEST_LINE`` characters and all of them ``MAX_MANIFEST_BYTES``: a
-    line is read no further than its bound, so one without an end (or a file still growing) is refused."""
-    read = 0
-    for number in itertools.count(1):
-        line = f.readline(MAX_MANIFEST_LINE + 1)
-        if not line:
-            return
-        read += len(line)
-        if len(line) > MAX_MANIFEST_LINE:
-            raise UserError(
-                f"{csv_path} line {number}: longer than {MAX_MANIFEST_LINE:,} characters; a manifest's line is "
-                "a file name and its label cells"
-            )
-        if read > MAX_MANIFEST_BYTES:
-            raise UserError(f"{csv_path}: more than the {MAX_MANIFEST_BYTES:,} bytes of a manifest visiontune reads")
-        yield line
-
-
 def read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
     """(line number, cells) of every non-blank row of the manifest ``csv_path``, its one reader (``groups``
     reads its columns here too): at most ``MAX_MANIFEST_BYTES``, ``MAX_MANIFEST_ROWS`` rows, ``MAX_MANIFEST_LINE``
     characters a line, one line naming the file and the bound past them. A BOM is dropped, a non-UTF-8 file is
     refused."""
-    size = csv_path.stat().st_size
-    if size > MAX_MANIFEST_BYTES:  # refused unread
-        raise UserError(
-            f"{csv_path} is {size:,} bytes, more than the {MAX_MANIFEST_BYTES:,} of a manifest visiontune reads; "
-            "is it the manifest?"
-        )
+    refuse_larger(csv_path, MAX_MANIFEST_BYTES, _MANIFEST, "is it the manifest?")
     rows = []
+    line_is = "a manifest's line is a file name and its label cells"
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(_lines(f, csv_path))
+            reader = csv.reader(bounded_lines(f, csv_path, _MANIFEST, line_is, MAX_MANIFEST_LINE, MAX_MANIFEST_BYTES))
             for row in reader:
                 if not any(cell.strip() for cell in row):
                     continue
                 if len(rows) == MAX_MANIFEST_ROWS:
-                    raise UserError(
-                        f"{csv_path}: more than the {MAX_MANIFEST_ROWS:,} rows of a manifest visiontune reads"
-                    )
+                    raise too_many(csv_path, MAX_MANIFEST_ROWS, "rows", _MANIFEST)
                 rows.append((reader.line_num, row))
     except UnicodeDecodeError as e:
         raise UserError(

@@ -9,10 +9,15 @@ array of end offsets: about 40 bytes per file at ImageNet size, in three
 objects whatever the count, so forks share them untouched. A path becomes a
 ``str`` only when it is read (``paths[i]``); a slice gives a list of them;
 ``take`` gives a view of some of the paths (an index array over the same bytes).
+
+A text file that lists paths, one a line, comes from elsewhere (``predict --data FILE``): ``read_list`` is its
+one reader, bounded in bytes, paths and characters a line. Its bounded lines (``bounded_lines``, with
+``refuse_larger`` before them) are the manifest's too (``layouts.read_rows``).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -33,6 +38,12 @@ def _encodes(path: str) -> bool:
 
 
 _CHUNK = 65536  # paths encoded or gathered at a time
+
+# A list of image paths is bounded before its lines are Python strings: ImageNet's 1.28M paths are about 100 MB.
+MAX_LIST_BYTES = 1 << 30
+MAX_LIST_PATHS = 20_000_000
+MAX_LIST_LINE = 4096  # characters, its end included: Linux's PATH_MAX, so no longer path opens
+_LIST = "a list of image paths"
 
 
 def root_prefixes(root: str) -> list[str]:
@@ -129,3 +140,58 @@ class PathList(Sequence[str]):
             pieces.append(b"".join(raw[s:e] for s, e in zip(starts[o].tolist(), self.ends[o].tolist())))
         lengths = self.ends[self.order] - starts[self.order]
         return PathList(self.prefix, np.frombuffer(b"".join(pieces), np.uint8), np.cumsum(lengths))
+
+
+def refuse_larger(path: str | os.PathLike, limit: int, what: str, hint: str) -> None:
+    """One line when the file ``path`` (``what``, in words: "a manifest") is over ``limit`` bytes: refused unread."""
+    size = os.stat(path).st_size
+    if size > limit:
+        raise UserError(f"{path} is {size:,} bytes, more than the {limit:,} of {what} visiontune reads; {hint}")
+
+
+def bounded_lines(f, path: str | os.PathLike, what: str, line_is: str, max_line: int, max_bytes: int) -> Iterator[str]:
+    """``f``'s lines, each at most ``max_line`` characters and all of them ``max_bytes``: a line is read no further
+    than its bound, so one without an end (or a file still growing) is refused. ``what``: the file in words ("a
+    manifest"); ``line_is``: what one of its lines holds, in words ("a manifest's line is a file name ...")."""
+    read = 0
+    for number in itertools.count(1):
+        line = f.readline(max_line + 1)
+        if not line:
+            return
+        read += len(line)
+        if len(line) > max_line:
+            raise UserError(f"{path} line {number}: longer than {max_line:,} characters; {line_is}")
+        if read > max_bytes:
+            raise UserError(f"{path}: more than the {max_bytes:,} bytes of {what} visiontune reads")
+        yield line
+
+
+def too_many(path: str | os.PathLike, limit: int, things: str, what: str) -> UserError:
+    """The line for a file of more than ``limit`` ``things`` ("rows") than ``what`` ("a manifest") may hold."""
+    return UserError(f"{path}: more than the {limit:,} {things} of {what} visiontune reads")
+
+
+def read_list(path: str) -> list[str]:
+    """The image paths the text file ``path`` lists, one a line (``predict --data FILE``), its one reader: blank
+    lines and ``#`` comments skipped, each path stripped; at most ``MAX_LIST_BYTES``, ``MAX_LIST_PATHS`` paths and
+    ``MAX_LIST_LINE`` characters a line, one line naming the file and the bound past them. Bytes that are not
+    UTF-8 read as U+FFFD (the file they name is then not found, and listed as unreadable)."""
+    paths: list[str] = []
+    try:
+        refuse_larger(path, MAX_LIST_BYTES, _LIST, "give one image path per line")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = bounded_lines(f, path, _LIST, "a list's line is one image path", MAX_LIST_LINE, MAX_LIST_BYTES)
+            for number, line in enumerate(lines, 1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                if "\x00" in line:
+                    raise UserError(f"{path} line {number}: holds a NUL character, which no path does")
+                if len(paths) == MAX_LIST_PATHS:
+                    raise too_many(path, MAX_LIST_PATHS, "paths", _LIST)
+                paths.append(line)
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    if not paths:
+        raise UserError(f"{path}: no paths listed; expected one image path per line")
+    return paths

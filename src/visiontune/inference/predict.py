@@ -17,6 +17,7 @@ from typing import Any
 
 from visiontune import files
 from visiontune.data.imageset import IMAGE_EXTENSIONS
+from visiontune.data.pathlist import read_list
 from visiontune.errors import UserError
 from visiontune.inference import loaded as inference
 from visiontune.inference import tta
@@ -53,11 +54,7 @@ def list_inputs(data: str, columns: tuple[str | None, str | None] = (None, None)
     if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS:
         return Inputs([str(p)], None)
     if p.is_file():
-        lines = [line.strip() for line in p.read_text(errors="replace").splitlines()]
-        paths = [line for line in lines if line and not line.startswith("#")]
-        if not paths:
-            raise UserError(f"{data}: no paths listed; expected one image path per line")
-        return Inputs(paths, None)
+        return Inputs(read_list(data), None)
     raise UserError(f"not found: {data} (expected a folder of images, an image, or a file listing image paths)")
 
 
