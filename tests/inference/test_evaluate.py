@@ -417,3 +417,19 @@ def test_a_damaged_bad_files_csv_of_a_moved_run_is_one_line(tmp_path, sample_dat
     with pytest.raises(UserError) as e:
         select(images, str(run), "val")
     assert f"{run / 'bad_files.csv'}: damaged run record: not a CSV" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_bad_files_csv_of_a_moved_run_past_its_bound_is_one_line(tmp_path, sample_data, monkeypatch):
+    """Its bad_files.csv is read bounded: past the bound one line naming it; under it, the val split scored."""
+    from bounded import past_and_under
+    from visiontune.data.sources import discover
+    from visiontune.inference.evaluate import select
+    from visiontune.runs import runrecords
+
+    images = discover(str(sample_data), task=AUTO)
+    run, record = _own_run(tmp_path, images)
+    (run / "config.json").write_text(json.dumps({"config": {}, "data": {"root": str(tmp_path / "moved")}}))
+    (run / "bad_files.csv").write_text("path,problem\n")  # 13 bytes
+    read = lambda: select(images, str(run), "val")  # noqa: E731
+    chosen, scored = past_and_under(monkeypatch, runrecords, "MAX_BAD_FILES", 10, read, "bad_files.csv", "is 13 bytes")
+    assert (len(chosen), scored["split"], scored["own_data"]) == (len(record["val"]), "val", True)

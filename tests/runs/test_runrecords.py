@@ -283,3 +283,58 @@ def test_fuzz_a_split_json_reads_back_checked_or_one_line(changes, tail):
             assert "\n" not in str(e) and len(str(e)) < 1000
         else:
             assert runrecords.SPLIT["train"][0](back["train"]) and runrecords.SPLIT["val"][0](back["val"])
+
+
+# A run's bad_files.csv (data.check.write_report), read back when evaluate tells moved data by split.json's hash:
+# bounded like the records (runrecords.read_bad_files). Before, evaluate read it whole, whatever its size.
+def test_a_bad_files_csv_reads_back_the_paths_it_was_written_with(tmp_path):
+    from visiontune.data.check import write_report
+
+    bad = [("/d/a,b.jpg", "truncated"), ('/d/new\nline "q".png', "not an image"), ("/d/é.jpg", "x"), ("/d/c", "")]
+    write_report(bad, str(tmp_path / "bad_files.csv"))
+    assert runrecords.read_bad_files(tmp_path) == [path for path, _ in bad]
+    write_report([], str(tmp_path / "bad_files.csv"))
+    assert runrecords.read_bad_files(tmp_path) == [] and runrecords.read_bad_files(tmp_path / "absent") is None
+
+
+def test_a_huge_bad_files_csv_is_refused_unread_in_one_line(tmp_path):
+    with open(tmp_path / "bad_files.csv", "wb") as f:  # sparse: no disk, and nothing of it is read
+        f.truncate(runrecords.MAX_BAD_FILES + 1)
+    with pytest.raises(UserError) as e:
+        runrecords.read_bad_files(tmp_path)
+    said = str(e.value)
+    assert f"bad_files.csv is {runrecords.MAX_BAD_FILES + 1:,} bytes, more than any run writes" in said, said
+    assert "\n" not in said
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ("path,problem\n" + "x" * 200_000 + ",bad\n", "not a CSV of file names (field larger than field limit"),
+        ('path,problem\n"a.jpg,bad\n', "not a CSV of file names (unexpected end of data)"),
+        ("path,problem\na.jpg,bad\n,bad\n", "not a CSV of file names (row 3 names no file)"),
+    ],
+)
+def test_a_damaged_bad_files_csv_is_one_line(tmp_path, text, says):
+    (tmp_path / "bad_files.csv").write_text(text)
+    with pytest.raises(UserError) as e:
+        runrecords.read_bad_files(tmp_path)
+    said = str(e.value)
+    assert f"{tmp_path / 'bad_files.csv'}: damaged run record: {says}" in said and "\n" not in said, said
+
+
+# Any bytes, and rows of the pieces a CSV of file names is made of (names, commas, quotes, line ends, NUL, non-UTF-8).
+CSV_PIECES = st.lists(st.sampled_from([b"a.jpg", b",", b'"', b"\n", b"\r", b"\x00", b"\xff"])).map(b"".join)
+
+
+@fuzz_settings(200)
+@given(st.binary(max_size=400) | CSV_PIECES)
+def test_fuzz_any_bytes_as_a_bad_files_csv_give_its_paths_or_one_line(tmp_path_factory, data):
+    run = tmp_path_factory.mktemp("run")
+    (run / "bad_files.csv").write_bytes(data)
+    try:
+        paths = runrecords.read_bad_files(run)
+    except UserError as e:
+        assert "\n" not in str(e) and str(run / "bad_files.csv") in str(e)
+        return
+    assert isinstance(paths, list) and all(isinstance(p, str) and p for p in paths)

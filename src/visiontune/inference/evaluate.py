@@ -70,15 +70,13 @@ def recorded_data(run_dir: str) -> tuple[str, tuple[str | None, str | None]]:
 def _same_listing(images: ImageSet, run_dir: str, record: dict, root: str | None) -> bool:
     """Whether ``images``, less the run's bad files, split as the run split its data, give ``split.json``'s
     sha256: the run's own data, wherever it is now."""
-    bad_files = Path(run_dir) / "bad_files.csv"
-    try:
-        seed, fraction, want = int(record["seed"]), float(record["val_fraction"]), record["sha256"]
-        with open(bad_files, newline="", encoding="utf-8", errors="surrogateescape") as f:
-            bad = {os.path.relpath(row[0], root or images.root) for row in list(csv.reader(f))[1:] if row}
-    except (OSError, KeyError, TypeError, ValueError, IndexError):
+    if not {"seed", "val_fraction", "sha256"} <= set(record):  # (read_split checked the types of those it has)
         return False
-    except csv.Error as e:  # a cell over csv's field limit: no file name is that long
-        raise UserError(f"{bad_files}: damaged run record: not a CSV of file names ({e})") from None
+    seed, fraction, want = record["seed"], float(record["val_fraction"]), record["sha256"]
+    listed = runrecords.read_bad_files(run_dir)
+    if listed is None:
+        return False
+    bad = {os.path.relpath(p, root or images.root) for p in listed}
     names = relative_paths(images.paths, range(len(images)), images.root)
     kept = images.take([i for i, name in enumerate(names) if name not in bad])
     try:  # as the run split it: grouped or a fold when its split.json says so

@@ -9,13 +9,17 @@ object (history: a list) of at most ``MAX_RECORD`` bytes (``_load``); each field
 schema (``_checked``) -- the settings against ``TrainConfig``'s types, the model's description against the model
 file's own schema (``runinfo.check``), the figures as numbers, counts and texts -- and a field that fails is one
 line naming the file and the field. Fields no reader shows are dropped, and those an older visiontune did not
-write are simply absent. A missing file is ``None``: a run that did not finish. The records later commands add
+write are simply absent. A missing file is ``None``: a run that did not finish. ``bad_files.csv`` (the files the
+run skipped, which ``evaluate`` leaves out when it tells moved data by ``split.json``'s hash) is read here too,
+bounded as the records are (``read_bad_files``). The records later commands add
 (an evaluation's ``eval.json``, a bench's ``bench.json``) are ``runs.evalrecords``', read through the same
 ``_load`` and ``_checked`` and the type checks here.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +35,7 @@ from visiontune.settings.validation import check_types, in_current_forms
 MAX_RECORD = 64 << 20  # bytes: a million epochs of history fit; a record no run writes does not reach json
 MAX_SPLIT = 1 << 30  # bytes of split.json: every file name of the data, tens of millions of them
 MAX_TEXT = 100_000  # characters of one text field (a data path, an announced setup line)
+MAX_BAD_FILES = MAX_SPLIT  # bytes of bad_files.csv: at most every file of the data, each with why it is bad
 
 
 def _text(v: Any) -> bool:
@@ -171,8 +176,9 @@ def _shown(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _load(path: Path, limit: int | None = None) -> Any | None:
-    """The JSON at ``path``, None when there is no file; one line when it is too large or not JSON."""
+def _read(path: Path, limit: int) -> bytes | None:
+    """The bytes of the run record at ``path``, None when there is no file; one line when it is no file or
+    larger than ``limit`` (refused unread, and while read: a file that grows is cut at the bound)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -181,15 +187,26 @@ def _load(path: Path, limit: int | None = None) -> Any | None:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
     if not path.is_file():
         raise UserError(f"{path} is not a file; use a run folder visiontune wrote")
-    limit = limit or MAX_RECORD
-    if size > limit:
-        raise UserError(f"{path} is {size:,} bytes, more than any run writes ({limit:,}); is it a run's record?")
     try:
-        return json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))
-    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
-        raise UserError(f"{path} is not JSON ({str(e)[:80]}); use a run folder visiontune wrote") from None
+        with open(path, "rb") as f:
+            data = f.read(limit + 1) if size <= limit else b""
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
+    size = max(size, len(data))
+    if size > limit:
+        raise UserError(f"{path} is {size:,} bytes, more than any run writes ({limit:,}); is it a run's record?")
+    return data
+
+
+def _load(path: Path, limit: int | None = None) -> Any | None:
+    """The JSON at ``path``, None when there is no file; one line when it is too large or not JSON."""
+    data = _read(path, limit or MAX_RECORD)
+    if data is None:
+        return None
+    try:
+        return json.loads(data.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+        raise UserError(f"{path} is not JSON ({str(e)[:80]}); use a run folder visiontune wrote") from None
 
 
 def _checked(record: Any, schema: dict, where: str, what: str) -> dict:
@@ -304,6 +321,27 @@ def held_to_sha256(record: dict, path: str | Path) -> dict:
     if split_hash(record["train"], record["val"]) != record["sha256"]:
         raise UserError(f"{path}: its file lists do not match its sha256; the file was edited or damaged")
     return record
+
+
+def read_bad_files(run_dir: str | Path) -> list[str] | None:
+    """The files ``RUN/bad_files.csv`` (``data.check:write_report``) names, in order, or None without one: at most
+    ``MAX_BAD_FILES`` bytes, a CSV whose every row after its header starts with a file's path; one line when not."""
+    path = Path(run_dir) / "bad_files.csv"
+    data = _read(path, MAX_BAD_FILES)
+    if data is None:
+        return None
+    damaged = f"{path}: damaged run record: not a CSV of file names"
+    try:
+        rows = csv.reader(io.StringIO(data.decode("utf-8", "surrogateescape"), newline=""), strict=True)
+        next(rows, None)  # its header
+        paths = []
+        for number, row in enumerate(rows, 2):
+            if row and not row[0]:
+                raise UserError(f"{damaged} (row {number} names no file)")
+            paths += row[:1]
+    except csv.Error as e:  # a cell over csv's field limit (no file name is that long), a quote left open
+        raise UserError(f"{damaged} ({e})") from None
+    return paths
 
 
 def read_run(run_dir: str) -> RunInfo:
