@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+import trainrun
 from visiontune import tasks
 from visiontune.cli.commands import main
 from visiontune.data.imageset import Cells, Labelled
@@ -23,7 +25,7 @@ from visiontune.data.sources import discover
 from visiontune.data.split import make_stratified_split
 from visiontune.errors import UserError
 from visiontune.reports import evaluations
-from visiontune.runs import evalrecords
+from visiontune.runs import evalrecords, runrecords
 from visiontune.tasks.regress import Regression
 
 WORDS = ("none", "one blob", "two blobs", "three blobs")
@@ -125,6 +127,9 @@ def test_a_task_defined_in_a_test_module_trains_predicts_and_evaluates(blobs, tm
         val = sum(counts[Path(p).name] == n for p in split["val"])
         assert abs(val - 0.2 * sum(c == n for c in counts.values())) < 1, (n, val)
     assert summary["task"] == json.loads((run / "config.json").read_text())["model"]["task"] == "blobs"
+    # the figures of its best epoch: its own metric's too, kept when the summary is read back
+    best = next(row["val"] for row in history if row["epoch"] == summary["best_epoch"])
+    assert summary["best_val_count_accuracy"] == best["count_accuracy"] and runrecords.read_summary(run) == summary
     assert all(0 <= row["val"]["count_accuracy"] <= 1 for row in history)  # its own metric, recorded each epoch
     assert "count_accuracy" in (run / "metrics.csv").read_text().splitlines()[0]
 
@@ -147,6 +152,62 @@ def test_a_task_defined_in_a_test_module_trains_predicts_and_evaluates(blobs, tm
         name = Path(r["path"]).name
         if name in pred:
             assert float(r["blobs"]) == pytest.approx(pred[name], abs=1e-5)
+
+
+def test_a_summary_read_back_keeps_the_figures_its_task_adds(blobs, tmp_path):
+    """What a task's best epoch adds to a summary (``best_val_`` and each metric of its curves) is read back with
+    it, checked as a number: a job of several processes hands its caller the summary.json its workers wrote."""
+    row = {"loss": 0.5, "accuracy": 0.4, "mae": 0.4, "rmse": 0.6, "r2": 0.7, "count_accuracy": 0.75}
+    figures = blobs.best_figures(row)
+    assert figures == {"best_val_rmse": 0.6, "best_val_r2": 0.7, "best_val_count_accuracy": 0.75}
+    written = {"task": "blobs", "best_val_mae": 0.4, "best_val_loss": 0.5, **figures, "epochs": 2}
+    (tmp_path / "summary.json").write_text(json.dumps(written))
+    assert runrecords.read_summary(tmp_path) == written
+    (tmp_path / "summary.json").write_text(json.dumps({**written, "best_val_count_accuracy": "most"}))
+    with pytest.raises(UserError) as e:
+        runrecords.read_summary(tmp_path)
+    assert "best_val_count_accuracy is 'most', expected a number or null" in str(e.value)
+    (tmp_path / "summary.json").write_text(json.dumps({**written, "best_val_other": 1.0, "task": "classify"}))
+    assert "best_val_count_accuracy" not in runrecords.read_summary(tmp_path)  # another task's: not its figure
+
+
+# Every process of the job knows the task: this module's, registered as each interpreter starts (the launching
+# one and the workers torch.distributed.run starts).
+SITE = """
+import sys
+sys.path[:0] = [{here!r}, {tests!r}]
+from test_seam import BlobCount
+from visiontune import tasks
+tasks.register(BlobCount())
+"""
+API_JOB = """
+import json, sys
+import visiontune
+config = visiontune.TrainConfig(
+    data=sys.argv[1], output_dir=sys.argv[2], task="blobs", model="timm/test_vit", weights="none", image_size=32,
+    progress=False, num_workers=0, epochs=1, batch_size=4, strategy="ddp", nproc=2,
+)
+print(json.dumps(visiontune.train(config)))
+"""
+
+
+@pytest.mark.distributed
+def test_a_job_of_two_processes_returns_the_figures_its_task_adds(tmp_path, worker_env):
+    """``visiontune.train()`` of the task under --strategy ddp --nproc 2 returns the summary its workers wrote,
+    its own metric's best figure included, as a run in one process does. Before, the launching process read it
+    back through the summary's schema, which knew the built-in tasks' figures only: it dropped the task's."""
+    site, data, run = tmp_path / "site", tmp_path / "data", tmp_path / "run"
+    site.mkdir()
+    here = Path(__file__).parent
+    (site / "sitecustomize.py").write_text(SITE.format(here=str(here), tests=str(here.parent)))
+    env = trainrun.env_for(worker_env, tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    write_blobs(data, 24)
+    done = trainrun.run([trainrun.PYTHON, "-c", API_JOB, str(data), str(run)], env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    returned = json.loads(done.stdout.splitlines()[-1])
+    assert returned == json.loads((run / "summary.json").read_text()) and returned["world_size"] == 2
+    assert returned["task"] == "blobs" and 0 <= returned["best_val_count_accuracy"] <= 1
 
 
 def test_a_tasks_own_labels_are_read_and_refused_by_it_alone(blobs, tmp_path):

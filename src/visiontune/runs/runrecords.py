@@ -31,6 +31,7 @@ from visiontune.runs import epochs
 from visiontune.runs.runinfo import RunInfo
 from visiontune.settings.config import MEAN, STD
 from visiontune.settings.validation import check_types, in_current_forms
+from visiontune.tasks import TASKS
 
 MAX_RECORD = 64 << 20  # bytes: a million epochs of history fit; a record no run writes does not reach json
 MAX_SPLIT = 1 << 30  # bytes of split.json: every file name of the data, tens of millions of them
@@ -249,13 +250,23 @@ def read_config(run_dir: str | Path) -> dict | None:
     return out
 
 
+def _task_figures(record: Any) -> dict[str, tuple[Callable[[Any], bool], str]]:
+    """The schema of what the task a summary names adds of its best epoch (``Task.best_figures``: its score and a
+    figure a curve), each a number or null: a task registered outside the built-in ones, whose figures ``SUMMARY``
+    does not name, keeps them (a launched job's summary is its workers' read back here)."""
+    name = record.get("task") if isinstance(record, dict) else None
+    task = TASKS.get(name) if isinstance(name, str) else None
+    keys = () if task is None else (task.score_key, *(key for key, _ in task.curves))
+    return {f"best_val_{key}": (_optional_real, "a number or null") for key in keys}
+
+
 def read_summary(run_dir: str | Path) -> dict | None:
     """``RUN/summary.json`` checked, or None: the training did not finish."""
     path = Path(run_dir) / "summary.json"
     record = _load(path)
     if record is None:
         return None
-    summary = _checked(record, SUMMARY, str(path), "")
+    summary = _checked(record, {**_task_figures(record), **SUMMARY}, str(path), "")
     if "best_epoch" in summary:  # counted from 1 for every reader, an older run's 0-based one too
         summary.update(best_epoch=epochs.best_epoch(summary), **{epochs.COUNTED_FROM: 1})
     return summary

@@ -85,8 +85,9 @@ class Task:
         return self
 
     def best_figures(self, row: dict) -> dict:
-        """What a summary adds of the best epoch's val ``row`` to its accuracy and loss."""
-        raise NotImplementedError
+        """What a summary adds of the best epoch's val ``row`` to its score and loss: ``best_val_<key>`` of each of
+        its ``curves`` (what ``runs.runrecords:read_summary`` keeps of a task it does not know by name)."""
+        return {f"best_val_{key}": row.get(key) for key, _ in self.curves}
 
     # -- its label cells, as the data sources list them (``data.imageset.LabelReader``) --
 

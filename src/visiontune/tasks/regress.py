@@ -177,11 +177,6 @@ class Regression(Task):
                 head.bias.copy_(bias.to(head.bias.dtype))
         return type(self)(self.loss, self.mean, self.std, folded=True)
 
-    # -- labels, loss, counts --
-
-    def best_figures(self, row: dict) -> dict:
-        return {f"best_val_{k}": row.get(k) for k in ("rmse", "r2")}
-
     # -- its label cells --
 
     def names_columns(self, row: list[str], where: str = "") -> bool:

@@ -121,9 +121,6 @@ class SingleLabel(Task):
     curves, accuracy_title, labels_per_image = (), "Training and Validation Accuracy", "one label"
     card_verb, activation_code, card_note = "classify images into", "logits.softmax(-1)", ""
 
-    def best_figures(self, row: dict) -> dict:
-        return {}
-
     # -- its label cells --
 
     def names_columns(self, row: list[str], where: str = "") -> bool:
