@@ -535,7 +535,7 @@ def test_a_cached_index_larger_than_a_download_may_be_is_one_line(sharded, shard
         capsys.readouterr()
         monkeypatch.setattr(remote, "MAX_INDEX_BYTES", 100)
         assert main(["check", f"{base}/"]) == 2
-    assert f"{folder}/index.json is damaged (larger than 0 MiB); delete it" in _one_line(capsys)
+    assert f"{folder}/index.json is damaged (larger than 100 bytes); delete it" in _one_line(capsys)
 
 
 class Listing(http.server.BaseHTTPRequestHandler):

@@ -26,6 +26,7 @@ import numpy as np
 
 from visiontune.data.imageset import Cells, ImageSet, LabelReader, Source
 from visiontune.errors import UserError
+from visiontune.text import byte_size
 
 INSTALL = "reading hf: data needs Hugging Face datasets: pip install 'visiontune[formats]'"
 VAL_SPLITS = ("validation", "valid", "val")
@@ -88,7 +89,8 @@ def _record(path: str) -> dict:
         text = f.read(MAX_RECORD + 1)
     if len(text) > MAX_RECORD:
         raise UserError(
-            f"{path} is larger than a datasets record is ({MAX_RECORD >> 20} MiB); save the set again with save_to_disk"
+            f"{path} is larger than a datasets record is ({byte_size(MAX_RECORD)}); "
+            "save the set again with save_to_disk"
         )
     try:
         record = json.loads(text)

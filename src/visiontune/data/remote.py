@@ -54,7 +54,7 @@ from urllib.parse import unquote
 from visiontune.data.braces import MAX_NAMES, expand
 from visiontune.errors import UserError
 from visiontune.files import atomic_file, atomic_write
-from visiontune.text import shown
+from visiontune.text import byte_size, shown
 from visiontune.version import __version__
 
 SCHEMES = ("http://", "https://", "hf://", "pipe:")
@@ -266,7 +266,7 @@ def _index(folder: str, url: str, required: bool) -> tuple[dict | None, bytes | 
             with open(cached, "rb") as f:
                 raw = f.read(MAX_INDEX_BYTES + 1)  # (a cache on a shared disk is read as a download is)
             if len(raw) > MAX_INDEX_BYTES:
-                raise ValueError(f"larger than {MAX_INDEX_BYTES >> 20} MiB")
+                raise ValueError(f"larger than {byte_size(MAX_INDEX_BYTES)}")
             return _parse_index(raw), None
         except (OSError, ValueError) as e:
             raise UserError(f"{cached} is damaged ({e}); delete it to fetch {url} again") from None
@@ -280,7 +280,7 @@ def _index(folder: str, url: str, required: bool) -> tuple[dict | None, bytes | 
             raise
         return None, None  # shards written elsewhere come without one
     if raw.tell() > MAX_INDEX_BYTES:
-        raise UserError(f"{url} is larger than {MAX_INDEX_BYTES >> 20} MiB: no shard index visiontune reads")
+        raise UserError(f"{url} is larger than {byte_size(MAX_INDEX_BYTES)}: no shard index visiontune reads")
     try:
         index = _parse_index(raw.getvalue())
     except ValueError as e:

@@ -25,6 +25,7 @@ from visiontune.reports import evaluations, regression
 from visiontune.reports.style import CSS
 from visiontune.runs import evalrecords, runrecords
 from visiontune.tasks import MULTI_LABEL, REGRESSION, SINGLE_LABEL
+from visiontune.text import byte_size
 
 
 def _evaluation_of(path: Path) -> dict | None:
@@ -78,7 +79,7 @@ def _img(path: Path, alt: str) -> str:
         data = f.read(MAX_PNG + 1)  # never more, whatever the file grew to since
     if len(data) > MAX_PNG:
         return (
-            f'<p class="note">{html.escape(path.name)} is larger than a page embeds ({MAX_PNG >> 20} MiB) and '
+            f'<p class="note">{html.escape(path.name)} is larger than a page embeds ({byte_size(MAX_PNG)}) and '
             "is left out: open it beside the report.</p>"
         )
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
