@@ -222,12 +222,12 @@ print("alive")
 
 @pytest.mark.slow
 def test_openvino_models_released_in_any_order_leave_signals_deliverable(worker_env):
-    import subprocess
     import sys
 
-    done = subprocess.run(
-        [sys.executable, "-c", SIGNAL_AFTER_TWO_MODELS], env=worker_env, capture_output=True, text=True
-    )
+    from trainrun import run
+
+    # A process of its own that has not loaded OpenVINO yet: forked from one holding torch (tests/zygote.py).
+    done = run([sys.executable, "-c", SIGNAL_AFTER_TWO_MODELS], worker_env)
     assert done.returncode == 0 and done.stdout.strip() == "alive", (done.returncode, done.stderr[-2000:])
 
 
