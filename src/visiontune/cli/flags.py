@@ -101,6 +101,10 @@ def _or_none(kind: Callable) -> Callable:
     return parse
 
 
+def _nothing(text: str):
+    raise argparse.ArgumentTypeError(f"takes no value, or none for its default, not {text!r}")
+
+
 class _UnsetOr(list):
     """argparse choices listed with ``none``, which ``_or_none`` has made None by the time they are checked."""
 
@@ -255,6 +259,19 @@ def add_train_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] 
         if f.type == "bool":
             help_text += " (default on)" if f.default else ""
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+            continue
+        if f.type == "bool | None":  # --flag, --no-flag, or --flag none: its own default again (over --config)
+            p.add_argument(
+                flag,
+                nargs="?",
+                const=True,
+                type=_or_none(_nothing),
+                metavar="none",
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+            no = "--no-" + flag[2:]
+            p.add_argument(no, dest=f.name, action="store_false", default=argparse.SUPPRESS, help=f"{flag} off")
             continue
         if f.default not in (None, ""):
             help_text += f" (default {f.default})"

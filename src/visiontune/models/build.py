@@ -131,6 +131,16 @@ def _download_error(weights, e: Exception) -> UserError:
     )
 
 
+def depthwise_with_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` has depthwise convolutions (as many groups as input channels) and BatchNorm: the
+    MobileNet, MnasNet, EfficientNet and ShuffleNet families. On a CPU these train 1.1-1.5x faster in
+    channels-last memory, where plain convolutions (ResNet), grouped ones (ResNeXt) and ConvNeXt (depthwise,
+    with LayerNorm) were as fast or slower (benchmarks/channels_last.py)."""
+    modules = list(model.modules())
+    depthwise = any(isinstance(m, nn.Conv2d) and m.groups > 1 and m.groups == m.in_channels for m in modules)
+    return depthwise and any(isinstance(m, nn.BatchNorm2d) for m in modules)
+
+
 def train_head_only(model: nn.Module) -> None:
     """Train only the head."""
     heads = tuple(h + "." for h in head_names(model))

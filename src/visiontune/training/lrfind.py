@@ -140,7 +140,7 @@ def lr_find(cfg: TrainConfig, *, start: float = START, end: float = END, steps: 
     train_labels = data.images.label_array[split.train]
     task = plan.task_of(cfg, images).fitted(train_labels)
     stats, loader, _ = loaders(cfg, data, split, out, resolved.threads, task)
-    cfg = plan.measured(resolved, stats).cfg
+    cfg = plan.laid_out(plan.measured(resolved, stats), model, accelerator.device).cfg  # as train resolves them
     imbalance.check_sampler(cfg, task)
     weights = imbalance.class_weights(cfg.class_weights, data.images.classes, train_labels, task)
     criterion = optim.criterion(cfg, task, weights) or task.mean_loss  # the run's loss

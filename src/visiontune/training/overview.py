@@ -202,10 +202,20 @@ def rows(
         ("augmentation", _augmentation(cfg)),
         ("decode", _decode(cfg, setup)),
         *([("threads", _threads(resolved.threads))] if resolved.threads else []),
+        *([("memory format", _memory_format(resolved))] if cfg.channels_last else []),
         ("EMA", f"decay {cfg.ema:g}" if cfg.ema else "off"),
         ("normalisation", f"{cfg.normalize}: mean {cfg.mean}, std {cfg.std}"),
         ("recipe", cfg.recipe),
     ]
+
+
+def _memory_format(resolved: Plan) -> str:
+    if resolved.asked.channels_last:
+        return "channels-last (--channels-last)"
+    return (
+        "channels-last (the default for a model with depthwise convolutions and BatchNorm on a CPU: faster there; "
+        "--no-channels-last turns it off)"
+    )
 
 
 def recipe_note(cfg: TrainConfig, source: str) -> str | None:

@@ -13,7 +13,8 @@ the same settings with what this process resolved put in, and is what every step
 3. the data (``for_data``, once listed): the task (``task``), its best metric, and the split method of
    the run this one resumes; then what ``--cache`` came to on this machine (``cached``) and what the task
    learns of the train split (``fitted``: a regression's target scale);
-4. the measured (``measured``, when the loaders exist): ``--normalize data``'s statistics of the train
+4. the model (``laid_out``, once built): ``--channels-last``'s default;
+5. the measured (``measured``, when the loaders exist): ``--normalize data``'s statistics of the train
    split, and ``--lr auto``'s lr, chosen by a sweep over the model and the loaders (``chose_lr``).
 
 ``lr-find`` and ``show`` resolve the input view and threads here as ``train`` does, so the three see the
@@ -28,7 +29,7 @@ from dataclasses import dataclass, replace
 from visiontune.cluster.strategy import ProcessSettings, Setup, Threads, describe, resolve_threads
 from visiontune.data.imageset import ImageSet
 from visiontune.loading.cache import CacheChoice
-from visiontune.models.build import get_spec, input_view
+from visiontune.models.build import depthwise_with_batchnorm, get_spec, input_view
 from visiontune.runs import runrecords
 from visiontune.settings.config import TrainConfig, choices
 from visiontune.settings.validation import recorded_split_method
@@ -107,6 +108,15 @@ def cached(plan: Plan, choice: CacheChoice) -> Plan:
 def measured(plan: Plan, stats: tuple | None) -> Plan:
     """``--normalize data``'s mean and std, measured on the train split by the loaders (None: not asked)."""
     return plan if stats is None else plan._with(mean=stats[0], std=stats[1])
+
+
+def laid_out(plan: Plan, model, device) -> Plan:
+    """``--channels-last``'s default (None), once the model is built: on for a model with depthwise
+    convolutions and BatchNorm on a CPU, where it measured faster (``models.build.depthwise_with_batchnorm``),
+    off otherwise (on a GPU it was not measured here). ``config.json`` records what it came to."""
+    if plan.cfg.channels_last is not None:
+        return plan
+    return plan._with(channels_last=device.type == "cpu" and depthwise_with_batchnorm(model))
 
 
 def chose_lr(plan: Plan, lr: float) -> Plan:

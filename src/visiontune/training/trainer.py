@@ -332,6 +332,7 @@ def _train(
     weights = imbalance.class_weights(cfg.class_weights, images.classes, images.label_array[split.train], resolved.task)
     stats, train_loader, val_loader = loaders(cfg, data, split, run_dir, resolved.threads, resolved.task)
     resolved = plan.measured(resolved, stats)  # --normalize data's statistics
+    resolved = plan.laid_out(resolved, model, accelerator.device)  # --channels-last's default, for this model
     cfg = resolved.cfg
     swept = None
     if cfg.lr == "auto":  # before the optimizer is built: lr-find's suggestion, or the resumed run's choice
