@@ -80,9 +80,9 @@ def _filesystem(data: str):
         import fsspec
 
         if scheme == "gs" and ZONAL_SWITCH not in os.environ:
-            from gcsfs.core import GCSFileSystem  # (the JSON API's: see ZONAL_SWITCH)
+            import gcsfs  # the package itself first: a missing one is the line below, whatever was imported
 
-            return GCSFileSystem(skip_instance_cache=True)
+            return gcsfs.core.GCSFileSystem(skip_instance_cache=True)  # (the JSON API's: see ZONAL_SWITCH)
         if scheme != "s3":  # (a new instance each time: the credentials are read when it is made)
             return fsspec.filesystem(scheme, skip_instance_cache=True)
         timeouts = {"connect_timeout": remote.TIMEOUT_S, "read_timeout": remote.TIMEOUT_S}
