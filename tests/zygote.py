@@ -31,8 +31,11 @@ from visiontune.cluster import launch
 
 # What a run imports before its first step; reading them again is what every interpreter spends its seconds on.
 # And pyplot, which each run's figures import after its last epoch (a quarter of a second of a tiny run's CPU);
-# its backend is not chosen at import, so a run still sets the file-only one itself.
+# its backend is not chosen at import, so a run still sets the file-only one itself. And peft (with the
+# transformers it imports: over a CPU second), which every process of a --lora run imports, DDP and FSDP workers
+# included; a forkserver that cannot import it (the lora extra not installed) goes on without it.
 PRELOAD = ["visiontune.cli.commands", "visiontune.training.trainer", "torch.distributed.run", "matplotlib.pyplot"]
+PRELOAD += ["peft"]
 # The modules a fork may run as ``python -m``: visiontune, and the launchers that start its workers (their
 # workers are new interpreters all the same; only the launcher's own imports are saved).
 MODULES = ("visiontune", "torch.distributed.run", "accelerate.commands.accelerate_cli")
