@@ -5,7 +5,7 @@ launchers a test starts a job with (``torch.distributed.run``, ``accelerate laun
 
 Every interpreter a test starts imports torch, torchvision and Accelerate first: about 4 CPU s, more than most
 of the tiny runs it then does. ``start`` hands such a command line to a multiprocessing forkserver (one per
-test process, started on first use, holding those imports) instead; the fork runs the CLI's own ``entry`` with
+test process, started on first use, holding those imports) instead; the fork runs the CLI's own ``command`` with
 the command line's arguments, environment and output files, in a session of its own, and its exit code is the
 process's. It is a real process: it can be killed with ``kill -9`` (alone or as a group), it is the launching
 process of a DDP job, whose workers are forks of it in turn.
@@ -111,12 +111,10 @@ def _child(argv: list[str], env: dict[str, str], out: str, err: str, cwd: str | 
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
         sys.exit(0)
     sys.argv = ["visiontune", *argv[3:]]
-    from visiontune.cli.commands import entry
+    from visiontune.cli.commands import command
 
-    code = entry()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
+    command()  # ends the process as `python -m visiontune` does
+    sys.exit(0)  # a torchrun worker forked from its agent returns from it, successfully
 
 
 class Forked(launch.ForkedProcess):

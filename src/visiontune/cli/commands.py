@@ -10,10 +10,13 @@ under torch.distributed.run.
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import os
 import sys
+import threading
 import traceback
+from typing import NoReturn
 
 from visiontune.cli import flags
 from visiontune.cli.flags import config_from_args
@@ -556,3 +559,37 @@ def entry() -> int:
     # everything is still closed and flushed as before.
     gc.freeze()
     return code
+
+
+def command() -> None:
+    """The ``visiontune`` console script and ``python -m visiontune``: ``entry``, then ``leave``."""
+    code = entry()
+    from visiontune.cluster import launch
+
+    if launch.forked_worker():  # run by its agent as a function: it must return (see __main__)
+        if code:
+            sys.exit(code)
+        return
+    leave(code)
+
+
+def leave(code: int) -> NoReturn:
+    """End the command's process as the interpreter's exit would, less its teardown.
+
+    What an exit promises is kept, in the interpreter's order: the threads that are not daemons are
+    joined (``threading._shutdown``, which first stops idle thread pools), the ``atexit`` handlers run
+    (multiprocessing's, logging's, ``weakref.finalize``'s), and the standard streams are flushed. What is
+    left out is the teardown of every module and object, torch's C++ state included: 0.2 s of every
+    command's wall time on this project's 2-core machine even with the objects frozen (0.7-1 s when they
+    are not, as in a plain script's exit). Every file visiontune writes is closed where it is written.
+    """
+    shutdown = getattr(threading, "_shutdown", None)  # CPython's own first step of an exit
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that is gone, a stream already closed: nothing left to say
+            pass
+    os._exit(code)
