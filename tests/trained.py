@@ -8,7 +8,8 @@ visiontune code: a plain torchvision resnet18 loaded from ``best.safetensors``,
 torchvision's decoder and resize, and the blog's normalisation written out
 here, so a preprocessing or loading mistake in visiontune shows up as a
 difference. ``independent_eval`` scores a run's ``best.safetensors`` over its recorded
-validation files the same way, for comparison with the metrics the run reports.
+validation files the same way (a ``timm/`` model built by timm, resized as its pretrained
+config says), for comparison with the metrics the run reports.
 """
 
 from __future__ import annotations
@@ -97,14 +98,26 @@ def reference_probs(run: Path, paths: list[Path | str]) -> torch.Tensor:
 
 
 @torch.no_grad()
+def plain_model(name: str, classes: int) -> tuple[torch.nn.Module, str, float | None]:
+    """The model a run names, built by its own library (no visiontune code), and the eval view it was made for:
+    torchvision's squash, or a ``timm/`` model's pretrained config (interpolation and centre crop)."""
+    if name.startswith("timm/"):
+        import timm
+
+        model = timm.create_model(name.removeprefix("timm/"), num_classes=classes)
+        return model, model.pretrained_cfg["interpolation"], model.pretrained_cfg["crop_pct"]
+    return torchvision.models.get_model(name, num_classes=classes), "bilinear", None
+
+
 def independent_eval(run: Path, data_root: Path) -> tuple[float, float, int]:
     """(mean loss, accuracy, images) of ``run/best.safetensors`` over the val files of ``split.json``."""
     cfg = json.loads((run / "config.json").read_text())["config"]
     classes = json.loads((run / "classes.json").read_text())
-    model = torchvision.models.get_model(cfg["model"], num_classes=len(classes))
+    model, interpolation, crop_pct = plain_model(cfg["model"], len(classes))
     model.load_state_dict(load_file(str(run / "best.safetensors")))
     files = json.loads((run / "split.json").read_text())["val"]
-    logits = model.eval()(preprocess([data_root / f for f in files], cfg["image_size"]))
+    batch = preprocess([data_root / f for f in files], cfg["image_size"], interpolation, crop_pct)
+    logits = model.eval()(batch)
     y = torch.tensor([classes.index(Path(f).name.split(".")[0]) for f in files])  # Kaggle names: cat.12.jpg
     return F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).sum().item() / len(files), len(files)
 

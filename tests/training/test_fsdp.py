@@ -1,7 +1,8 @@
 """--strategy fsdp (FSDP2 on gloo, 2 processes) against ddp, and its sharded checkpoints killed and resumed.
 
-One uninterrupted fsdp x2 run and one ddp x2 run on the same seed (resnet18 at 32 px, BatchNorm and all,
-with an EMA of the weights),
+One uninterrupted fsdp x2 run and one ddp x2 run on the same seed (timm's test_resnet at 32 px: a ResNet, sharded
+by its layer1..layer4 as torchvision's, BatchNorm and all, at 0.4M parameters where resnet18 has 11M, whose
+sharded checkpoints were most of this module's time; with an EMA of the weights),
 then a fsdp x2 run SIGKILLed mid-epoch and continued with --resume auto, and a checkpoint of the fsdp run
 continued on one process. 20 images, 5 of them val (odd: padding would count 6), 2 epochs of 4 steps.
 """
@@ -25,7 +26,7 @@ from visiontune.runs import checkpoint
 
 EPOCHS = 2
 RUN = [
-    *flags(model="resnet18", weights="none", image_size=32, no_progress=True, timeout=60, epochs=EPOCHS),
+    *flags(model="timm/test_resnet", weights="none", image_size=32, no_progress=True, timeout=60, epochs=EPOCHS),
     *flags(batch_size=2, val_fraction=0.25, save_every_steps=1, keep_last=20, ema=0.5),
 ]
 # Same seed, same global batch, same gradients: only the order of the float sums may differ (reduce-scatter
@@ -78,7 +79,7 @@ def test_fsdp_x2_matches_ddp_x2_counts_every_val_image_once_and_writes_one_full_
         for phase in ("train", "val", "val_ema"):
             assert a[phase]["loss"] == pytest.approx(b[phase]["loss"], rel=TOLERANCE)
             assert a[phase]["accuracy"] == b[phase]["accuracy"]
-    # best.safetensors is one full file with the plain model's names: torchvision loads it as it is.
+    # best.safetensors is one full file with the plain model's names: timm loads it as it is.
     assert _close(load_file(str(fsdp / "best.safetensors")), load_file(str(ddp / "best.safetensors"))) < TOLERANCE
     loss, acc, n = independent_eval(fsdp, runs / "data")
     summary = json.loads((fsdp / "summary.json").read_text())
