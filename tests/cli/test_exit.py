@@ -71,3 +71,19 @@ def test_a_command_ends_without_the_teardown_yet_with_its_code_its_output_its_th
     # Ended by os._exit, after all of the above: the interpreter's teardown (every module's objects deleted,
     # torch's C++ state destroyed) is the time saved. Before, the process returned into that teardown.
     assert (tmp_path / "os_exit").read_text() == str(code)
+
+
+@pytest.mark.slow
+def test_a_profiler_that_runs_visiontune_as_a_module_still_writes_its_profile(tmp_path):
+    """`python -m cProfile -m visiontune`: the profiler, not visiontune, owns the process, and writes after it."""
+    stats = tmp_path / "models.prof"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(stats), "-m", "visiontune", "models"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import pstats
+
+    assert any(func[2] == "cmd_models" for func in pstats.Stats(str(stats)).stats)
