@@ -48,6 +48,9 @@ ENQUEUED = [0.005, 0.005, 1e-8, 0.005]
 # trains at (a diverged trial would fail instead of completing).
 SCHEDULING = ["--model", "squeezenet1_1"]
 SCHEDULING_SPACE = "[lr]\nlow = 1e-4\nhigh = 1e-2\nlog = true\n"
+# The DDP trials' case tests their pruning too, on ENQUEUED's rates: a ResNet (BatchNorm, as resnet18) that
+# learns at them, a thirtieth of resnet18's size (whose checkpoints were most of the case's time).
+PRUNING = ["--model", "timm/test_resnet"]
 
 
 def _argv(data: Path, out: Path, space: Path, *extra: str) -> list[str]:
@@ -322,7 +325,7 @@ def test_trials_that_are_ddp_jobs_report_from_their_main_process_and_all_stop_wh
     for lr in ENQUEUED[:3]:
         study.enqueue_trial({"lr": lr})
     argv = [PYTHON, "-m", "visiontune", *_argv(small_data, out, space, "--trials", "3", "--epochs", "2")]
-    argv += ["--best-metric", "loss", "--strategy", "ddp", "--nproc", "2"]
+    argv += ["--best-metric", "loss", "--strategy", "ddp", "--nproc", "2", *PRUNING]
     env = {**_env(tmp_path), **SLURM_NODE_0_OF_2}
     # Every interpreter that starts logs itself (tests/launchlog): on a CPU the jobs are forks of the tuner.
     launches = tmp_path / "launches.log"
