@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -312,6 +313,22 @@ def test_tta_flip_is_the_mean_of_the_plain_and_mirrored_passes(run, sample_data,
     got = torch.tensor([rows[str(f)] for f in files])
     assert torch.allclose(got, want, atol=TOL)
     assert not torch.allclose(got, reference_probs(run, files), atol=1e-3)  # the flip changed something
+
+
+@pytest.mark.slow
+def test_a_listed_file_name_that_is_not_utf8_is_predicted_and_written_back_as_its_bytes(run, sample_data, tmp_path):
+    named = os.fsencode(tmp_path) + b"/caf\xe9 \xff.jpg"  # Latin-1 and a stray byte: a name Linux allows
+    shutil.copyfile(sample_data / "test" / "3.jpg", named)
+    listed = tmp_path / "list.txt"
+    listed.write_bytes(named + b"\n" + os.fsencode(sample_data / "test" / "1.jpg") + b"\n")
+    out = tmp_path / "p.csv"
+    assert main(["predict", *flags(run=run, data=listed, out=out, no_progress=True)]) == 0
+    rows = out.read_bytes().splitlines()[1:]
+    # Before, the bytes read as U+FFFD: no such file, listed as unreadable, and one row short.
+    assert [r.split(b",")[0] for r in rows] == [named, os.fsencode(sample_data / "test" / "1.jpg")]
+    with_3 = tmp_path / "p3.csv"
+    assert main(["predict", *flags(run=run, out=with_3, no_progress=True), str(sample_data / "test" / "3.jpg")]) == 0
+    assert rows[0].split(b",")[1:] == with_3.read_bytes().splitlines()[1].split(b",")[1:]  # the same image's row
 
 
 @pytest.mark.slow

@@ -175,11 +175,12 @@ def read_list(path: str) -> list[str]:
     """The image paths the text file ``path`` lists, one a line (``predict --data FILE``), its one reader: blank
     lines and ``#`` comments skipped, each path stripped; at most ``MAX_LIST_BYTES``, ``MAX_LIST_PATHS`` paths and
     ``MAX_LIST_LINE`` characters a line, one line naming the file and the bound past them. Bytes that are not
-    UTF-8 read as U+FFFD (the file they name is then not found, and listed as unreadable)."""
+    UTF-8 (a file name in another encoding, as ``ls > list.txt`` writes it) are kept as surrogate escapes, so
+    the path opens the file it names and is written back as the same bytes."""
     paths: list[str] = []
     try:
         refuse_larger(path, MAX_LIST_BYTES, _LIST, "give one image path per line")
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding=_CODEC[0], errors=_CODEC[1]) as f:
             lines = bounded_lines(f, path, _LIST, "a list's line is one image path", MAX_LIST_LINE, MAX_LIST_BYTES)
             for number, line in enumerate(lines, 1):
                 line = line.strip()
