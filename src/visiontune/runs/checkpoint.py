@@ -303,7 +303,6 @@ def save(
         if accelerator.is_main_process:
             # Every file, those a strategy keeps in a folder of its own too (a sharded EMA's ``ema/``).
             written = sorted(p for p in tmp.rglob("*") if p.is_file())
-            written = sorted(p for p in tmp.rglob("*") if p.is_file())
             files = {p.relative_to(tmp).as_posix(): [p.stat().st_size, _sha256(p)] for p in written}
             record = {"format": FORMAT, "epoch": epoch, "batch": batch, **meta, "files": files}
             if "batch_samples" in meta:  # the position in the units any split of the global batch shares
