@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from digits import write_digits
-from trainrun import start
+from trainrun import run, start
 from visiontune.cli.commands import main
 from visiontune.tasks import AUTO
 
@@ -215,7 +215,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case, no_sca
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_each_fold_trains_under_ddp_and_scores_its_own_fold(tmp_path, worker_env_module):
+def test_each_fold_trains_under_ddp_and_scores_its_own_fold(tmp_path, worker_env):
     from visiontune.data.sources import discover
     from visiontune.data.split import relative_paths
 
@@ -223,14 +223,18 @@ def test_each_fold_trains_under_ddp_and_scores_its_own_fold(tmp_path, worker_env
     out = tmp_path / "audit"
     flags = [*SMALL[: SMALL.index("--batch-size")], "--batch-size", "16", *SMALL[SMALL.index("--batch-size") + 2 :]]
     argv = ["audit", str(planted.root), "--folds", "2", "--out", str(out), "--strategy", "ddp", "--nproc", "2"]
-    assert main([*argv, *flags]) == 0
+    # The command, as a user starts it (forked from a process holding its imports: tests/zygote.py), so that each
+    # fold's workers are forks of it, not new interpreters (those of a job started from Python, which
+    # tests/training/test_strategies.py runs).
+    done = run([sys.executable, "-m", "visiontune", *argv, *flags], worker_env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     images = discover(str(planted.root), task=AUTO)
     names = relative_paths(images.paths, range(len(images)), images.root)
     for fold in (0, 1):
-        run = out / "folds" / f"fold-{fold}"
-        assert json.loads((run / "config.json").read_text())["setup"]["world_size"] == 2
-        with np.load(run / "oof.npz") as z:
-            assert {names[i] for i in z["index"]} == set(json.loads((run / "split.json").read_text())["val"])
+        folder = out / "folds" / f"fold-{fold}"
+        assert json.loads((folder / "config.json").read_text())["setup"]["world_size"] == 2
+        with np.load(folder / "oof.npz") as z:
+            assert {names[i] for i in z["index"]} == set(json.loads((folder / "split.json").read_text())["val"])
             assert np.allclose(z["probs"].sum(1), 1.0, atol=1e-5)
     assert json.loads((out / "audit.json").read_text())["scored"] == len(images)
 
