@@ -25,8 +25,10 @@ import pytest
 import torch
 
 import visiontune
+import zygote
 from conftest import PYTHON, _worker_env
 from trained import one_thread  # noqa: F401  (autouse: in-process runs use one thread, as the server does)
+from trainrun import start
 from visiontune.cli.commands import main
 from visiontune.tasks import MULTI_LABEL
 
@@ -41,7 +43,7 @@ TIMEOUT = 60  # a harness limit for a request's answer (httpx's default, 5 s, is
 @dataclass
 class Server:
     url: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | zygote.Forked
     log: Path
 
     def metric(self, name: str, default: float | None = None) -> float:
@@ -80,8 +82,9 @@ def server(trained_run, tmp_path_factory):
     argv += ["--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT)]
     env = _worker_env()
     env["PYTHONPATH"] = os.pathsep.join([str(folder), env["PYTHONPATH"]])
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    # Forked from a process holding visiontune's imports (tests/zygote.py), which runs the hook first as an
+    # interpreter would; the decode processes are new interpreters of the server's own, which run it at start.
+    proc = start(argv, env, log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
