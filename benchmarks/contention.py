@@ -6,20 +6,22 @@ colleague's job, a package install or a test suite would), for the four ways vis
 
 - train: second-epoch training images/s of ``visiontune.train`` (``overhead.py``'s resnet18 at 32 px,
   batch 16, reading the image cache);
-- evaluate: images/s of the forward pass over the 300-500 px JPEGs of the data set, batch 32, decoded on
-  the way, as ``visiontune evaluate`` runs it (``inference.start`` then ``inference.forward``);
+- evaluate: images/s of the forward pass over the 300-500 px JPEGs of the data set, 8 times over, batch 32,
+  decoded on the way, as ``visiontune evaluate`` runs it (``inference.start`` then ``inference.forward``);
 - predict: images/s of the Python API's one-image call (``visiontune.load(run).predict(path)``);
 - serve: requests/s of a ``visiontune serve`` process (started after the busy processes, so that its
   default sees them, with its default 2 decoding processes) answering 32 keep-alive clients that post
   one JPEG at a time (``serve.py``'s client).
 
-The variants run in turn, round after round (``common.interleave``), so a machine whose own load moves
-affects each alike; the table gives each variant's median as a ratio to the faster of ``--threads 1`` and
-``--threads N`` (1.00: as fast as the better fixed choice). The load average is recorded before and after
-each condition. ``VT_CONTENTION_PER_CLASS`` (default 40), ``VT_CONTENTION_REPEATS`` (default 3) and
+The variants run in turn, round after round, every other round in reverse (``common.interleave``), so a
+machine whose own load moves affects each alike; the table gives each variant's median as a ratio to the
+faster of ``--threads 1`` and ``--threads N`` (1.00: as fast as the better fixed choice). The load average is
+recorded before and after
+each condition. ``VT_CONTENTION_PER_CLASS`` (default 40), ``VT_CONTENTION_REPEATS`` (default 5) and
 ``VT_CONTENTION_REQUESTS`` (default 120 per round) size it; ``VT_CONTENTION_WORKLOADS`` (default
 "train,evaluate,predict,serve") picks the rows and ``VT_CONTENTION_BUSY`` (default "0,1,2") the conditions;
-a run of only some conditions writes ``results/contention-busy<N...>.json``, not the full table's file.
+a run of only some workloads or conditions writes ``results/contention-<workloads>-busy<N...>.json`` (the
+parts it ran), not the full table's file.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from serve import load as serve_load
 from serve import wait_ready
 
 PER_CLASS = int(os.environ.get("VT_CONTENTION_PER_CLASS", "40"))
-REPEATS = int(os.environ.get("VT_CONTENTION_REPEATS", "3"))
+REPEATS = int(os.environ.get("VT_CONTENTION_REPEATS", "5"))
+EVAL_PASSES = 8
 REQUESTS = int(os.environ.get("VT_CONTENTION_REQUESTS", "120"))
 N = len(os.sched_getaffinity(0))
 VARIANTS = {"default": None, "--threads 1": 1, f"--threads {N}": N}
 BUSY = "while True:\n    pass\n"
-WORKLOADS = tuple(os.environ.get("VT_CONTENTION_WORKLOADS", "train,evaluate,predict,serve").split(","))
+ALL_WORKLOADS = ("train", "evaluate", "predict", "serve")
+WORKLOADS = tuple(os.environ.get("VT_CONTENTION_WORKLOADS", ",".join(ALL_WORKLOADS)).split(","))
 BUSY_COUNTS = tuple(int(n) for n in os.environ.get("VT_CONTENTION_BUSY", "0,1,2").split(","))
 
 
@@ -69,11 +73,16 @@ def inference_rates(run: str, paths: list[str]):
 
     loaded = load_model(run)
 
+    # A pass over the images EVAL_PASSES times: as long as an evaluation of a few hundred images, so that the
+    # one-time choice of threads at the start (the default reads the load for about 20 ms) weighs as it does in
+    # a real `visiontune evaluate`, not as a fifth of a 0.1 s call.
+    scored = paths * EVAL_PASSES
+
     def evaluate(threads):
         icfg = InferenceConfig(32, progress=False, threads=threads)
         begin = time.perf_counter()
-        forward(start(icfg), loaded, icfg, paths, [0] * len(paths), "evaluate")
-        return len(paths) / (time.perf_counter() - begin)
+        forward(start(icfg), loaded, icfg, scored, [0] * len(scored), "evaluate")
+        return len(scored) / (time.perf_counter() - begin)
 
     def predict(threads):
         from visiontune.inference.api import Predictor
@@ -123,7 +132,7 @@ def condition(busy: int, cfg, run: str, paths: list[str], bodies: list[bytes], r
                         name: (lambda port=port: REQUESTS / asyncio.run(serve_load(port, bodies, REQUESTS))[0])
                         for name, (_, port) in started.items()
                     }
-                    rows[workload] = interleave(fns, repeats=REPEATS, warmup=0)
+                    rows[workload] = interleave(fns, repeats=REPEATS, warmup=0, alternate=True)
                     print(
                         f"   {busy} busy, serve: "
                         + ", ".join(f"{k} {v['median']:.1f}" for k, v in rows[workload].items())
@@ -142,6 +151,9 @@ def condition(busy: int, cfg, run: str, paths: list[str], bodies: list[bytes], r
                 {name: (lambda t=t, fn=fn: fn(t)) for name, t in VARIANTS.items()},
                 repeats=REPEATS,
                 warmup=0 if workload == "train" else 1,  # a train run's first epoch is its own warm-up
+                # Every other round reversed: a variant never always follows --threads N, whose OpenMP threads
+                # still spin for a while after its last call (a fifth of 20 one-image predictions).
+                alternate=True,
             )
             print(
                 f"   {busy} busy, {workload}: " + ", ".join(f"{k} {v['median']:.1f}" for k, v in rows[workload].items())
@@ -186,7 +198,9 @@ def main() -> None:
     text = table(results)
     print(f"contention: rates as a ratio to the faster of --threads 1 and --threads {N} ({N} cores)\n{text}")
     write_result(
-        "contention" if BUSY_COUNTS == (0, 1, 2) else "contention-busy" + "".join(map(str, BUSY_COUNTS)),
+        "contention"
+        + ("" if WORKLOADS == ALL_WORKLOADS else "-" + "-".join(WORKLOADS))
+        + ("" if BUSY_COUNTS == (0, 1, 2) else "-busy" + "".join(map(str, BUSY_COUNTS))),
         {
             "what": f"default threads against --threads 1 and --threads {N}, quiet and beside 1 and 2 busy "
             "processes; train images/s (2nd epoch), evaluate and predict images/s, serve requests/s",

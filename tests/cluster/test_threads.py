@@ -107,6 +107,27 @@ def test_the_default_threads_are_cut_to_the_cores_other_running_tasks_leave(
     assert launch.threads_choice() == (cores, "OMP_NUM_THREADS")
 
 
+@pytest.mark.parametrize(
+    "cores, running, decoders, workers, threads",
+    [
+        (2, 1, 2, 1, 1),  # serve's default on 2 cores: its 2 decoding processes keep theirs
+        (16, 1, 2, 1, 14),
+        (16, 1, 2, 2, 7),
+        (16, 3, 2, 1, 14),  # two busy processes: the 14 they leave, the decoders' already kept
+        (2, 1, 0, 1, 2),  # decoding in the server's own threads: every core
+        (2, 2, 0, 1, 1),  # ... cut by one busy process
+    ],
+)
+def test_a_servers_default_threads_leave_its_decoders_their_cores_and_are_cut_by_the_load(
+    monkeypatch, tmp_path, cores, running, decoders, workers, threads
+):
+    _machine(monkeypatch, tmp_path, cores, running)
+    chosen, why = launch.threads_choice(None, workers, reserved=decoders)
+    assert chosen == threads
+    assert (f"less {decoders} for decoding processes" in why) == bool(decoders)
+    assert launch.threads_choice(3, workers, reserved=decoders) == (3, "--threads")
+
+
 def test_threads_come_from_the_flag_then_omp_num_threads_then_the_cores(monkeypatch):
     monkeypatch.setattr(launch, "available_cores", lambda: 8)
     monkeypatch.setattr(launch, "core_limits", lambda: {"affinity": 64, "cgroup_quota": 8.0})

@@ -347,13 +347,18 @@ def cmd_push(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
-    from visiontune.cluster.launch import core_share
+    from visiontune.cluster.launch import threads_choice
     from visiontune.inference.serve import ServeOptions, serve
 
     if args.max_wait_ms < 0 or args.max_body_mb <= 0:
         raise UserError("--max-wait-ms must be >= 0 and --max-body-mb > 0")
     if not 0 <= args.port < 65536:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
+    # The cores the decoding processes leave, over the workers, cut to those the machine's load leaves free, as
+    # train, evaluate and predict choose theirs: on 2 cores with 2 decoders (1 thread a worker) the server
+    # answered as fast as with 2 threads on an idle machine, and 1.11x and 1.15x as fast beside 1 and 2 busy
+    # processes (benchmarks/contention.py). The decoders, one thread each, are busy whenever the model is.
+    threads, threads_from = threads_choice(args.threads, args.workers, reserved=max(0, args.decoders))
     return serve(
         ServeOptions(
             run=args.run,
@@ -362,11 +367,8 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
             classes=[c.strip() for c in args.classes.split(",")] if args.classes else None,
             image_size=args.image_size,
             compile=args.compile,
-            # The cores' share, not cut by the machine's load as train, evaluate and predict cut theirs: a
-            # server's forward passes are batched (large parallel regions, few waits) and its decoding runs in
-            # one-thread processes, and beside 1 busy process on 2 cores 2 threads answered 1.4x the requests
-            # of 1 (benchmarks/contention.py).
-            threads=args.threads or core_share(args.workers),
+            threads=threads,
+            threads_from=threads_from,
             host=args.host,
             port=args.port,
             max_batch=args.max_batch,

@@ -426,7 +426,12 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="how long the first image of a batch waits for others (default 5; 0: batch only what is queued)",
     )
     p.add_argument("--workers", type=positive, default=1, help="server processes, each with its own model (default 1)")
-    p.add_argument("--threads", type=positive, help="intra-op threads per worker (default: cores / workers)")
+    p.add_argument(
+        "--threads",
+        type=positive,
+        help="intra-op threads per worker (default: the cores less --decoders, over --workers, cut to those the "
+        "machine's load leaves free)",
+    )
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB (default 16)")
     p.add_argument(
         "--max-connections",

@@ -478,7 +478,7 @@ def _without_traceback(record: logging.LogRecord) -> bool:
     return True
 
 
-def threads_choice(threads: int | None = None, processes: int | None = None) -> tuple[int, str]:
+def threads_choice(threads: int | None = None, processes: int | None = None, reserved: int = 0) -> tuple[int, str]:
     """This process's intra-op threads and what chose them.
 
     ``--threads N`` first, then ``OMP_NUM_THREADS`` (set by the user to share a machine, by
@@ -488,7 +488,8 @@ def threads_choice(threads: int | None = None, processes: int | None = None) -> 
     now (``host.running_elsewhere``). PyTorch's OpenMP threads spin at every parallel region until all have
     arrived: one that another process has descheduled holds up the rest, and beside one busy process two
     threads on two cores ran 2-10x slower than one (benchmarks/contention.py). Decoding shares the same
-    budget (``strategy.resolve_threads``).
+    budget (``strategy.resolve_threads``). ``reserved``: cores kept for one-thread processes beside them
+    (``serve``'s decoding processes).
     """
     if threads:
         return threads, "--threads"
@@ -498,8 +499,9 @@ def threads_choice(threads: int | None = None, processes: int | None = None) -> 
     processes = processes or local_world_size()
     limits = core_limits()
     quota = "" if limits["cgroup_quota"] is None else f", cgroup quota {limits['cgroup_quota']:g}"
-    share = core_share(processes)
-    why = f"cores (affinity {limits['affinity']}{quota}) / {processes} local process{'es' * (processes != 1)}"
+    share = core_share(processes, reserved)
+    less = f" less {reserved} for decoding processes" if reserved else ""
+    why = f"cores (affinity {limits['affinity']}{quota}){less} / {processes} local process{'es' * (processes != 1)}"
     busy = running_elsewhere() if share > 1 else None
     if busy is None:
         return share, why
@@ -513,9 +515,10 @@ def threads_choice(threads: int | None = None, processes: int | None = None) -> 
     )
 
 
-def core_share(processes: int | None = None) -> int:
-    """This process's share of the cores it may use, among ``processes`` (default: the launcher's local ones)."""
-    return max(1, available_cores() // (processes or local_world_size()))
+def core_share(processes: int | None = None, reserved: int = 0) -> int:
+    """This process's share of the cores it may use, less ``reserved``, among ``processes`` (default: the
+    launcher's local ones)."""
+    return max(1, (available_cores() - reserved) // (processes or local_world_size()))
 
 
 def default_threads(threads: int | None) -> bool:

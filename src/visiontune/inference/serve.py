@@ -55,6 +55,7 @@ class ServeOptions:
     image_size: int | None = None
     compile: bool = False
     threads: int = 1  # intra-op threads of each process
+    threads_from: str = ""  # what chose them (``launch.threads_choice``), said at start-up
     host: str = "127.0.0.1"
     port: int = 8000
     max_batch: int = 32
@@ -429,7 +430,8 @@ def serve(options: ServeOptions) -> int:
     print(
         f"visiontune: serving {runtime.info.model} ({runtime.backend}, {', '.join(runtime.info.classes)}) from "
         f"{runtime.run or runtime.weights}: batches of up to {options.max_batch} within {options.max_wait_ms:g} ms, "
-        f"{options.workers} worker(s) of {options.threads} thread(s); POST http://{options.host}:{options.port}/predict",
+        f"{options.workers} worker(s) of {options.threads} thread(s)"
+        f"{f' ({options.threads_from})' if options.threads_from else ''}; POST http://{options.host}:{options.port}/predict",
         flush=True,
     )
     # uvicorn raises the signal that stopped it again once it has put back the handler it found; this one
