@@ -356,8 +356,8 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
     # The cores the decoding processes leave, over the workers, cut to those the machine's load leaves free, as
     # train, evaluate and predict choose theirs: on 2 cores with 2 decoders (1 thread a worker) the server
-    # answered as fast as with 2 threads on an idle machine, and 1.11x and 1.15x as fast beside 1 and 2 busy
-    # processes (benchmarks/contention.py). The decoders, one thread each, are busy whenever the model is.
+    # answered 0.96-1.15x the requests of 2 threads, quiet and beside 1 and 2 busy processes, over three runs
+    # (benchmarks/contention.py). The decoders, one thread each, are busy whenever the model is.
     threads, threads_from = threads_choice(args.threads, args.workers, reserved=max(0, args.decoders))
     return serve(
         ServeOptions(
