@@ -128,6 +128,29 @@ def test_a_servers_default_threads_leave_its_decoders_their_cores_and_are_cut_by
     assert launch.threads_choice(3, workers, reserved=decoders) == (3, "--threads")
 
 
+@pytest.mark.parametrize(
+    "running, extra, threads, why",
+    [
+        (1, [], 1, "less 2 for decoding processes"),  # 2 cores, 2 decoders: 1 thread, quiet or not
+        (1, ["--decoders", "0"], 2, "0 other tasks running"),  # decoding in its own threads: both cores
+        (2, ["--decoders", "0"], 1, "cut to 1: 1 other task running"),  # ... beside a busy process
+        (2, ["--threads", "2"], 2, "--threads"),  # what the user asks, whatever the load
+    ],
+)
+def test_serve_chooses_its_threads_from_the_cores_its_decoders_leave_and_the_load(
+    monkeypatch, tmp_path, running, extra, threads, why
+):
+    from visiontune.inference import serve
+
+    _machine(monkeypatch, tmp_path, 2, running)
+    started = []
+    monkeypatch.setattr(serve, "serve", lambda options: started.append(options) or 0)
+    assert main(["serve", "--run", str(tmp_path), *extra]) == 0
+    (options,) = started
+    # Before, serve took the cores / --workers whatever the load and its decoders: 2 in every case here.
+    assert options.threads == threads and why in options.threads_from
+
+
 def test_threads_come_from_the_flag_then_omp_num_threads_then_the_cores(monkeypatch):
     monkeypatch.setattr(launch, "available_cores", lambda: 8)
     monkeypatch.setattr(launch, "core_limits", lambda: {"affinity": 64, "cgroup_quota": 8.0})
