@@ -113,7 +113,7 @@ def test_the_default_threads_are_cut_to_the_cores_other_running_tasks_leave(
         (2, 1, 2, 1, 1),  # serve's default on 2 cores: its 2 decoding processes keep theirs
         (16, 1, 2, 1, 14),
         (16, 1, 2, 2, 7),
-        (16, 3, 2, 1, 14),  # two busy processes: the 14 they leave, the decoders' already kept
+        (16, 3, 2, 1, 12),  # two busy processes: the 12 they and the decoders leave
         (2, 1, 0, 1, 2),  # decoding in the server's own threads: every core
         (2, 2, 0, 1, 1),  # ... cut by one busy process
     ],

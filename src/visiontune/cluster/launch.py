@@ -505,7 +505,7 @@ def threads_choice(threads: int | None = None, processes: int | None = None, res
     busy = running_elsewhere() if share > 1 else None
     if busy is None:
         return share, why
-    free = machine_cores() - busy
+    free = machine_cores() - busy - reserved  # the reserved processes run beside the model too
     if free >= share or not busy:
         return share, f"{why}; {busy} other task{'s' * (busy != 1)} running on the machine's {machine_cores()} cores"
     chosen = max(1, free)
