@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from conftest import FAST
 from trainrun import flags
 from visiontune.cli import main
 from visiontune.errors import UserError
@@ -18,7 +17,8 @@ from visiontune.training import lrfind
 
 @pytest.mark.slow
 def test_lr_auto_uses_lr_finds_suggestion_records_it_and_a_resume_reuses_it(small_data, tmp_path, monkeypatch):
-    common = [*flags(data=small_data, batch_size=8, num_workers=0, seed=3), *FAST]
+    common = flags(data=small_data, batch_size=8, num_workers=0, seed=3, no_progress=True)
+    common += flags(model="timm/test_resnet", weights="none", image_size=32)  # the model is not the subject
     monkeypatch.setattr(lrfind, "STEPS", 12)  # a shorter sweep for the test, the same for both commands
     assert main(["lr-find", *common, *flags(output_dir=tmp_path / "lrf", steps=12)]) == 0
     found = json.loads((tmp_path / "lrf" / "lr_find.json").read_text())
