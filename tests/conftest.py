@@ -67,6 +67,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 # Small runs: every test trains at this size so the suite stays fast on 2 cores.
 FAST = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--no-progress"]
+# Where the model is not the subject (a schedule, a stop, a record): timm's test_resnet, 0.4M parameters.
+TINY_RESNET = ["--model", "timm/test_resnet", "--weights", "none", "--image-size", "32", "--no-progress"]
 
 
 def once(tmp_path_factory, name: str, make, heavy: str | None = None) -> Path:

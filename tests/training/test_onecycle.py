@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import FAST
+from conftest import TINY_RESNET
 from trainrun import flags
 from visiontune.cli import main
 from visiontune.training.schedule import Stepper
@@ -94,7 +94,7 @@ def test_a_resume_mid_cycle_continues_the_same_cycle():
 def test_a_run_with_onecycle_records_the_cycle(sample_data, tmp_path):
     out = tmp_path / "run"
     argv = flags(data=sample_data, output_dir=out, epochs=2, batch_size=16, lr=0.05, optimizer="sgd")
-    assert main(["train", *argv, *FAST, *flags(lr_schedule="onecycle")]) == 0
+    assert main(["train", *argv, *TINY_RESNET, *flags(lr_schedule="onecycle")]) == 0
     history = json.loads((out / "history.json").read_text())
     # 96 train images / 16 = 6 optimizer steps an epoch, 12 in all; the lr after epoch 0 is step 6's.
     ref = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.05, momentum=0.9)

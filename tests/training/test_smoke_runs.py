@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FAST
+from conftest import TINY_RESNET
 from visiontune import load
 from visiontune.cli.commands import main
 from visiontune.data.sources import discover
@@ -26,7 +26,18 @@ def test_max_steps_stops_mid_epoch_with_a_valid_run_folder_and_limit_images_reco
     step = torch.optim.SGD.step
     monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, **kw: (steps.append(1), step(self, *a, **kw))[1])
     run = tmp_path / "smoke"
-    argv = ["train", "--data", str(sample_data), *FAST, "--batch-size", "16", "--epochs", "3", "--num-workers", "0"]
+    argv = [
+        "train",
+        "--data",
+        str(sample_data),
+        *TINY_RESNET,
+        "--batch-size",
+        "16",
+        "--epochs",
+        "3",
+        "--num-workers",
+        "0",
+    ]
     # 80 of the 120 images: 64 train = 4 steps an epoch; 6 steps = epoch 1 and half of epoch 2.
     argv += ["--limit-images", "80", "--max-steps", "6", "--output-dir", str(run)]
     assert main(argv) == 0
