@@ -14,6 +14,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import create_trial
 
+from conftest import TINY_RESNET
 from visiontune.cli.commands import build_parser, main
 from visiontune.cli.flags import config_from_args
 from visiontune.settings.config import TrainConfig, choices
@@ -144,7 +145,7 @@ def test_the_start_up_block_is_printed_once_then_one_line_a_trial(small_data, tm
     space.write_text("[lr]\nlow = 1e-4\nhigh = 1e-2\nlog = true\n")
     out = tmp_path / "t"
     argv = ["tune", "--data", str(small_data), "--out", str(out), "--space", str(space), "--trials", "2"]
-    argv += ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--epochs", "1", "--no-progress"]
+    argv += [*TINY_RESNET, "--epochs", "1"]  # the model is not the subject
     argv += ["--batch-size", "8", "--num-workers", "0", "--threads", "1", "--pruner", "none"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
