@@ -8,8 +8,10 @@ normalisation that config.json hands to timm.
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -78,11 +80,24 @@ def _config_matches(folder: Path, info: runinfo.RunInfo) -> dict:
     return config
 
 
+@pytest.fixture(scope="module")
+def hub_export(trained_run, tmp_path_factory) -> tuple[Path, str]:
+    """``export --format hub`` of the shared run, once for the tests that read the folder (read only), and
+    what the command printed."""
+    out = tmp_path_factory.mktemp("hub") / "hub"
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(printed):
+        mp.setattr(strategy, "cpu_budget", lambda *_: 1)  # one thread, as the tests' own calls (trained.py)
+        assert main(["export", "--run", str(trained_run), "--format", "hub", "--out", str(out)]) == 0
+    return out, printed.getvalue()
+
+
 @pytest.mark.slow
-def test_a_torchvision_resnet_converted_loads_in_timm_and_equals_predict(trained_run, sample_data, tmp_path, capsys):
-    out = tmp_path / "hub"
-    assert main(["export", "--run", str(trained_run), "--format", "hub", "--out", str(out)]) == 0
-    assert "local-dir:" in capsys.readouterr().out
+def test_a_torchvision_resnet_converted_loads_in_timm_and_equals_predict(
+    trained_run, sample_data, tmp_path, hub_export
+):
+    out, printed = hub_export
+    assert "local-dir:" in printed
     assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "README.md", "training_results.png"}
     info = runrecords.read_run(str(trained_run))
     config = _config_matches(out, info)
@@ -239,9 +254,8 @@ def _section(body: str, title: str) -> str:
 
 
 @pytest.mark.slow
-def test_the_card_has_hub_front_matter_and_summary_numbers(trained_run, sample_data, tmp_path):
-    out = tmp_path / "hub"
-    assert main(["export", "--run", str(trained_run), "--format", "hub", "--out", str(out)]) == 0
+def test_the_card_has_hub_front_matter_and_summary_numbers(trained_run, sample_data, tmp_path, hub_export):
+    out = hub_export[0]
     summary = json.loads((trained_run / "summary.json").read_text())
     config = json.loads((trained_run / "config.json").read_text())
     meta, body = _front_matter((out / "README.md").read_text())
@@ -324,7 +338,7 @@ def test_push_to_an_unreachable_hub_says_so(trained_run, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_push_uploads_the_hub_folder_in_one_commit(trained_run, tmp_path, monkeypatch, capsys):
+def test_push_uploads_the_hub_folder_in_one_commit(trained_run, tmp_path, monkeypatch, capsys, hub_export):
     from huggingface_hub import HfApi, RepoUrl
     from safetensors.torch import load_file
 
@@ -356,8 +370,7 @@ def test_push_uploads_the_hub_folder_in_one_commit(trained_run, tmp_path, monkey
     assert kw["repo_id"] == "org/name" and kw["revision"] == "v1"
     assert set(files) == {"config.json", "model.safetensors", "README.md", "training_results.png"}
     # The same folder export writes, named for the repository in its card.
-    out = tmp_path / "hub"
-    assert main(["export", "--run", str(trained_run), "--format", "hub", "--out", str(out)]) == 0
+    out = hub_export[0]
     assert files["config.json"] == (out / "config.json").read_bytes()
     (tmp_path / "pushed.safetensors").write_bytes(files["model.safetensors"])
     pushed, local = load_file(str(tmp_path / "pushed.safetensors")), load_file(str(out / "model.safetensors"))
