@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch.utils.data import default_collate
 
 import visiontune.loading.cache as cache_mod
-from conftest import FAST, PYTHON
+from conftest import FAST, PYTHON, TINY_RESNET
 from fuzzing import fuzz_settings
 from trainrun import flags, one_line, run
 from visiontune.cli.commands import main
@@ -156,7 +156,7 @@ def test_two_ddp_processes_share_one_cache_built_once(sample_data, tmp_path, wor
         "visiontune",
         "train",
         *flags(data=sample_data),
-        *FAST,
+        *TINY_RESNET,  # the cache is the subject, not the model
         *flags(
             epochs=1,
             batch_size=16,
