@@ -108,13 +108,13 @@ def test_a_torchvision_resnet_converted_loads_in_timm_and_equals_predict(
 @pytest.mark.slow
 def test_a_timm_model_folder_loads_in_timm_and_equals_predict(small_data, sample_data, tmp_path):
     run, out = tmp_path / "run", tmp_path / "hub"
-    argv = ["train", "--data", str(small_data), "--output-dir", str(run), "--model", "timm/resnet10t"]
+    argv = ["train", "--data", str(small_data), "--output-dir", str(run), "--model", "timm/test_resnet"]
     argv += ["--weights", "none", "--image-size", "32", "--crop-pct", "1.0", "--epochs", "1", "--batch-size", "8"]
     assert main([*argv, "--num-workers", "0", "--no-progress"]) == 0
     assert main(["export", "--run", str(run), "--format", "hub", "--out", str(out)]) == 0
     info = runrecords.read_run(str(run))
     assert info.source == "timm" and info.crop_pct == 1.0
-    assert _config_matches(out, info)["architecture"] == "resnet10t"
+    assert _config_matches(out, info)["architecture"] == "test_resnet"
     _assert_same_as_visiontune(run, out, _pngs(sample_data, tmp_path / "images"))
 
 
