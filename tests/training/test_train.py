@@ -95,7 +95,7 @@ def logged(sample_data, tmp_path_factory) -> Logged:
         summary = train(
             TrainConfig(
                 data=str(sample_data),
-                model="resnet18",
+                model="squeezenet1_1",
                 weights="none",
                 image_size=32,
                 epochs=1,
@@ -153,7 +153,7 @@ def test_the_start_says_the_resolved_setup_and_the_recipe_s_weak_spot(logged):
         "  augmentation     none\n",
         "  normalisation    blog: mean 0.4883,0.4551,0.417, std 0.2257,0.2211,0.2214\n",
         "  recipe           blog\n",
-        # Where each resize choice came from: the size given, resnet18's own bilinear, no crop.
+        # Where each resize choice came from: the size given, squeezenet1_1's own bilinear, no crop.
         "  resize           32 px (--image-size), bilinear interpolation (the torchvision weights' transforms), "
         "no crop: the whole image squashed to the input size (the default for torchvision models)\n",
     ):
