@@ -87,11 +87,12 @@ def test_the_start_lines_and_the_epoch_lines_show_the_phases():
 
 @pytest.mark.slow
 def test_a_run_with_freeze_epochs_marks_its_epochs_and_records_the_phases(sample_data, tmp_path, capsys):
-    from conftest import FAST
+    from conftest import TINY_RESNET  # the phases are the subject, not the model
     from visiontune.cli.commands import main
 
     run = tmp_path / "frozen"
-    argv = ["train", "--data", str(sample_data), *FAST, "--batch-size", "16", "--epochs", "2", "--num-workers", "0"]
+    argv = ["train", "--data", str(sample_data), *TINY_RESNET, "--batch-size", "16", "--epochs", "2"]
+    argv += ["--num-workers", "0"]
     assert main([*argv, "--freeze-epochs", "1", "--recipe", "modern", "--output-dir", str(run)]) == 0
     out = capsys.readouterr().out
     assert "Epoch 1/2 (head only: backbone frozen)\n" in out
