@@ -24,6 +24,7 @@ from torchvision.transforms.v2 import InterpolationMode
 
 from conftest import FAST
 from trained import hand_resize, one_thread  # noqa: F401  (one_thread: autouse)
+from trainrun import SQUEEZENET  # a torchvision model (squashed by default), smaller than resnet18
 from visiontune.cli.commands import main
 from visiontune.loading.augment import EpochIndex, derive_seed, sample_augment, seeded
 from visiontune.loading.cache import open_or_build
@@ -164,7 +165,7 @@ def test_the_resize_flags_reach_the_cache_the_loaders_and_the_record(
     small_data, tmp_path, flag, interpolation, crop, decode, suffix
 ):
     run, cache = tmp_path / "run", tmp_path / "cache"
-    argv = ["train", "--data", str(small_data), "--output-dir", str(run), *FAST, "--epochs", "1"]
+    argv = ["train", "--data", str(small_data), "--output-dir", str(run), *SQUEEZENET, "--epochs", "1"]
     argv += ["--batch-size", "16", "--num-workers", "0", *flag, "--cache", str(cache)]
     assert main(argv) == 0
     record = json.loads((run / "config.json").read_text())
