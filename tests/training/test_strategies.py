@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 import zygote
 from conftest import FAST, PYTHON, _worker_env
 from trained import independent_eval
-from trainrun import flags
+from trainrun import SQUEEZENET, flags
 from visiontune.cli.commands import main
 from visiontune.cluster import checks
 from visiontune.errors import UserError
@@ -248,15 +248,13 @@ def test_visiontune_train_in_python_starts_the_job_the_command_line_starts(jobs)
 @pytest.mark.slow
 def test_dp_on_a_cpu_says_so_and_saves_the_plain_model(sample_data, tmp_path, capsys):
     out = tmp_path / "dp"
-    assert (
-        main(["train", *flags(data=sample_data), *FAST, *flags(epochs=1, batch_size=16, strategy="dp", output_dir=out)])
-        == 0
-    )
+    argv = [*flags(data=sample_data), *SQUEEZENET, *flags(epochs=1, batch_size=16, strategy="dp", output_dir=out)]
+    assert main(["train", *argv]) == 0
     notices = [line for line in capsys.readouterr().out.splitlines() if "DataParallel" in line]
     assert len(notices) == 1 and "gives no parallelism here" in notices[0]
     state = load_file(str(out / "best.safetensors"))
     assert not any(k.startswith("module.") for k in state)
-    torchvision.models.get_model("resnet18", num_classes=2).load_state_dict(state)  # strict: every key fits
+    torchvision.models.get_model("squeezenet1_1", num_classes=2).load_state_dict(state)  # strict: every key fits
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["strategy"], summary["world_size"], summary["devices"]) == ("dp", 1, ["cpu"])
     loss, acc, n = independent_eval(out, sample_data)
