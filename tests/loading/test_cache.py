@@ -8,6 +8,7 @@ import pickle
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -453,3 +454,111 @@ def _load_back(cache):
 
 def _key_of(cache):
     return json.loads(_header_of(cache).read_text())["key"]
+
+
+# --- the build forked beside the run's own work (a run of one process started by the command) --------------
+
+
+def _children() -> set[int]:
+    """This process's live children, as Linux lists them."""
+    found: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            found |= {int(pid) for pid in f.read().split()}
+    return found
+
+
+@pytest.fixture
+def forks(monkeypatch):
+    """As in the `visiontune` command's own process, where a child may be forked (the test worker's other
+    threads aside); the children this process has already (a forkserver of the tests')."""
+    monkeypatch.setattr(cache_mod.launch, "can_fork_helper", lambda: True)
+    return _children()
+
+
+@pytest.mark.slow
+def test_a_build_forked_beside_this_processs_work_is_the_build_made_here(files, tmp_path, forks):
+    seen = []
+    beside = open_or_build(str(tmp_path / "beside"), files, SIZE, 2, meanwhile=lambda: seen.append(_children()))
+    here = open_or_build(str(tmp_path / "here"), files, SIZE, 2)
+    assert len(seen) == 1 and len(seen[0] - forks) == 1  # meanwhile ran here, while one child built
+    assert Path(beside.array_path).read_bytes() == Path(here.array_path).read_bytes()
+    assert beside.bad == here.bad and set(beside.bad) == {3}  # the broken file's row, and why, from the child
+    assert beside == cache_mod._load(beside.array_path, beside.array_path[:-3] + ".json", *_key_count(files))
+    _good_rows_match_the_files(beside, files)
+    assert _children() <= forks
+
+
+def _key_count(files):
+    return cache_mod.cache_key(files, SIZE), len(files), SIZE
+
+
+def _raises_in_child(kind):
+    def build(*args, **kwargs):
+        if kind == "full disk":
+            raise cache_mod.NoSpaceError("no space left on the disk of /x while writing c.u8; free some space")
+        if kind == "unwritable":
+            raise PermissionError(13, "Permission denied")
+        os.kill(os.getpid(), 9)  # a crash: nothing said on the pipe
+
+    return build
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind,why",
+    [
+        ("full disk", "no space was left in"),
+        ("unwritable", "(Permission denied)"),
+        ("killed", "(the process that built it was killed by signal 9)"),
+    ],
+)
+def test_a_forked_build_that_fails_is_what_a_build_here_would_raise(
+    files, tmp_path, forks, monkeypatch, capsys, kind, why
+):
+    monkeypatch.setenv("VISIONTUNE_CACHE_DIR", str(tmp_path / "user"))
+    monkeypatch.setattr(cache_mod, "build", _raises_in_child(kind))  # the fork inherits it
+    ran = []
+    cache, choice = choose(FIT, files, SIZE, 2, meanwhile=lambda: ran.append(os.getpid()))
+    assert cache is None and choice.path is None and why in choice.why, choice.why
+    assert ran == [os.getpid()] and _children() <= forks
+    assert f"no image cache: {choice.why}" in capsys.readouterr().out
+    if kind == "killed":  # a folder named by the user: the one-line error, exit 2
+        with pytest.raises(UserError, match=r"cannot write the image cache in .*killed by signal 9.*--cache off"):
+            open_or_build(str(tmp_path / "named"), files, SIZE, 2, meanwhile=lambda: None)
+
+
+@pytest.mark.slow
+def test_stopped_meanwhile_the_child_stops_too_and_leaves_no_file(files, tmp_path, forks, monkeypatch):
+    real = cache_mod.try_read
+    monkeypatch.setattr(cache_mod, "try_read", lambda *a: (time.sleep(0.2), real(*a))[1])  # mid-build below
+
+    def stopped():
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+
+    folder = tmp_path / "c"
+    with pytest.raises(KeyboardInterrupt):
+        open_or_build(str(folder), files, SIZE, 1, meanwhile=stopped)
+    assert _children() <= forks and list(folder.iterdir()) == []  # its temp files removed as it stopped
+
+
+def test_a_child_is_forked_only_from_the_commands_own_process_while_no_other_thread_runs(monkeypatch):
+    from visiontune.cluster import launch
+
+    monkeypatch.setattr(launch, "_COMMAND_LINE", [False])
+    assert not launch.can_fork_helper()  # visiontune.train() in a user's program
+    monkeypatch.setattr(launch, "_COMMAND_LINE", [True])
+    monkeypatch.setattr(launch.threading, "active_count", lambda: 2)
+    assert not launch.can_fork_helper()
+    monkeypatch.setattr(launch.threading, "active_count", lambda: 1)
+    assert launch.can_fork_helper()
+
+
+@pytest.mark.slow
+def test_without_a_fork_the_build_is_made_here_and_meanwhile_left_to_the_caller(files, tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_mod.launch, "can_fork_helper", lambda: False)
+    ran = []
+    cache = open_or_build(str(tmp_path / "c"), files, SIZE, 2, meanwhile=lambda: ran.append(1))
+    assert ran == [] and set(cache.bad) == {3}
+    _good_rows_match_the_files(cache, files)

@@ -18,6 +18,7 @@ import threading
 import traceback
 from typing import NoReturn
 
+from visiontune import imports
 from visiontune.cli import flags
 from visiontune.cli.flags import config_from_args
 from visiontune.cluster import host, sbatch
@@ -565,6 +566,7 @@ def entry() -> int:
 
 def command() -> None:
     """The ``visiontune`` console script and ``python -m visiontune``: ``entry``, then ``leave``."""
+    imports.defer_dynamo()  # a second of every command's start-up that imports torchvision (visiontune.imports)
     code = entry()
     from visiontune.cluster import launch
 

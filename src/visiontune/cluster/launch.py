@@ -295,6 +295,26 @@ def can_fork_workers() -> bool:
     return not torch.cuda.is_available()
 
 
+def can_fork_helper() -> bool:
+    """Whether a child forked now may do a piece of this process's work on one torch thread (the image cache's
+    build, ``loading.cache``): only in the `visiontune` command's own process, as for ``can_fork_workers``,
+    and while no other Python thread runs, whose locks (a print's, an import's) the child could need. OpenMP's
+    team, which keeps a training worker from being a fork, is no such lock to a child that runs every op on
+    its one thread (as a DataLoader's forked workers do)."""
+    if not _COMMAND_LINE[0]:
+        return False
+    _stop_tqdm_monitor()
+    return threading.active_count() == 1
+
+
+def die_with_parent(parent: int) -> None:
+    """In a forked child: ask Linux to SIGKILL it when ``parent`` dies, so that it never outlives its work."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGKILL)  # the parent died before the line above took effect
+
+
 def _command_in_fork(argv: list[str], env: dict[str, str], log: str | None) -> None:
     """A forked child's body: ``visiontune ARGV`` as ``python -m visiontune`` runs it, its output in ``log``
     (None: this process's own)."""

@@ -33,15 +33,17 @@ file's size and mtime.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
 import os
 import shutil
+import signal
 import stat
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +52,7 @@ import torchvision
 import xxhash
 from torch.utils.data import Dataset
 
+from visiontune.cluster import launch
 from visiontune.cluster.host import available_cores, untrusted, user_cache_dir
 from visiontune.data.check import bounded_map, file_keys, name_keys
 from visiontune.data.decode import MAX_PIXELS, try_read
@@ -322,9 +325,10 @@ def _slot(folder, paths, image_size, interpolation, crop_pct, reader, decode) ->
     return _Slot(folder, array_path, header_path, key, len(paths), image_size)
 
 
-def _build_in(slot: _Slot, paths, threads, interpolation, crop_pct, reader, decode) -> ImageCache:
+def _build_in(slot: _Slot, paths, threads, interpolation, crop_pct, reader, decode, meanwhile=None) -> ImageCache:
     """Build the cache in ``slot``, saying so; a folder that cannot be written raises ``OSError``, a full
-    disk ``NoSpaceError`` (nothing half-written is left either way)."""
+    disk ``NoSpaceError`` (nothing half-written is left either way). ``meanwhile``: this process's own work
+    to do while a forked child builds (``_build_beside``), where a child may be forked."""
     # stdout, from whichever process builds: a second build in one job would show up here.
     print(
         f"visiontune: building the image cache {slot.array_path} ({slot.count} images at {slot.image_size} px, "
@@ -333,18 +337,72 @@ def _build_in(slot: _Slot, paths, threads, interpolation, crop_pct, reader, deco
     )
     if threads is None:  # the other processes wait for this one: all the machine's cores may decode
         threads = available_cores()
-    return build(
-        slot.array_path,
-        slot.header_path,
-        slot.key,
-        paths,
-        slot.image_size,
-        threads,
-        interpolation,
-        crop_pct,
-        reader,
-        decode,
-    )
+    args = (slot.array_path, slot.header_path, slot.key, paths, slot.image_size, threads, interpolation, crop_pct)
+    # A reader's open files would be shared with the child (their offsets too): those are built here.
+    if meanwhile is not None and reader is None and launch.can_fork_helper():
+        return _build_beside(meanwhile, args, decode)
+    return build(*args, reader, decode)
+
+
+def _build_beside(meanwhile: Callable[[], None], args: tuple, decode: str) -> ImageCache:
+    """``build(*args)`` in a forked child while this process runs ``meanwhile()``: the build's decoding
+    threads then use the cores this process leaves, without waiting for its GIL. The child says on a pipe
+    which rows failed, or why it could not build (raised here as it would have been in the child); a child
+    that ends without saying is an ``OSError``. If this process stops meanwhile (an error, Ctrl-C), so does the
+    child, cleaning up its temp files; it is killed if this process is."""
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        launch.die_with_parent(parent)
+        os._exit(_child_builds(write_end, args, decode))
+    os.close(write_end)
+    reply = None
+    with os.fdopen(read_end, "rb") as pipe:
+        try:
+            meanwhile()
+            reply = pipe.read()
+        finally:
+            if reply is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGINT)
+            status = os.waitpid(pid, 0)[1]
+    said = json.loads(reply) if reply else {}
+    code = os.waitstatus_to_exitcode(status)
+    if "no_space" in said:
+        raise NoSpaceError(said["no_space"])
+    if "os_error" in said:
+        raise OSError(*said["os_error"])
+    bad = _bad_rows(said.get("bad"), len(args[3]))
+    if code != 0 or bad is None:
+        how = f"was killed by signal {-code}" if code < 0 else said.get("error") or f"ended with exit code {code}"
+        raise OSError(0, f"the process that built it {how}")
+    return ImageCache(args[0], args[4], len(args[3]), bad)
+
+
+def _child_builds(write_end: int, args: tuple, decode: str) -> int:
+    """The forked child's body: the build, then one JSON object on the pipe (the failed rows, or why not)."""
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):  # run stops are the parent's to handle
+        signal.signal(s, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from the parent: stop, removing the temp files
+    try:
+        torch.set_num_threads(1)  # the parent's OpenMP team is not this process's: its decoding threads are
+        said = {"bad": {str(row): list(failed) for row, failed in build(*args, None, decode).bad.items()}}
+    except NoSpaceError as e:
+        said = {"no_space": str(e)}
+    except OSError as e:
+        said = {"os_error": [e.errno or 0, e.strerror or str(e)]}
+    except BaseException as e:  # noqa: BLE001 (said to the parent, which raises)
+        said = {"error": f"failed: {type(e).__name__}: {e}"}
+    with contextlib.suppress(OSError), open(write_end, "wb") as pipe:
+        pipe.write(json.dumps(said).encode())  # ASCII: names that are not UTF-8 go as escaped surrogates
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    return 0 if "bad" in said else 1
 
 
 def open_or_build(
@@ -357,6 +415,7 @@ def open_or_build(
     crop_pct: float | None = None,
     reader=None,
     decode: str = "exact",
+    meanwhile: Callable[[], None] | None = None,
 ) -> ImageCache:
     """The cache of ``paths`` at ``image_size`` (decoded as ``decode`` says, resized as ``decode.resize_uint8``
     does with ``interpolation`` and ``crop_pct``) in folder ``cache`` (or auto), built if missing or stale.
@@ -372,7 +431,7 @@ def open_or_build(
         found = _load(slot.array_path, slot.header_path, slot.key, slot.count, image_size)
         if found is not None:
             return found
-        return _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode)
+        return _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode, meanwhile)
     except OSError as e:
         raise UserError(
             f"cannot write the image cache in {slot.folder} ({e.strerror or e}); pass --cache a writable "
@@ -438,6 +497,7 @@ def choose(
     crop_pct: float | None = None,
     reader=None,
     decode: str = "exact",
+    meanwhile: Callable[[], None] | None = None,
 ) -> tuple[ImageCache | None, CacheChoice]:
     """The run's cache as ``--cache`` says (None: the files are decoded every epoch), and what was chosen and why.
 
@@ -452,7 +512,7 @@ def choose(
     if decode == "device":  # fit comes to off (settings.validation refuses a folder or auto with it)
         return None, CacheChoice(setting, None, DEVICE_DECODES)
     if setting != FIT:
-        cache = open_or_build(setting, paths, image_size, threads, **view)
+        cache = open_or_build(setting, paths, image_size, threads, **view, meanwhile=meanwhile)
         return cache, CacheChoice(setting, cache.array_path, f"--cache {setting}")
     slot = _slot(user_cache_dir(), paths, image_size, interpolation, crop_pct, reader, decode)
     try:
@@ -475,7 +535,7 @@ def choose(
                 )
     if problem is None:
         try:
-            built = _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode)
+            built = _build_in(slot, paths, threads, interpolation, crop_pct, reader, decode, meanwhile)
             return built, CacheChoice(FIT, built.array_path, f"--cache fit: built, {_gib(slot.nbytes)}")
         except NoSpaceError:  # the disk or the quota filled up while writing; nothing half-written is left
             problem = f"no space was left in {slot.folder} (a full disk or quota) while the cache was written"

@@ -50,9 +50,11 @@ class JobData:
     cache_choice: CacheChoice | None = None  # what --cache came to on this machine, and why (recorded)
 
 
-def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], ImageCache | None, CacheChoice]:
+def _screen(
+    cfg: TrainConfig, images: ImageSet, meanwhile: Callable[[], None] | None = None
+) -> tuple[list[tuple[str, str]], ImageCache | None, CacheChoice]:
     """The bad files (layout rejects first) and the cache as --cache chose it: each file decoded once, by the
-    cache build, or by the scan when there is no cache to build."""
+    cache build, or by the scan when there is no cache to build. ``meanwhile``: ``prepare``'s."""
     interpolation, crop_pct = cfg.interpolation, cfg.crop_pct  # resolved (training.plan): as the loaders resize
     cache, choice = choose(
         cfg.cache,
@@ -63,6 +65,7 @@ def _screen(cfg: TrainConfig, images: ImageSet) -> tuple[list[tuple[str, str]], 
         crop_pct=crop_pct,
         reader=images.reader,
         decode=cfg.decode,
+        meanwhile=meanwhile,
     )
     if cache is not None:
         return list(images.rejects) + [cache.bad[row] for row in sorted(cache.bad)], cache, choice
@@ -170,13 +173,16 @@ def _screen_per_machine(accelerator, cfg: TrainConfig, images: ImageSet):
     return images, bad, cache, choice
 
 
-def prepare(accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet) -> JobData:
+def prepare(
+    accelerator, cfg: TrainConfig, run_dir: str, images: ImageSet, meanwhile: Callable[[], None] | None = None
+) -> JobData:
     """The job's usable images of its one listing ``images``, the same in every process; stops the run when
-    too many are bad."""
+    too many are bad. ``meanwhile``: work of this process's own that it may do while a forked child builds
+    the image cache (``cache.choose``), in a run of one process."""
     if accelerator.num_processes > 1:
         images, bad, cache, choice = _screen_per_machine(accelerator, cfg, images)
     else:
-        bad, cache, choice = _screen(cfg, images)
+        bad, cache, choice = _screen(cfg, images, meanwhile)
     accelerator.print(images.describe())
     report = os.path.join(run_dir, "bad_files.csv")
     problem = bad_fraction_error(len(bad), len(images.paths) + len(images.rejects), cfg.max_bad_fraction, report)

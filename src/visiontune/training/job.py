@@ -72,8 +72,10 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, on_epoch=None) -> Ended
     one_machine = jobplan.node_range(launch.plan(cfg).nnodes) == (1, 1)
     if launch.can_fork_workers():
         # The workers will be forks of this process: importing the trainer once here, after the checks above,
-        # spares each worker (and each restarted one) its own seconds of imports.
-        from visiontune.training import trainer  # noqa: F401
+        # spares each worker (and each restarted one) its own seconds of imports, torch._dynamo's among them.
+        from visiontune.training import optim, trainer  # noqa: F401
+
+        optim.warm_up()
     with (
         _workers_argv(cfg, argv, given_folder) as workers,
         runlock.hold_for_workers(cfg.output_dir if one_machine else None),

@@ -17,6 +17,15 @@ from visiontune.tasks import SINGLE_LABEL, Task
 from visiontune.training.schedule import Stepper
 
 
+def warm_up() -> None:
+    """Import what building the optimizer imports: ``torch._dynamo``, which torch imports on an optimizer's
+    first ``add_param_group`` (wrapped in dynamo's ``disable``), and which the ``visiontune`` command's start
+    leaves out of torchvision's import (``visiontune.imports``). About a second of one core: the trainer spends
+    it while a forked child builds the image cache, and a job's launching process before its workers are
+    forked, so that they need not each import it."""
+    import torch._dynamo  # noqa: F401
+
+
 def _in_head(name: str, heads: tuple[str, ...]) -> bool:
     return any(name == h or name.startswith(h + ".") for h in heads)
 

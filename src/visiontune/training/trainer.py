@@ -318,7 +318,8 @@ def _train(
         )
     model, adapted = _adapt(cfg, model)
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
-    data = prepare_data(accelerator, cfg, run_dir, images)  # the bad-file screen, once per machine
+    # The bad-file screen, once per machine; meanwhile the optimizer's imports, while a child builds the cache.
+    data = prepare_data(accelerator, cfg, run_dir, images, meanwhile=optim.warm_up)
     images, bad = data.images, data.bad
     resolved = plan.cached(resolved, data.cache_choice)
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)

@@ -1,0 +1,102 @@
+"""The `visiontune` command imports torchvision without torch._dynamo (visiontune.imports); dynamo is imported,
+and works, where something needs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PYTHON
+
+CHECKS = r"""
+import sys, torch
+{before}
+import torchvision, torchvision.transforms.v2 as T
+from torchvision import ops, tv_tensors
+print("after import:", "torch._dynamo" in sys.modules)
+# roi_align over a constant image gives the constant; tv_tensors.wrap and a v2 transform work as ever
+x = torch.full((1, 1, 8, 8), 3.0)
+out = ops.roi_align(x, torch.tensor([[0, 0.0, 0.0, 7.0, 7.0]]), output_size=2)
+assert torch.equal(out, torch.full((1, 1, 2, 2), 3.0)), out
+assert T.Resize(4, antialias=True)(torch.zeros(3, 8, 8, dtype=torch.uint8)).shape == (3, 4, 4)
+print("after use:", "torch._dynamo" in sys.modules)
+boxes = tv_tensors.BoundingBoxes(torch.tensor([[0, 0, 4, 4]]), format="XYXY", canvas_size=(8, 8))
+wrapped = tv_tensors.wrap(torch.tensor([[1, 1, 2, 2]]), like=boxes)
+assert type(wrapped) is tv_tensors.BoundingBoxes and tuple(wrapped.canvas_size) == (8, 8)
+import torch._dynamo
+assert torch._dynamo is sys.modules["torch._dynamo"] and torch._dynamo.__file__, "the real module"
+assert torch._dynamo.utils.is_compile_supported("cpu") in (True, False)
+compiled = torch.compile(lambda t: t * 2 + 1, backend="eager")
+assert compiled(torch.ones(2)).tolist() == [3.0, 3.0]
+print("compiled")
+"""
+
+
+def _run(before: str) -> list[str]:
+    done = subprocess.run(
+        [PYTHON, "-c", CHECKS.format(before=before)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_the_commands_torchvision_imports_and_works_without_dynamo_which_is_real_once_needed():
+    lines = _run("from visiontune import imports; imports.defer_dynamo()")
+    assert lines == ["after import: False", "after use: False", "compiled"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "before",
+    [
+        "import visiontune",  # a program of the user's: its imports are its own
+        "from visiontune import imports; imports.TESTED = ('9.',); imports.defer_dynamo()",  # a release not checked
+    ],
+)
+def test_a_program_importing_visiontune_or_an_unchecked_torchvision_imports_torchvision_as_it_comes(before):
+    assert _run(before) == ["after import: True", "after use: True", "compiled"]
+
+
+@pytest.mark.slow
+def test_a_command_that_builds_no_optimizer_never_imports_dynamo_and_train_does(sample_data, tmp_path):
+    """``visiontune show`` decodes, resizes and augments a batch (torchvision throughout) and draws it;
+    ``train`` builds an optimizer, which needs dynamo."""
+    probe = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('torchvision', 'torchvision' in sys.modules, 'dynamo', "
+        "'torch._dynamo' in sys.modules))\n"
+        "from visiontune.cli.commands import command\n"
+        "sys.argv[0] = 'visiontune'\n"
+        "command()\n"
+    )
+    # A torchvision model: timm's import needs dynamo (its models use torch.compiler.disable as they are defined).
+    common = ["--model", "squeezenet1_1", "--weights", "none", "--image-size", "32", "--batch-size", "8"]
+    argvs = {
+        "show": ["show", str(sample_data), *common, "--augment", "light", "--out", str(tmp_path / "s.png")],
+        "train": ["train", "--data", str(sample_data), *common, "--epochs", "1", "--no-progress"],
+    }
+    env_dir = {"VISIONTUNE_CACHE_DIR": str(tmp_path / "cache")}
+    said = {}
+    for name, argv in argvs.items():
+        out = tmp_path / name
+        done = subprocess.run(
+            [PYTHON, "-c", probe, *argv, *(["--output-dir", str(out)] if name == "train" else [])],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**_env(), **env_dir},
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        said[name] = done.stdout.splitlines()[-1]
+    assert said["show"] == "torchvision True dynamo False"
+    assert said["train"] == "torchvision True dynamo True"
+    assert (tmp_path / "train" / "best.safetensors").exists()
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
