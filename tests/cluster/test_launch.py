@@ -115,6 +115,21 @@ def test_a_job_started_from_python_leaves_the_callers_environment_as_it_was(monk
     assert dict(os.environ) == before
 
 
+@pytest.mark.parametrize(("local", "waits"), [("2", True), ("1", False)])
+def test_a_worker_whose_peer_died_waits_for_its_agent_only_beside_local_peers(monkeypatch, local, waits):
+    """The agent stops the workers of its machine once it sees one exit; the only worker on its machine lost a
+    peer on another one, whose exit no agent here sees: its wait would end only at the time limit."""
+    import signal
+
+    from visiontune.cluster import launch
+
+    waited = []
+    monkeypatch.setattr(signal, "sigtimedwait", lambda sigs, seconds: waited.append(seconds))
+    monkeypatch.setattr(launch, "ENV", {"LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": local})
+    launch.outlast_peer()
+    assert waited == ([10.0] if waits else [])
+
+
 def test_the_launch_settings_of_a_run_are_its_flags_that_place_processes(monkeypatch):
     for k in ("LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)

@@ -146,8 +146,9 @@ def peer_gone(exc: BaseException) -> bool:
 def outlast_peer(seconds: float = 10.0) -> None:
     """After a peer of the job ended: stay until the agent stops this worker (SIGTERM, sent once it has seen
     the peer's exit), for at most ``seconds``. Exiting at once, this worker could be the failure the agent
-    sees first, and the job would say it failed rather than the peer that did."""
-    if not inside_launcher():
+    sees first, and the job would say it failed rather than the peer that did. The only worker on its machine
+    leaves at once: the peer was another machine's, whose exit this machine's agent never sees."""
+    if not inside_launcher() or local_world_size() == 1:
         return
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
