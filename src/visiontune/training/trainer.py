@@ -34,7 +34,7 @@ from visiontune.loading.loaders import loaders
 from visiontune.loading.pipeline import DeviceNormalize
 from visiontune.models import checkpointing, lora
 from visiontune.models.build import build_model, check_input, get_spec, head_names
-from visiontune.reports import report
+from visiontune.reports import figures, report
 from visiontune.runs import adapters, records, resume, runinfo, runlock
 from visiontune.runs.checkpoint import Checkpoint
 from visiontune.settings import presets
@@ -319,7 +319,7 @@ def _train(
     model, adapted = _adapt(cfg, model)
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     # The bad-file screen, once per machine; meanwhile the optimizer's imports, while a child builds the cache.
-    data = prepare_data(accelerator, cfg, run_dir, images, meanwhile=optim.warm_up)
+    data = prepare_data(accelerator, cfg, run_dir, images, meanwhile=_warm_up)
     images, bad = data.images, data.bad
     resolved = plan.cached(resolved, data.cache_choice)
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
@@ -387,6 +387,14 @@ def _train(
     if accelerator.is_main_process:  # the page, made from the run folder's records as `visiontune report` makes it
         print(f"visiontune: outputs in {run_dir}; report {report.write(run_dir)}")
     return summary
+
+
+def _warm_up() -> None:
+    """What the run's main process imports later, on its way: the optimizer's ``torch._dynamo``, and pyplot,
+    which the curves of the first epoch are drawn with. Imported while a forked child builds the image
+    cache (``prepare_data``), they cost no time of their own."""
+    optim.warm_up()
+    figures.pyplot()
 
 
 def _stopped_at_max_steps(cfg: TrainConfig, per_epoch: int, history: list[dict]) -> dict | None:
