@@ -553,6 +553,8 @@ def test_a_child_is_forked_only_from_the_commands_own_process_while_no_other_thr
     assert not launch.can_fork_helper()
     monkeypatch.setattr(launch.threading, "active_count", lambda: 1)
     assert launch.can_fork_helper()
+    monkeypatch.setattr(launch.sys, "platform", "darwin")
+    assert not launch.can_fork_helper()
 
 
 @pytest.mark.slow

@@ -301,8 +301,9 @@ def can_fork_helper() -> bool:
     build, ``loading.cache``): only in the `visiontune` command's own process, as for ``can_fork_workers``,
     and while no other Python thread runs, whose locks (a print's, an import's) the child could need. OpenMP's
     team, which keeps a training worker from being a fork, is no such lock to a child that runs every op on
-    its one thread (as a DataLoader's forked workers do)."""
-    if not _COMMAND_LINE[0]:
+    its one thread (as a DataLoader's forked workers do). Linux only: elsewhere torch's libraries are not known
+    to survive a fork."""
+    if not (_COMMAND_LINE[0] and sys.platform.startswith("linux")):
         return False
     _stop_tqdm_monitor()
     return threading.active_count() == 1
