@@ -64,11 +64,13 @@ def test_a_program_importing_visiontune_or_an_unchecked_torchvision_imports_torc
 @pytest.mark.slow
 def test_a_command_that_builds_no_optimizer_never_imports_dynamo_and_train_does(sample_data, tmp_path):
     """``visiontune show`` decodes, resizes and augments a batch (torchvision throughout) and draws it;
-    ``train`` builds an optimizer, which needs dynamo."""
+    ``train`` builds an optimizer, which needs dynamo: imported while a forked child builds the image cache."""
     probe = (
-        "import atexit, sys\n"
+        "import atexit, os, sys\n"
+        "forks, fork = [], os.fork\n"
+        "os.fork = lambda: forks.append(1) or fork()\n"
         "atexit.register(lambda: print('torchvision', 'torchvision' in sys.modules, 'dynamo', "
-        "'torch._dynamo' in sys.modules))\n"
+        "'torch._dynamo' in sys.modules, 'forks', len(forks)))\n"
         "from visiontune.cli.commands import command\n"
         "sys.argv[0] = 'visiontune'\n"
         "command()\n"
@@ -93,8 +95,9 @@ def test_a_command_that_builds_no_optimizer_never_imports_dynamo_and_train_does(
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         said[name] = done.stdout.splitlines()[-1]
-    assert said["show"] == "torchvision True dynamo False"
-    assert said["train"] == "torchvision True dynamo True"
+    assert said["show"] == "torchvision True dynamo False forks 0"
+    # dynamo imported by the run's main process while one forked child built the image cache
+    assert said["train"] == "torchvision True dynamo True forks 1"
     assert (tmp_path / "train" / "best.safetensors").exists()
 
 

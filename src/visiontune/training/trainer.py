@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -319,7 +320,7 @@ def _train(
     model, adapted = _adapt(cfg, model)
     check_input(model, cfg.model, cfg.image_size, cfg.batch_size)
     # The bad-file screen, once per machine; meanwhile the optimizer's imports, while a child builds the cache.
-    data = prepare_data(accelerator, cfg, run_dir, images, meanwhile=_warm_up)
+    data = prepare_data(accelerator, cfg, run_dir, images, meanwhile=_imports_ahead())
     images, bad = data.images, data.bad
     resolved = plan.cached(resolved, data.cache_choice)
     split, split_rec = split_for(images, cfg)  # the data's own, or the seeded one (grouped, or a fold)
@@ -389,12 +390,19 @@ def _train(
     return summary
 
 
-def _warm_up() -> None:
-    """What the run's main process imports later, on its way: the optimizer's ``torch._dynamo``, and pyplot,
-    which the curves of the first epoch are drawn with. Imported while a forked child builds the image
-    cache (``prepare_data``), they cost no time of their own."""
-    optim.warm_up()
-    figures.pyplot()
+def _imports_ahead() -> Callable[[], None] | None:
+    """What the run's main process will import on its way, as one call (None: it has them already, and the
+    image cache is built in this process, as no fork would then gain anything): the optimizer's
+    ``torch._dynamo``, and pyplot, which the curves of the first epoch are drawn with. Imported while a forked
+    child builds the image cache (``prepare_data``), they cost no time of their own."""
+    if {"torch._dynamo", "matplotlib.pyplot"} <= sys.modules.keys():
+        return None
+
+    def imports() -> None:
+        optim.warm_up()
+        figures.pyplot()
+
+    return imports
 
 
 def _stopped_at_max_steps(cfg: TrainConfig, per_epoch: int, history: list[dict]) -> dict | None:
