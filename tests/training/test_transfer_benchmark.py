@@ -10,13 +10,25 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import trainrun
+
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "transfer.py"
+# ``python benchmarks/transfer.py ARGS`` as a fork of the tests' process that has imported torch (tests/zygote.py):
+# the script run as __main__ with its folder first on sys.path, as the interpreter runs a file.
+AS_SCRIPT = "import runpy, sys; sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rpartition('/')[0]); "
+AS_SCRIPT += "runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def _transfer(*args: str, work: Path):
+    env = {k: v for k, v in os.environ.items() if k not in ("VT_PEER_PYTHON", "VT_TIMM_TRAIN")}
+    env["VT_BENCH_WORK"] = str(work)
+    return trainrun.run([sys.executable, "-c", AS_SCRIPT, str(SCRIPT), *args], env, timeout=300, cwd=ROOT)
 
 
 @pytest.mark.slow  # starts an interpreter
@@ -34,25 +46,9 @@ def test_the_projects_environment_has_the_benchmarks_mnist_digits():
     assert sorted({int(float(r[-1])) for r in rows}) == list(range(10))
 
 
-@pytest.mark.slow  # starts an interpreter
+@pytest.mark.slow  # starts a process
 def test_peers_not_given_are_left_out_with_how_to_add_them(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("VT_PEER_PYTHON", "VT_TIMM_TRAIN")}
-    env["VT_BENCH_WORK"] = str(tmp_path)
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "transfer.py"),
-            "--tools",
-            "fastai,timm,ultralytics",
-            "--seeds",
-            "0,1",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    out = _transfer("--tools", "fastai,timm,ultralytics", "--seeds", "0,1", work=tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert any(line.startswith("fastai left out: give --peer-python PATH") for line in lines), lines
@@ -62,15 +58,10 @@ def test_peers_not_given_are_left_out_with_how_to_add_them(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no data written, nothing trained
 
 
-@pytest.mark.slow  # starts interpreters
+@pytest.mark.slow  # starts processes
 def test_a_peer_interpreter_without_ultralytics_leaves_it_out(tmp_path):
     assert importlib.util.find_spec("ultralytics") is None  # the project's interpreter stands in for such a peer
-    env = {k: v for k, v in os.environ.items() if k not in ("VT_PEER_PYTHON", "VT_TIMM_TRAIN")}
-    env["VT_BENCH_WORK"] = str(tmp_path)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--tools", "ultralytics", "--seeds", "0,1"]
-    out = subprocess.run(
-        [*cmd, "--peer-python", sys.executable], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
-    )
+    out = _transfer("--tools", "ultralytics", "--seeds", "0,1", "--peer-python", sys.executable, work=tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("ultralytics left out: give --peer-python PATH (or VT_PEER_PYTHON), an interpreter with")
