@@ -37,6 +37,18 @@ SQUEEZENET = flags(model="squeezenet1_1", weights="none", image_size=32, no_prog
 TINY = [*SQUEEZENET, *flags(num_workers=0, batch_size=4, epochs=2, timeout=60)]
 
 
+# ``python FILE ARGS`` (a benchmark script) spelt as ``python -c``, which ``run`` forks: the file runs as __main__
+# with its folder first on sys.path, as the interpreter runs a file.
+_AS_SCRIPT = (
+    "import runpy, sys; sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rpartition('/')[0]); "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def script_argv(path: str | Path, *args: str) -> list[str]:
+    return [PYTHON, "-c", _AS_SCRIPT, str(path), *args]
+
+
 def train_argv(data: Path, out: Path, *extra: str) -> list[str]:
     return [PYTHON, "-m", "visiontune", "train", "--data", str(data), "--output-dir", str(out), *TINY, *extra]
 

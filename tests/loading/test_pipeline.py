@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from PIL import Image
 from torchvision import transforms
 
+import trainrun
 from conftest import PYTHON, ROOT
 from trainrun import flags
 from visiontune.cluster.strategy import enable_gpu_speedups
@@ -107,7 +109,12 @@ def test_gpu_benchmark_code_runs_tiny_on_a_cpu(tmp_path, worker_env, monkeypatch
     for key, value in worker_env.items():  # what the measuring process inherits
         monkeypatch.setenv(key, value)
     monkeypatch.setattr("sys.argv", [script, *argv])
-    assert runpy.run_path(script)["main"]() == 0, capsys.readouterr().out[-2000:]
+    main = runpy.run_path(script)["main"]
+    # Each mode's measuring process (`python gpu_bench.py --one MODE ...`, as the script builds it) a fork of the
+    # tests' process that has imported torch (tests/zygote.py) instead of a new interpreter.
+    forked = lambda cmd, **_: trainrun.run(trainrun.script_argv(*cmd[1:]), dict(os.environ))  # noqa: E731
+    main.__globals__["subprocess"] = SimpleNamespace(run=forked, PIPE=subprocess.PIPE)
+    assert main() == 0, capsys.readouterr().out[-2000:]
     rows = json.loads(out_json.read_text())["results"]
     sources = ["synthetic", "cache", "files-cpu", "files-device"]
     assert [(r["mode"], r["source"]) for r in rows] == [("fp32", s) for s in sources]

@@ -19,16 +19,13 @@ import trainrun
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "transfer.py"
-# ``python benchmarks/transfer.py ARGS`` as a fork of the tests' process that has imported torch (tests/zygote.py):
-# the script run as __main__ with its folder first on sys.path, as the interpreter runs a file.
-AS_SCRIPT = "import runpy, sys; sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rpartition('/')[0]); "
-AS_SCRIPT += "runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
 def _transfer(*args: str, work: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("VT_PEER_PYTHON", "VT_TIMM_TRAIN")}
     env["VT_BENCH_WORK"] = str(work)
-    return trainrun.run([sys.executable, "-c", AS_SCRIPT, str(SCRIPT), *args], env, timeout=300, cwd=ROOT)
+    # A fork of the tests' process that has imported torch (tests/zygote.py), not a new interpreter.
+    return trainrun.run(trainrun.script_argv(SCRIPT, *args), env, timeout=300, cwd=ROOT)
 
 
 @pytest.mark.slow  # starts an interpreter
