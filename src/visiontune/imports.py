@@ -3,8 +3,8 @@
 ``import torchvision`` spends about a second of its two (on this project's 2-core machine) importing
 ``torch._dynamo``, for two names: ``torchvision.ops.roi_align`` imports ``is_compile_supported`` (called
 only inside ``roi_align``), and ``torchvision.tv_tensors`` decorates ``wrap`` with ``torch.compiler.disable``.
-A command that never compiles or builds an optimizer (predict, evaluate, export, serve, ``models``)
-never needs dynamo, and a training run needs it first when its optimizer is built (torch wraps
+A command that never compiles, exports or builds an optimizer (predict, evaluate, show) never needs
+dynamo, and a training run needs it first when its optimizer is built (torch wraps
 ``Optimizer.add_param_group`` in dynamo's ``disable``): by then the trainer can import it while a forked child
 builds the image cache (``training.optim.warm_up``). PyTorch's own view is the same: importing dynamo has side
 effects an eager-mode user should not pay for, which is why torchvision compiles ``roi_align`` lazily.
