@@ -67,7 +67,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             self.tested = _tested_release()
         if not self.tested:
             return None
-        for finder in sys.meta_path[sys.meta_path.index(self) + 1 :]:
+        after = sys.meta_path[sys.meta_path.index(self) + 1 :] if self in sys.meta_path else sys.meta_path
+        for finder in after:
             spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
