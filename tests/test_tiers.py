@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+import trainrun
 from conftest import ROOT
 
 INNER = """
@@ -53,9 +56,15 @@ def test_an_unmarked_test_that_starts_a_process_or_trains_fails_saying_to_mark_i
     pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\npytest_plugins = ('tiers',)\n")
     pytester.makeini("[pytest]\nmarkers =\n    slow: trains\n")
     pytester.makepyfile(test_inner=INNER)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-rf")
-    result.assert_outcomes(passed=2, failed=3, errors=1)  # the fixture's refusal is an error at set-up
-    lines = result.stdout.str().splitlines()
+    # A pytest of its own, forked from the tests' process that has imported visiontune and torch (tests/zygote.py)
+    # rather than a new interpreter, whose imports were most of this test's time.
+    argv = [trainrun.PYTHON, "-c", "import sys, pytest; sys.exit(pytest.main())", "-p", "no:cacheprovider"]
+    argv += ["-p", "no:xdist", "-rf", f"--basetemp={pytester.path / 'basetemp'}"]
+    done = trainrun.run(argv, dict(os.environ), cwd=pytester.path)
+    lines = done.stdout.splitlines()
+    outcomes = pytest.RunResult.parse_summary_nouns(lines)
+    outcomes.pop("warnings", None)  # as assert_outcomes: (a plugin the fork imported before pytest cannot be rewritten)
+    assert outcomes == {"passed": 2, "failed": 3, "errors": 1}, done.stdout[-3000:]  # the fixture's: at set-up
     mark = "mark it @pytest.mark.slow (or @pytest.mark.distributed when it starts several processes)"
     for test, why in [
         ("test_unmarked_using_a_fixture_made_by_a_process", "uses the fixture 'made_by_a_process', whose set-up"),
