@@ -67,7 +67,8 @@ def serving(handler: type[http.server.BaseHTTPRequestHandler], host: str = "127.
                 super().handle_error(request, client_address)
 
     server = Server(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    # Its shutdown waits for the loop's next look at the flag: a fuzz test starts and stops one per example.
+    threading.Thread(target=server.serve_forever, args=(0.005,), daemon=True).start()
     try:
         yield f"http://{host}:{server.server_address[1]}"
     finally:
