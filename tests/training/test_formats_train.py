@@ -112,7 +112,7 @@ def _served(folder: str):
             asked.append(self.path)  # and nothing on stderr
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.005,), daemon=True)  # its shutdown: at once
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", asked
