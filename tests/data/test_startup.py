@@ -68,17 +68,17 @@ def test_ddp_job_whose_scan_outlasts_the_timeout_completes_and_lists_once(data, 
     (hooks / "sitecustomize.py").write_text(HOOKS)
     log = tmp_path / "calls.log"
     env = _worker_env()
-    # 14 files x 0.5 s, one at a time: the scan takes >= 7 s, 1.4 times --timeout.
+    # 14 files x 0.3 s, one at a time: the scan takes >= 4.2 s, 1.4 times --timeout.
     env.update(
         PYTHONPATH=f"{hooks}:{env['PYTHONPATH']}",
         VT_TEST_LOG=str(log),
-        VT_TEST_DECODE_DELAY="0.5",
+        VT_TEST_DECODE_DELAY="0.3",
         VISIONTUNE_CACHE_DIR=str(tmp_path / "cache"),
     )
     out = tmp_path / "run"
     argv = [PYTHON, "-m", "visiontune", "train", *flags(data=data), *TINY]
     # --cache off: the scan, not the cache build that replaces it by default. Forked, the hook run first.
-    done = run([*argv, *flags(strategy="ddp", nproc=2, timeout=5, output_dir=out, cache="off")], env)
+    done = run([*argv, *flags(strategy="ddp", nproc=2, timeout=3, output_dir=out, cache="off")], env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     calls = Counter(line.split()[0] for line in log.read_text().splitlines())
     assert calls["discover"] == 1, calls  # the command listed the folder; neither worker did
