@@ -355,10 +355,14 @@ def _build_beside(meanwhile: Callable[[], None], args: tuple, decode: str) -> Im
     sys.stderr.flush()
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        launch.die_with_parent(parent)
-        os._exit(_child_builds(write_end, args, decode))
+    if pid == 0:  # the child, which ends here whatever happens: it never returns into the parent's code
+        code = 1
+        try:
+            os.close(read_end)
+            launch.die_with_parent(parent)
+            code = _child_builds(write_end, args, decode)
+        finally:
+            os._exit(code)
     os.close(write_end)
     reply = None
     with os.fdopen(read_end, "rb") as pipe:
@@ -370,7 +374,10 @@ def _build_beside(meanwhile: Callable[[], None], args: tuple, decode: str) -> Im
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGINT)
             status = os.waitpid(pid, 0)[1]
-    said = json.loads(reply) if reply else {}
+    try:
+        said = json.loads(reply) if reply else {}
+    except ValueError:  # cut short: the child was killed as it wrote
+        said = {}
     code = os.waitstatus_to_exitcode(status)
     if "no_space" in said:
         raise NoSpaceError(said["no_space"])
